@@ -1,0 +1,1 @@
+"""The agent: one per node; runs kernels with a backend (Docker or local processes)."""

@@ -1,0 +1,214 @@
+"""Kernels as local processes, for machines without a container engine (Binder).
+
+NOT ISOLATED: kernels run as the agent's own OS user, see the agent's files and
+network, and get no CPU or memory limits. Use it for demos and single-user
+machines only. Each user gets a working directory ``<work_root>/<username>``
+that stands in for ``/home/work``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+
+from ...common.errors import AgentError, ImageNotFound
+from .base import Backend, ExitCallback, ImageInfo, KernelRecord
+
+log = logging.getLogger(__name__)
+
+LOCAL_IMAGE = "local/python"
+
+
+def _default_cmd() -> list[str]:
+    exe = shutil.which("jupyterhub-singleuser", path=os.path.dirname(sys.executable))
+    return [exe or "jupyterhub-singleuser"]
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        state_dir: str,
+        work_root: str,
+        cmd: list[str] | None = None,
+        bind_host: str = "127.0.0.1",
+        image_name: str = LOCAL_IMAGE,
+    ):
+        self.agent_id = agent_id
+        self.state_dir = os.path.join(state_dir, "local-kernels")
+        self.work_root = work_root
+        self.cmd = cmd or _default_cmd()
+        self.bind_host = bind_host
+        self.image = ImageInfo(
+            name=image_name,
+            labels={
+                "ai.backend.kernelspec": "1",
+                "ai.backend.service-ports": "jupyter:http:8888",
+                "ai.backend.runtime-type": "python",
+            },
+        )
+        self._on_exit: ExitCallback | None = None
+        self._watchers: dict[str, asyncio.Task] = {}
+
+    async def init(self, on_exit: ExitCallback) -> None:
+        os.makedirs(self.state_dir, exist_ok=True)
+        os.makedirs(self.work_root, exist_ok=True)
+        self._on_exit = on_exit
+        for rec in await self.list_kernels():
+            if rec.alive:
+                self._watchers[rec.kernel_id] = asyncio.create_task(
+                    self._watch_pid(rec.kernel_id, int(rec.container_id))
+                )
+
+    async def close(self) -> None:
+        for t in self._watchers.values():
+            t.cancel()
+        self._watchers.clear()
+
+    async def list_images(self) -> list[ImageInfo]:
+        return [self.image]
+
+    async def inspect_image(self, name: str) -> ImageInfo:
+        if name != self.image.name:
+            raise ImageNotFound(
+                f"image {name!r} is not available on this agent (local backend offers {self.image.name!r})"
+            )
+        return self.image
+
+    def _state_path(self, kernel_id: str) -> str:
+        return os.path.join(self.state_dir, f"{kernel_id}.json")
+
+    async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
+        owner = spec.get("owner") or "user"
+        workdir = os.path.join(self.work_root, owner)
+        os.makedirs(workdir, exist_ok=True)
+        port = host_ports[0]
+        env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
+        env.update(spec.get("environ") or {})
+        env["HOME"] = workdir
+        env["SHELL"] = "/bin/bash"
+        env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{port}{spec['service_prefix']}"
+        if cuda_devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in cuda_devices)
+            env["BACKENDAI_CUDA_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        cmd = list(self.cmd)
+        if os.geteuid() == 0:
+            cmd.append("--allow-root")
+        cmd.append(f"--ServerApp.root_dir={workdir}")
+        logf = open(os.path.join(self.state_dir, f"{spec['kernel_id']}.log"), "ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                env=env,
+                cwd=workdir,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                start_new_session=True,  # survives a hub restart; killed as a group
+            )
+        except OSError as e:
+            raise AgentError(f"could not start the kernel process: {e}") from None
+        finally:
+            logf.close()
+        ports = []
+        for sp, hp in zip(image.service_ports, host_ports, strict=True):
+            sp.host_port = hp
+            ports.append(sp.to_json())
+        rec = KernelRecord(
+            kernel_id=spec["kernel_id"],
+            session_id=spec["session_id"],
+            container_id=str(proc.pid),
+            host=self.bind_host,
+            service_ports=ports,
+            cuda_devices=list(cuda_devices),
+        )
+        tmp = self._state_path(rec.kernel_id) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rec.to_json(), f)
+        os.replace(tmp, self._state_path(rec.kernel_id))
+        self._watchers[rec.kernel_id] = asyncio.create_task(self._watch_proc(rec.kernel_id, proc))
+        return rec
+
+    async def _watch_proc(self, kernel_id: str, proc) -> None:
+        code = await proc.wait()
+        await self._exited(kernel_id, code)
+
+    async def _watch_pid(self, kernel_id: str, pid: int) -> None:
+        while _pid_alive(pid):
+            await asyncio.sleep(1)
+        await self._exited(kernel_id, None)
+
+    async def _exited(self, kernel_id: str, code: int | None) -> None:
+        self._watchers.pop(kernel_id, None)
+        try:
+            os.unlink(self._state_path(kernel_id))
+        except FileNotFoundError:
+            pass
+        if self._on_exit:
+            await self._on_exit(kernel_id, code)
+
+    async def destroy_kernel(self, kernel_id: str) -> None:
+        try:
+            with open(self._state_path(kernel_id)) as f:
+                pid = int(json.load(f)["container_id"])
+        except FileNotFoundError:
+            return
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            for _ in range(int(wait * 20)):
+                if not _pid_alive(pid):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                continue
+            break
+        watcher = self._watchers.get(kernel_id)
+        if watcher:
+            try:
+                await asyncio.wait_for(asyncio.shield(watcher), 3)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+        try:
+            os.unlink(self._state_path(kernel_id))
+        except FileNotFoundError:
+            pass
+
+    async def list_kernels(self) -> list[KernelRecord]:
+        out = []
+        for fn in sorted(os.listdir(self.state_dir)):
+            if not fn.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.state_dir, fn)) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            data["alive"] = _pid_alive(int(data["container_id"]))
+            out.append(KernelRecord(**data))
+        return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

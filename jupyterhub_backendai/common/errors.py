@@ -1,0 +1,51 @@
+"""Errors a user can cause carry an HTTP status and a message meant for that user."""
+
+from __future__ import annotations
+
+
+class BackendAIError(Exception):
+    status_code = 500
+    title = "Internal error"
+
+    def __init__(self, detail: str = "", *, status_code: int | None = None):
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class InvalidRequest(BackendAIError):
+    status_code = 400
+    title = "Invalid request"
+
+
+class NotFound(BackendAIError):
+    status_code = 404
+    title = "Not found"
+
+
+class Forbidden(BackendAIError):
+    status_code = 403
+    title = "Forbidden"
+
+
+class Conflict(BackendAIError):
+    status_code = 409
+    title = "Conflict"
+
+
+class QuotaExceeded(BackendAIError):
+    status_code = 412
+    title = "Quota exceeded"
+
+
+class AgentError(BackendAIError):
+    """The agent could not do what the manager asked (its message says why)."""
+
+    status_code = 500
+    title = "Agent error"
+
+
+class ImageNotFound(AgentError):
+    status_code = 400
+    title = "Unknown image"

@@ -1,0 +1,1 @@
+"""The manager core: state, scheduler loop, event consumer, agent clients. No web handlers."""

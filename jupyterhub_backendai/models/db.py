@@ -1,0 +1,74 @@
+"""Engine creation and schema migrations (alembic, with its own version table)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+MIGRATIONS_DIR = os.path.join(os.path.dirname(__file__), "migrations")
+VERSION_TABLE = "backendai_alembic_version"
+_upgrade_lock = threading.Lock()
+
+
+def make_engine(url: str, **kw) -> Engine:
+    if url.startswith("sqlite"):
+        kw.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, **kw)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            # WAL lets readers (spawner polls) run beside the scheduler's writes.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            # BEGIN IMMEDIATE: a writer takes the lock up front, so read-then-write
+            # transactions (allocation) cannot interleave.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kw.setdefault("pool_pre_ping", True)
+    kw.setdefault("pool_size", 10)
+    kw.setdefault("max_overflow", 20)
+    return create_engine(url, **kw)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS_DIR)
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine_or_url: Engine | str, revision: str = "head") -> None:
+    """Bring the schema to ``revision``; safe to call on every start."""
+    from alembic import command
+
+    url = (
+        engine_or_url
+        if isinstance(engine_or_url, str)
+        else engine_or_url.url.render_as_string(hide_password=False)
+    )
+    with _upgrade_lock:
+        cfg = alembic_config(url)
+        if not isinstance(engine_or_url, str):
+            with engine_or_url.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        else:
+            command.upgrade(cfg, revision)

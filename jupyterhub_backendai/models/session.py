@@ -1,0 +1,70 @@
+"""Compute sessions and their kernels (containers)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import JSON, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from ..common.ids import new_id
+from ..common.slots import ResourceSlot
+from .base import Base, SlotsType, UTCDateTime, utcnow
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (UniqueConstraint("access_key", "name", "alive_marker"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64))
+    session_type: Mapped[str] = mapped_column(String(16), default="interactive")
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    access_key: Mapped[str] = mapped_column(ForeignKey("keypairs.access_key"), index=True)
+    domain_name: Mapped[str] = mapped_column(ForeignKey("domains.name"))
+    project_id: Mapped[str | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    resource_group: Mapped[str] = mapped_column(ForeignKey("resource_groups.name"), index=True)
+    image: Mapped[str] = mapped_column(String(512))
+    cluster_size: Mapped[int] = mapped_column(Integer, default=1)
+    cluster_mode: Mapped[str] = mapped_column(String(16), default="single-node")
+    priority: Mapped[int] = mapped_column(Integer, default=50)
+    requested_slots: Mapped[ResourceSlot] = mapped_column(SlotsType, default=ResourceSlot)
+    status: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
+    status_info: Mapped[str] = mapped_column(Text, default="")
+    status_history: Mapped[dict] = mapped_column(JSON, default=dict)
+    # Set while the session is alive, NULL once dead: keeps names unique among live sessions only.
+    alive_marker: Mapped[int | None] = mapped_column(Integer, nullable=True, default=1)
+    environ: Mapped[dict] = mapped_column(JSON, default=dict)
+    service_prefix: Mapped[str] = mapped_column(String(512), default="/")
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    terminated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    kernels: Mapped[list[Kernel]] = relationship(
+        back_populates="session", order_by="Kernel.cluster_idx"
+    )
+
+
+class Kernel(Base):
+    __tablename__ = "kernels"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), index=True
+    )
+    cluster_role: Mapped[str] = mapped_column(String(16), default="main")
+    cluster_idx: Mapped[int] = mapped_column(Integer, default=0)
+    agent_id: Mapped[str | None] = mapped_column(ForeignKey("agents.id"), nullable=True, index=True)
+    status: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
+    requested_slots: Mapped[ResourceSlot] = mapped_column(SlotsType, default=ResourceSlot)
+    # What this kernel holds on its agent right now: zero unless placed and not yet freed.
+    occupied_slots: Mapped[ResourceSlot] = mapped_column(SlotsType, default=ResourceSlot)
+    container_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    kernel_host: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    service_ports: Mapped[list] = mapped_column(JSON, default=list)
+    attached_devices: Mapped[dict] = mapped_column(JSON, default=dict)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    terminated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    session: Mapped[Session] = relationship(back_populates="kernels")

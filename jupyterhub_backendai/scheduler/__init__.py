@@ -1,0 +1,1 @@
+"""Scheduling: which pending session goes to which agent, committed in one transaction."""

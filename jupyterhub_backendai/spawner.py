@@ -1,0 +1,285 @@
+"""BackendAISpawner: each JupyterHub server is a Backend.AI compute session.
+
+``start()`` enqueues a PENDING session; the manager's scheduler places it on an
+agent, the agent starts the kernel, and ``start()`` returns the main kernel's
+Jupyter server URL only once that server answers, so the hub's first readiness
+check succeeds at once. ``progress()`` streams every state on the way. A request
+that does not fit now waits PENDING (and says so) until capacity frees up or the
+hub's ``start_timeout`` runs out, which stops and removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+
+from jupyterhub.spawner import Spawner, SpawnException
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from traitlets import Integer, List, Unicode, default
+
+from .common.errors import BackendAIError, InvalidRequest
+from .common.slots import CPU, CUDA, MEM, format_size
+from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
+from .manager.core import BackendAIManager
+
+_FORM = """
+<div class="backendai-form">
+  <div class="form-group mb-3">
+    <label for="backendai-image" class="form-label">Image</label>
+    <select class="form-select form-control" id="backendai-image" name="image">{image_options}</select>
+  </div>
+  <div class="row">
+    <div class="form-group mb-3 col-sm-4">
+      <label for="backendai-cpu" class="form-label">CPU cores</label>
+      <input class="form-control" id="backendai-cpu" name="cpu" type="number" min="0.1" step="0.1" value="{cpu}">
+    </div>
+    <div class="form-group mb-3 col-sm-4">
+      <label for="backendai-mem" class="form-label">Memory</label>
+      <input class="form-control" id="backendai-mem" name="mem" type="text" value="{mem}" pattern="[0-9.]+[kmgtKMGT]?">
+    </div>
+    <div class="form-group mb-3 col-sm-4">
+      <label for="backendai-gpu" class="form-label">GPUs</label>
+      <input class="form-control" id="backendai-gpu" name="gpu" type="number" min="0" step="1" value="{gpu}">
+    </div>
+  </div>
+  <p class="text-muted small">Free on the largest agent now: {free}</p>
+</div>
+"""
+
+
+class BackendAISpawner(Spawner):
+    """Start each server as a compute session on the Backend.AI-style cluster."""
+
+    images = List(
+        Unicode(),
+        help="""Images offered in the form, first is the default. Empty: every kernel
+        image (label ``ai.backend.kernelspec``) that the agents have.""",
+    ).tag(config=True)
+    default_cpu = Unicode("1", help="CPU cores preselected in the form and used when unset.").tag(
+        config=True
+    )
+    default_mem = Unicode("1g", help="Memory preselected in the form and used when unset.").tag(
+        config=True
+    )
+    default_gpu = Integer(0, help="GPUs preselected in the form and used when unset.").tag(
+        config=True
+    )
+    resource_group = Unicode(
+        "default", help="Resource group (agent pool) that sessions are scheduled in."
+    ).tag(config=True)
+    ready_timeout = Integer(
+        120, help="Seconds to wait for the started Jupyter server to answer HTTP."
+    ).tag(config=True)
+
+    session_id = None
+    _image = None
+    _slots = None
+
+    @property
+    def manager(self) -> BackendAIManager:
+        return BackendAIManager.instance(config=self.config)
+
+    @property
+    def session_name(self) -> str:
+        # "_" cannot appear in JupyterHub server names, so the default server never clashes.
+        return self.name or "_default"
+
+    # -- the form ---------------------------------------------------------------
+
+    @default("options_form")
+    def _options_form_default(self):
+        return self._render_form
+
+    async def _image_choices(self) -> list[str]:
+        if self.images:
+            return list(self.images)
+        return await self.manager.list_images(self.resource_group)
+
+    async def _render_form(self, spawner) -> str:
+        await self.manager.ready()
+        images = await self._image_choices()
+        opts = "".join(
+            f'<option value="{html.escape(i)}">{html.escape(i)}</option>' for i in images
+        )
+        free = await self.manager.db(_largest_free, self.resource_group)
+        return _FORM.format(
+            image_options=opts,
+            cpu=html.escape(self.default_cpu),
+            mem=html.escape(self.default_mem),
+            gpu=self.default_gpu,
+            free=html.escape(free),
+        )
+
+    @default("options_from_form")
+    def _options_from_form_default(self):
+        return self._parse_form
+
+    def _parse_form(self, formdata: dict) -> dict:
+        opts = {}
+        for key in ("image", "cpu", "mem", "gpu"):
+            values = formdata.get(key)
+            if values is None:
+                continue
+            if not isinstance(values, list) or len(values) != 1 or not isinstance(values[0], str):
+                raise web.HTTPError(400, f"form field {key!r} must have exactly one value")
+            opts[key] = values[0].strip()
+        return opts
+
+    @default("apply_user_options")
+    def _apply_user_options_default(self):
+        return self._apply_options
+
+    async def _apply_options(self, spawner, user_options: dict) -> None:
+        """Validate the request before anything is created: a bad one gets a 400."""
+        opts = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu}
+        if not isinstance(user_options, dict):
+            raise web.HTTPError(400, "user_options must be an object")
+        opts.update({k: v for k, v in user_options.items() if v not in (None, "")})
+        if "image" not in opts:
+            choices = await self._image_choices()
+            if choices:
+                opts["image"] = choices[0]
+        await self.manager.ready()
+        try:
+            image, slots = self.manager.parse_request(opts)
+            if self.images and image not in self.images:
+                raise InvalidRequest(f"image {image!r} is not offered here")
+            await self.manager.validate(image, slots, self.resource_group)
+        except BackendAIError as e:
+            raise web.HTTPError(e.status_code, e.detail) from None
+        self._image, self._slots = image, slots
+        self.mem_limit = int(slots[MEM])
+        self.cpu_limit = float(slots[CPU])
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def get_env(self):
+        env = super().get_env()
+        # The agent sets the address the server binds inside its kernel.
+        env.pop("JUPYTERHUB_SERVICE_URL", None)
+        env["BACKENDAI_SESSION_NAME"] = self.session_name
+        return env
+
+    async def start(self):
+        await self.manager.ready()
+        if self._slots is None:  # started without apply_user_options (older hubs)
+            await self._apply_options(self, self.user_options or {})
+        try:
+            self.session_id = await self.manager.enqueue(
+                username=self.user.name,
+                name=self.session_name,
+                image=self._image,
+                slots=self._slots,
+                environ=self.get_env(),
+                service_prefix=self.server.base_url,
+                resource_group=self.resource_group,
+            )
+        except BackendAIError as e:
+            raise SpawnException(e.detail, reason="invalid_request", status_code=e.status_code) from None
+        sess = None
+        async for sess in self.manager.watch(self.session_id):
+            if sess.status == SessionStatus.RUNNING:
+                break
+        if sess is None or sess.status != SessionStatus.RUNNING:
+            info = sess.status_info if sess else "session vanished"
+            raise SpawnException(
+                f"The session could not start: {info}", reason="session_failed", status_code=500
+            )
+        port = sess.kernels[0].service_ports[0]
+        host = sess.kernels[0].kernel_host
+        url = f"http://{host}:{port['host_port']}"
+        await self._wait_http(url + self.server.base_url + "api")
+        return url
+
+    async def _wait_http(self, url: str) -> None:
+        client = AsyncHTTPClient()
+        deadline = time.monotonic() + self.ready_timeout
+        delay = 0.02
+        while True:
+            try:
+                await client.fetch(url, request_timeout=2, follow_redirects=False)
+                return
+            except HTTPClientError:
+                return  # any HTTP answer means the server is up
+            except (OSError, TimeoutError):
+                pass
+            sess = await self.manager.get_session(self.session_id)
+            if sess is None or sess.status in DEAD_STATUSES:
+                raise SpawnException(
+                    f"The session stopped while starting: {sess.status_info if sess else ''}",
+                    reason="session_failed",
+                    status_code=500,
+                )
+            if time.monotonic() > deadline:
+                raise SpawnException(
+                    f"The server in the session did not answer within {self.ready_timeout} s",
+                    reason="timeout",
+                    status_code=500,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    async def progress(self):
+        while self.session_id is None:
+            await asyncio.sleep(0.05)
+        async for sess in self.manager.watch(self.session_id):
+            status = SessionStatus(sess.status)
+            if status in DEAD_STATUSES:
+                yield {"progress": 100, "message": f"{status.value}: {sess.status_info}"}
+                return
+            msg = f"{status.value.lower()}: {sess.status_info}" if sess.status_info else status.value.lower()
+            yield {"progress": PROGRESS.get(status, 0), "message": msg}
+            if status == SessionStatus.RUNNING:
+                return
+
+    async def poll(self):
+        if not self.session_id:
+            return 0
+        await self.manager.ready()
+        sess = await self.manager.get_session(self.session_id)
+        if sess is None:
+            return 0
+        if sess.status in DEAD_STATUSES:
+            code = sess.kernels[0].exit_code if sess.kernels else None
+            return code if code not in (None, 0) else 1
+        return None
+
+    async def stop(self, now=False):
+        if not self.session_id:
+            return
+        await self.manager.ready()
+        await self.manager.destroy_session(self.session_id)
+
+    def get_state(self):
+        state = super().get_state()
+        if self.session_id:
+            state["session_id"] = self.session_id
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.session_id = state.get("session_id")
+
+    def clear_state(self):
+        super().clear_state()
+        self.session_id = None
+
+
+def _largest_free(s, resource_group: str) -> str:
+    from sqlalchemy import select
+
+    from .models import Agent
+
+    best = None
+    for a in s.scalars(select(Agent).where(Agent.resource_group == resource_group, Agent.status == "ALIVE")):
+        free = a.available_slots - a.occupied_slots
+        if best is None or (free.get(CPU, 0), free.get(MEM, 0)) > (best.get(CPU, 0), best.get(MEM, 0)):
+            best = free
+    if best is None:
+        return "no agent"
+    parts = [f"{best.get(CPU, 0)} CPU", f"{format_size(best.get(MEM, 0))} memory"]
+    if best.get(CUDA):
+        parts.append(f"{best[CUDA]} GPU")
+    return ", ".join(parts)

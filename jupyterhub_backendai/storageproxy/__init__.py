@@ -1,0 +1,1 @@
+"""The storage proxy: virtual folders on volumes (a later issue completes it)."""
