@@ -56,3 +56,7 @@ def main(argv=None) -> None:
     print(f"jupyterhub-backendai: log in at {url.rstrip('/')}/hub/login as {email}", flush=True)
     config = os.path.join(os.path.dirname(__file__), "share", "jupyterhub_config.py")
     os.execvp(sys.executable, [sys.executable, "-m", "jupyterhub", "-f", config, *argv])
+
+
+if __name__ == "__main__":
+    main()

@@ -521,13 +521,20 @@ def _load_session(s, sid):
 
 
 def _upsert_agent(s, info: dict) -> None:
-    a = s.get(Agent, info["id"], with_for_update=True)
-    if a is None:
-        if s.get(ResourceGroup, info["resource_group"]) is None:
-            s.add(ResourceGroup(name=info["resource_group"]))
-            s.flush()
-        a = Agent(id=info["id"], occupied_slots=ResourceSlot())
-        s.add(a)
+    """Insert-or-update atomically: heartbeats may race with registration (and other managers)."""
+    if s.bind.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    rg = info["resource_group"]
+    s.execute(insert(ResourceGroup).values(name=rg).on_conflict_do_nothing())
+    s.execute(
+        insert(Agent)
+        .values(id=info["id"], resource_group=rg, occupied_slots=ResourceSlot(),
+                available_slots=ResourceSlot(), first_contact=utcnow(), last_heartbeat=utcnow())
+        .on_conflict_do_nothing()
+    )
+    a = s.get(Agent, info["id"], with_for_update=True, populate_existing=True)
     a.status = AgentStatus.ALIVE
     a.resource_group = info["resource_group"]
     a.addr = info.get("addr", "")

@@ -18,6 +18,8 @@ os.makedirs(state, exist_ok=True)
 c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
 c.JupyterHub.bind_url = os.environ.get("BACKENDAI_HUB_URL", "http://127.0.0.1:8000/")
+if os.environ.get("BACKENDAI_PROXY_API_URL"):
+    c.ConfigurableHTTPProxy.api_url = os.environ["BACKENDAI_PROXY_API_URL"]
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
 if os.environ.get("BACKENDAI_CHP"):
     c.ConfigurableHTTPProxy.command = [os.environ["BACKENDAI_CHP"]]
@@ -33,6 +35,8 @@ c.BackendAIManager.db_url = os.environ.get(
 )
 c.Agent.state_dir = os.path.join(state, "agent")
 c.Agent.backend = os.environ.get("BACKENDAI_AGENT_BACKEND", "auto")
+if os.environ.get("BACKENDAI_AGENT_ID"):
+    c.Agent.agent_id = os.environ["BACKENDAI_AGENT_ID"]
 if os.environ.get("BACKENDAI_AGENT_SLOTS"):
     import json
 

@@ -1,0 +1,161 @@
+"""A real JupyterHub (subprocess, real CHP) running the platform, and an HTTP client for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+from .services import free_port, wait_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHP = os.path.join(REPO, "node_modules", ".bin", "configurable-http-proxy")
+KERNEL_IMAGE = os.environ.get("BACKENDAI_TEST_IMAGE", "backendai/python-kernel:latest")
+ADMIN_EMAIL = "admin@example.com"
+ADMIN_PASSWORD = "admin-pass-123"
+
+
+class Hub:
+    def __init__(self, *, db_url: str, backend: str, slots: dict | None = None, extra_env=None,
+                 config: str | None = None):
+        self.dir = tempfile.mkdtemp(prefix="bai-hub-")
+        self.port = free_port()
+        self.api_port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        lo = free_port() % 20000 + 30000
+        self.env = dict(
+            os.environ,
+            BACKENDAI_STATE_DIR=os.path.join(self.dir, "state"),
+            BACKENDAI_DB_URL=db_url,
+            BACKENDAI_CHP=CHP,
+            BACKENDAI_HUB_URL=self.base + "/",
+            BACKENDAI_HUB_API_PORT=str(self.api_port),
+            BACKENDAI_PROXY_API_URL=f"http://127.0.0.1:{free_port()}",
+            BACKENDAI_AGENT_BACKEND=backend,
+            BACKENDAI_AGENT_PORT_RANGE=f"{lo}-{lo + 200}",
+            BACKENDAI_ADMIN_EMAIL=ADMIN_EMAIL,
+            BACKENDAI_ADMIN_PASSWORD=ADMIN_PASSWORD,
+            BACKENDAI_AGENT_ID="i-test-" + os.path.basename(self.dir),
+            **(extra_env or {}),
+        )
+        if slots:
+            self.env["BACKENDAI_AGENT_SLOTS"] = json.dumps(slots)
+        if backend == "local":
+            self.env["BACKENDAI_HUB_API_IP"] = "127.0.0.1"
+        self.config = config
+        self.db_url = db_url
+        self.backend = backend
+        self.image = KERNEL_IMAGE if backend == "docker" else "local/python"
+        self.proc: subprocess.Popen | None = None
+        self._token: str | None = None
+
+    def start(self) -> Hub:
+        log = open(os.path.join(self.dir, "hub.log"), "ab")
+        args = [sys.executable, "-m", "jupyterhub_backendai.launcher"]
+        if self.config:
+            args += ["-f", self.config]
+        self.proc = subprocess.Popen(args, env=self.env, cwd=self.dir, stdout=log, stderr=log,
+                                     start_new_session=True)
+        wait_port(self.port, timeout=60, proc=self.proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.base + "/hub/api/", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("hub did not answer\n" + self.log())
+
+    def stop_hub(self) -> None:
+        """Stop the hub process (and its proxy), leaving sessions running."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def log(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "hub.log"), errors="replace") as f:
+                return f.read()[-20000:]
+        except OSError:
+            return ""
+
+    # -- HTTP ------------------------------------------------------------------
+
+    def login(self, email: str = ADMIN_EMAIL, password: str = ADMIN_PASSWORD) -> requests.Session:
+        s = requests.Session()
+        s.get(self.base + "/hub/login")
+        r = s.post(self.base + "/hub/login",
+                   data={"username": email, "password": password, "_xsrf": s.cookies.get("_xsrf")})
+        s.last_login = r
+        return s
+
+    def token_for(self, session: requests.Session, user: str) -> str:
+        r = session.post(self.base + f"/hub/api/users/{user}/tokens", json={"note": "test"},
+                         headers={"X-XSRFToken": session.cookies.get("_xsrf")})
+        r.raise_for_status()
+        return r.json()["token"]
+
+    @property
+    def admin_token(self) -> str:
+        if self._token is None:
+            self._token = self.token_for(self.login(), "admin")
+        return self._token
+
+    def api(self, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
+        headers = {"Authorization": f"token {token or self.admin_token}"}
+        return requests.request(method, self.base + "/hub/api" + path, headers=headers,
+                                timeout=60, **kw)
+
+    def spawn(self, user: str, server: str, options: dict | None = None, token=None):
+        body = {"image": self.image, "cpu": "0.5", "mem": "512m"}
+        body.update(options or {})
+        return self.api("POST", f"/users/{user}/servers/{server}", token=token, json=body)
+
+    def server_model(self, user: str, server: str, token=None) -> dict | None:
+        return self.api("GET", f"/users/{user}", token=token).json()["servers"].get(server)
+
+    def wait_ready(self, user: str, server: str, timeout: float = 180, token=None) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.server_model(user, server, token=token)
+            if m is None:
+                raise AssertionError(f"server {user}/{server} went away\n" + self.log()[-5000:])
+            if m.get("ready"):
+                return m
+            time.sleep(0.2)
+        raise TimeoutError(f"server {user}/{server} not ready\n" + self.log()[-5000:])
+
+    def stop_server(self, user: str, server: str, token=None, timeout: float = 60) -> None:
+        r = self.api("DELETE", f"/users/{user}/servers/{server}", token=token)
+        assert r.status_code in (202, 204), r.text
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server_model(user, server, token=token) is None:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"server {user}/{server} did not stop")
+
+    @property
+    def agent_id(self) -> str:
+        return self.env["BACKENDAI_AGENT_ID"]
+
+    def close(self) -> None:
+        self.stop_hub()
+        # The proxy survives the hub (by design); stop it by its pid file.
+        pidfile = os.path.join(self.env["BACKENDAI_STATE_DIR"], "jupyterhub-proxy.pid")
+        try:
+            with open(pidfile) as f:
+                os.kill(int(f.read().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass

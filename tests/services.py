@@ -1,0 +1,137 @@
+"""Real PostgreSQL, Redis and etcd servers for the tests, each on its own free port.
+
+Started once per test run, stopped by PID at the end. They need the Debian
+packages that ``scripts/test`` installs.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} opened")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open in {timeout} s")
+
+
+class Service:
+    def __init__(self, name: str):
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.dir = tempfile.mkdtemp(prefix=f"bai-{name}-")
+        self.port = free_port()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pg_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if not found:
+        raise RuntimeError("PostgreSQL server binaries not found (apt-get install postgresql)")
+    return found[-1]
+
+
+class Postgres(Service):
+    """A throwaway cluster: initdb refuses root, so it runs as the postgres user."""
+
+    def __init__(self):
+        super().__init__("pg")
+        pw = pwd.getpwnam("postgres")
+        os.chmod(self.dir, 0o755)
+        data = os.path.join(self.dir, "data")
+        os.makedirs(data)
+        os.chown(data, pw.pw_uid, pw.pw_gid)
+        sock = os.path.join(self.dir, "sock")
+        os.makedirs(sock)
+        os.chown(sock, pw.pw_uid, pw.pw_gid)
+        self.sock = sock
+
+        def as_postgres():
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+
+        subprocess.run(
+            [_pg_bin("initdb"), "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+            check=True, stdout=subprocess.DEVNULL, preexec_fn=as_postgres,
+        )
+        self.proc = subprocess.Popen(
+            [_pg_bin("postgres"), "-D", data, "-p", str(self.port), "-k", sock,
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300",
+             "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "log"), "w"),
+            preexec_fn=as_postgres,
+        )
+        wait_port(self.port, proc=self.proc)
+        # Accepting TCP is not the same as accepting logins during startup.
+        for _ in range(100):
+            if self.psql("SELECT 1", check=False).returncode == 0:
+                break
+            time.sleep(0.1)
+
+    def psql(self, sql: str, db: str = "postgres", check: bool = True):
+        return subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", db,
+             "-v", "ON_ERROR_STOP=1", "-qAtc", sql],
+            check=check, capture_output=True, text=True,
+        )
+
+    def new_database(self, name: str) -> str:
+        self.psql(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{name}"
+
+
+class Redis(Service):
+    def __init__(self):
+        super().__init__("redis")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_port(self.port, proc=self.proc)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+
+class Etcd(Service):
+    def __init__(self):
+        super().__init__("etcd")
+        peer = free_port()
+        self.proc = subprocess.Popen(
+            ["etcd", "--data-dir", os.path.join(self.dir, "data"),
+             "--listen-client-urls", f"http://127.0.0.1:{self.port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port, proc=self.proc)
