@@ -29,9 +29,22 @@ def _literal(value: str) -> str:
     return value.replace("{", "{{").replace("}", "}}")
 
 
+# Settings of the demo hub that the packaged configuration takes no environment
+# variable for; `backendai-hub` hands extra arguments to jupyterhub, and the
+# command line wins over the configuration file. Sessions are sized so that two
+# fit in the agent's slots ({"cpu": 2, "mem": "1g"}) and a third waits PENDING.
+HUB_ARGS = [
+    '--BackendAISpawner.images=["local/python"]',
+    "--BackendAISpawner.default_cpu=0.5",
+    "--BackendAISpawner.default_mem=384m",
+]
+
+
 def _hub_command():
     exe = shutil.which("backendai-hub", path=os.path.dirname(sys.executable)) or "backendai-hub"
-    return [_literal(exe), "-f", _literal(os.path.join(DEMO_DIR, "jupyterhub_config.py"))]
+    # The proxy's REST API defaults to 127.0.0.1:8001: take a free port instead.
+    api = f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{_free_port()}"
+    return [_literal(a) for a in [exe, *HUB_ARGS, api]]
 
 
 def _hub_environment():
@@ -42,7 +55,6 @@ def _hub_environment():
         "BACKENDAI_STATE_DIR": os.path.join(DEMO_DIR, "state"),
         "BACKENDAI_HUB_API_IP": "127.0.0.1",
         "BACKENDAI_HUB_API_PORT": str(_free_port()),
-        "BACKENDAI_PROXY_API_PORT": str(_free_port()),
         "BACKENDAI_CHP": os.path.join(
             DEMO_DIR, "node", "node_modules", ".bin", "configurable-http-proxy"
         ),
@@ -57,6 +69,30 @@ def _hub_environment():
     return env
 
 
+_STARTING_PAGE = b"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="1">
+<title>Starting Backend.AI Hub</title></head>
+<body><p>Starting Backend.AI Hub&hellip; this page reloads by itself.</p></body></html>
+"""
+
+
+def _while_starting(response, request):
+    # jupyter-server-proxy takes the hub as ready at the first HTTP answer on
+    # {port}. That comes from the hub's configurable-http-proxy a moment before
+    # the hub has added its routes, and is a bare 404 (the hub's own pages always
+    # have a Content-Type). Turn that one into a page that reloads itself.
+    if (
+        response.code == 404
+        and request.method == "GET"
+        and not response.headers.get("Content-Type")
+    ):
+        response.code = 503
+        response.headers["Content-Type"] = "text/html; charset=utf-8"
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["Retry-After"] = "1"
+        response.body = _STARTING_PAGE
+
+
 c = get_config()  # noqa: F821
 
 c.ServerProxy.servers = {
@@ -64,6 +100,7 @@ c.ServerProxy.servers = {
         "command": _hub_command,
         "environment": _hub_environment,
         "absolute_url": True,
+        "rewrite_response": _while_starting,
         # First start: migrations are already done by postBuild; the hub and its
         # proxy come up in a few seconds, but Binder machines can be slow.
         "timeout": 120,

@@ -201,8 +201,11 @@ class BackendAISpawner(Spawner):
             try:
                 await client.fetch(url, request_timeout=2, follow_redirects=False)
                 return
-            except HTTPClientError:
-                return  # any HTTP answer means the server is up
+            except HTTPClientError as e:
+                # Any HTTP answer means the server is up; 599 is tornado's "no answer"
+                # (docker's port proxy accepts and closes while nothing listens yet).
+                if e.code != 599:
+                    return
             except (OSError, TimeoutError):
                 pass
             sess = await self.manager.get_session(self.session_id)

@@ -248,17 +248,14 @@ class DockerBackend(Backend):
             cuda_devices=list(cuda_devices),
         )
 
-    async def _containers(self) -> list[dict]:
-        return await self.docker.containers.list(
-            all=True, filters={"label": [f"{L_AGENT}={self.agent_id}"]}
+    async def _containers(self, *labels: str) -> list[dict]:
+        found = await self.docker.containers.list(
+            all=True, filters={"label": [f"{L_AGENT}={self.agent_id}", *labels]}
         )
+        return [c._container for c in found]
 
     async def destroy_kernel(self, kernel_id: str) -> None:
-        found = await self.docker.containers.list(
-            all=True,
-            filters={"label": [f"{L_AGENT}={self.agent_id}", f"{L_KERNEL}={kernel_id}"]},
-        )
-        for c in found:
+        for c in await self._containers(f"{L_KERNEL}={kernel_id}"):
             try:
                 await self.docker.containers.container(c["Id"]).delete(force=True, v=True)
             except DockerError as e:

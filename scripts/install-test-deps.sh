@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh Debian bookworm machine (as root):
+# Docker engine, PostgreSQL, Redis, etcd, Chromium, debootstrap (system packages),
+# the pinned Python environment in .venv, configurable-http-proxy (npm, pinned by
+# package-lock.json), a running dockerd and the kernel image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc)
+missing=()
+for p in "${pkgs[@]}" chromium; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[install] apt: ${missing[*]}"
+  apt-get update -qq
+  # chromium without recommends: no desktop stack on a headless CI machine
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  apt-get install -y -qq "${pkgs[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if ! command -v uv >/dev/null 2>&1; then
+  echo "[install] uv"
+  "$PY" -m pip install -q "uv==0.13.9" || "$PY" -m pip install -q uv
+fi
+if [ ! -x .venv/bin/python ]; then
+  uv venv -q --python "$PY" .venv
+fi
+echo "[install] python packages (requirements/ci.txt)"
+uv pip install -q --python .venv/bin/python -r requirements/ci.txt
+uv pip install -q --python .venv/bin/python --no-deps -e .
+
+echo "[install] configurable-http-proxy (npm ci)"
+if [ ! -x node_modules/.bin/configurable-http-proxy ]; then
+  npm ci --silent --no-audit --no-fund
+fi
+
+bash scripts/start-dockerd.sh
+bash images/build.sh

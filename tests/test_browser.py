@@ -1,0 +1,164 @@
+"""A person's path through the UI, in headless Chromium (Playwright).
+
+login -> the spawn form (our fields inside JupyterHub's page) -> the progress page with our
+session states -> JupyterLab -> a terminal in the kernel container -> stop -> no container left.
+Docker backend, one SQLite run.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from .conftest import containers_of
+from .hub import ADMIN_EMAIL, ADMIN_PASSWORD
+
+pytestmark = [pytest.mark.browser, pytest.mark.docker]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Our session states as the spawner's progress() words them (lower case).
+STATE_WORDS = re.compile(r"\b(pending|scheduled|preparing|pulling|creating|running)\b")
+
+
+@pytest.fixture
+def browser():
+    import os
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _terminal_text(page) -> str:
+    """What the visible terminal shows: xterm's DOM rows, else its screen-reader mirror."""
+    return page.evaluate(
+        """() => {
+            const term = [...document.querySelectorAll('.jp-Terminal')]
+                .find(t => !t.closest('.lm-mod-hidden'));
+            if (!term) return '';
+            const rows = term.querySelector('.xterm-rows');
+            const a11y = term.querySelector('.xterm-accessibility-tree');
+            return [rows ? rows.innerText : '', a11y ? a11y.innerText : ''].join('\\n');
+        }"""
+    )
+
+
+def _wait_terminal_text(page, pattern: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = _terminal_text(page)
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"terminal never showed {pattern!r}; it shows:\n{text}")
+
+
+def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
+    hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="docker")
+    t0 = time.monotonic()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    progress_messages: list[str] = []
+    try:
+        # -- login ----------------------------------------------------------------
+        page.goto(hub.base + "/hub/login")
+        page.fill("input[name=username]", ADMIN_EMAIL)
+        page.fill("input[name=password]", ADMIN_PASSWORD)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/spawn"))
+
+        # -- the spawn form: ours, inside JupyterHub's page -------------------------
+        form = page.locator("#spawn_form")
+        form.wait_for()
+        options = page.locator("#backendai-image option").all_text_contents()
+        assert hub.image in options, options
+        page.select_option("#backendai-image", hub.image)
+        page.fill("#backendai-cpu", "0.5")
+        page.fill("#backendai-mem", "512m")
+        form.locator("[type=submit]").click()
+
+        # -- the progress page: our session states in the log ----------------------
+        page.wait_for_url(re.compile(r"/hub/spawn-pending/|/user/admin/"))
+        if "/spawn-pending/" in page.url:
+            # Collect every message the page's event stream shows until it leaves.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and "/spawn-pending/" in page.url:
+                try:
+                    progress_messages = page.locator(
+                        "#progress-log .progress-log-event"
+                    ).all_text_contents()
+                except Exception:  # the page navigated away while we read it
+                    break
+                time.sleep(0.05)
+
+        # -- JupyterLab ---------------------------------------------------------------
+        page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=60_000)
+        page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
+        assert any(STATE_WORDS.search(m.lower()) for m in progress_messages), progress_messages
+
+        # xterm draws on a canvas; its screen-reader mode mirrors the screen into the DOM,
+        # which is what lets the test read it. A user setting, set through Lab's settings API.
+        status = page.evaluate(
+            """async () => {
+                const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1] || '';
+                const r = await fetch('/user/admin/lab/api/settings/@jupyterlab/terminal-extension:plugin', {
+                    method: 'PUT',
+                    headers: {'Content-Type': 'application/json', 'X-XSRFToken': decodeURIComponent(xsrf)},
+                    body: JSON.stringify({raw: '{"screenReaderMode": true}'}),
+                });
+                return r.status;
+            }"""
+        )
+        assert status == 204, status
+        page.reload()
+        page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
+
+        # -- a terminal in the kernel container -----------------------------------------
+        tile = page.locator(".jp-LauncherCard[data-category='Other'][title*='terminal' i]")
+        tile.first.click(timeout=60_000)
+        term = page.locator(".jp-Terminal .xterm").first
+        term.wait_for()
+        _wait_terminal_text(page, r"\$\s*$|\$ ", timeout=20)  # the prompt
+        term.click()
+        page.keyboard.type("echo hello-$((6*7))")
+        page.keyboard.press("Enter")
+        _wait_terminal_text(page, r"(?m)^hello-42\s*$")
+        page.keyboard.type("whoami")
+        page.keyboard.press("Enter")
+        _wait_terminal_text(page, r"(?m)^work\s*$")
+    except BaseException:
+        try:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            print(f"screenshot: {tmp_path / 'failure.png'}; url {page.url}")
+            print("progress messages:", progress_messages)
+        except Exception:
+            pass
+        raise
+    finally:
+        context.close()
+
+    # -- stop, through the hub: nothing left behind ----------------------------------------
+    assert len(containers_of(hub.agent_id)) == 1
+    hub.stop_server("admin", "")
+    assert containers_of(hub.agent_id) == []
+    assert time.monotonic() - t0 < 90
