@@ -74,6 +74,9 @@ def _wait_terminal_text(page, pattern: str, timeout: float = 20) -> str:
 
 def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
     hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="docker")
+    # The API token first: once the server runs, a fresh requests login also collects the
+    # single-user server's _xsrf cookie and Hub.token_for's cookies.get("_xsrf") turns ambiguous.
+    hub.admin_token
     t0 = time.monotonic()
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(30_000)
@@ -114,6 +117,9 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
         # -- JupyterLab ---------------------------------------------------------------
         page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=60_000)
         page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
+        # The page subscribes about a second after the POST, and progress() starts from the
+        # session's state at that moment, so the earliest states may be past by then.
+        print("progress messages:", progress_messages)
         assert any(STATE_WORDS.search(m.lower()) for m in progress_messages), progress_messages
 
         # xterm draws on a canvas; its screen-reader mode mirrors the screen into the DOM,
