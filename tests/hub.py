@@ -96,13 +96,13 @@ class Hub:
         s = requests.Session()
         s.get(self.base + "/hub/login")
         r = s.post(self.base + "/hub/login",
-                   data={"username": email, "password": password, "_xsrf": s.cookies.get("_xsrf")})
+                   data={"username": email, "password": password, "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
         s.last_login = r
         return s
 
     def token_for(self, session: requests.Session, user: str) -> str:
         r = session.post(self.base + f"/hub/api/users/{user}/tokens", json={"note": "test"},
-                         headers={"X-XSRFToken": session.cookies.get("_xsrf")})
+                         headers={"X-XSRFToken": session.cookies.get("_xsrf", path="/hub/")})
         r.raise_for_status()
         return r.json()["token"]
 

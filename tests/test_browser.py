@@ -76,7 +76,7 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
     hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="docker")
     # The API token first: once the server runs, a fresh requests login also collects the
     # single-user server's _xsrf cookie and Hub.token_for's cookies.get("_xsrf") turns ambiguous.
-    hub.admin_token
+    assert hub.admin_token
     t0 = time.monotonic()
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(30_000)

@@ -81,6 +81,7 @@ class RedisEventBus(EventBus):
         self.maxlen = maxlen
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self._task: asyncio.Task | None = None
+        self._stopping = False
 
     async def publish(self, name: str, payload: dict) -> None:
         await self.redis.xadd(
@@ -105,10 +106,10 @@ class RedisEventBus(EventBus):
         async def loop():
             # First re-deliver what this consumer read but never acknowledged.
             last = "0"
-            while True:
+            while not self._stopping:
                 try:
                     resp = await self.redis.xreadgroup(
-                        self.group, self.consumer, {self.stream: last}, count=100, block=1000
+                        self.group, self.consumer, {self.stream: last}, count=100, block=300
                     )
                 except asyncio.CancelledError:
                     raise
@@ -116,10 +117,12 @@ class RedisEventBus(EventBus):
                     log.exception("reading events from redis failed; retrying")
                     await asyncio.sleep(1)
                     continue
-                if last == "0" and not (resp and resp[0][1]):
+                # RESP2 answers [[stream, entries]], RESP3 {stream: entries}.
+                streams = list(resp.items()) if isinstance(resp, dict) else list(resp or ())
+                if last == "0" and not any(entries for _s, entries in streams):
                     last = ">"
                     continue
-                for _stream, entries in resp or ():
+                for _stream, entries in streams:
                     for entry_id, fields in entries:
                         try:
                             await handler(fields["name"], json.loads(fields["payload"]))
@@ -130,11 +133,13 @@ class RedisEventBus(EventBus):
         self._task = asyncio.create_task(loop())
 
     async def close(self) -> None:
+        # redis-py does not give up a blocking XREADGROUP on cancellation: ask the loop to
+        # stop after its current (short) block instead.
+        self._stopping = True
         if self._task:
-            self._task.cancel()
             try:
-                await self._task
-            except asyncio.CancelledError:
+                await asyncio.wait_for(self._task, 5)
+            except (TimeoutError, asyncio.CancelledError):
                 pass
         await self.redis.aclose()
 

@@ -1,0 +1,421 @@
+"""Spawn latency: our BackendAISpawner vs. stock DockerSpawner vs. a bare `docker run`.
+
+    python benchmarks/spawn.py [--runs N] [--keep-logs DIR]
+
+Three variants, all on the same kernel image (backendai/python-kernel:latest), the same
+Docker network ("backendai") and the same limits (0.5 CPU, 512 MiB):
+
+  (a) ours:          a real hub (tests/hub.py: launcher, CHP, in-process agent, docker backend,
+                     SQLite); POST /hub/api/users/admin/servers/<name> with the form's options.
+  (b) dockerspawner: a second, plain JupyterHub (DummyAuthenticator, DockerSpawner, its own
+                     CHP and SQLite), same request.
+  (c) docker run:    `docker run -d --rm -p 127.0.0.1:<port>:8888 ... jupyter server`, the
+                     floor: no hub, no jupyterhub-singleuser.
+
+Measured for (a) and (b): from just before the POST until GET /user/admin/<name>/api/status
+through the proxy (with the API token) answers 200, polled every 50 ms; for (c): from just
+before `docker run` until GET /api/status on the published port answers 200. After each run
+the server is stopped (DELETE, then wait until the hub has dropped it and its container is
+gone; `docker rm -f` for (c)). Rounds interleave a, b, c so drift hits all alike; one
+unmeasured warm-up round first. The last line printed is machine-readable:
+
+    ours_p50_s=<f> dockerspawner_p50_s=<f> docker_run_p50_s=<f> ratio_vs_dockerspawner=<f> ratio_vs_docker_run=<f>
+
+Everything it starts (hubs, proxies, containers, temp dirs) is removed at the end, also on
+Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tests.hub import CHP, KERNEL_IMAGE, Hub  # noqa: E402
+from tests.services import free_port, wait_port  # noqa: E402
+
+NETWORK = "backendai"
+CPU = "0.5"
+MEM = "512m"
+POLL = 0.05
+READY_TIMEOUT = 120.0
+USER = "admin"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def docker(*args: str, check: bool = True) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check).stdout
+
+
+def ensure_image() -> None:
+    r = subprocess.run(["bash", os.path.join(REPO, "images", "build.sh")], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("images/build.sh failed:\n" + r.stdout[-3000:] + r.stderr[-3000:])
+
+
+def ensure_network() -> str:
+    """The agent's bridge network (created like the agent does if missing); its gateway IP."""
+    if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
+        docker("network", "create", "--driver", "bridge", "--label", "ai.backend.network=agent", NETWORK)
+    gw = docker("network", "inspect", NETWORK, "-f", "{{range .IPAM.Config}}{{.Gateway}} {{end}}").split()
+    if not gw:
+        sys.exit(f"docker network {NETWORK} has no gateway")
+    return gw[0]
+
+
+def wait_status(session: requests.Session, url: str, headers: dict, deadline: float) -> None:
+    """Poll url every POLL s until it answers 200 (redirects and hub pages don't count)."""
+    while True:
+        try:
+            r = session.get(url, headers=headers, timeout=5, allow_redirects=False)
+            if r.status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer 200 in {READY_TIMEOUT} s")
+        time.sleep(POLL)
+
+
+# -- (a) and (b): a hub ---------------------------------------------------------------------
+
+
+class HubVariant:
+    """What (a) and (b) share: spawn a named server through the REST API, time it, stop it."""
+
+    name = ""
+    base = ""
+    token = ""
+    body: dict | None = None
+
+    def __init__(self):
+        self.http = requests.Session()
+        self.n = 0
+
+    def containers(self) -> list[str]:
+        raise NotImplementedError
+
+    def api(self, method: str, path: str, **kw) -> requests.Response:
+        return self.http.request(method, self.base + "/hub/api" + path,
+                                 headers={"Authorization": f"token {self.token}"}, timeout=60, **kw)
+
+    def run_once(self) -> float:
+        self.n += 1
+        server = f"bench{self.n}"
+        headers = {"Authorization": f"token {self.token}"}
+        url = f"{self.base}/user/{USER}/{server}/api/status"
+        t0 = time.perf_counter()
+        r = self.http.post(f"{self.base}/hub/api/users/{USER}/servers/{server}", headers=headers,
+                           json=self.body, timeout=READY_TIMEOUT)
+        if r.status_code not in (201, 202):
+            raise RuntimeError(f"{self.name}: spawn answered {r.status_code}: {r.text}")
+        wait_status(self.http, url, headers, time.monotonic() + READY_TIMEOUT)
+        elapsed = time.perf_counter() - t0
+        self.stop(server)
+        return elapsed
+
+    def stop(self, server: str, timeout: float = 60) -> None:
+        r = self.api("DELETE", f"/users/{USER}/servers/{server}", json={"remove": True})
+        if r.status_code not in (202, 204):
+            raise RuntimeError(f"{self.name}: stop answered {r.status_code}: {r.text}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            servers = self.api("GET", f"/users/{USER}").json().get("servers", {})
+            if server not in servers and not self.containers():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name}: server {server} did not go away")
+
+    def stop_all(self) -> None:
+        try:
+            servers = self.api("GET", f"/users/{USER}").json().get("servers", {})
+            for s in servers:
+                self.api("DELETE", f"/users/{USER}/servers/{s}", json={"remove": True})
+        except Exception:
+            pass
+
+
+class Ours(HubVariant):
+    name = "ours"
+
+    def __init__(self, tmp: str):
+        super().__init__()
+        self.hub = Hub(db_url=f"sqlite:///{tmp}/backendai.sqlite", backend="docker")
+        self.dir = self.hub.dir
+
+    def start(self) -> None:
+        self.hub.start()
+        self.base = self.hub.base
+        self.token = self.hub.admin_token
+        self.body = {"image": KERNEL_IMAGE, "cpu": CPU, "mem": MEM}
+
+    def containers(self) -> list[str]:
+        return docker("ps", "-aq", "--filter", f"label=ai.backend.agent-id={self.hub.agent_id}").split()
+
+    def close(self) -> None:
+        if self.hub.proc and self.hub.proc.poll() is None:
+            self.stop_all()
+            deadline = time.monotonic() + 30
+            while self.containers() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self.hub.close()
+        left = self.containers()
+        if left:
+            docker("rm", "-f", *left, check=False)
+        shutil.rmtree(self.hub.dir, ignore_errors=True)
+
+
+DOCKERSPAWNER_CONFIG = """\
+# Stock JupyterHub + DockerSpawner on the same image, network and limits as ours.
+c = get_config()  # noqa: F821
+c.JupyterHub.bind_url = "http://127.0.0.1:{port}/"
+c.JupyterHub.hub_ip = "0.0.0.0"
+c.JupyterHub.hub_port = {hub_port}
+c.JupyterHub.hub_connect_ip = "{gateway}"
+c.JupyterHub.db_url = "sqlite:///{dir}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{dir}/jupyterhub_cookie_secret"
+c.JupyterHub.pid_file = "{dir}/jupyterhub.pid"
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 0
+c.ConfigurableHTTPProxy.command = ["{chp}"]
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.ConfigurableHTTPProxy.pid_file = "{dir}/jupyterhub-proxy.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {{"{user}"}}
+c.JupyterHub.services = [{{"name": "bench", "api_token": "{token}"}}]
+c.JupyterHub.load_roles = [{{
+    "name": "bench",
+    "scopes": ["admin:users", "admin:servers", "servers", "access:servers", "read:users"],
+    "services": ["bench"],
+}}]
+c.JupyterHub.spawner_class = "docker"
+c.DockerSpawner.image = "{image}"
+c.DockerSpawner.network_name = "{network}"
+c.DockerSpawner.use_internal_ip = False
+c.DockerSpawner.host_ip = "127.0.0.1"
+c.DockerSpawner.remove = True
+c.DockerSpawner.prefix = "{prefix}"
+c.DockerSpawner.cpu_limit = {cpu}
+c.DockerSpawner.mem_limit = "{mem}"
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+"""
+
+
+class DockerSpawnerHub(HubVariant):
+    name = "dockerspawner"
+
+    def __init__(self, tmp: str, gateway: str):
+        super().__init__()
+        self.dir = tmp
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.token = secrets.token_hex(16)
+        self.prefix = f"bai-bench-{os.getpid()}"
+        self.config = os.path.join(tmp, "jupyterhub_config.py")
+        with open(self.config, "w") as f:
+            f.write(DOCKERSPAWNER_CONFIG.format(
+                port=self.port, hub_port=free_port(), gateway=gateway, dir=tmp, chp=CHP,
+                proxy_api_port=free_port(), user=USER, token=self.token, image=KERNEL_IMAGE,
+                network=NETWORK, prefix=self.prefix, cpu=float(CPU), mem=MEM.upper(),
+            ))
+        self.proc: subprocess.Popen | None = None
+        self.logfile = None
+        self.body = None
+
+    def start(self) -> None:
+        self.logfile = open(os.path.join(self.dir, "hub.log"), "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", self.config], cwd=self.dir,
+            stdout=self.logfile, stderr=self.logfile, start_new_session=True,
+        )
+        wait_port(self.port, timeout=60, proc=self.proc)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.api("GET", f"/users/{USER}").status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("DockerSpawner hub did not come up:\n" + self.log())
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        with open(os.path.join(self.dir, "hub.log"), errors="replace") as f:
+            return f.read()[-5000:]
+
+    def containers(self) -> list[str]:
+        return docker("ps", "-aq", "--filter", f"name=^/{self.prefix}-").split()
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.stop_all()
+            self.proc.send_signal(signal.SIGTERM)  # cleanup_servers stops what is left
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        try:
+            with open(os.path.join(self.dir, "jupyterhub-proxy.pid")) as f:
+                os.kill(int(f.read().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        if self.logfile:
+            self.logfile.close()
+        left = self.containers()
+        if left:
+            docker("rm", "-f", *left, check=False)
+
+
+# -- (c): docker run --------------------------------------------------------------------------
+
+
+class DockerRun:
+    name = "docker_run"
+
+    def __init__(self):
+        self.http = requests.Session()
+        self.cid: str | None = None
+        self.label = f"ai.backend.bench={os.getpid()}"
+
+    def start(self) -> None:
+        pass
+
+    def run_once(self) -> float:
+        port = free_port()
+        t0 = time.perf_counter()
+        self.cid = docker(
+            "run", "-d", "--rm", "--label", self.label, "--network", NETWORK,
+            "--cpus", CPU, "--memory", MEM, "-p", f"127.0.0.1:{port}:8888", KERNEL_IMAGE,
+            "jupyter", "server", "--ip=0.0.0.0", "--port=8888", "--ServerApp.token=",
+        ).strip()
+        wait_status(self.http, f"http://127.0.0.1:{port}/api/status", {},
+                    time.monotonic() + READY_TIMEOUT)
+        elapsed = time.perf_counter() - t0
+        docker("rm", "-f", self.cid)
+        self.cid = None
+        return elapsed
+
+    def close(self) -> None:
+        left = docker("ps", "-aq", "--filter", f"label={self.label}", check=False).split()
+        if left:
+            docker("rm", "-f", *left, check=False)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """Percentile by linear interpolation between closest ranks (q in 0..100)."""
+    s = sorted(values)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10, help="measured rounds (default 10)")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy both hubs' logs here at the end")
+    args = ap.parse_args()
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+
+    # SIGTERM takes the same way out as Ctrl-C: through the finally below.
+    def on_term(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with it ignored
+
+    log("ensuring the kernel image (images/build.sh) ...")
+    ensure_image()
+    gateway = ensure_network()
+    tmp = tempfile.mkdtemp(prefix="bai-bench-")
+    variants: list = []
+    try:
+        os.makedirs(os.path.join(tmp, "a"))
+        os.makedirs(os.path.join(tmp, "b"))
+        for make in (lambda: Ours(os.path.join(tmp, "a")),
+                     lambda: DockerSpawnerHub(os.path.join(tmp, "b"), gateway),
+                     DockerRun):
+            v = make()
+            variants.append(v)  # before start(): a half-started variant is cleaned up too
+            log(f"starting {v.name} ...")
+            v.start()
+
+        times: dict[str, list[float]] = {v.name: [] for v in variants}
+        for rnd in range(args.runs + 1):
+            warm = rnd == 0
+            this = {}
+            for v in variants:
+                this[v.name] = v.run_once()
+                if not warm:
+                    times[v.name].append(this[v.name])
+            label = "warm-up (not counted)" if warm else f"round {rnd}/{args.runs}"
+            log(f"{label}: " + "  ".join(f"{k}={t:.3f}s" for k, t in this.items()))
+
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # don't interrupt the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log("cleaning up ...")
+        if args.keep_logs:
+            os.makedirs(args.keep_logs, exist_ok=True)
+            for v in variants:
+                src = os.path.join(getattr(v, "dir", ""), "hub.log")
+                if os.path.exists(src):
+                    shutil.copy(src, os.path.join(args.keep_logs, f"{v.name}-hub.log"))
+        for v in reversed(variants):
+            try:
+                v.close()
+            except Exception as e:  # keep cleaning the others
+                log(f"cleanup of {v.name}: {e}")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    # Printed after the cleanup, so that the summary line is the very last line of output.
+    print(f"spawn latency over {args.runs} runs (s):")
+    print(f"{'variant':<15}{'p50':>8}{'p95':>8}{'min':>8}{'max':>8}")
+    p50 = {}
+    for name, ts in times.items():
+        p50[name] = statistics.median(ts)
+        print(f"{name:<15}{p50[name]:>8.3f}{pct(ts, 95):>8.3f}{min(ts):>8.3f}{max(ts):>8.3f}")
+    r_b = p50["ours"] / p50["dockerspawner"]
+    r_c = p50["ours"] / p50["docker_run"]
+    print(f"ratio ours/dockerspawner (p50) = {r_b:.3f}  (target <= 1.0: {'met' if r_b <= 1.0 else 'MISSED'})")
+    print(f"ratio ours/docker_run    (p50) = {r_c:.3f}  (target <= 1.2: {'met' if r_c <= 1.2 else 'MISSED'})")
+    print(f"ours_p50_s={p50['ours']:.3f} dockerspawner_p50_s={p50['dockerspawner']:.3f} "
+          f"docker_run_p50_s={p50['docker_run']:.3f} ratio_vs_dockerspawner={r_b:.3f} "
+          f"ratio_vs_docker_run={r_c:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted; everything started was removed")
+        sys.exit(130)
