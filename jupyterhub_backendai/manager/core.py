@@ -346,7 +346,25 @@ class BackendAIManager(SingletonConfigurable):
         environ: dict,
         service_prefix: str,
         resource_group: str = "default",
+        session_type: str = "interactive",
+        project: str | None = None,
+        cluster_size: int = 1,
+        cluster_mode: str = "single-node",
+        priority: int | None = None,
+        startup_command: str | None = None,
+        batch_timeout: int | None = None,
+        starts_at=None,
+        dependencies: list[str] | tuple = (),
+        designated_agents: list[str] | tuple = (),
+        architecture: str | None = None,
     ) -> str:
+        """Validate and record a PENDING session; returns its id.
+
+        ``slots`` are per kernel; the session has ``cluster_size`` kernels.
+        ``project`` is a project id or name in the user's domain (default: the
+        user's first project). Raises a :class:`BackendAIError` (4xx) for
+        anything the caller got wrong; nothing is created then.
+        """
         await self.validate(image, slots, resource_group)
 
         def create(s):
@@ -367,20 +385,51 @@ class BackendAIManager(SingletonConfigurable):
             )
             if live is not None:
                 raise Conflict(f"session {name!r} already exists ({live.status})")
+            if project is None:
+                proj = user.projects[0] if user.projects else None
+            else:
+                proj = next((p for p in user.projects if project in (p.id, p.name)), None)
+                if proj is None:
+                    raise InvalidRequest(f"user {username!r} is not a member of project {project!r}")
             sess = Session(
                 name=name,
+                session_type=session_type,
                 user_id=user.id,
                 access_key=kp.access_key,
                 domain_name=user.domain_name,
-                project_id=user.projects[0].id if user.projects else None,
+                project_id=proj.id if proj else None,
                 resource_group=resource_group,
                 image=image,
+                cluster_size=cluster_size,
+                cluster_mode=cluster_mode,
                 requested_slots=slots,
                 environ=environ,
                 service_prefix=service_prefix,
+                startup_command=startup_command,
+                batch_timeout=batch_timeout,
+                starts_at=starts_at,
+                designated_agents=list(designated_agents),
+                architecture=architecture,
             )
+            if priority is not None:
+                sess.priority = priority
+            for dep in dependencies:
+                other = s.get(Session, dep)
+                if other is None or other.access_key != kp.access_key:
+                    raise InvalidRequest(f"unknown dependency session {dep!r}")
+                sess.dependencies.append(other)
             set_status(sess, SessionStatus.PENDING, "waiting for the scheduler")
-            sess.kernels.append(Kernel(requested_slots=slots, status=SessionStatus.PENDING))
+            for idx in range(cluster_size):
+                role = "main" if idx == 0 else "sub"
+                sess.kernels.append(
+                    Kernel(
+                        requested_slots=slots,
+                        status=SessionStatus.PENDING,
+                        cluster_role=role,
+                        cluster_idx=idx,
+                        cluster_hostname=f"{role}{idx if idx else 1}",
+                    )
+                )
             s.add(sess)
             s.flush()
             return sess.id
@@ -388,6 +437,22 @@ class BackendAIManager(SingletonConfigurable):
         sid = await self.db(create)
         self.wake()
         return sid
+
+    async def scheduler_status(self) -> dict:
+        """Per resource group: queue length and what the scheduler last did (admin API, metrics)."""
+
+        def work(s):
+            out = {}
+            for g in s.scalars(select(ResourceGroup)):
+                pending = s.scalars(
+                    select(Session.id).where(
+                        Session.resource_group == g.name, Session.status == SessionStatus.PENDING
+                    )
+                ).all()
+                out[g.name] = {"scheduler": g.scheduler, "pending": len(pending)}
+            return out
+
+        return await self.db(work)
 
     async def _transition(self, sid: str, frm: set, to: str, info: str = "") -> bool:
         def work(s):

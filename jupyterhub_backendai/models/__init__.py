@@ -2,7 +2,7 @@
 
 from .base import Base
 from .cluster import Agent, ResourceGroup
-from .session import Kernel, Session
+from .session import Kernel, Session, session_dependencies
 from .tenancy import (
     Domain,
     Keypair,
@@ -28,4 +28,5 @@ __all__ = [
     "User",
     "UserResourcePolicy",
     "project_members",
+    "session_dependencies",
 ]

@@ -25,6 +25,9 @@ class ResourceGroup(Base):
     allowed_domains: Mapped[list] = mapped_column(JSON, default=list)
     allowed_projects: Mapped[list] = mapped_column(JSON, default=list)
     allowed_keypairs: Mapped[list] = mapped_column(JSON, default=list)
+    # Scheduler bookkeeping that must survive restarts and be shared by managers
+    # (e.g. the round-robin cursor); written only inside a scheduling transaction.
+    scheduler_state: Mapped[dict] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, ForeignKey, Integer, String, Table, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..common.ids import new_id
 from ..common.slots import ResourceSlot
 from .base import Base, SlotsType, UTCDateTime, utcnow
+
+
+session_dependencies = Table(
+    "session_dependencies",
+    Base.metadata,
+    Column("session_id", ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
+    Column("depends_on", ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
+)
 
 
 class Session(Base):
@@ -37,11 +45,26 @@ class Session(Base):
     environ: Mapped[dict] = mapped_column(JSON, default=dict)
     service_prefix: Mapped[str] = mapped_column(String(512), default="/")
     retries: Mapped[int] = mapped_column(Integer, default=0)
+    # Batch sessions (API only): the command run to completion, and how long it may take.
+    startup_command: Mapped[str | None] = mapped_column(Text, nullable=True)
+    batch_timeout: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Not scheduled before this time (batch sessions booked for later).
+    starts_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Agent architecture the kernels need (None: any), and agents the owner pinned it to.
+    architecture: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    designated_agents: Mapped[list] = mapped_column(JSON, default=list)
+    # UNDEFINED while alive; SUCCESS or FAILURE once dead (dependencies wait for SUCCESS).
+    result: Mapped[str] = mapped_column(String(16), default="UNDEFINED")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     terminated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     kernels: Mapped[list[Kernel]] = relationship(
         back_populates="session", order_by="Kernel.cluster_idx"
+    )
+    dependencies: Mapped[list[Session]] = relationship(
+        secondary=session_dependencies,
+        primaryjoin=lambda: Session.id == session_dependencies.c.session_id,
+        secondaryjoin=lambda: Session.id == session_dependencies.c.depends_on,
     )
 
 
@@ -54,6 +77,7 @@ class Kernel(Base):
     )
     cluster_role: Mapped[str] = mapped_column(String(16), default="main")
     cluster_idx: Mapped[int] = mapped_column(Integer, default=0)
+    cluster_hostname: Mapped[str] = mapped_column(String(64), default="main1")
     agent_id: Mapped[str | None] = mapped_column(ForeignKey("agents.id"), nullable=True, index=True)
     status: Mapped[str] = mapped_column(String(16), default="PENDING", index=True)
     requested_slots: Mapped[ResourceSlot] = mapped_column(SlotsType, default=ResourceSlot)
@@ -64,6 +88,8 @@ class Kernel(Base):
     service_ports: Mapped[list] = mapped_column(JSON, default=list)
     attached_devices: Mapped[dict] = mapped_column(JSON, default=dict)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Output of a batch kernel, kept after its container is gone (tail, bounded by the agent).
+    logs: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     terminated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 

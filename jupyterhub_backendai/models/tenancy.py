@@ -51,6 +51,8 @@ class KeypairResourcePolicy(Base):
     max_containers_per_session: Mapped[int] = mapped_column(Integer, default=1)
     max_session_lifetime: Mapped[int] = mapped_column(Integer, default=0)
     idle_timeout: Mapped[int] = mapped_column(Integer, default=0)
+    # Highest scheduling priority (0-100) the keypair's sessions may ask for.
+    max_priority: Mapped[int] = mapped_column(Integer, default=100)
     max_pending_session_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_pending_session_resource_slots: Mapped[ResourceSlot | None] = mapped_column(
         SlotsType, nullable=True
