@@ -19,6 +19,13 @@ class InvalidRequest(BackendAIError):
     title = "Invalid request"
 
 
+class Unauthorized(BackendAIError):
+    """No valid credentials: missing, malformed, wrong signature, stale date, unknown or inactive key."""
+
+    status_code = 401
+    title = "Unauthorized"
+
+
 class NotFound(BackendAIError):
     status_code = 404
     title = "Not found"
@@ -37,6 +44,11 @@ class Conflict(BackendAIError):
 class QuotaExceeded(BackendAIError):
     status_code = 412
     title = "Quota exceeded"
+
+
+class TooManyRequests(BackendAIError):
+    status_code = 429
+    title = "Too many requests"
 
 
 class AgentError(BackendAIError):
