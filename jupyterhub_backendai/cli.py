@@ -1,4 +1,25 @@
-"""``backendai-admin``: bootstrap the record (schema, superadmin, domains, users, keypairs)."""
+"""``backendai-admin``: the platform's admin command line.
+
+Two kinds of commands:
+
+- **Bootstrap** (``db-upgrade``, ``create-superadmin``, ``create-domain``,
+  ``create-project``, ``create-user``, ``create-keypair``, ``fixture populate``):
+  direct database operations (``--db``) for before any hub runs: a fresh
+  install, an image build (Binder's postBuild), a restore.
+- **API client** (``whoami``, ``domains``, ``projects``, ``users``, ``keypairs``,
+  the resource policies, ``resource-groups``, ``agents``, ``sessions``,
+  ``scheduler``, ``api``): HTTP requests to a running hub's admin API, signed
+  with a keypair (Backend.AI's HMAC-SHA256 request signing). They go through
+  the same permission checks as any other API client; this is not a second
+  path into the database. Options or environment: ``--endpoint``
+  (``BACKENDAI_ENDPOINT``, the hub's URL), ``--access-key``
+  (``BACKENDAI_ACCESS_KEY``), ``--secret-key`` (``BACKENDAI_SECRET_KEY``).
+
+Output is JSON on stdout. Errors go to stderr as ``backendai-admin: <status>
+<title>: <detail>`` (the API's problem document) with a non-zero exit status.
+Fields for create/update are given as ``key=value`` (a string) or
+``key:=<json>`` (a number, boolean, list, object), or whole with ``--data``.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +28,26 @@ import json
 import os
 import secrets
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
 
+from .common import signing
 from .common.errors import BackendAIError
-from .manager import tenancy
-from .models.db import make_engine, make_sessionmaker, upgrade
+
+API_PREFIX = "hub/api/backendai"
+EXIT_API_ERROR = 1
+EXIT_USAGE = 2
+
+
+# -- bootstrap: direct database operations --------------------------------------------
 
 
 def _session(url: str):
+    from .manager import tenancy
+    from .models.db import make_engine, make_sessionmaker, upgrade
+
     engine = make_engine(url)
     upgrade(engine)
     sm = make_sessionmaker(engine)
@@ -24,6 +58,8 @@ def _session(url: str):
 
 def create_superadmin(url: str, email: str, password: str | None, *, exist_ok: bool = True) -> dict:
     """Create the first superadmin; returns what to show the operator (password only if generated)."""
+    from .manager import tenancy
+
     sm = _session(url)
     generated = password is None
     password = password or secrets.token_urlsafe(12)
@@ -44,24 +80,311 @@ def create_superadmin(url: str, email: str, password: str | None, *, exist_ok: b
         return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="backendai-admin", description=__doc__)
+def _bootstrap(args: argparse.Namespace) -> Any:
+    from .manager import tenancy
+
+    if args.cmd == "create-superadmin":
+        return create_superadmin(args.db, args.email, args.password)
+    if args.cmd == "fixture":
+        from .manager.fixtures import populate_file
+
+        return populate_file(args.db, args.file)
+    sm = _session(args.db)
+    with sm.begin() as s:
+        if args.cmd == "db-upgrade":
+            return {"upgraded": True}
+        if args.cmd == "create-domain":
+            return {"domain": tenancy.create_domain(s, args.name).name}
+        if args.cmd == "create-project":
+            pj = tenancy.create_project(s, args.domain, args.name)
+            return {"project": pj.name, "id": pj.id, "domain": pj.domain_name}
+        if args.cmd == "create-user":
+            user, kp, secret = tenancy.create_user(
+                s, email=args.email, password=args.password, username=args.username,
+                role=args.role, domain=args.domain, status=args.status,
+                projects=args.projects,
+            )
+            return {"username": user.username, "email": user.email,
+                    "access_key": kp.access_key, "secret_key": secret}
+        if args.cmd == "create-keypair":
+            user = tenancy.find_user(s, args.email)
+            if user is None:
+                raise SystemExit(f"no user {args.email}")
+            kp, secret = tenancy.create_keypair(s, user)
+            return {"access_key": kp.access_key, "secret_key": secret}
+    raise AssertionError(args.cmd)
+
+
+BOOTSTRAP = {"db-upgrade", "create-superadmin", "create-domain", "create-project",
+             "create-user", "create-keypair", "fixture"}
+
+
+# -- the API client ------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """The API answered with an error (its problem document) or could not be reached."""
+
+    def __init__(self, status: int | None, title: str, detail: str = "") -> None:
+        super().__init__(f"{status or ''} {title}: {detail}".strip())
+        self.status = status
+        self.title = title
+        self.detail = detail
+
+
+class ApiClient:
+    """Signed requests to the hub's admin API, with the standard library only."""
+
+    def __init__(self, endpoint: str, access_key: str, secret_key: str,
+                 timeout: float = 60.0) -> None:
+        self.base = api_base(endpoint)
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.timeout = timeout
+
+    def url(self, path: str, query: dict | None = None) -> str:
+        url = self.base + "/" + path.lstrip("/")
+        params = [(k, str(v).lower() if isinstance(v, bool) else str(v))
+                  for k, v in (query or {}).items() if v is not None]
+        if params:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode(params)
+        return url
+
+    def request(self, method: str, path: str, *, query: dict | None = None,
+                body: Any = None) -> Any:
+        """Send one request; returns the decoded JSON body (None for an empty one)."""
+        url = self.url(path, query)
+        headers = signing.sign_request(method, url, self.access_key, self.secret_key)
+        # Send exactly the host[:port] that was signed.
+        headers["Host"] = urllib.parse.urlsplit(url).netloc
+        headers["Accept"] = "application/json"
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method.upper(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise _problem(e) from None
+        except urllib.error.URLError as e:
+            raise ApiError(None, f"cannot reach {self.base}", str(e.reason)) from None
+        except (TimeoutError, ConnectionError) as e:
+            raise ApiError(None, f"cannot reach {self.base}", str(e)) from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace")
+
+    def list_all(self, path: str, query: dict | None = None, page: int = 100) -> dict:
+        """Every item of a paginated list, following ``offset``/``limit``."""
+        items: list = []
+        offset = 0
+        while True:
+            got = self.request("GET", path, query={**(query or {}), "offset": offset, "limit": page})
+            items.extend(got["items"])
+            offset += len(got["items"])
+            if not got["items"] or offset >= got["total"]:
+                return {"items": items, "total": got["total"], "offset": 0, "limit": len(items)}
+
+
+def api_base(endpoint: str) -> str:
+    """The API's URL from the hub's URL (``http://host:8000/`` -> ``.../hub/api/backendai``)."""
+    endpoint = endpoint.strip().rstrip("/")
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ApiError(None, "bad endpoint", f"{endpoint!r} is not an http(s) URL of the hub")
+    if endpoint.endswith("/" + API_PREFIX):
+        return endpoint
+    return endpoint + "/" + API_PREFIX
+
+
+def _problem(e: urllib.error.HTTPError) -> ApiError:
+    raw = e.read()
+    title, detail = e.reason or "error", ""
+    try:
+        doc = json.loads(raw)
+        if isinstance(doc, dict):
+            title = doc.get("title") or title
+            detail = doc.get("detail") or doc.get("message") or ""
+    except ValueError:
+        detail = raw.decode(errors="replace").strip()[:500]
+    return ApiError(e.code, str(title), str(detail))
+
+
+# Entities of the API: command name -> (collection path, what identifies one item).
+ENTITIES: dict[str, tuple[str, str]] = {
+    "domains": ("/domains", "name"),
+    "projects": ("/projects", "id"),
+    "users": ("/users", "id"),
+    "keypairs": ("/keypairs", "access key"),
+    "keypair-resource-policies": ("/keypair-resource-policies", "name"),
+    "user-resource-policies": ("/user-resource-policies", "name"),
+    "project-resource-policies": ("/project-resource-policies", "name"),
+    "resource-groups": ("/resource-groups", "name"),
+    "agents": ("/agents", "id"),
+    "sessions": ("/sessions", "id"),
+}
+# List filters offered as options (any other: --filter key=value).
+FILTERS = ("domain", "project", "user", "role", "status", "resource_group")
+
+
+def parse_fields(pairs: list[str], data: str | None) -> dict:
+    """``key=value`` (string) and ``key:=json`` pairs, over an optional ``--data`` document."""
+    body: dict = {}
+    if data:
+        text = data
+        if data.startswith("@"):
+            with open(data[1:]) as f:
+                text = f.read()
+        try:
+            loaded = json.loads(text)
+        except ValueError as e:
+            raise ApiError(None, "bad --data", f"not JSON: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ApiError(None, "bad --data", "must be a JSON object")
+        body.update(loaded)
+    for pair in pairs:
+        if ":=" in pair and pair.index(":=") < pair.index("=") + 1:
+            key, raw = pair.split(":=", 1)
+            try:
+                body[key] = json.loads(raw)
+            except ValueError as e:
+                raise ApiError(None, "bad field", f"{pair!r}: the value after ':=' must be JSON ({e})") from None
+        elif "=" in pair:
+            key, value = pair.split("=", 1)
+            body[key] = value
+        else:
+            raise ApiError(None, "bad field", f"{pair!r}: expected key=value or key:=json")
+        if not key:
+            raise ApiError(None, "bad field", f"{pair!r}: empty field name")
+    return body
+
+
+def _quote(ident: str) -> str:
+    return urllib.parse.quote(ident, safe="")
+
+
+def _list_query(args: argparse.Namespace) -> dict:
+    query: dict = {"offset": args.offset, "limit": args.limit}
+    for name in FILTERS:
+        value = getattr(args, name, None)
+        if value is not None:
+            query[name] = value
+    for pair in args.filter or ():
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ApiError(None, "bad filter", f"{pair!r}: expected key=value")
+        query[key] = value
+    return query
+
+
+def _run_api(args: argparse.Namespace) -> Any:
+    missing = [name for name, value in (("--endpoint / BACKENDAI_ENDPOINT", args.endpoint),
+                                        ("--access-key / BACKENDAI_ACCESS_KEY", args.access_key),
+                                        ("--secret-key / BACKENDAI_SECRET_KEY", args.secret_key))
+               if not value]
+    if missing:
+        raise _UsageError("missing " + ", ".join(missing))
+    client = ApiClient(args.endpoint, args.access_key, args.secret_key, timeout=args.timeout)
+    cmd = args.cmd
+    if cmd == "whoami":
+        return client.request("GET", "/whoami")
+    if cmd == "scheduler":
+        return client.request("GET", "/scheduler")
+    if cmd == "openapi":
+        return client.request("GET", "/openapi.json")
+    if cmd == "api":
+        body = parse_fields(args.fields, args.data) if (args.fields or args.data) else None
+        query = dict(p.split("=", 1) for p in args.query or () if "=" in p)
+        return client.request(args.method, args.path, query=query or None, body=body)
+    path, _ident = ENTITIES[cmd]
+    action = args.action
+    if action == "list":
+        query = _list_query(args)
+        if args.all:
+            query.pop("offset", None)
+            query.pop("limit", None)
+            return client.list_all(path, query)
+        return client.request("GET", path, query=query)
+    if action == "get":
+        return client.request("GET", f"{path}/{_quote(args.id)}")
+    if action == "create":
+        return client.request("POST", path, body=parse_fields(args.fields, args.data))
+    if action == "update":
+        return client.request("PATCH", f"{path}/{_quote(args.id)}",
+                              body=parse_fields(args.fields, args.data))
+    if action == "delete":
+        out = client.request("DELETE", f"{path}/{_quote(args.id)}")
+        return out if out is not None else {"deleted": args.id}
+    if action == "members":
+        return client.request("GET", f"{path}/{_quote(args.id)}/members",
+                              query={"offset": args.offset, "limit": args.limit})
+    if action == "add-members":
+        return client.request("POST", f"{path}/{_quote(args.id)}/members",
+                              body={"user_ids": args.user_ids})
+    if action == "remove-members":
+        out = client.request("DELETE", f"{path}/{_quote(args.id)}/members",
+                             body={"user_ids": args.user_ids})
+        return out if out is not None else {"removed": args.user_ids}
+    if action == "logs":
+        return client.request("GET", f"{path}/{_quote(args.id)}/logs")
+    raise AssertionError(action)
+
+
+class _UsageError(Exception):
+    pass
+
+
+# -- the parser ----------------------------------------------------------------------
+
+
+def _api_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Connection options; accepted before or after the command (``suppress`` on the latter)."""
+    def default(env: str) -> Any:
+        return argparse.SUPPRESS if suppress else os.environ.get(env)
+
+    g = parser.add_argument_group("API connection")
+    g.add_argument("--endpoint", default=default("BACKENDAI_ENDPOINT"),
+                   help="the hub's URL, e.g. http://127.0.0.1:8000/ (env BACKENDAI_ENDPOINT)")
+    g.add_argument("--access-key", default=default("BACKENDAI_ACCESS_KEY"),
+                   help="keypair access key (env BACKENDAI_ACCESS_KEY)")
+    g.add_argument("--secret-key", default=default("BACKENDAI_SECRET_KEY"),
+                   help="keypair secret key (env BACKENDAI_SECRET_KEY)")
+    g.add_argument("--timeout", type=float, default=argparse.SUPPRESS if suppress else 60.0,
+                   help="seconds to wait for the hub (default 60)")
+
+
+def _fields_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("fields", nargs="*", metavar="FIELD",
+                        help="key=value (string) or key:=json (number, boolean, list, object)")
+    parser.add_argument("--data", help="the whole body as a JSON object, or @file.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="backendai-admin", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--db",
         default=os.environ.get("BACKENDAI_DB_URL", "sqlite:///backendai.sqlite"),
-        help="database URL (env BACKENDAI_DB_URL)",
+        help="database URL for bootstrap commands (env BACKENDAI_DB_URL)",
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("db-upgrade", help="create or migrate the schema")
-    sa = sub.add_parser("create-superadmin", help="create the first superadmin")
+    _api_options(p, suppress=False)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    # Bootstrap (database).
+    sub.add_parser("db-upgrade", help="[bootstrap] create or migrate the schema")
+    sa = sub.add_parser("create-superadmin", help="[bootstrap] create the first superadmin")
     sa.add_argument("--email", default=os.environ.get("BACKENDAI_ADMIN_EMAIL", "admin@example.com"))
     sa.add_argument("--password", default=os.environ.get("BACKENDAI_ADMIN_PASSWORD"))
-    d = sub.add_parser("create-domain")
+    d = sub.add_parser("create-domain", help="[bootstrap] create a domain")
     d.add_argument("name")
-    pr = sub.add_parser("create-project")
+    pr = sub.add_parser("create-project", help="[bootstrap] create a project in a domain")
     pr.add_argument("name")
     pr.add_argument("--domain", default="default")
-    u = sub.add_parser("create-user")
+    u = sub.add_parser("create-user", help="[bootstrap] create a user with a default keypair")
     u.add_argument("--email", required=True)
     u.add_argument("--password", required=True)
     u.add_argument("--username")
@@ -69,41 +392,88 @@ def main(argv=None) -> int:
     u.add_argument("--domain", default="default")
     u.add_argument("--status", default="active")
     u.add_argument("--project", action="append", dest="projects")
-    k = sub.add_parser("create-keypair")
+    k = sub.add_parser("create-keypair", help="[bootstrap] create another keypair for a user")
     k.add_argument("--email", required=True)
-    args = p.parse_args(argv)
+    fx = sub.add_parser("fixture", help="[bootstrap] load records from a JSON fixture")
+    fx_sub = fx.add_subparsers(dest="fixture_cmd", required=True)
+    fxp = fx_sub.add_parser("populate", help="create the records of a fixture file")
+    fxp.add_argument("file")
 
+    # API client.
+    def api_cmd(name: str, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=f"[API] {help}")
+        _api_options(sp, suppress=True)
+        return sp
+
+    api_cmd("whoami", "who the keypair belongs to")
+    api_cmd("scheduler", "the scheduler's state")
+    api_cmd("openapi", "the API's OpenAPI document")
+    raw = api_cmd("api", "any request: METHOD PATH [FIELD ...]")
+    raw.add_argument("method", type=str.upper,
+                     choices=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    raw.add_argument("path", help="path under the API prefix, e.g. /users")
+    raw.add_argument("-q", "--query", action="append", metavar="KEY=VALUE",
+                     help="query parameter (repeatable)")
+    _fields_options(raw)
+
+    for name, (_path, ident) in ENTITIES.items():
+        ep = api_cmd(name, f"list, get, create, update, delete {name}")
+        acts = ep.add_subparsers(dest="action", required=True, metavar="ACTION")
+        ls = acts.add_parser("list", help=f"list {name} (paginated)")
+        _api_options(ls, suppress=True)
+        ls.add_argument("--offset", type=int, default=0)
+        ls.add_argument("--limit", type=int, default=100)
+        ls.add_argument("--all", action="store_true", help="follow pages until the end")
+        for f in FILTERS:
+            ls.add_argument("--" + f.replace("_", "-"), dest=f, help=f"only those of this {f}")
+        ls.add_argument("--filter", action="append", metavar="KEY=VALUE",
+                        help="any other filter the API offers (repeatable)")
+        for act, text in (("get", "show one"), ("delete", "delete one")):
+            a = acts.add_parser(act, help=f"{text} (by {ident})")
+            _api_options(a, suppress=True)
+            a.add_argument("id", metavar=ident.upper().replace(" ", "_"))
+        c = acts.add_parser("create", help="create one from fields")
+        _api_options(c, suppress=True)
+        _fields_options(c)
+        up = acts.add_parser("update", help="change fields of one")
+        _api_options(up, suppress=True)
+        up.add_argument("id", metavar=ident.upper().replace(" ", "_"))
+        _fields_options(up)
+        if name == "projects":
+            m = acts.add_parser("members", help="list a project's members")
+            _api_options(m, suppress=True)
+            m.add_argument("id", metavar="PROJECT_ID")
+            m.add_argument("--offset", type=int, default=0)
+            m.add_argument("--limit", type=int, default=100)
+            for act in ("add-members", "remove-members"):
+                a = acts.add_parser(act, help=f"{act.split('-')[0]} users (by id)")
+                _api_options(a, suppress=True)
+                a.add_argument("id", metavar="PROJECT_ID")
+                a.add_argument("user_ids", nargs="+", metavar="USER_ID")
+        if name == "sessions":
+            lg = acts.add_parser("logs", help="a session's kernel logs")
+            _api_options(lg, suppress=True)
+            lg.add_argument("id", metavar="SESSION_ID")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        if args.cmd == "create-superadmin":
-            out = create_superadmin(args.db, args.email, args.password)
+        if args.cmd in BOOTSTRAP:
+            out = _bootstrap(args)
         else:
-            sm = _session(args.db)
-            with sm.begin() as s:
-                if args.cmd == "db-upgrade":
-                    out = {"upgraded": True}
-                elif args.cmd == "create-domain":
-                    out = {"domain": tenancy.create_domain(s, args.name).name}
-                elif args.cmd == "create-project":
-                    pj = tenancy.create_project(s, args.domain, args.name)
-                    out = {"project": pj.name, "id": pj.id, "domain": pj.domain_name}
-                elif args.cmd == "create-user":
-                    user, kp, secret = tenancy.create_user(
-                        s, email=args.email, password=args.password, username=args.username,
-                        role=args.role, domain=args.domain, status=args.status,
-                        projects=args.projects,
-                    )
-                    out = {"username": user.username, "email": user.email,
-                           "access_key": kp.access_key, "secret_key": secret}
-                elif args.cmd == "create-keypair":
-                    user = tenancy.find_user(s, args.email)
-                    if user is None:
-                        raise SystemExit(f"no user {args.email}")
-                    kp, secret = tenancy.create_keypair(s, user)
-                    out = {"access_key": kp.access_key, "secret_key": secret}
+            out = _run_api(args)
     except BackendAIError as e:
         print(f"backendai-admin: {e.detail}", file=sys.stderr)
-        return 2
-    print(json.dumps(out, indent=2))
+        return EXIT_USAGE
+    except ApiError as e:
+        print(f"backendai-admin: {e}", file=sys.stderr)
+        return EXIT_API_ERROR
+    except _UsageError as e:
+        print(f"backendai-admin: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(out, indent=2, default=str))
     return 0
 
 

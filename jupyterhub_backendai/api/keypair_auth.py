@@ -1,0 +1,301 @@
+"""Keypair authentication of API requests: Backend.AI's signed requests on the hub.
+
+The API's base handler calls :func:`authenticate` for a request whose
+``Authorization`` header starts with ``BackendAI``. It answers who signed it (a
+:class:`KeypairPrincipal`) or raises :class:`Unauthorized` with the reason
+(malformed header, date outside ±15 minutes, unknown key, wrong signature,
+inactive keypair, user or domain) or :class:`TooManyRequests` past the keypair's
+rate limit. Either way the ``X-RateLimit-*`` headers of a counted request are
+set on the handler; :func:`ratelimit_headers` gives them again to an error
+writer that cleared the handler's headers.
+
+The signed path is the API's hot path, so it avoids the database where it can:
+
+- Keypair lookups (secret key, flags, user and domain state) are cached for
+  ``KeypairAuth.lookup_cache_ttl`` seconds. Any change to a keypair, user or
+  domain made through this process's sessions (the API) empties the cache at
+  once (SQLAlchemy flush/execute events), so deactivation takes effect on the
+  next request; changes made by other processes are seen within the TTL.
+- ``last_used`` and ``num_queries`` are accumulated in memory and written in
+  one executemany UPDATE every ``KeypairAuth.usage_flush_interval`` seconds
+  (0: one UPDATE per request). A hub that dies loses at most that much usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, event, select, update
+from traitlets import Float, Integer
+from traitlets.config import LoggingConfigurable
+
+from ..common import signing
+from ..common.errors import TooManyRequests, Unauthorized
+from ..common.types import UserStatus
+from ..manager.ratelimit import RateLimitResult, get_rate_limiter
+from ..models import Domain, Keypair, User
+
+log = logging.getLogger(__name__)
+
+_HANDLER_ATTR = "_backendai_ratelimit"
+
+
+@dataclass(frozen=True)
+class KeypairPrincipal:
+    """Who signed a request: the keypair and its owner."""
+
+    user_id: str
+    username: str
+    access_key: str
+    is_admin: bool
+    rate_limit: int
+    role: str = "user"
+    domain_name: str = "default"
+    email: str = ""
+
+
+@dataclass(frozen=True)
+class _KeypairRecord:
+    access_key: str
+    secret_key: str
+    keypair_active: bool
+    is_admin: bool
+    rate_limit: int
+    user_id: str
+    username: str
+    email: str
+    role: str
+    user_status: str
+    domain_name: str
+    domain_active: bool
+    allowed_client_ip: tuple[str, ...]
+
+
+class KeypairAuth(LoggingConfigurable):
+    """Settings and state of keypair authentication (one per manager, see :func:`keypair_auth`)."""
+
+    max_clock_skew = Float(
+        900.0,
+        help="""Seconds a signed request's Date may differ from the hub's clock (Backend.AI:
+        15 minutes). Bounds how long a captured request can be replayed.""",
+    ).tag(config=True)
+    lookup_cache_ttl = Float(
+        5.0,
+        help="""Seconds a keypair lookup (secret, active flags of keypair, user and domain)
+        is reused without asking the database. Changes made through this hub apply at once;
+        changes made by other hub processes apply within this time. 0 disables the cache.""",
+    ).tag(config=True)
+    lookup_cache_size = Integer(
+        10000, help="Most keypairs kept in the lookup cache (it is emptied when full)."
+    ).tag(config=True)
+    usage_flush_interval = Float(
+        1.0,
+        help="""Seconds between writes of keypairs' last_used and num_queries (one UPDATE
+        for all keypairs used in the interval). 0: one UPDATE on every request.""",
+    ).tag(config=True)
+    rate_limit_window = Float(
+        900.0,
+        help="""Length in seconds of the sliding window in which a keypair may make
+        rate_limit requests (Backend.AI: 900).""",
+    ).tag(config=True)
+
+    def __init__(self, manager: Any, **kw) -> None:
+        super().__init__(parent=manager, **kw)
+        self.manager = manager
+        self._cache: dict[str, tuple[float, _KeypairRecord | None]] = {}
+        self._generation = 0
+        self._usage: dict[str, list] = {}
+        self._flush_task: asyncio.Task | None = None
+        sm = getattr(manager, "sm", None)
+        if sm is not None:
+            event.listen(sm, "after_flush", self._after_flush)
+            event.listen(sm, "do_orm_execute", self._on_execute)
+
+    # -- the lookup cache --------------------------------------------------------
+
+    def invalidate(self) -> None:
+        """Forget every cached lookup (a keypair, user or domain changed)."""
+        self._cache.clear()
+        self._generation += 1
+
+    def _after_flush(self, session, _flush_context) -> None:
+        for obj in (*session.new, *session.dirty, *session.deleted):
+            if isinstance(obj, Keypair | User | Domain):
+                self.invalidate()
+                return
+
+    def _on_execute(self, state) -> None:
+        if (state.is_update or state.is_delete) and any(
+            m.class_ in (Keypair, User, Domain) for m in state.all_mappers
+        ):
+            self.invalidate()
+
+    async def lookup(self, access_key: str) -> _KeypairRecord | None:
+        now = time.monotonic()
+        hit = self._cache.get(access_key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        generation = self._generation
+        record = await self.manager.db(_load_record, access_key)
+        # Keep it only if nothing changed while we read (a change empties the cache).
+        if self.lookup_cache_ttl > 0 and generation == self._generation:
+            if len(self._cache) >= self.lookup_cache_size:
+                self._cache.clear()
+            self._cache[access_key] = (now + self.lookup_cache_ttl, record)
+        return record
+
+    # -- usage (last_used, num_queries) ------------------------------------------
+
+    async def record_use(self, access_key: str) -> None:
+        now = dt.datetime.now(dt.UTC)
+        entry = self._usage.get(access_key)
+        if entry is None:
+            self._usage[access_key] = [1, now]
+        else:
+            entry[0] += 1
+            entry[1] = now
+        if self.usage_flush_interval <= 0:
+            await self.flush_usage()
+        elif self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.usage_flush_interval)
+        try:
+            await self.flush_usage()
+        except Exception:
+            log.exception("writing keypair usage failed")
+
+    async def flush_usage(self) -> None:
+        """Write the accumulated usage now: one UPDATE statement for all keypairs."""
+        if not self._usage:
+            return
+        batch, self._usage = self._usage, {}
+        rows = [{"ak": ak, "n": n, "t": t} for ak, (n, t) in batch.items()]
+        await asyncio.to_thread(_write_usage, self.manager.engine, rows)
+
+    # -- the check ---------------------------------------------------------------
+
+    async def authenticate(self, handler: Any) -> KeypairPrincipal:
+        request = handler.request
+        signed = signing.read_signed_request(
+            request.method, request.uri, request.headers, host=request.host,
+            max_skew=dt.timedelta(seconds=self.max_clock_skew),
+        )
+        record = await self.lookup(signed.access_key)
+        if record is None:
+            raise Unauthorized(f"unknown access key {signed.access_key!r}")
+        signed.verify(record.secret_key)
+        if not record.keypair_active:
+            raise Unauthorized(f"keypair {record.access_key} is inactive")
+        if record.user_status != UserStatus.ACTIVE:
+            raise Unauthorized(f"user {record.username!r} is not active (status: {record.user_status})")
+        if not record.domain_active:
+            raise Unauthorized(f"domain {record.domain_name!r} is not active")
+        if record.allowed_client_ip:
+            _check_client_ip(request.remote_ip, record)
+        if record.rate_limit > 0:
+            limiter = get_rate_limiter(self.manager, self.rate_limit_window)
+            result = await limiter.hit(record.access_key, record.rate_limit)
+            setattr(handler, _HANDLER_ATTR, result)
+            for name, value in result.headers().items():
+                handler.set_header(name, value)
+            if not result.allowed:
+                handler.set_header("Retry-After", str(max(1, int(result.reset + 0.999))))
+                raise TooManyRequests(
+                    f"keypair {record.access_key} made {record.rate_limit} requests in the last "
+                    f"{int(self.rate_limit_window)} s (its rate limit); retry in "
+                    f"{max(1, int(result.reset + 0.999))} s"
+                )
+        await self.record_use(record.access_key)
+        return KeypairPrincipal(
+            user_id=record.user_id, username=record.username, access_key=record.access_key,
+            is_admin=record.is_admin, rate_limit=record.rate_limit, role=record.role,
+            domain_name=record.domain_name, email=record.email,
+        )
+
+
+def _load_record(s, access_key: str) -> _KeypairRecord | None:
+    row = s.execute(
+        select(
+            Keypair.access_key, Keypair.secret_key, Keypair.is_active, Keypair.is_admin,
+            Keypair.rate_limit, User.id, User.username, User.email, User.role, User.status,
+            User.allowed_client_ip, Domain.name, Domain.is_active,
+        )
+        .join(User, Keypair.user_id == User.id)
+        .join(Domain, User.domain_name == Domain.name)
+        .where(Keypair.access_key == access_key)
+    ).first()
+    if row is None:
+        return None
+    (ak, secret, kp_active, is_admin, rate_limit, uid, username, email, role, status,
+     allowed_ip, domain, domain_active) = row
+    return _KeypairRecord(
+        access_key=ak, secret_key=secret, keypair_active=bool(kp_active),
+        is_admin=bool(is_admin), rate_limit=int(rate_limit or 0), user_id=uid,
+        username=username, email=email, role=role, user_status=status, domain_name=domain,
+        domain_active=bool(domain_active), allowed_client_ip=tuple(allowed_ip or ()),
+    )
+
+
+_USAGE_UPDATE = (
+    update(Keypair.__table__)
+    .where(Keypair.__table__.c.access_key == bindparam("ak"))
+    .values(num_queries=Keypair.__table__.c.num_queries + bindparam("n"),
+            last_used=bindparam("t"))
+)
+
+
+def _write_usage(engine, rows: list[dict]) -> None:
+    # A Core connection, not an ORM session: our own bookkeeping must not empty the cache.
+    with engine.begin() as conn:
+        conn.execute(_USAGE_UPDATE, rows)
+
+
+def _check_client_ip(remote_ip: str | None, record: _KeypairRecord) -> None:
+    try:
+        addr = ipaddress.ip_address(remote_ip or "")
+    except ValueError as e:
+        raise Unauthorized(f"client address {remote_ip!r} is not an IP address") from e
+    for allowed in record.allowed_client_ip:
+        try:
+            if addr in ipaddress.ip_network(str(allowed), strict=False):
+                return
+        except ValueError:
+            continue
+    raise Unauthorized(f"client address {remote_ip} is not allowed for user {record.username!r}")
+
+
+def keypair_auth(manager: Any) -> KeypairAuth:
+    """The manager's :class:`KeypairAuth`, made on first use and kept on the manager."""
+    auth = getattr(manager, "_backendai_keypair_auth", None)
+    if auth is None:
+        auth = KeypairAuth(manager)
+        manager._backendai_keypair_auth = auth
+    return auth
+
+
+async def authenticate(manager: Any, handler: Any) -> KeypairPrincipal:
+    """Authenticate ``handler``'s signed request; raises Unauthorized / TooManyRequests."""
+    return await keypair_auth(manager).authenticate(handler)
+
+
+def ratelimit_headers(handler: Any) -> dict[str, str]:
+    """The ``X-RateLimit-*`` headers of the handler's request, if it was counted.
+
+    Tornado's ``send_error`` clears headers before ``write_error``; an error writer
+    calls this to put them back (a 429 must carry them).
+    """
+    result: RateLimitResult | None = getattr(handler, _HANDLER_ATTR, None)
+    if result is None:
+        return {}
+    headers = result.headers()
+    if not result.allowed:
+        headers["Retry-After"] = str(max(1, int(result.reset + 0.999)))
+    return headers
