@@ -37,6 +37,12 @@ class BackendAIAuthenticator(Authenticator):
         # Start the manager with the hub, so that it reconciles before the hub polls servers.
         self.manager.ensure_started()
 
+    def get_handlers(self, app):
+        """The admin REST API under ``<base_url>hub/api/backendai/`` (docs/api.md)."""
+        from .api import get_handlers
+
+        return super().get_handlers(app) + get_handlers()
+
     @property
     def manager(self) -> BackendAIManager:
         return BackendAIManager.instance(config=self.config)

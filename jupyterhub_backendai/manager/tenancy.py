@@ -54,7 +54,7 @@ def ensure_defaults(db: DBSession) -> None:
 
 
 def create_domain(db: DBSession, name: str, description: str = "") -> Domain:
-    if not USERNAME_RE.match(name):
+    if not USERNAME_RE.fullmatch(name):
         raise InvalidRequest(f"invalid domain name {name!r}")
     if db.get(Domain, name) is not None:
         raise Conflict(f"domain {name!r} exists")
@@ -87,10 +87,10 @@ def create_user(
     projects: list[str] | None = None,
 ) -> tuple[User, Keypair, str]:
     """Create a user with a default keypair; returns (user, keypair, secret key)."""
-    if not EMAIL_RE.match(email or ""):
+    if not EMAIL_RE.fullmatch(email or ""):
         raise InvalidRequest(f"invalid email {email!r}")
     username = username or email.split("@")[0].lower()
-    if not USERNAME_RE.match(username):
+    if not USERNAME_RE.fullmatch(username):
         raise InvalidRequest(
             f"invalid username {username!r}: lowercase letters, digits, '.', '_', '-'"
         )

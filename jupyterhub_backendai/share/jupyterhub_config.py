@@ -47,3 +47,19 @@ if os.environ.get("BACKENDAI_AGENT_PORT_RANGE"):
 c.Spawner.start_timeout = int(os.environ.get("BACKENDAI_START_TIMEOUT", "300"))
 c.Spawner.http_timeout = 120
 c.Spawner.default_url = "/lab"
+
+# The admin REST API (/hub/api/backendai/, docs/api.md) requires these scopes of a
+# JupyterHub token; users and admins hold both, so their default tokens work, and
+# a token issued with narrower scopes is refused.
+c.JupyterHub.custom_scopes = {
+    "custom:backendai:read": {"description": "Read the Backend.AI admin API."},
+    "custom:backendai:write": {"description": "Change things through the Backend.AI admin API."},
+}
+c.JupyterHub.extra_user_scopes = ["custom:backendai:read", "custom:backendai:write"]
+from jupyterhub.roles import get_default_roles  # noqa: E402
+
+c.JupyterHub.load_roles = [
+    {"name": "admin", "scopes": [s for r in get_default_roles() if r["name"] == "admin"
+                                 for s in r["scopes"]]
+     + ["custom:backendai:read", "custom:backendai:write"]},
+]

@@ -1,0 +1,15 @@
+"""The admin REST API, served by the hub under ``<base_url>hub/api/backendai/``.
+
+Handlers live in :mod:`.handlers` (thin), the rules and operations in
+:mod:`jupyterhub_backendai.manager.access` and :mod:`...manager.admin`, the
+contract in ``openapi.yaml`` (built by :mod:`.spec`). See docs/api.md.
+"""
+
+from __future__ import annotations
+
+
+def get_handlers() -> list[tuple]:
+    """Routes for ``Authenticator.get_handlers`` (JupyterHub prefixes them with ``/hub``)."""
+    from .handlers import routes
+
+    return routes()

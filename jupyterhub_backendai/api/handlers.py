@@ -1,0 +1,401 @@
+"""The admin API's endpoints: thin handlers over :mod:`jupyterhub_backendai.manager.admin`.
+
+A handler parses the request (``self.query``/``self.body`` check it against the
+OpenAPI document), runs one manager function in one transaction, and writes
+the result. Side effects outside our record (JupyterHub groups and admin
+flags, session start and stop) happen only after that transaction committed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from ..common.errors import BackendAIError, InvalidRequest
+from ..common.types import UserRole
+from ..manager import admin
+from . import spec
+from .base import APIBase, document
+
+
+def _filters(path: str) -> dict:
+    for method, p, *_rest in spec.ROUTES:
+        if p == path and method == "get" and _rest[2] is not None:
+            return _rest[2]
+    raise KeyError(path)
+
+
+class WhoamiHandler(APIBase):
+    async def get(self):
+        self.query()
+        self.reply(await self.manager.db(admin.whoami, self.principal))
+
+
+class OpenAPIHandler(APIBase):
+    auth_required = False
+
+    def check_xsrf_cookie(self):
+        return None
+
+    async def get(self):
+        self.query()
+        self.reply(document())
+
+
+# -- domains -------------------------------------------------------------------
+
+
+class DomainsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/domains"))
+        self.reply(await self.manager.db(admin.list_domains, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("DomainCreate")
+        self.reply(await self.manager.db(admin.create_domain, self.principal, body), 201)
+
+
+class DomainHandler(APIBase):
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.db(admin.get_domain, self.principal, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("DomainUpdate")
+        self.reply(await self.manager.db(admin.update_domain, self.principal, name, body))
+
+    async def delete(self, name):
+        self.query()
+        await self.manager.db(admin.delete_domain, self.principal, name)
+        self.reply(None, 204)
+
+
+# -- projects ------------------------------------------------------------------
+
+
+class ProjectsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/projects"))
+        self.reply(await self.manager.db(admin.list_projects, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("ProjectCreate")
+        out = await self.manager.db(admin.create_project, self.principal, body)
+        self.hub_groups(add={f"{out['domain_name']}.{out['name']}": []})
+        self.reply(out, 201)
+
+
+class ProjectHandler(APIBase):
+    async def get(self, pid):
+        self.query()
+        self.reply(await self.manager.db(admin.get_project, self.principal, pid))
+
+    async def patch(self, pid):
+        self.query()
+        body = self.body("ProjectUpdate")
+        out, old_group = await self.manager.db(admin.update_project, self.principal, pid, body)
+        self.hub_groups(rename=(old_group, f"{out['domain_name']}.{out['name']}"))
+        self.reply(out)
+
+    async def delete(self, pid):
+        self.query()
+        group = await self.manager.db(admin.delete_project, self.principal, pid)
+        self.hub_groups(delete=group)
+        self.reply(None, 204)
+
+
+class MembersHandler(APIBase):
+    async def get(self, pid):
+        _, o, n = self.query(_filters("/projects/{id}/members"))
+        self.reply(await self.manager.db(admin.list_members, self.principal, pid, o, n))
+
+    async def post(self, pid):
+        self.query()
+        body = self.body("MembersAdd")
+        out = await self.manager.db(admin.add_members, self.principal, pid, body["user_ids"])
+        self.hub_groups(add={out["group"]: out["added"]})
+        self.reply(out)
+
+
+class MemberHandler(APIBase):
+    async def delete(self, pid, uid):
+        self.query()
+        group, username = await self.manager.db(admin.remove_member, self.principal, pid, uid)
+        self.hub_groups(remove={group: [username]})
+        self.reply(None, 204)
+
+
+# -- users ---------------------------------------------------------------------
+
+
+class UsersHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/users"))
+        self.reply(await self.manager.db(admin.list_users, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("UserCreate")
+        out = await self.manager.db(admin.create_user, self.principal, body)
+        self.reply(out, 201)
+
+
+class UserHandler(APIBase):
+    async def get(self, uid):
+        self.query()
+        self.reply(await self.manager.db(admin.get_user, self.principal, uid))
+
+    async def patch(self, uid):
+        self.query()
+        body = self.body("UserUpdate")
+        out, old_groups = await self.manager.db(admin.update_user, self.principal, uid, body)
+        if "role" in body:
+            self.hub_admin(out["username"], out["role"] == UserRole.SUPERADMIN)
+        if "project_ids" in body or "domain_name" in body:
+            new = await self.manager.db(
+                lambda s: {p: admin.hub_group(s.get(admin.Project, p)) for p in out["project_ids"]})
+            now = set(new.values())
+            self.hub_groups(add={g: [out["username"]] for g in now - set(old_groups)},
+                            remove={g: [out["username"]] for g in set(old_groups) - now})
+        self.reply(out)
+
+    async def delete(self, uid):
+        self.query()
+        username = await self.manager.db(admin.delete_user, self.principal, uid)
+        self.hub_admin(username, False)
+        self.reply(None, 204)
+
+
+# -- keypairs ------------------------------------------------------------------
+
+
+class KeypairsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/keypairs"))
+        self.reply(await self.manager.db(admin.list_keypairs, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("KeypairCreate")
+        self.reply(await self.manager.db(admin.create_keypair, self.principal, body), 201)
+
+
+class KeypairHandler(APIBase):
+    async def get(self, ak):
+        self.query()
+        self.reply(await self.manager.db(admin.get_keypair, self.principal, ak))
+
+    async def patch(self, ak):
+        self.query()
+        body = self.body("KeypairUpdate")
+        self.reply(await self.manager.db(admin.update_keypair, self.principal, ak, body))
+
+    async def delete(self, ak):
+        self.query()
+        await self.manager.db(admin.delete_keypair, self.principal, ak)
+        self.reply(None, 204)
+
+
+# -- resource policies -----------------------------------------------------------
+
+
+class PoliciesHandler(APIBase):
+    def initialize(self, kind: str):
+        self.kind = kind
+
+    async def get(self):
+        f, o, n = self.query(_filters(f"/{self.kind}-resource-policies"))
+        self.reply(await self.manager.db(admin.list_policies, self.principal, self.kind, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("KeypairResourcePolicyCreate" if self.kind == "keypair"
+                         else "QuotaPolicyCreate")
+        self.reply(await self.manager.db(admin.create_policy, self.principal, self.kind, body), 201)
+
+
+class PolicyHandler(APIBase):
+    def initialize(self, kind: str):
+        self.kind = kind
+
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.db(admin.get_policy, self.principal, self.kind, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("KeypairResourcePolicyUpdate" if self.kind == "keypair"
+                         else "QuotaPolicyUpdate")
+        self.reply(await self.manager.db(admin.update_policy, self.principal, self.kind, name, body))
+
+    async def delete(self, name):
+        self.query()
+        await self.manager.db(admin.delete_policy, self.principal, self.kind, name)
+        self.reply(None, 204)
+
+
+# -- resource groups, agents, scheduler ----------------------------------------------
+
+
+class ResourceGroupsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/resource-groups"))
+        self.reply(await self.manager.db(admin.list_resource_groups, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("ResourceGroupCreate")
+        self.reply(await self.manager.db(admin.create_resource_group, self.principal, body), 201)
+
+
+class ResourceGroupHandler(APIBase):
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.db(admin.get_resource_group, self.principal, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("ResourceGroupUpdate")
+        self.reply(await self.manager.db(admin.update_resource_group, self.principal, name, body))
+
+    async def delete(self, name):
+        self.query()
+        await self.manager.db(admin.delete_resource_group, self.principal, name)
+        self.reply(None, 204)
+
+
+class AgentsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/agents"))
+        self.reply(await self.manager.db(admin.list_agents, self.principal, f, o, n))
+
+
+class AgentHandler(APIBase):
+    async def get(self, aid):
+        self.query()
+        self.reply(await self.manager.db(admin.get_agent, self.principal, aid))
+
+
+class SchedulerHandler(APIBase):
+    async def get(self):
+        self.query()
+        visible = await self.manager.db(admin.scheduler_view, self.principal)
+        status = await self.manager.scheduler_status()
+        if visible is not None and isinstance(status, dict):
+            groups = await self.manager.db(
+                lambda s: set(s.scalars(admin.select(admin.ResourceGroup.name))))
+            status = {k: v for k, v in status.items() if k not in groups or k in visible}
+        self.reply(json.loads(json.dumps(status, default=str)))
+
+
+# -- sessions ------------------------------------------------------------------
+
+
+def _parse_time(field: str, value: str | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(f"{field}: {value!r} is not an ISO 8601 date-time") from None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+class SessionsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/sessions"))
+        self.reply(await self.manager.db(admin.list_sessions, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("SessionCreate")
+        group = body.get("resource_group", "default")
+        await self.manager.db(admin.check_session_create, self.principal, group)
+        resources = body.get("resources", {})
+        image, slots = self.manager.parse_request({"image": body["image"], **resources})
+        sid = await self.manager.enqueue(
+            username=self.principal.username,
+            name=body["name"],
+            image=image,
+            slots=slots,
+            environ={},
+            service_prefix="/",
+            resource_group=group,
+            session_type=body.get("type", "batch"),
+            project=body.get("project"),
+            cluster_size=body.get("cluster_size", 1),
+            cluster_mode=body.get("cluster_mode", "single-node"),
+            priority=body.get("priority"),
+            startup_command=body["startup_command"],
+            batch_timeout=body.get("batch_timeout"),
+            starts_at=_parse_time("starts_at", body.get("starts_at")),
+            dependencies=body.get("dependencies", []),
+        )
+        self.reply(await self.manager.db(admin.get_session, self.principal, sid), 201)
+
+
+class SessionHandler(APIBase):
+    async def get(self, sid):
+        self.query()
+        self.reply(await self.manager.db(admin.get_session, self.principal, sid))
+
+    async def delete(self, sid):
+        self.query()
+        await self.manager.db(admin.check_session_destroy, self.principal, sid)
+        await self.manager.destroy_session(sid)
+        self.reply(None, 204)
+
+
+class SessionLogsHandler(APIBase):
+    async def get(self, sid):
+        self.query()
+        self.reply(await self.manager.db(admin.session_logs, self.principal, sid))
+
+
+SEG = r"([^/]+)"
+
+
+def routes() -> list[tuple]:
+    """(pattern, handler, kwargs) relative to the hub prefix (JupyterHub adds ``/hub``)."""
+    base = spec.PREFIX.removeprefix("/hub")
+    table = [
+        ("/whoami", WhoamiHandler),
+        ("/openapi.json", OpenAPIHandler),
+        ("/domains", DomainsHandler),
+        (f"/domains/{SEG}", DomainHandler),
+        ("/projects", ProjectsHandler),
+        (f"/projects/{SEG}", ProjectHandler),
+        (f"/projects/{SEG}/members", MembersHandler),
+        (f"/projects/{SEG}/members/{SEG}", MemberHandler),
+        ("/users", UsersHandler),
+        (f"/users/{SEG}", UserHandler),
+        ("/keypairs", KeypairsHandler),
+        (f"/keypairs/{SEG}", KeypairHandler),
+    ]
+    for kind in spec.POLICY_KINDS:
+        table += [(f"/{kind}-resource-policies", PoliciesHandler, {"kind": kind}),
+                  (f"/{kind}-resource-policies/{SEG}", PolicyHandler, {"kind": kind})]
+    table += [
+        ("/resource-groups", ResourceGroupsHandler),
+        (f"/resource-groups/{SEG}", ResourceGroupHandler),
+        ("/agents", AgentsHandler),
+        (f"/agents/{SEG}", AgentHandler),
+        ("/scheduler", SchedulerHandler),
+        ("/sessions", SessionsHandler),
+        (f"/sessions/{SEG}", SessionHandler),
+        (f"/sessions/{SEG}/logs", SessionLogsHandler),
+    ]
+    out = []
+    for row in table:
+        pattern, handler, *kw = row
+        out.append((base + pattern, handler, *(kw or [])))
+    from .base import NotFoundHandler
+
+    out.append((base + r"(?:/.*)?", NotFoundHandler))
+    return out
+
+
+__all__ = ["routes", "BackendAIError"]

@@ -1,0 +1,901 @@
+"""The admin API's operations on the record: list, read, create, change, delete.
+
+Each function runs inside one database transaction (``manager.db(fn, ...)``)
+and takes the caller's :class:`~.access.Principal` first, so that the
+permission rules of :mod:`.access` are applied where the rows are loaded:
+lists are filtered in SQL, single objects are checked after loading. A
+function either completes or raises a :class:`BackendAIError` with a 4xx
+status; the transaction then rolls back and nothing is half-done.
+
+Bodies arrive already checked against the OpenAPI document's schemas (types,
+unknown fields, bounds); what is checked here is what a schema cannot say:
+references to other rows, uniqueness, and who may set which field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable
+from decimal import Decimal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DBSession
+
+from ..common.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from ..common.slots import KNOWN_SLOTS, MEM, ResourceSlot, parse_decimal, parse_size
+from ..common.types import UserRole, UserStatus
+from ..models import (
+    Agent,
+    Domain,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    ProjectResourcePolicy,
+    ResourceGroup,
+    Session,
+    User,
+    UserResourcePolicy,
+    project_members,
+)
+from . import access, tenancy
+from .access import Principal
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
+# Sequencers the scheduler knows by name (Backend.AI's): a resource group names one.
+KNOWN_SCHEDULERS = ("fifo", "lifo", "drf")
+DEFAULT = tenancy.DEFAULT
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _iso(v: dt.datetime | None) -> str | None:
+    return v.isoformat() if v is not None else None
+
+
+def _slots_out(v: ResourceSlot | None) -> dict | None:
+    return None if v is None else ResourceSlot(v).to_json()
+
+
+def parse_slots(field: str, value: dict) -> ResourceSlot:
+    """Slots from JSON: known slot names only, non-negative exact amounts, ``mem`` with units."""
+    out = ResourceSlot()
+    for k, v in value.items():
+        if k not in KNOWN_SLOTS:
+            raise InvalidRequest(f"{field}: unknown slot {k!r} (known: {', '.join(KNOWN_SLOTS)})")
+        amount = parse_size(v) if k == MEM else parse_decimal(f"{field}.{k}", v)
+        if amount < 0:
+            raise InvalidRequest(f"{field}.{k} must not be negative")
+        if amount >= Decimal(10) ** 18 or amount != amount.quantize(Decimal("0.001")):
+            raise InvalidRequest(f"{field}.{k}: at most 18 digits and 3 decimal places")
+        out[k] = amount
+    return out
+
+
+def _page(db: DBSession, stmt, order, offset: int, limit: int, ser: Callable) -> dict:
+    total = db.scalar(select(func.count()).select_from(stmt.order_by(None).subquery()))
+    rows = db.scalars(stmt.order_by(*order).offset(offset).limit(limit)).unique().all()
+    return {"items": [ser(r) for r in rows], "total": total, "offset": offset, "limit": limit}
+
+
+def _check_name(field: str, value: str) -> None:
+    if not NAME_RE.fullmatch(value):
+        raise InvalidRequest(
+            f"{field}: {value!r} is not a valid name (1-64 letters, digits, '.', '_', '-', "
+            "starting with a letter or digit)"
+        )
+
+
+def _need(db: DBSession, model, key, field: str, label: str):
+    if key is None:
+        return None
+    if db.get(model, key) is None:
+        raise InvalidRequest(f"{field}: no {label} {key!r}")
+    return key
+
+
+# -- serializers ---------------------------------------------------------------
+
+
+def domain_out(d: Domain) -> dict:
+    return {
+        "name": d.name,
+        "description": d.description,
+        "is_active": d.is_active,
+        "total_resource_slots": _slots_out(d.total_resource_slots),
+        "allowed_vfolder_hosts": d.allowed_vfolder_hosts or {},
+        "allowed_docker_registries": d.allowed_docker_registries or [],
+        "created_at": _iso(d.created_at),
+    }
+
+
+def project_out(p: Project) -> dict:
+    return {
+        "id": p.id,
+        "name": p.name,
+        "domain_name": p.domain_name,
+        "description": p.description,
+        "is_active": p.is_active,
+        "total_resource_slots": _slots_out(p.total_resource_slots),
+        "allowed_vfolder_hosts": p.allowed_vfolder_hosts or {},
+        "resource_policy": p.resource_policy,
+        "created_at": _iso(p.created_at),
+    }
+
+
+def user_out(u: User) -> dict:
+    return {
+        "id": u.id,
+        "email": u.email,
+        "username": u.username,
+        "full_name": u.full_name,
+        "status": u.status,
+        "role": u.role,
+        "domain_name": u.domain_name,
+        "resource_policy": u.resource_policy,
+        "need_password_change": u.need_password_change,
+        "allowed_client_ip": u.allowed_client_ip,
+        "project_ids": sorted(p.id for p in u.projects),
+        "created_at": _iso(u.created_at),
+    }
+
+
+def keypair_out(k: Keypair) -> dict:
+    return {
+        "access_key": k.access_key,
+        "user_id": k.user_id,
+        "is_active": k.is_active,
+        "is_admin": k.is_admin,
+        "is_default": k.is_default,
+        "rate_limit": k.rate_limit,
+        "num_queries": k.num_queries,
+        "last_used": _iso(k.last_used),
+        "resource_policy": k.resource_policy,
+        "created_at": _iso(k.created_at),
+    }
+
+
+def keypair_policy_out(r: KeypairResourcePolicy) -> dict:
+    return {
+        "name": r.name,
+        "total_resource_slots": _slots_out(r.total_resource_slots),
+        "default_for_unspecified": r.default_for_unspecified,
+        "max_concurrent_sessions": r.max_concurrent_sessions,
+        "max_containers_per_session": r.max_containers_per_session,
+        "max_session_lifetime": r.max_session_lifetime,
+        "idle_timeout": r.idle_timeout,
+        "max_priority": r.max_priority,
+        "max_pending_session_count": r.max_pending_session_count,
+        "max_pending_session_resource_slots": _slots_out(r.max_pending_session_resource_slots),
+        "allowed_vfolder_hosts": r.allowed_vfolder_hosts or {},
+        "created_at": _iso(r.created_at),
+    }
+
+
+def quota_policy_out(r: UserResourcePolicy | ProjectResourcePolicy) -> dict:
+    return {
+        "name": r.name,
+        "max_vfolder_count": r.max_vfolder_count,
+        "max_quota_scope_size": r.max_quota_scope_size,
+        "created_at": _iso(r.created_at),
+    }
+
+
+def resource_group_out(g: ResourceGroup) -> dict:
+    return {
+        "name": g.name,
+        "description": g.description,
+        "is_active": g.is_active,
+        "is_public": g.is_public,
+        "scheduler": g.scheduler,
+        "scheduler_opts": g.scheduler_opts or {},
+        "allowed_domains": list(g.allowed_domains or []),
+        "allowed_projects": list(g.allowed_projects or []),
+        "allowed_keypairs": list(g.allowed_keypairs or []),
+        "created_at": _iso(g.created_at),
+    }
+
+
+def agent_out(a: Agent) -> dict:
+    return {
+        "id": a.id,
+        "status": a.status,
+        "resource_group": a.resource_group,
+        "addr": a.addr,
+        "architecture": a.architecture,
+        "backend": a.backend,
+        "available_slots": _slots_out(a.available_slots),
+        "occupied_slots": _slots_out(a.occupied_slots),
+        "schedulable": a.schedulable,
+        "version": a.version,
+        "first_contact": _iso(a.first_contact),
+        "last_heartbeat": _iso(a.last_heartbeat),
+    }
+
+
+def session_out(s: Session) -> dict:
+    return {
+        "id": s.id,
+        "name": s.name,
+        "type": s.session_type,
+        "user_id": s.user_id,
+        "access_key": s.access_key,
+        "domain_name": s.domain_name,
+        "project_id": s.project_id,
+        "resource_group": s.resource_group,
+        "image": s.image,
+        "cluster_size": s.cluster_size,
+        "cluster_mode": s.cluster_mode,
+        "priority": s.priority,
+        "requested_slots": _slots_out(s.requested_slots),
+        "status": s.status,
+        "status_info": s.status_info,
+        "result": s.result,
+        "startup_command": s.startup_command,
+        "batch_timeout": s.batch_timeout,
+        "starts_at": _iso(s.starts_at),
+        "architecture": s.architecture,
+        "designated_agents": list(s.designated_agents or []),
+        "dependencies": sorted(d.id for d in s.dependencies),
+        "created_at": _iso(s.created_at),
+        "terminated_at": _iso(s.terminated_at),
+        "kernels": [
+            {
+                "id": k.id,
+                "cluster_role": k.cluster_role,
+                "cluster_idx": k.cluster_idx,
+                "cluster_hostname": k.cluster_hostname,
+                "agent_id": k.agent_id,
+                "status": k.status,
+                "exit_code": k.exit_code,
+            }
+            for k in s.kernels
+        ],
+    }
+
+
+# -- whoami --------------------------------------------------------------------
+
+
+def whoami(db: DBSession, p: Principal) -> dict:
+    user = db.get(User, p.user_id)
+    return {
+        "user": user_out(user),
+        "role": user.role,
+        "domain": domain_out(db.get(Domain, user.domain_name)),
+        "projects": [project_out(pr) for pr in sorted(user.projects, key=lambda x: x.name)],
+        "keypair": p.access_key,
+    }
+
+
+# -- domains -------------------------------------------------------------------
+
+DOMAIN_FIELDS = ("description", "is_active", "total_resource_slots", "allowed_vfolder_hosts",
+                 "allowed_docker_registries")
+
+
+def _apply(obj, body: dict, fields, slot_fields=("total_resource_slots",)) -> None:
+    for k in fields:
+        if k in body:
+            v = body[k]
+            if k in slot_fields or k.endswith("_slots"):
+                v = None if v is None else parse_slots(k, v)
+            setattr(obj, k, v)
+
+
+def list_domains(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(Domain).where(access.domain_filter(p))
+    if "is_active" in filters:
+        stmt = stmt.where(Domain.is_active == filters["is_active"])
+    return _page(db, stmt, [Domain.name], offset, limit, domain_out)
+
+
+def _get_domain(db, p: Principal, name: str) -> Domain:
+    d = db.get(Domain, name)
+    if d is None or not (p.is_superadmin or name == p.domain):
+        raise access.not_found("domain", name)
+    return d
+
+
+def get_domain(db, p: Principal, name: str) -> dict:
+    return domain_out(_get_domain(db, p, name))
+
+
+def create_domain(db, p: Principal, body: dict) -> dict:
+    access.require(p.is_superadmin, "create domains")
+    _check_name("name", body["name"])
+    if db.get(Domain, body["name"]) is not None:
+        raise Conflict(f"domain {body['name']!r} exists")
+    d = Domain(name=body["name"])
+    _apply(d, body, DOMAIN_FIELDS)
+    db.add(d)
+    db.flush()
+    return domain_out(d)
+
+
+def update_domain(db, p: Principal, name: str, body: dict) -> dict:
+    d = _get_domain(db, p, name)
+    access.require(p.is_superadmin, "change domains")
+    if name == p.domain and body.get("is_active") is False:
+        raise Conflict("you cannot deactivate your own domain")
+    _apply(d, body, DOMAIN_FIELDS)
+    db.flush()
+    return domain_out(d)
+
+
+def delete_domain(db, p: Principal, name: str) -> None:
+    d = _get_domain(db, p, name)
+    access.require(p.is_superadmin, "delete domains")
+    if name == DEFAULT:
+        raise Conflict("the default domain cannot be deleted")
+    if db.scalar(select(func.count()).select_from(User).where(User.domain_name == name)) or \
+            db.scalar(select(func.count()).select_from(Project).where(Project.domain_name == name)):
+        raise Conflict(f"domain {name!r} still has users or projects; delete them first")
+    db.delete(d)
+    db.flush()
+
+
+# -- projects ------------------------------------------------------------------
+
+PROJECT_FIELDS = ("name", "description", "is_active", "total_resource_slots",
+                  "allowed_vfolder_hosts", "resource_policy")
+
+
+def list_projects(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(Project).where(access.project_filter(p))
+    if "domain" in filters:
+        stmt = stmt.where(Project.domain_name == filters["domain"])
+    if "name" in filters:
+        stmt = stmt.where(Project.name == filters["name"])
+    if "is_active" in filters:
+        stmt = stmt.where(Project.is_active == filters["is_active"])
+    return _page(db, stmt, [Project.domain_name, Project.name], offset, limit, project_out)
+
+
+def _get_project(db, p: Principal, pid: str) -> Project:
+    proj = db.get(Project, pid)
+    if proj is None or not access.can_see_project(p, proj):
+        raise access.not_found("project", pid)
+    return proj
+
+
+def get_project(db, p: Principal, pid: str) -> dict:
+    return project_out(_get_project(db, p, pid))
+
+
+def _project_body(db, body: dict) -> None:
+    if "name" in body:
+        _check_name("name", body["name"])
+    _need(db, ProjectResourcePolicy, body.get("resource_policy"), "resource_policy",
+          "project resource policy")
+
+
+def create_project(db, p: Principal, body: dict) -> dict:
+    domain = body.get("domain_name", p.domain)
+    access.require(access.can_manage_domain_objects(p, domain), f"create projects in domain {domain!r}")
+    if db.get(Domain, domain) is None:
+        raise InvalidRequest(f"domain_name: no domain {domain!r}")
+    _project_body(db, body)
+    if db.scalar(select(Project).where(Project.domain_name == domain, Project.name == body["name"])):
+        raise Conflict(f"project {body['name']!r} exists in domain {domain!r}")
+    proj = Project(domain_name=domain)
+    _apply(proj, body, PROJECT_FIELDS)
+    db.add(proj)
+    db.flush()
+    return project_out(proj)
+
+
+def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
+    """Returns the project and its JupyterHub group name before the change (renames)."""
+    proj = _get_project(db, p, pid)
+    access.require(access.can_manage_domain_objects(p, proj.domain_name), "change projects")
+    _project_body(db, body)
+    old_group = hub_group(proj)
+    if "name" in body and body["name"] != proj.name and db.scalar(select(Project).where(
+            Project.domain_name == proj.domain_name, Project.name == body["name"])):
+        raise Conflict(f"project {body['name']!r} exists in domain {proj.domain_name!r}")
+    _apply(proj, body, PROJECT_FIELDS)
+    db.flush()
+    return project_out(proj), old_group
+
+
+def delete_project(db, p: Principal, pid: str) -> str:
+    """Returns the JupyterHub group name of the deleted project."""
+    proj = _get_project(db, p, pid)
+    access.require(access.can_manage_domain_objects(p, proj.domain_name), "delete projects")
+    if db.scalar(select(func.count()).select_from(Session).where(Session.project_id == pid)):
+        raise Conflict(f"project {pid!r} has sessions; deactivate it instead")
+    group = hub_group(proj)
+    proj.members.clear()
+    db.delete(proj)
+    db.flush()
+    return group
+
+
+def hub_group(proj: Project) -> str:
+    """The JupyterHub group that mirrors a project (names are unique per domain only)."""
+    return f"{proj.domain_name}.{proj.name}"
+
+
+def list_members(db, p: Principal, pid: str, offset: int, limit: int) -> dict:
+    proj = _get_project(db, p, pid)
+    access.require(p.is_superadmin or p.reads_domain, "list project members")
+    stmt = select(User).join(project_members, project_members.c.user_id == User.id).where(
+        project_members.c.project_id == proj.id)
+    return _page(db, stmt, [User.username], offset, limit, user_out)
+
+
+def add_members(db, p: Principal, pid: str, user_ids: list[str]) -> dict:
+    """Returns ``{"project_id", "group", "added": [usernames]}`` (the hub mirrors it)."""
+    proj = _get_project(db, p, pid)
+    access.require(access.can_manage_domain_objects(p, proj.domain_name), "change project members")
+    current = {m.id for m in proj.members}
+    added = []
+    for uid in dict.fromkeys(user_ids):
+        user = db.get(User, uid)
+        if user is None or not access.can_see_user(p, user):
+            raise InvalidRequest(f"user_ids: no user {uid!r}")
+        if user.domain_name != proj.domain_name:
+            raise InvalidRequest(
+                f"user_ids: user {uid!r} is not in the project's domain {proj.domain_name!r}")
+        if uid not in current:
+            proj.members.append(user)
+            added.append(user.username)
+    db.flush()
+    return {"project_id": proj.id, "group": hub_group(proj), "added": added,
+            "user_ids": sorted(m.id for m in proj.members)}
+
+
+def remove_member(db, p: Principal, pid: str, uid: str) -> tuple[str, str]:
+    """Returns (JupyterHub group, username) of the removed membership."""
+    proj = _get_project(db, p, pid)
+    access.require(access.can_manage_domain_objects(p, proj.domain_name), "change project members")
+    user = next((m for m in proj.members if m.id == uid), None)
+    if user is None or not access.can_see_user(p, user):
+        raise NotFound(f"user {uid!r} is not a member of project {pid!r}")
+    proj.members.remove(user)
+    db.flush()
+    return hub_group(proj), user.username
+
+
+# -- users ---------------------------------------------------------------------
+
+USER_FIELDS = ("email", "full_name", "status", "role", "domain_name", "resource_policy",
+               "need_password_change", "allowed_client_ip")
+
+
+def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(User).where(access.user_filter(p))
+    for key, col in (("domain", User.domain_name), ("role", User.role),
+                     ("status", User.status), ("email", User.email)):
+        if key in filters:
+            stmt = stmt.where(col == filters[key])
+    if "project" in filters:
+        stmt = stmt.where(User.id.in_(select(project_members.c.user_id).where(
+            project_members.c.project_id == filters["project"])))
+    return _page(db, stmt, [User.username], offset, limit, user_out)
+
+
+def _get_user(db, p: Principal, uid: str) -> User:
+    user = db.get(User, uid)
+    if user is None or not access.can_see_user(p, user):
+        raise access.not_found("user", uid)
+    return user
+
+
+def get_user(db, p: Principal, uid: str) -> dict:
+    return user_out(_get_user(db, p, uid))
+
+
+def _check_user_body(db, p: Principal, body: dict) -> None:
+    if "role" in body and body["role"] == UserRole.SUPERADMIN and not p.is_superadmin:
+        raise Forbidden("only superadmins may create or promote superadmins")
+    if "domain_name" in body:
+        if not p.is_superadmin and body["domain_name"] != p.domain:
+            raise Forbidden("domain admins may not place users in other domains")
+        if db.get(Domain, body["domain_name"]) is None:
+            raise InvalidRequest(f"domain_name: no domain {body['domain_name']!r}")
+    if "email" in body and not tenancy.EMAIL_RE.fullmatch(body["email"]):
+        raise InvalidRequest(f"email: {body['email']!r} is not an email address")
+    if "password" in body and len(body["password"].encode()) > 72:
+        raise InvalidRequest("password: at most 72 bytes (bcrypt's limit)")
+    _need(db, UserResourcePolicy, body.get("resource_policy"), "resource_policy",
+          "user resource policy")
+
+
+def _set_projects(db, user: User, project_ids: list[str]) -> None:
+    projects = []
+    for pid in dict.fromkeys(project_ids):
+        proj = db.get(Project, pid)
+        if proj is None or proj.domain_name != user.domain_name:
+            raise InvalidRequest(f"project_ids: no project {pid!r} in domain {user.domain_name!r}")
+        projects.append(proj)
+    user.projects = projects
+
+
+def create_user(db, p: Principal, body: dict) -> dict:
+    access.require(p.is_superadmin or p.is_domain_admin, "create users")
+    body = dict(body)
+    body.setdefault("domain_name", p.domain)
+    _check_user_body(db, p, body)
+    if "username" in body and not tenancy.USERNAME_RE.fullmatch(body["username"]):
+        raise InvalidRequest(
+            f"username: {body['username']!r} is not valid (lowercase letters, digits, '.', '_', '-')")
+    user, kp, secret = tenancy.create_user(
+        db, email=body["email"], password=body["password"], username=body.get("username"),
+        role=body.get("role", UserRole.USER), domain=body["domain_name"],
+        status=body.get("status", UserStatus.ACTIVE), projects=[],
+    )
+    for k in ("full_name", "resource_policy", "need_password_change", "allowed_client_ip"):
+        if k in body:
+            setattr(user, k, body[k])
+    if "project_ids" in body:
+        _set_projects(db, user, body["project_ids"])
+    else:
+        default = db.scalar(select(Project).where(Project.domain_name == user.domain_name,
+                                                  Project.name == DEFAULT))
+        user.projects = [default] if default is not None else []
+    db.flush()
+    out = user_out(user)
+    out["keypair"] = {"access_key": kp.access_key, "secret_key": secret}
+    return out
+
+
+def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]]:
+    """Returns the user and the JupyterHub groups it had before (the hub mirrors changes)."""
+    user = _get_user(db, p, uid)
+    access.require(access.can_manage_user(p, user), "change this user")
+    _check_user_body(db, p, body)
+    if uid == p.user_id and (body.get("role", user.role) != user.role
+                             or body.get("status", user.status) != UserStatus.ACTIVE
+                             or body.get("domain_name", user.domain_name) != user.domain_name):
+        raise Conflict("you cannot change your own role, status or domain")
+    if "email" in body and body["email"] != user.email and db.scalar(
+            select(User).where(User.email == body["email"])):
+        raise Conflict(f"email: a user with email {body['email']!r} exists")
+    old_groups = sorted(hub_group(pr) for pr in user.projects)
+    moved = "domain_name" in body and body["domain_name"] != user.domain_name
+    _apply(user, body, USER_FIELDS)
+    if "password" in body:
+        user.password = tenancy.hash_password(body["password"])
+    if "project_ids" in body:
+        _set_projects(db, user, body["project_ids"])
+    elif moved:
+        user.projects = [pr for pr in user.projects if pr.domain_name == user.domain_name]
+    if "role" in body:
+        for kp in user.keypairs:
+            kp.is_admin = user.role in (UserRole.SUPERADMIN, UserRole.ADMIN)
+    db.flush()
+    return user_out(user), old_groups
+
+
+def delete_user(db, p: Principal, uid: str) -> str:
+    """Returns the username (the hub's account of that name loses its access)."""
+    user = _get_user(db, p, uid)
+    access.require(access.can_manage_user(p, user), "delete this user")
+    if uid == p.user_id:
+        raise Conflict("you cannot delete yourself")
+    if db.scalar(select(func.count()).select_from(Session).where(Session.user_id == uid)):
+        raise Conflict(f"user {uid!r} has sessions; set status 'deleted' or 'inactive' instead")
+    name = user.username
+    user.projects = []
+    for kp in list(user.keypairs):
+        db.delete(kp)
+    db.flush()
+    db.delete(user)
+    db.flush()
+    return name
+
+
+# -- keypairs ------------------------------------------------------------------
+
+
+def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(Keypair).where(access.keypair_filter(p))
+    if "user_id" in filters:
+        stmt = stmt.where(Keypair.user_id == filters["user_id"])
+    if "is_active" in filters:
+        stmt = stmt.where(Keypair.is_active == filters["is_active"])
+    return _page(db, stmt, [Keypair.created_at, Keypair.access_key], offset, limit, keypair_out)
+
+
+def _get_keypair(db, p: Principal, ak: str) -> Keypair:
+    kp = db.get(Keypair, ak)
+    if kp is None or not access.can_see_keypair(p, kp):
+        raise access.not_found("keypair", ak)
+    return kp
+
+
+def get_keypair(db, p: Principal, ak: str) -> dict:
+    return keypair_out(_get_keypair(db, p, ak))
+
+
+def _owner_may(p: Principal, owner: User) -> bool:
+    """Users (not monitors) manage their own keypairs, within the defaults."""
+    return owner.id == p.user_id and p.role != UserRole.MONITOR
+
+
+def create_keypair(db, p: Principal, body: dict) -> dict:
+    owner = _get_user(db, p, body.get("user_id", p.user_id))
+    manager = access.can_manage_user(p, owner)
+    if not manager:
+        access.require(_owner_may(p, owner), "create keypairs for this user")
+        for k in ("rate_limit", "resource_policy", "is_admin"):
+            if k in body:
+                raise Forbidden(f"{k}: your role may not set it; an admin can")
+    if "is_admin" in body and not p.is_superadmin:
+        raise Forbidden("is_admin: only superadmins may set it")
+    _need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
+          "keypair resource policy")
+    kp, secret = tenancy.create_keypair(db, owner)
+    for k in ("rate_limit", "resource_policy", "is_admin", "is_active"):
+        if k in body:
+            setattr(kp, k, body[k])
+    db.flush()
+    out = keypair_out(kp)
+    out["secret_key"] = secret
+    return out
+
+
+def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
+    kp = _get_keypair(db, p, ak)
+    if not access.can_manage_user(p, kp.user):
+        access.require(_owner_may(p, kp.user), "change this keypair")
+        extra = set(body) - {"is_active"}
+        if extra:
+            raise Forbidden(f"{sorted(extra)[0]}: your role may not change it; an admin can")
+        if body.get("is_active") is True and not kp.is_active:
+            raise Forbidden("is_active: only an admin may reactivate a keypair")
+    if "is_admin" in body and not p.is_superadmin:
+        raise Forbidden("is_admin: only superadmins may set it")
+    _need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
+          "keypair resource policy")
+    if body.get("is_default"):
+        for other in kp.user.keypairs:
+            other.is_default = other.access_key == ak
+    for k in ("is_active", "rate_limit", "resource_policy", "is_admin", "is_default"):
+        if k in body:
+            setattr(kp, k, body[k])
+    db.flush()
+    return keypair_out(kp)
+
+
+def delete_keypair(db, p: Principal, ak: str) -> None:
+    kp = _get_keypair(db, p, ak)
+    if not access.can_manage_user(p, kp.user):
+        access.require(_owner_may(p, kp.user), "delete this keypair")
+    if p.access_key == ak:
+        raise Conflict("you cannot delete the keypair that signed this request")
+    if db.scalar(select(func.count()).select_from(Session).where(Session.access_key == ak)):
+        raise Conflict(f"keypair {ak!r} has sessions; deactivate it instead")
+    db.delete(kp)
+    db.flush()
+
+
+# -- resource policies -----------------------------------------------------------
+
+POLICIES = {
+    "keypair": (KeypairResourcePolicy, keypair_policy_out, "keypair resource policy",
+                ("total_resource_slots", "default_for_unspecified", "max_concurrent_sessions",
+                 "max_containers_per_session", "max_session_lifetime", "idle_timeout",
+                 "max_priority", "max_pending_session_count",
+                 "max_pending_session_resource_slots", "allowed_vfolder_hosts"),
+                Keypair.resource_policy),
+    "user": (UserResourcePolicy, quota_policy_out, "user resource policy",
+             ("max_vfolder_count", "max_quota_scope_size"), User.resource_policy),
+    "project": (ProjectResourcePolicy, quota_policy_out, "project resource policy",
+                ("max_vfolder_count", "max_quota_scope_size"), Project.resource_policy),
+}
+
+
+def _policy_reader(p: Principal) -> None:
+    access.require(p.is_superadmin or p.reads_domain, "read resource policies")
+
+
+def list_policies(db, p: Principal, kind: str, filters: dict, offset: int, limit: int) -> dict:
+    model, ser, *_ = POLICIES[kind]
+    _policy_reader(p)
+    return _page(db, select(model), [model.name], offset, limit, ser)
+
+
+def _get_policy(db, p: Principal, kind: str, name: str):
+    model, _, label, *_ = POLICIES[kind]
+    _policy_reader(p)
+    row = db.get(model, name)
+    if row is None:
+        raise access.not_found(label, name)
+    return row
+
+
+def get_policy(db, p: Principal, kind: str, name: str) -> dict:
+    return POLICIES[kind][1](_get_policy(db, p, kind, name))
+
+
+def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
+    model, ser, label, fields, _ = POLICIES[kind]
+    _policy_reader(p)
+    access.require(p.is_superadmin, "create resource policies")
+    _check_name("name", body["name"])
+    if db.get(model, body["name"]) is not None:
+        raise Conflict(f"{label} {body['name']!r} exists")
+    row = model(name=body["name"])
+    _apply(row, body, fields)
+    db.add(row)
+    db.flush()
+    return ser(row)
+
+
+def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
+    _, ser, _, fields, _ = POLICIES[kind]
+    row = _get_policy(db, p, kind, name)
+    access.require(p.is_superadmin, "change resource policies")
+    _apply(row, body, fields)
+    db.flush()
+    return ser(row)
+
+
+def delete_policy(db, p: Principal, kind: str, name: str) -> None:
+    _, _, label, _, ref = POLICIES[kind]
+    row = _get_policy(db, p, kind, name)
+    access.require(p.is_superadmin, "delete resource policies")
+    if name == DEFAULT:
+        raise Conflict(f"the default {label} cannot be deleted")
+    if db.scalar(select(func.count()).select_from(ref.class_).where(ref == name)):
+        raise Conflict(f"{label} {name!r} is in use")
+    db.delete(row)
+    db.flush()
+
+
+# -- resource groups -------------------------------------------------------------
+
+GROUP_FIELDS = ("description", "is_active", "is_public", "scheduler", "scheduler_opts",
+                "allowed_domains", "allowed_projects", "allowed_keypairs")
+
+
+def list_resource_groups(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(ResourceGroup).where(access.resource_group_filter(db, p))
+    if "is_active" in filters:
+        stmt = stmt.where(ResourceGroup.is_active == filters["is_active"])
+    return _page(db, stmt, [ResourceGroup.name], offset, limit, resource_group_out)
+
+
+def _get_group(db, p: Principal, name: str) -> ResourceGroup:
+    g = db.get(ResourceGroup, name)
+    names = access.usable_group_names(db, p)
+    if g is None or (names is not None and name not in names):
+        raise access.not_found("resource group", name)
+    return g
+
+
+def get_resource_group(db, p: Principal, name: str) -> dict:
+    return resource_group_out(_get_group(db, p, name))
+
+
+def _check_group_body(db, body: dict) -> None:
+    if "scheduler" in body and body["scheduler"] not in KNOWN_SCHEDULERS:
+        raise InvalidRequest(
+            f"scheduler: unknown {body['scheduler']!r} (known: {', '.join(KNOWN_SCHEDULERS)})")
+    for field, model, label in (("allowed_domains", Domain, "domain"),
+                                ("allowed_projects", Project, "project"),
+                                ("allowed_keypairs", Keypair, "keypair")):
+        for key in body.get(field, []):
+            if db.get(model, key) is None:
+                raise InvalidRequest(f"{field}: no {label} {key!r}")
+
+
+def create_resource_group(db, p: Principal, body: dict) -> dict:
+    access.require(p.is_superadmin, "create resource groups")
+    _check_name("name", body["name"])
+    _check_group_body(db, body)
+    if db.get(ResourceGroup, body["name"]) is not None:
+        raise Conflict(f"resource group {body['name']!r} exists")
+    g = ResourceGroup(name=body["name"])
+    _apply(g, body, GROUP_FIELDS)
+    db.add(g)
+    db.flush()
+    return resource_group_out(g)
+
+
+def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
+    g = _get_group(db, p, name)
+    access.require(p.is_superadmin, "change resource groups")
+    _check_group_body(db, body)
+    _apply(g, body, GROUP_FIELDS)
+    db.flush()
+    return resource_group_out(g)
+
+
+def delete_resource_group(db, p: Principal, name: str) -> None:
+    g = _get_group(db, p, name)
+    access.require(p.is_superadmin, "delete resource groups")
+    if name == DEFAULT:
+        raise Conflict("the default resource group cannot be deleted")
+    if db.scalar(select(func.count()).select_from(Agent).where(Agent.resource_group == name)) or \
+            db.scalar(select(func.count()).select_from(Session).where(Session.resource_group == name)):
+        raise Conflict(f"resource group {name!r} has agents or sessions")
+    db.delete(g)
+    db.flush()
+
+
+def usable_groups(db, p: Principal) -> set[str] | None:
+    return access.usable_group_names(db, p)
+
+
+# -- agents --------------------------------------------------------------------
+
+
+def _agent_reader(p: Principal) -> None:
+    access.require(p.is_superadmin or p.reads_domain, "read agents")
+
+
+def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    _agent_reader(p)
+    stmt = select(Agent).where(access.agent_filter(db, p))
+    if "resource_group" in filters:
+        stmt = stmt.where(Agent.resource_group == filters["resource_group"])
+    if "status" in filters:
+        stmt = stmt.where(Agent.status == filters["status"])
+    return _page(db, stmt, [Agent.id], offset, limit, agent_out)
+
+
+def get_agent(db, p: Principal, aid: str) -> dict:
+    _agent_reader(p)
+    a = db.get(Agent, aid)
+    names = access.usable_group_names(db, p)
+    if a is None or (names is not None and a.resource_group not in names):
+        raise access.not_found("agent", aid)
+    return agent_out(a)
+
+
+# -- sessions ------------------------------------------------------------------
+
+
+def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(Session).where(access.session_filter(p))
+    for key, col in (("status", Session.status), ("user_id", Session.user_id),
+                     ("project_id", Session.project_id), ("type", Session.session_type)):
+        if key in filters:
+            stmt = stmt.where(col == filters[key])
+    return _page(db, stmt, [Session.created_at, Session.id], offset, limit, session_out)
+
+
+def _get_session(db, p: Principal, sid: str) -> Session:
+    s = db.get(Session, sid)
+    if s is None or not access.can_see_session(p, s):
+        raise access.not_found("session", sid)
+    return s
+
+
+def get_session(db, p: Principal, sid: str) -> dict:
+    return session_out(_get_session(db, p, sid))
+
+
+def session_logs(db, p: Principal, sid: str) -> dict:
+    s = _get_session(db, p, sid)
+    return {
+        "session_id": s.id,
+        "status": s.status,
+        "kernels": [{"id": k.id, "cluster_hostname": k.cluster_hostname, "logs": k.logs}
+                    for k in s.kernels],
+    }
+
+
+def check_session_create(db, p: Principal, resource_group: str) -> None:
+    """Who may create sessions where; the manager's ``enqueue`` checks the rest."""
+    access.require(p.role != UserRole.MONITOR, "create sessions")
+    names = access.usable_group_names(db, p)
+    if db.get(ResourceGroup, resource_group) is None or (
+            names is not None and resource_group not in names):
+        raise InvalidRequest(f"resource_group: no resource group {resource_group!r} you may use")
+
+
+def check_session_destroy(db, p: Principal, sid: str) -> None:
+    s = _get_session(db, p, sid)
+    access.require(access.can_manage_session(p, s), "delete this session")
+
+
+def scheduler_view(db, p: Principal) -> set[str] | None:
+    """Which resource groups' scheduler state the caller may read (None = all)."""
+    access.require(p.is_superadmin or p.is_domain_admin, "read the scheduler's state")
+    return access.usable_group_names(db, p)
