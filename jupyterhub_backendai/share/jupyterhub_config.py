@@ -49,17 +49,11 @@ c.Spawner.http_timeout = 120
 c.Spawner.default_url = "/lab"
 
 # The admin REST API (/hub/api/backendai/, docs/api.md) requires these scopes of a
-# JupyterHub token; users and admins hold both, so their default tokens work, and
-# a token issued with narrower scopes is refused.
+# JupyterHub token. They are granted to the `user` role, which every user holds,
+# admins included (JupyterHub forbids changing the `admin` role's scopes), so
+# default tokens work and a token issued with narrower scopes is refused.
 c.JupyterHub.custom_scopes = {
     "custom:backendai:read": {"description": "Read the Backend.AI admin API."},
     "custom:backendai:write": {"description": "Change things through the Backend.AI admin API."},
 }
 c.JupyterHub.extra_user_scopes = ["custom:backendai:read", "custom:backendai:write"]
-from jupyterhub.roles import get_default_roles  # noqa: E402
-
-c.JupyterHub.load_roles = [
-    {"name": "admin", "scopes": [s for r in get_default_roles() if r["name"] == "admin"
-                                 for s in r["scopes"]]
-     + ["custom:backendai:read", "custom:backendai:write"]},
-]
