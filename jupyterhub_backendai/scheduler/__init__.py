@@ -1,1 +1,30 @@
-"""Scheduling: which pending session goes to which agent, committed in one transaction."""
+"""Scheduling: which pending session goes to which agent, committed in one transaction.
+
+A pipeline in the shape of Backend.AI's Sokovan: a sequencer orders the queue
+(:mod:`.sequencers`), validators hold back or cancel with a reason
+(:mod:`.validators`), an agent selector picks agents from an index over free
+capacity (:mod:`.agent_selectors`, :mod:`.pool`), the allocator commits
+(:mod:`.allocator`). :mod:`.dispatcher` runs a pass and documents the
+guarantees (no head-of-line blocking, no starvation, no over-commit);
+:mod:`.admission` refuses at enqueue what could never be placed.
+"""
+
+from .admission import admit
+from .dispatcher import (
+    check_consistency,
+    lost_agents,
+    release_kernels,
+    schedule_pass,
+    scheduler_stats,
+    set_status,
+)
+
+__all__ = [
+    "admit",
+    "check_consistency",
+    "lost_agents",
+    "release_kernels",
+    "schedule_pass",
+    "scheduler_stats",
+    "set_status",
+]

@@ -1,28 +1,90 @@
-"""Scheduler v0: FIFO over one resource group, slot check, allocation in one transaction.
+"""The scheduler pass: sequencer -> validators -> agent selector -> allocator, per resource group.
 
-A pass reads the group's PENDING sessions oldest first and its live agents, and
-places every session that fits (a session that does not fit is skipped, so a
-large head does not block small ones; a later scheduler adds reservations
-against starvation). Agent rows are locked (``FOR UPDATE`` on PostgreSQL,
-``BEGIN IMMEDIATE`` on SQLite) so that two schedulers never place beyond
-capacity; pending rows are taken with ``SKIP LOCKED`` so that two schedulers
-never place the same session.
+One pass handles one resource group in **one transaction**: read the queue and
+the agents under locks, decide in memory, write the decisions back in bulk.
+
+Pipeline (each part a small class with one method, looked up by name):
+
+- the group's ``scheduler`` column names the *sequencer* (``fifo``, ``lifo``,
+  ``drf``: :mod:`.sequencers`); priority bands come first in all of them;
+- *validators* (:mod:`.validators`) make a session wait or cancel it, with the
+  reason in ``Session.status_info`` (the spawn progress shows it);
+- ``scheduler_opts["agent_selector"]`` names the *selector*
+  (``concentrated``, ``dispersed``, ``roundrobin``: :mod:`.agent_selectors`)
+  that picks agents from an index over free capacity (:mod:`.pool`);
+- the *allocator* (:mod:`.allocator`) commits.
+
+**No head-of-line blocking.** A session that does not fit is skipped, not
+waited on: everything behind it that fits is placed in the same pass
+(backfilling). After a pass no session waits "for resources" while an agent
+it could use has room for it.
+
+**No starvation.** Backfilling alone would let a stream of small sessions keep
+a large one out forever. So a session that has waited longer than
+``scheduler_opts["starvation_threshold"]`` seconds (default 300) and still does
+not fit gets a *reservation*: the agent(s) closest to holding it (least
+shortfall, among those whose capacity can hold it) are held for it, and
+nothing else is placed on them. Sessions on those agents end, their slots come
+back, and the session is placed as soon as they add up, typically within one
+session lifetime. Reservations go to starving sessions oldest first, at most
+``max_reservations`` (default 1) at a time, ahead of the sequencer (so even a
+low priority or a LIFO queue cannot starve one), and are kept in
+``ResourceGroup.scheduler_state`` so that they are stable across passes and
+managers. The rest of the group keeps backfilling.
+
+**No over-commit.** The pass holds a PostgreSQL advisory lock shared by every
+manager's passes (quotas span groups, so quota-checked allocations are
+serialised), ``FOR UPDATE`` on the group row and its agent rows, and takes
+pending sessions with ``SKIP LOCKED`` (a session being cancelled is skipped,
+not waited on). On SQLite, ``BEGIN IMMEDIATE`` serialises writers. Validators
+see usage that includes what the pass placed before, so a pass never places
+past a quota either. :func:`check_consistency` verifies all of this after the fact.
+
+**Pending timeout.** ``scheduler_opts["pending_timeout"]`` (seconds, 0 = none):
+a session pending longer is CANCELLED with the reason; it held nothing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from decimal import Decimal
 
-from sqlalchemy import select
-from sqlalchemy.orm import selectinload, sessionmaker
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
 
 from ..common.slots import ResourceSlot
-from ..common.types import AgentStatus, SessionStatus
-from ..models import Agent, Session
+from ..common.types import ALIVE_STATUSES, AgentStatus, SessionStatus
+from ..models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
 from ..models.base import utcnow
+from . import metrics
+from .admission import admit
+from .agent_selectors import SELECTORS
+from .allocator import Allocation, commit
+from .options import SchedulerOptions
+from .pool import AgentPool
+from .sequencers import SEQUENCERS
+from .snapshot import HOLDING_STATUSES, load_group, load_snapshot, lock_scheduler
+from .state import PassContext, PendingSession, Verdict, fmt_amount, slot_limit
+from .validators import reason_code, validate
+
+log = logging.getLogger("jupyterhub_backendai.scheduler")
+
+__all__ = [
+    "admit",
+    "check_consistency",
+    "lost_agents",
+    "release_kernels",
+    "schedule_pass",
+    "scheduler_stats",
+    "set_status",
+]
 
 
 def set_status(sess: Session, status: str, info: str | None = None) -> None:
+    """Set an ORM session's status (and reason), stamping the time in its history."""
     sess.status = status
     if info is not None:
         sess.status_info = info
@@ -31,51 +93,227 @@ def set_status(sess: Session, status: str, info: str | None = None) -> None:
     sess.status_history = hist
 
 
-def schedule_pass(sm: sessionmaker, resource_group: str) -> list[str]:
-    """Place what fits; return the ids of sessions that became SCHEDULED."""
-    placed: list[str] = []
+def schedule_pass(sm: sessionmaker, resource_group: str, *,
+                  now: dt.datetime | None = None) -> list[str]:
+    """Run one pass over ``resource_group``; return the ids that became SCHEDULED,
+    in placement order. ``now`` is for tests (time-dependent rules); default: the clock."""
+    t0 = time.perf_counter()
+    now = now or utcnow()
     with sm.begin() as db:
-        pending = db.scalars(
-            select(Session)
-            .where(Session.status == SessionStatus.PENDING, Session.resource_group == resource_group)
-            .order_by(Session.priority.desc(), Session.created_at, Session.id)
-            .options(selectinload(Session.kernels))
-            .with_for_update(skip_locked=True, of=Session)
-        ).all()
-        if not pending:
-            return placed
-        agents = db.scalars(
-            select(Agent)
-            .where(
-                Agent.status == AgentStatus.ALIVE,
-                Agent.schedulable.is_(True),
-                Agent.resource_group == resource_group,
-            )
-            .order_by(Agent.id)
-            .with_for_update()
-        ).all()
-        free = {a.id: a.available_slots - a.occupied_slots for a in agents}
-        for sess in pending:
-            need = ResourceSlot()
-            for k in sess.kernels:
-                need = need + k.requested_slots
-            # Concentrated: the agent left with the least free after placing (pack).
-            fitting = [a for a in agents if need.fits_in(free[a.id])]
-            if not fitting:
-                info = f"waiting for resources: no agent has {need.nonzero().describe()} free"
-                if sess.status_info != info:
-                    sess.status_info = info
+        lock_scheduler(db)
+        group = load_group(db, resource_group)
+        if group is None:
+            return []
+        options = SchedulerOptions.lenient(group.scheduler_opts)
+        if options.problems:
+            log.warning("resource group %s: %s (defaults used)", resource_group,
+                        "; ".join(options.problems))
+        snap = load_snapshot(db, group, options, now)
+        alloc = run_pipeline(snap.ctx, snap.pending, snap.pool)
+        commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
+    _record_metrics(resource_group, snap.ctx, snap.pending, alloc, time.perf_counter() - t0)
+    return [s.id for s, _ in alloc.placed]
+
+
+def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPool) -> Allocation:
+    """Decide the pass in memory: what is placed where, what waits and why, what is cancelled."""
+    opts = ctx.options
+    alloc = Allocation()
+    sequencer = SEQUENCERS.get(ctx.group.scheduler)
+    if sequencer is None:
+        log.warning("resource group %s: unknown scheduler %r, using fifo",
+                    ctx.group.name, ctx.group.scheduler)
+        sequencer = SEQUENCERS["fifo"]
+    selector = SELECTORS[opts.agent_selector]
+
+    live = []
+    for s in pending:
+        if opts.pending_timeout > 0 and ctx.waited(s) > opts.pending_timeout:
+            alloc.cancelled.append((s, Verdict(
+                "pending_timeout",
+                f"cancelled: pending timeout: not scheduled within {opts.pending_timeout} s",
+                cancel=True,
+            )))
+        else:
+            live.append(s)
+
+    def reject(s: PendingSession, verdict: Verdict) -> None:
+        (alloc.cancelled if verdict.cancel else alloc.waiting).append((s, verdict))
+
+    # Starvation guard: the oldest sessions past the threshold go first and, if
+    # they do not fit, get agents held for them.
+    done: set[str] = set()
+    old_res: dict = ctx.group.scheduler_state.get("reservations") or {}
+    new_res: dict[str, list[str]] = {}
+    if opts.max_reservations > 0:
+        starving = sorted(
+            (s for s in live if ctx.waited(s) >= opts.starvation_threshold),
+            key=lambda s: (s.created_at, s.id),
+        )
+        for s in starving:
+            if len(new_res) >= opts.max_reservations:
+                break
+            if validate(s, ctx) is not None:
+                continue  # not starved by others: it waits on its own limits (handled below)
+            done.add(s.id)
+            agents = selector.select(s, pool, ctx)
+            if agents is not None:
+                alloc.place(s, agents, pool, ctx)
                 continue
-            agent = min(fitting, key=lambda a: (sum((free[a.id] - need).values()), a.id))
-            for k in sess.kernels:
-                k.agent_id = agent.id
-                k.occupied_slots = ResourceSlot(k.requested_slots)
-                k.status = SessionStatus.SCHEDULED
-            agent.occupied_slots = agent.occupied_slots + need
-            free[agent.id] = free[agent.id] - need
-            set_status(sess, SessionStatus.SCHEDULED, f"scheduled on {agent.id}")
-            placed.append(sess.id)
-    return placed
+            held = _keep_reservation(s, old_res.get(s.id), pool) or _choose_reservation(s, pool)
+            if held is None:
+                alloc.waiting.append((s, Verdict("no_resources", _never_fits_message(s, pool))))
+                continue
+            pool.hold(held)
+            new_res[s.id] = held
+            alloc.waiting.append((s, Verdict(
+                "no_resources",
+                f"{_no_fit_message(s)}; reserved agent(s) {', '.join(sorted(set(held)))} "
+                f"for it (waiting since {s.created_at.isoformat(timespec='seconds')})",
+            )))
+    if new_res or old_res:
+        if new_res:
+            ctx.group.scheduler_state["reservations"] = new_res
+        else:
+            ctx.group.scheduler_state.pop("reservations", None)
+
+    # The queue, in the sequencer's order; what does not fit is skipped (backfilling).
+    failed_shapes: dict[tuple, str] = {}
+    rest = [s for s in live if s.id not in done]
+    for s in sequencer.sequence(rest, ctx):
+        verdict = validate(s, ctx)
+        if verdict is not None:
+            reject(s, verdict)
+            continue
+        shape = (
+            s.cluster_mode,
+            tuple(pool.vector(slots) for _, slots in s.kernels),
+            s.architecture,
+            s.designated_agents,
+        )
+        # Within a pass free capacity only shrinks: a shape that failed fails again.
+        msg = failed_shapes.get(shape)
+        if msg is None:
+            agents = selector.select(s, pool, ctx)
+            if agents is not None:
+                alloc.place(s, agents, pool, ctx)
+                continue
+            msg = failed_shapes[shape] = (
+                _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool)
+            )
+        alloc.waiting.append((s, Verdict("no_resources", msg)))
+    return alloc
+
+
+def _where(s: PendingSession) -> str:
+    parts = []
+    if s.architecture:
+        parts.append(f"architecture {s.architecture}")
+    if s.designated_agents:
+        parts.append(f"among designated agents {', '.join(s.designated_agents)}")
+    return (" (" + "; ".join(parts) + ")") if parts else ""
+
+
+def _no_fit_message(s: PendingSession) -> str:
+    if s.cluster_mode == "multi-node" and len(s.kernels) > 1:
+        per = s.kernels[0][1].nonzero().describe()
+        return (f"waiting for resources: no {len(s.kernels)} distinct agents have "
+                f"{per} free each{_where(s)}")
+    return f"waiting for resources: no agent has {s.need.describe()} free{_where(s)}"
+
+
+def _never_fits_message(s: PendingSession, pool: AgentPool) -> str:
+    return (f"waiting for resources: no agent of the group is large enough for "
+            f"{s.need.describe()} ({s.cluster_mode}, {len(s.kernels)} kernel(s)){_where(s)}")
+
+
+def _eligible(s: PendingSession, pool: AgentPool, aid: str) -> bool:
+    a = pool.agents.get(aid)
+    return (
+        a is not None
+        and pool.indexed(aid)
+        and (s.architecture is None or a.architecture == s.architecture)
+        and (not s.designated_agents or aid in s.designated_agents)
+    )
+
+
+def _capacity_plan(s: PendingSession, pool: AgentPool, rank) -> list[str] | None:
+    """Agents whose *capacity* can hold the session, best ``rank`` first."""
+    multi = s.cluster_mode == "multi-node" and len(s.kernels) > 1
+    demands = [slots for _, slots in s.kernels] if multi else [s.need]
+    ids = sorted((aid for aid in pool.agents if _eligible(s, pool, aid)), key=rank)
+    chosen: list[str] = []
+    for need in demands:
+        aid = next((a for a in ids if a not in chosen and need.fits_in(pool.agents[a].available)),
+                   None)
+        if aid is None:
+            return None
+        chosen.append(aid)
+    return chosen if multi else chosen * len(s.kernels)
+
+
+def _ever_fits(s: PendingSession, pool: AgentPool) -> bool:
+    return _capacity_plan(s, pool, rank=lambda aid: aid) is not None
+
+
+def _shortfall(s: PendingSession, pool: AgentPool):
+    need = pool.vector(s.kernels[0][1] if s.cluster_mode == "multi-node" else s.need)
+
+    def rank(aid: str):
+        free = pool.vector(pool.agents[aid].free)
+        return tuple(max(Decimal(0), n - f) for n, f in zip(need, free, strict=True)) + (aid,)
+
+    return rank
+
+
+def _choose_reservation(s: PendingSession, pool: AgentPool) -> list[str] | None:
+    """The agents closest to holding ``s`` (least shortfall by resource priority)."""
+    if not s.kernels:
+        return None
+    return _capacity_plan(s, pool, rank=_shortfall(s, pool))
+
+
+def _keep_reservation(s: PendingSession, held: list[str] | None, pool: AgentPool):
+    """Keep last pass's reservation while its agents are still usable, so that
+    freed capacity accumulates on the same agents."""
+    if not held or len(held) != len(s.kernels):
+        return None
+    multi = s.cluster_mode == "multi-node" and len(s.kernels) > 1
+    if any(not _eligible(s, pool, aid) for aid in held):
+        return None
+    if multi:
+        if len(set(held)) != len(held) or not all(
+            slots.fits_in(pool.agents[aid].available) for (_, slots), aid in zip(s.kernels, held, strict=True)
+        ):
+            return None
+    elif len(set(held)) != 1 or not s.need.fits_in(pool.agents[held[0]].available):
+        return None
+    return list(held)
+
+
+def _record_metrics(group: str, ctx: PassContext, pending: list[PendingSession],
+                    alloc: Allocation, seconds: float) -> None:
+    metrics.PASS_SECONDS.labels(group).observe(seconds)
+    if alloc.placed:
+        metrics.PLACEMENTS.labels(group).inc(len(alloc.placed))
+        hist = metrics.WAIT_SECONDS.labels(group)
+        for s, _ in alloc.placed:
+            hist.observe(float(ctx.waited(s)))
+    counts: dict[str, int] = defaultdict(int)
+    for _, v in alloc.waiting:
+        counts[v.code] += 1
+    for _, v in alloc.cancelled:
+        counts[v.code] += 1
+    for code, n in counts.items():
+        metrics.REJECTIONS.labels(group, code).inc(n)
+    still = [s for s, _ in alloc.waiting]
+    metrics.QUEUE_LENGTH.labels(group).set(len(still))
+    metrics.OLDEST_WAIT.labels(group).set(
+        float(max((ctx.waited(s) for s in still), default=Decimal(0)))
+    )
+
+
+# -- releasing, checking, observing -----------------------------------------------
 
 
 def release_kernels(db, sess: Session, kernel_status: str) -> None:
@@ -97,23 +335,102 @@ def release_kernels(db, sess: Session, kernel_status: str) -> None:
 
 
 def check_consistency(sm: sessionmaker) -> list[str]:
-    """Each agent's occupied slots must equal the sum over its live kernels. Returns problems."""
-    problems = []
-    with sm() as db:
-        from ..models import Kernel
+    """Problems with the record, as sentences (empty: consistent). Cheap enough for production.
 
+    - every agent's occupied slots equal the sum of its kernels' occupied slots,
+      and fit within its available slots (no over-commit);
+    - no kernel of a dead (or still pending) session holds slots;
+    - at every level (keypair, user, project, domain) the placed, live sessions
+      stay within ``total_resource_slots``, and keypairs within
+      ``max_concurrent_sessions``. (Lowering a limit below current use is
+      reported too: it is over quota, whoever caused it.)
+    """
+    problems: list[str] = []
+    with sm() as db:
+        rows = db.execute(
+            select(Kernel.id, Kernel.agent_id, Kernel.occupied_slots, Session.id, Session.status,
+                   Session.access_key, Session.user_id, Session.project_id, Session.domain_name)
+            .join(Session, Kernel.session_id == Session.id)
+        ).all()
+        per_agent: dict[str, ResourceSlot] = defaultdict(ResourceSlot)
+        usage = {lvl: defaultdict(ResourceSlot) for lvl in ("keypair", "user", "project", "domain")}
+        live_sessions: dict[str, set] = defaultdict(set)
+        for kid, aid, occ, sid, status, ak, uid, pid, dom in rows:
+            occ = (occ or ResourceSlot()).nonzero()
+            if aid and occ:
+                per_agent[aid] = per_agent[aid] + occ
+            if occ and status not in HOLDING_STATUSES:
+                problems.append(f"kernel {kid} of {status} session {sid} holds {occ.describe()}")
+            if status in HOLDING_STATUSES:
+                live_sessions[ak].add(sid)
+                for lvl, subject in (("keypair", ak), ("user", uid), ("project", pid),
+                                     ("domain", dom)):
+                    if subject is not None:
+                        usage[lvl][subject] = usage[lvl][subject] + occ
         for a in db.scalars(select(Agent)):
-            total = ResourceSlot()
-            for k in db.scalars(select(Kernel).where(Kernel.agent_id == a.id)):
-                total = total + k.occupied_slots
-            if total.nonzero() != a.occupied_slots.nonzero():
+            occ = a.occupied_slots.nonzero()
+            total = per_agent.get(a.id, ResourceSlot()).nonzero()
+            if total != occ:
                 problems.append(
-                    f"agent {a.id}: occupied {a.occupied_slots.to_json()} != kernels {total.nonzero().to_json()}"
+                    f"agent {a.id}: occupied {occ.to_json()} != kernels {total.to_json()}"
                 )
+            if not occ.fits_in(a.available_slots):
+                problems.append(
+                    f"agent {a.id} over capacity: occupied {occ.describe()} > "
+                    f"available {a.available_slots.nonzero().describe()}"
+                )
+        kps = {
+            k.access_key: (k.user_id, k.is_active, p)
+            for k, p in db.execute(
+                select(Keypair, KeypairResourcePolicy)
+                .join(KeypairResourcePolicy, Keypair.resource_policy == KeypairResourcePolicy.name)
+            )
+        }
+        user_pols: dict[str, list] = defaultdict(list)
+        for uid, active, p in kps.values():
+            if active:
+                user_pols[uid].append(p)
+
+        def over(level, subject, used, limit_of):
+            for slot, v in sorted(used.items()):
+                lim = limit_of(slot)
+                if v > 0 and lim is not None and v > lim:
+                    problems.append(
+                        f"quota exceeded: {level} {subject} total_resource_slots: "
+                        f"{slot} {fmt_amount(slot, v)} in use > limit {fmt_amount(slot, lim)}"
+                    )
+
+        for ak, used in usage["keypair"].items():
+            _, _, p = kps[ak]
+            over("keypair", ak, used,
+                 lambda s, p=p: slot_limit(p.total_resource_slots, s, p.default_for_unspecified))
+            n = len(live_sessions[ak])
+            if n > p.max_concurrent_sessions:
+                problems.append(f"quota exceeded: keypair {ak} max_concurrent_sessions: "
+                                f"{n} live > limit {p.max_concurrent_sessions}")
+        for uid, used in usage["user"].items():
+            pols = user_pols.get(uid, [])
+
+            def ulimit(s, pols=pols):
+                lims = [slot_limit(p.total_resource_slots, s, p.default_for_unspecified)
+                        for p in pols]
+                lims = [x for x in lims if x is not None]
+                return min(lims) if lims else None
+
+            over("user", uid, used, ulimit)
+        # Project and domain limits: a missing slot counts as unlimited here unless
+        # every keypair using it says LIMITED (the validators apply the session's own).
+        for pid, limits in db.execute(select(Project.id, Project.total_resource_slots)):
+            if limits and pid in usage["project"]:
+                over("project", pid, usage["project"][pid], lambda s, L=limits: L.get(s))
+        for name, limits in db.execute(select(Domain.name, Domain.total_resource_slots)):
+            if limits and name in usage["domain"]:
+                over("domain", name, usage["domain"][name], lambda s, L=limits: L.get(s))
     return problems
 
 
 def lost_agents(sm: sessionmaker, timeout: float) -> list[str]:
+    """Mark agents silent for ``timeout`` seconds LOST (no new kernels); return their ids."""
     cutoff = utcnow() - dt.timedelta(seconds=timeout)
     with sm.begin() as db:
         lost = db.scalars(
@@ -122,3 +439,45 @@ def lost_agents(sm: sessionmaker, timeout: float) -> list[str]:
         for a in lost:
             a.status = AgentStatus.LOST
         return [a.id for a in lost]
+
+
+def scheduler_stats(sm: sessionmaker) -> dict:
+    """Per resource group: sequencer, selector, queue length, oldest wait (s),
+    pending sessions by reason, reservations, live (placed) sessions. For the admin API."""
+    from ..models import ResourceGroup
+
+    now = utcnow()
+    out: dict = {}
+    with sm() as db:
+        for g in db.scalars(select(ResourceGroup).order_by(ResourceGroup.name)):
+            opts = SchedulerOptions.lenient(g.scheduler_opts)
+            out[g.name] = {
+                "scheduler": g.scheduler,
+                "agent_selector": opts.agent_selector,
+                "options_problems": list(opts.problems),
+                "pending": 0,
+                "oldest_wait_s": 0.0,
+                "reasons": {},
+                "reservations": dict((g.scheduler_state or {}).get("reservations") or {}),
+                "live": 0,
+            }
+        for rg, created, info in db.execute(
+            select(Session.resource_group, Session.created_at, Session.status_info)
+            .where(Session.status == SessionStatus.PENDING)
+        ):
+            st = out.get(rg)
+            if st is None:
+                continue
+            st["pending"] += 1
+            st["oldest_wait_s"] = max(st["oldest_wait_s"], (now - created).total_seconds())
+            code = reason_code(info)
+            st["reasons"][code] = st["reasons"].get(code, 0) + 1
+        for rg, n in db.execute(
+            select(Session.resource_group, func.count())
+            .where(Session.status.in_([s for s in ALIVE_STATUSES if s != SessionStatus.PENDING]))
+            .group_by(Session.resource_group)
+        ):
+            if rg in out:
+                out[rg]["live"] = n
+    return out
+

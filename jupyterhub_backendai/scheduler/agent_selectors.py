@@ -1,0 +1,107 @@
+"""Agent selectors: which agent(s) get a session's kernels.
+
+A selector is a class with a ``name`` and one method,
+``select(session, pool, ctx) -> list[agent_id] | None``: one agent per kernel
+(in ``cluster_idx`` order), or None when the session does not fit now. It only
+chooses; the allocator commits. Every selector honours the session's
+``architecture`` and ``designated_agents`` and the cluster mode:
+``single-node`` puts all kernels on one agent (the sum of their slots must fit),
+``multi-node`` puts each kernel on a different agent. Agents compare by free
+capacity in the group's ``resource_priority`` order (GPUs, then cores, then
+memory by default), so a CPU-only session packs onto agents without free GPUs
+before it touches a GPU node.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from ..common.slots import ResourceSlot
+from .pool import AgentPool
+from .state import PassContext, PendingSession
+
+
+def _plan(sess: PendingSession, pick) -> list[str] | None:
+    """Apply ``pick(need, exclude) -> agent | None`` per the cluster mode."""
+    if sess.cluster_mode == "multi-node" and len(sess.kernels) > 1:
+        chosen: list[str] = []
+        for _, slots in sess.kernels:
+            aid = pick(slots, set(chosen))
+            if aid is None:
+                return None
+            chosen.append(aid)
+        return chosen
+    aid = pick(sess.need, set())
+    return None if aid is None else [aid] * len(sess.kernels)
+
+
+class ConcentratedSelector:
+    """Pack: the agent with the least free capacity that holds the request."""
+
+    name = "concentrated"
+
+    def select(self, sess: PendingSession, pool: AgentPool, ctx: PassContext) -> list[str] | None:
+        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+            if sess.designated_agents:
+                c = pool.candidates(sess.designated_agents, need, sess.architecture, exclude)
+                return min(c, key=pool.key) if c else None
+            return pool.least_fitting(need, sess.architecture, exclude)
+
+        return _plan(sess, pick)
+
+
+class DispersedSelector:
+    """Spread: the agent with the most free capacity that holds the request."""
+
+    name = "dispersed"
+
+    def select(self, sess: PendingSession, pool: AgentPool, ctx: PassContext) -> list[str] | None:
+        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+            if sess.designated_agents:
+                c = pool.candidates(sess.designated_agents, need, sess.architecture, exclude)
+                return max(c, key=pool.key) if c else None
+            return pool.most_fitting(need, sess.architecture, exclude)
+
+        return _plan(sess, pick)
+
+
+class RoundRobinSelector:
+    """Take turns: the first agent after the last one used (by id) that holds the
+    request. The cursor lives in ``ResourceGroup.scheduler_state["rr_cursor"]``,
+    written in the scheduling transaction, so turns survive restarts and are
+    shared by managers. Costs O(agents) per placement at worst (a scan in id order)."""
+
+    name = "roundrobin"
+
+    def select(self, sess: PendingSession, pool: AgentPool, ctx: PassContext) -> list[str] | None:
+        state = ctx.group.scheduler_state
+        ids = list(sess.designated_agents) if sess.designated_agents else pool.ordered_ids
+        if sess.designated_agents:
+            ids = sorted(ids)
+        cursor = state.get("rr_cursor", "")
+
+        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+            nonlocal cursor
+            start = bisect_right(ids, cursor)
+            n = len(ids)
+            for step in range(n):
+                aid = ids[(start + step) % n]
+                a = pool.agents.get(aid)
+                if (
+                    a is not None
+                    and pool.indexed(aid)
+                    and aid not in exclude
+                    and (sess.architecture is None or a.architecture == sess.architecture)
+                    and need.fits_in(a.free)
+                ):
+                    cursor = aid
+                    return aid
+            return None
+
+        chosen = _plan(sess, pick)
+        if chosen is not None:
+            state["rr_cursor"] = cursor
+        return chosen
+
+
+SELECTORS = {s.name: s for s in (ConcentratedSelector(), DispersedSelector(), RoundRobinSelector())}

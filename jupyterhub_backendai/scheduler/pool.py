@@ -1,0 +1,184 @@
+"""The agents of one pass, indexed by free capacity so that a placement costs O(log agents).
+
+Each architecture has a sorted list of keys ``(free[d0], free[d1], ..., agent id)``,
+the dimensions being the group's resource priority followed by every other slot
+name seen. Finding the agent with the least (or most) free capacity that still
+holds a request is a *skip scan*: bisect to the request; when a key falls short
+in dimension j, jump past every key that shares its prefix up to j. The number
+of jumps is bounded by the distinct free amounts in the leading dimensions (a
+handful: GPUs, cores), not by the number of agents, so a placement costs
+O(log n) bisections and an O(log n) re-insertion (``SortedList``), where a
+linear scan would cost O(n). Agents held for a reservation leave the index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sortedcontainers import SortedList
+
+from ..common.slots import ResourceSlot
+
+ZERO = Decimal(0)
+
+
+@dataclass(slots=True)
+class PoolAgent:
+    id: str
+    architecture: str
+    available: ResourceSlot
+    occupied: ResourceSlot
+    free: ResourceSlot
+
+
+class AgentPool:
+    def __init__(self, agents: Iterable[PoolAgent], resource_priority: tuple[str, ...]):
+        self.agents: dict[str, PoolAgent] = {a.id: a for a in agents}
+        extra = sorted(
+            {s for a in self.agents.values() for s in a.available} - set(resource_priority)
+        )
+        self.dims: tuple[str, ...] = tuple(resource_priority) + tuple(extra)
+        self._index: dict[str, SortedList] = {}
+        self._keys: dict[str, tuple] = {}
+        self.held: set[str] = set()
+        for a in self.agents.values():
+            self._insert(a)
+        #: Agent ids in order, for round-robin.
+        self.ordered_ids: list[str] = sorted(self.agents)
+
+    # -- keys ---------------------------------------------------------------
+
+    def vector(self, slots: ResourceSlot) -> tuple:
+        return tuple(slots.get(d, ZERO) for d in self.dims)
+
+    def covers_dims(self, need: ResourceSlot) -> bool:
+        """A request naming a slot no agent has can only fit if it asks for zero of it."""
+        return all(v <= 0 or k in self.dims for k, v in need.items())
+
+    def _insert(self, a: PoolAgent) -> None:
+        key = self.vector(a.free) + (a.id,)
+        self._keys[a.id] = key
+        self._index.setdefault(a.architecture, SortedList()).add(key)
+
+    def _remove(self, a: PoolAgent) -> None:
+        self._index[a.architecture].remove(self._keys.pop(a.id))
+
+    def key(self, agent_id: str) -> tuple:
+        return self._keys.get(agent_id) or (self.vector(self.agents[agent_id].free) + (agent_id,))
+
+    # -- changes ------------------------------------------------------------
+
+    def take(self, agent_id: str, slots: ResourceSlot) -> None:
+        a = self.agents[agent_id]
+        indexed = agent_id in self._keys
+        if indexed:
+            self._remove(a)
+        a.occupied = a.occupied + slots
+        a.free = a.free - slots
+        if indexed:
+            self._insert(a)
+
+    def give(self, agent_id: str, slots: ResourceSlot) -> None:
+        self.take(agent_id, ResourceSlot({k: -v for k, v in slots.items()}))
+
+    def hold(self, agent_ids: Iterable[str]) -> None:
+        """Take agents out of the index: reserved for a starving session."""
+        for aid in agent_ids:
+            if aid in self._keys:
+                self._remove(self.agents[aid])
+            self.held.add(aid)
+
+    # -- queries ------------------------------------------------------------
+
+    def fits(self, agent_id: str, need: ResourceSlot) -> bool:
+        return need.fits_in(self.agents[agent_id].free)
+
+    def _archs(self, architecture: str | None) -> list[str]:
+        if architecture is None:
+            return list(self._index)
+        return [architecture] if architecture in self._index else []
+
+    def least_fitting(self, need: ResourceSlot, architecture: str | None,
+                      exclude: set[str] = frozenset()) -> str | None:
+        """The agent with the least free capacity (by resource priority) that holds ``need``."""
+        if not self.covers_dims(need):
+            return None
+        vec = self.vector(need)
+        best = None
+        for arch in self._archs(architecture):
+            key = _first_fit(self._index[arch], vec, exclude)
+            if key is not None and (best is None or key < best):
+                best = key
+        return best[-1] if best else None
+
+    def most_fitting(self, need: ResourceSlot, architecture: str | None,
+                     exclude: set[str] = frozenset()) -> str | None:
+        """The agent with the most free capacity (by resource priority) that holds ``need``."""
+        if not self.covers_dims(need):
+            return None
+        vec = self.vector(need)
+        best = None
+        for arch in self._archs(architecture):
+            key = _last_fit(self._index[arch], vec, exclude)
+            if key is not None and (best is None or key > best):
+                best = key
+        return best[-1] if best else None
+
+    def candidates(self, ids: Iterable[str], need: ResourceSlot, architecture: str | None,
+                   exclude: set[str] = frozenset()) -> list[str]:
+        """Of ``ids`` (designated agents), those in the index that match and hold ``need``."""
+        out = []
+        for aid in ids:
+            a = self.agents.get(aid)
+            if (
+                a is not None
+                and aid in self._keys
+                and aid not in exclude
+                and (architecture is None or a.architecture == architecture)
+                and need.fits_in(a.free)
+            ):
+                out.append(aid)
+        return out
+
+    def indexed(self, agent_id: str) -> bool:
+        return agent_id in self._keys
+
+
+def _first_fit(keys: SortedList, vec: tuple, exclude) -> tuple | None:
+    d = len(vec)
+    i = keys.bisect_left(vec)
+    n = len(keys)
+    while i < n:
+        k = keys[i]
+        for j in range(d):
+            if k[j] < vec[j]:
+                # Every key with prefix k[:j] and a smaller j-th amount falls short too.
+                i = keys.bisect_left(k[:j] + vec[j:])
+                break
+        else:
+            if k[-1] not in exclude:
+                return k
+            i += 1
+    return None
+
+
+def _last_fit(keys: SortedList, vec: tuple, exclude) -> tuple | None:
+    d = len(vec)
+    i = len(keys) - 1
+    while i >= 0:
+        k = keys[i]
+        for j in range(d):
+            if k[j] < vec[j]:
+                # Keys before this one with the prefix k[:j] have no more of dimension j.
+                i = keys.bisect_left(k[:j]) - 1
+                break
+        else:
+            if k[-1] not in exclude:
+                return k
+            i -= 1
+        if i >= 0 and keys[i] < vec:
+            return None
+    return None
+

@@ -1,0 +1,187 @@
+"""What one pass knows: the queue, the agents, the quota subjects, and their usage.
+
+Everything a pass decides on is read into these plain objects at the start of
+its transaction (under the locks described in :mod:`.dispatcher`), so that the
+pipeline parts work in memory and the pass writes back only what changed, in
+bulk. Usage counts every placed, live kernel in *all* resource groups, because
+keypair, user, project and domain limits are not per group.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from ..common.slots import MEM, ResourceSlot, format_size
+from .options import SchedulerOptions
+
+UNLIMITED = "UNLIMITED"
+LIMITED = "LIMITED"
+
+
+@dataclass(slots=True)
+class PendingSession:
+    id: str
+    name: str
+    user_id: str
+    access_key: str
+    domain_name: str
+    project_id: str | None
+    priority: int
+    created_at: dt.datetime
+    status_info: str
+    status_history: dict
+    cluster_size: int
+    cluster_mode: str
+    starts_at: dt.datetime | None
+    architecture: str | None
+    designated_agents: tuple[str, ...]
+    #: (kernel id, requested slots), by cluster_idx.
+    kernels: list[tuple[str, ResourceSlot]] = field(default_factory=list)
+    #: (id, name, status, result) of each session this one waits for.
+    dependencies: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    @property
+    def need(self) -> ResourceSlot:
+        total = ResourceSlot()
+        for _, slots in self.kernels:
+            total = total + slots
+        return total.nonzero()
+
+
+@dataclass(slots=True)
+class Policy:
+    """The parts of a keypair resource policy the scheduler enforces."""
+
+    name: str
+    total_resource_slots: ResourceSlot
+    default_for_unspecified: str
+    max_concurrent_sessions: int
+    max_containers_per_session: int
+    max_priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why a session is not placed now: it waits (``cancel=False``) or is CANCELLED."""
+
+    code: str
+    message: str
+    cancel: bool = False
+
+
+def slot_limit(limits: ResourceSlot | None, slot: str, default_for_unspecified: str) -> Decimal | None:
+    """The limit on one slot (None: unlimited). Empty limits are unlimited; a slot
+    missing from non-empty limits is unlimited or zero by ``default_for_unspecified``."""
+    if not limits:
+        return None
+    if slot in limits:
+        return limits[slot]
+    return None if default_for_unspecified == UNLIMITED else Decimal(0)
+
+
+def fmt_amount(slot: str, v: Decimal) -> str:
+    return format_size(v) if slot == MEM else str(v.normalize() if v == v.to_integral() else v)
+
+
+def first_excess(
+    used: ResourceSlot, need: ResourceSlot, limit_of
+) -> tuple[str, Decimal, Decimal] | None:
+    """The first slot (sorted) where ``used + need`` passes ``limit_of(slot)``."""
+    for slot in sorted(need):
+        n = need[slot]
+        if n <= 0:
+            continue
+        lim = limit_of(slot)
+        if lim is not None and used.get(slot, Decimal(0)) + n > lim:
+            return slot, used.get(slot, Decimal(0)), lim
+    return None
+
+
+@dataclass
+class Usage:
+    """Slots held by placed, live kernels, per quota subject, plus live-session counts."""
+
+    keypair: dict[str, ResourceSlot] = field(default_factory=lambda: defaultdict(ResourceSlot))
+    user: dict[str, ResourceSlot] = field(default_factory=lambda: defaultdict(ResourceSlot))
+    project: dict[str, ResourceSlot] = field(default_factory=lambda: defaultdict(ResourceSlot))
+    domain: dict[str, ResourceSlot] = field(default_factory=lambda: defaultdict(ResourceSlot))
+    #: Slots per user in *this* group only (DRF shares).
+    group_user: dict[str, ResourceSlot] = field(default_factory=lambda: defaultdict(ResourceSlot))
+    sessions_per_keypair: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def charge(self, access_key, user_id, project_id, domain, slots, *, in_group: bool,
+               new_session: bool) -> None:
+        self.keypair[access_key] = self.keypair[access_key] + slots
+        self.user[user_id] = self.user[user_id] + slots
+        if project_id is not None:
+            self.project[project_id] = self.project[project_id] + slots
+        self.domain[domain] = self.domain[domain] + slots
+        if in_group:
+            self.group_user[user_id] = self.group_user[user_id] + slots
+        if new_session:
+            self.sessions_per_keypair[access_key] += 1
+
+
+@dataclass
+class GroupInfo:
+    name: str
+    scheduler: str
+    is_public: bool
+    allowed_domains: list
+    allowed_projects: list
+    allowed_keypairs: list
+    scheduler_state: dict
+    scheduler_opts: dict = field(default_factory=dict)
+
+    def permits(self, domain: str, project_id: str | None, access_key: str,
+                project_name: str | None = None) -> bool:
+        """Public, or the union of the allow lists names the session's domain, project or keypair."""
+        if self.is_public:
+            return True
+        if domain in (self.allowed_domains or []):
+            return True
+        projects = self.allowed_projects or []
+        if project_id is not None and (project_id in projects or (project_name and project_name in projects)):
+            return True
+        return access_key in (self.allowed_keypairs or [])
+
+
+@dataclass
+class PassContext:
+    """Shared by the pipeline parts of one pass; the allocator updates ``usage``."""
+
+    group: GroupInfo
+    options: SchedulerOptions
+    now: dt.datetime
+    capacity: ResourceSlot
+    usage: Usage
+    #: access_key -> its policy.
+    policies: dict[str, Policy]
+    #: user_id -> policies of the user's active keypairs (user-level limit: the minimum).
+    user_policies: dict[str, list[Policy]]
+    project_limits: dict[str, ResourceSlot]
+    project_names: dict[str, str]
+    domain_limits: dict[str, ResourceSlot]
+
+    def policy(self, sess: PendingSession) -> Policy:
+        return self.policies[sess.access_key]
+
+    def effective_priority(self, sess: PendingSession) -> int:
+        p = self.policies.get(sess.access_key)
+        return min(sess.priority, p.max_priority) if p is not None else sess.priority
+
+    def dominant_share(self, user_id: str) -> Decimal:
+        used = self.usage.group_user.get(user_id)
+        if not used:
+            return Decimal(0)
+        share = Decimal(0)
+        for slot, cap in self.capacity.items():
+            if cap > 0:
+                share = max(share, used.get(slot, Decimal(0)) / cap)
+        return share
+
+    def waited(self, sess: PendingSession) -> Decimal:
+        return Decimal(str(max(0.0, (self.now - sess.created_at).total_seconds())))
