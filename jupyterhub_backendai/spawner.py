@@ -225,10 +225,18 @@ class BackendAISpawner(Spawner):
             delay = min(delay * 1.5, 0.25)
 
     async def progress(self):
+        """Stream the session's states; a page that connects late first sees the states
+        already passed, then the live ones, each with the scheduler's reason (e.g. a
+        quota exceeded) while PENDING."""
         while self.session_id is None:
             await asyncio.sleep(0.05)
+        first = True
         async for sess in self.manager.watch(self.session_id):
             status = SessionStatus(sess.status)
+            if first:
+                first = False
+                for past in _passed_states(status, sess.status_history or {}):
+                    yield {"progress": PROGRESS[past], "message": past.value.lower()}
             if status in DEAD_STATUSES:
                 yield {"progress": 100, "message": f"{status.value}: {sess.status_info}"}
                 return
@@ -268,6 +276,16 @@ class BackendAISpawner(Spawner):
     def clear_state(self):
         super().clear_state()
         self.session_id = None
+
+
+def _passed_states(current: SessionStatus, history: dict) -> list[SessionStatus]:
+    """States the session went through before ``current``, in the order of the way."""
+    if current not in PROGRESS:
+        return []
+    return [
+        st for st, pct in sorted(PROGRESS.items(), key=lambda x: x[1])
+        if pct < PROGRESS[current] and st.value in history
+    ]
 
 
 def _largest_free(s, resource_group: str) -> str:

@@ -20,7 +20,7 @@ from .. import __version__
 from ..common.errors import AgentError, InvalidRequest
 from ..common.events import EventBus
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
-from .backends.base import Backend, ImageInfo, KernelRecord
+from .backends.base import BATCH, INTERACTIVE, KERNEL_TYPES, Backend, ImageInfo, KernelRecord
 from .resources import hostinfo
 from .resources.cuda import DeviceSource, NVMLDeviceSource, StaticDeviceSource
 
@@ -97,6 +97,11 @@ class Agent(LoggingConfigurable):
         config=True
     )
     heartbeat_interval = Float(10.0, help="Seconds between heartbeats.").tag(config=True)
+    log_tail_bytes = Integer(
+        64 * 1024,
+        help="""How much of a kernel's output (the last bytes) is reported when it exits
+        and when its logs are asked for; a batch session's output is kept that long.""",
+    ).tag(config=True)
     extra_host_config = Dict(
         help="Docker backend: extra HostConfig merged into every container (operator policy)."
     ).tag(config=True)
@@ -252,14 +257,23 @@ class Agent(LoggingConfigurable):
 
     async def create_kernel(self, spec: dict) -> dict:
         """Start one kernel. ``spec``: kernel_id, session_id, owner, image, slots, environ,
-        service_prefix. Returns the kernel record (host, service ports, container id)."""
+        service_prefix, and optionally kernel_type (interactive, batch, idle), command
+        (batch), cluster_hostname and network_alias (multi-kernel sessions). Returns
+        the kernel record (host, service ports, container id)."""
+        kernel_type = spec.get("kernel_type", INTERACTIVE)
+        if kernel_type not in KERNEL_TYPES:
+            raise InvalidRequest(f"unknown kernel type {kernel_type!r}")
+        if kernel_type == BATCH and not (spec.get("command") or "").strip():
+            raise InvalidRequest("a batch kernel needs a command")
         image = await self.impl.inspect_image(spec["image"])
         slots = ResourceSlot.from_json(spec["slots"])
         n_gpu = int(slots.get(CUDA, 0))
         if n_gpu != slots.get(CUDA, 0):
             raise InvalidRequest("cuda.device must be a whole number of devices")
+        # Only a kernel that serves Jupyter needs host ports.
+        n_ports = len(image.service_ports) if kernel_type == INTERACTIVE else 0
         async with self._lock:
-            ports = self._take_ports(len(image.service_ports))
+            ports = self._take_ports(n_ports)
             devices = self._take_devices(n_gpu) if n_gpu else []
             self._kernel_ports[spec["kernel_id"]] = ports
             self._used_ports.update(ports)
@@ -285,11 +299,22 @@ class Agent(LoggingConfigurable):
     async def list_kernels(self) -> list[dict]:
         return [r.to_json() for r in await self.impl.list_kernels()]
 
+    async def kernel_logs(self, kernel_id: str) -> str | None:
+        """The tail (``log_tail_bytes``) of a kernel's output, None when it is unknown."""
+        return await self.impl.kernel_logs(kernel_id, self.log_tail_bytes)
+
     async def _on_kernel_exit(self, kernel_id: str, exit_code: int | None) -> None:
         self._release(kernel_id)
+        # Read the output before anyone removes the kernel: it is what a batch
+        # session leaves behind, and it says why a server died.
+        try:
+            logs = await self.kernel_logs(kernel_id)
+        except Exception as e:  # a kernel being removed right now has no logs to give
+            self.log.debug("no logs for exited kernel %s: %s", kernel_id, e)
+            logs = None
         await self.event_bus.publish(
             "kernel_terminated",
-            {"agent_id": self.agent_id, "kernel_id": kernel_id, "exit_code": exit_code},
+            {"agent_id": self.agent_id, "kernel_id": kernel_id, "exit_code": exit_code, "logs": logs},
         )
 
 

@@ -74,6 +74,15 @@ class KernelHandler(_Handler):
         self.finish()
 
 
+class KernelLogsHandler(_Handler):
+    async def get(self, kernel_id):
+        logs = await self._guard(self.agent.kernel_logs(kernel_id))
+        if logs is None and not self._finished:
+            self.write_json({"type": "NotFound", "detail": f"no kernel {kernel_id}"}, 404)
+        elif logs is not None:
+            self.write_json({"logs": logs})
+
+
 class ImagesHandler(_Handler):
     async def get(self):
         self.write_json([{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()])
@@ -97,6 +106,7 @@ def make_app(agent: Agent, token: str) -> web.Application:
             (r"/v1/info", InfoHandler),
             (r"/v1/kernels", KernelsHandler),
             (r"/v1/kernels/([0-9a-f]+)", KernelHandler),
+            (r"/v1/kernels/([0-9a-f]+)/logs", KernelLogsHandler),
             (r"/v1/images", ImagesHandler),
             (r"/v1/images/inspect", ImageInspectHandler),
         ],

@@ -6,7 +6,7 @@ import json
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..common.errors import AgentError, ImageNotFound, InvalidRequest
+from ..common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
 
 
 class AgentClient:
@@ -17,6 +17,10 @@ class AgentClient:
         raise NotImplementedError
 
     async def list_kernels(self) -> list[dict]:
+        raise NotImplementedError
+
+    async def kernel_logs(self, kernel_id: str) -> str | None:
+        """The tail of the kernel's output; None when the agent does not know the kernel."""
         raise NotImplementedError
 
     async def image_info(self, name: str) -> dict:
@@ -39,6 +43,9 @@ class InProcessAgentClient(AgentClient):
     async def list_kernels(self):
         return await self.agent.list_kernels()
 
+    async def kernel_logs(self, kernel_id):
+        return await self.agent.kernel_logs(kernel_id)
+
     async def image_info(self, name):
         info = await self.agent.image_info(name)
         return {"name": info.name, "labels": info.labels}
@@ -47,7 +54,7 @@ class InProcessAgentClient(AgentClient):
         return [{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()]
 
 
-_ERRORS = {"ImageNotFound": ImageNotFound, "InvalidRequest": InvalidRequest}
+_ERRORS = {"ImageNotFound": ImageNotFound, "InvalidRequest": InvalidRequest, "NotFound": NotFound}
 
 
 class HTTPAgentClient(AgentClient):
@@ -91,6 +98,12 @@ class HTTPAgentClient(AgentClient):
 
     async def list_kernels(self):
         return await self._call("GET", "/v1/kernels")
+
+    async def kernel_logs(self, kernel_id):
+        try:
+            return (await self._call("GET", f"/v1/kernels/{kernel_id}/logs"))["logs"]
+        except NotFound:
+            return None
 
     async def image_info(self, name):
         return await self._call("POST", "/v1/images/inspect", {"name": name})

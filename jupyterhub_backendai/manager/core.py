@@ -9,15 +9,19 @@ are async end to end.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import importlib
 import os
 from collections.abc import AsyncIterator
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import SingletonConfigurable
 
+from ..agent.backends.base import BATCH, IDLE, INTERACTIVE
 from ..agent.core import Agent as LocalAgent
 from ..common.errors import AgentError, BackendAIError, Conflict, InvalidRequest, NotFound
 from ..common.events import make_event_bus
@@ -42,6 +46,25 @@ from ..scheduler.dispatcher import (
 )
 from . import tenancy
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
+
+SESSION_TYPES = ("interactive", "batch")
+CLUSTER_MODES = ("single-node", "multi-node")
+# Session.result once a session is dead: dependencies start only after SUCCESS.
+SUCCESS = "SUCCESS"
+FAILURE = "FAILURE"
+
+
+def _scheduler_hook(name: str):
+    """A function of the scheduler package (admission, stats), wherever it lives there."""
+    for mod in ("..scheduler", "..scheduler.admission", "..scheduler.validators",
+                "..scheduler.metrics", "..scheduler.dispatcher"):
+        try:
+            fn = getattr(importlib.import_module(mod, __package__), name, None)
+        except ImportError:
+            continue
+        if fn is not None:
+            return fn
+    return None
 
 
 class BackendAIManager(SingletonConfigurable):
@@ -86,6 +109,13 @@ class BackendAIManager(SingletonConfigurable):
     max_slots_per_session = Integer(
         0, help="Reject requests of more than this many CPU cores (0: only agent capacity limits)."
     ).tag(config=True)
+    start_retries = Integer(
+        2,
+        help="""How many times a session that failed to start (agent error, image
+        missing, container failure) goes back to PENDING to be placed again, with
+        its slots released and the reason in its status; after that it ends in
+        ERROR with the reason.""",
+    ).tag(config=True)
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -93,8 +123,12 @@ class BackendAIManager(SingletonConfigurable):
         self.sm = make_sessionmaker(self.engine)
         self.bus = make_event_bus(self.redis_url or None)
         self.agent: LocalAgent | None = None
+        # Agents running in this process (the embedded one and any attached), by id.
+        self.local_agents: dict[str, LocalAgent] = {}
         self._wake = asyncio.Event()
         self._start_tasks: dict[str, asyncio.Task] = {}
+        self._batch_timers: dict[str, asyncio.Task] = {}
+        self._bg: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._started: asyncio.Future | None = None
 
@@ -115,19 +149,30 @@ class BackendAIManager(SingletonConfigurable):
         await self.bus.start_consuming(self.handle_event)
         if self.embedded_agent:
             self.agent = LocalAgent(self.bus, parent=self)
-            await self.agent.start()
-            # Register before anything else so that reconciling and scheduling see it.
-            await self.db(_upsert_agent, self.agent.info())
-            await self.reconcile(self.agent.agent_id, await self.agent.list_kernels())
+            await self.attach_agent(self.agent)
         self._loop_task = asyncio.create_task(self._scheduler_loop())
+
+    async def attach_agent(self, agent: LocalAgent) -> None:
+        """Run ``agent`` inside this process: start it, register it, reconcile its kernels.
+
+        The embedded default has one; more than one lets a single process hold a
+        multi-node cluster (tests, demos). Their kernels are reached directly,
+        not over HTTP.
+        """
+        self.local_agents[agent.agent_id] = agent
+        if agent.impl is None:
+            await agent.start()
+        # Register before anything else so that reconciling and scheduling see it.
+        await self.db(_upsert_agent, agent.info())
+        await self.reconcile(agent.agent_id, await agent.list_kernels())
 
     async def stop(self) -> None:
         if self._loop_task:
             self._loop_task.cancel()
-        for t in list(self._start_tasks.values()):
+        for t in [*self._start_tasks.values(), *self._batch_timers.values(), *self._bg]:
             t.cancel()
-        if self.agent:
-            await self.agent.stop()
+        for agent in self.local_agents.values():
+            await agent.stop()
         await self.bus.close()
         self.engine.dispose()
 
@@ -140,11 +185,17 @@ class BackendAIManager(SingletonConfigurable):
 
         return await asyncio.to_thread(work)
 
+    def _background(self, coro) -> None:
+        """Run ``coro`` beside the caller (event handlers must not block the bus)."""
+        task = asyncio.create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
     # -- agents ---------------------------------------------------------------
 
     def agent_client(self, agent_id: str, addr: str = "") -> AgentClient:
-        if self.agent is not None and agent_id == self.agent.agent_id:
-            return InProcessAgentClient(self.agent)
+        if agent_id in self.local_agents:
+            return InProcessAgentClient(self.local_agents[agent_id])
         if not addr:
             raise AgentError(f"agent {agent_id} has no address")
         return HTTPAgentClient(addr, self.agent_token)
@@ -161,6 +212,10 @@ class BackendAIManager(SingletonConfigurable):
             ]
         )
         return [self.agent_client(i, addr) for i, addr in rows]
+
+    async def _client_for(self, agent_id: str) -> AgentClient:
+        addr = await self.db(lambda s: (s.get(Agent, agent_id).addr if s.get(Agent, agent_id) else ""))
+        return self.agent_client(agent_id, addr)
 
     async def list_images(self, resource_group: str = "default") -> list[str]:
         names: set[str] = set()
@@ -182,18 +237,20 @@ class BackendAIManager(SingletonConfigurable):
                 .join(Session)
                 .where(Kernel.agent_id == agent_id, Session.status.in_(list(ALIVE_STATUSES)))
             ).all()
-            lost, interrupted = [], []
+            lost, interrupted = set(), set()
             for k in kernels:
                 if k.session.status in STARTING_STATUSES:
-                    interrupted.append(k.session_id)
+                    interrupted.add(k.session_id)
                 elif k.id not in alive:
-                    lost.append(k.session_id)
+                    lost.add(k.session_id)
             known_alive = {k.id for k in kernels if k.session.status == SessionStatus.RUNNING}
-            return lost, interrupted, known_alive
+            return sorted(lost), sorted(interrupted), known_alive
 
         lost, interrupted, known_alive = await self.db(find)
         for sid in lost:
-            await self._terminate(sid, SessionStatus.ERROR, "kernel lost while the manager was away")
+            await self.destroy_session(
+                sid, SessionStatus.ERROR, "kernel lost while the manager was away"
+            )
         for sid in interrupted:
             if sid not in self._start_tasks:
                 await self.destroy_session(sid, SessionStatus.ERROR, "start interrupted by a restart")
@@ -209,29 +266,33 @@ class BackendAIManager(SingletonConfigurable):
             await self.db(_upsert_agent, payload)
             self._wake.set()
         elif name == "kernel_terminated":
-            await self._kernel_exited(payload["kernel_id"], payload.get("exit_code"))
+            await self._kernel_exited(
+                payload["kernel_id"], payload.get("exit_code"), payload.get("logs")
+            )
 
-    async def _kernel_exited(self, kernel_id: str, exit_code: int | None) -> None:
-        def find(s):
+    async def _kernel_exited(self, kernel_id: str, exit_code: int | None, logs: str | None) -> None:
+        """Record a kernel's end; a running session whose kernel ended is over."""
+
+        def record(s):
             k = s.get(Kernel, kernel_id)
             if k is None:
                 return None
-            s.execute(
-                Kernel.__table__.update().where(Kernel.id == kernel_id).values(exit_code=exit_code)
-            )
-            return k.session_id, k.session.status
+            # Lock the session: a start in flight decides on the same row.
+            sess = s.get(Session, k.session_id, with_for_update=True, populate_existing=True)
+            if k.exit_code is None and exit_code is not None:
+                k.exit_code = exit_code
+            if logs:
+                k.logs = logs
+            return sess.id, sess.status, sess.session_type, k.cluster_role, k.cluster_hostname, k.exit_code
 
-        found = await self.db(find)
+        found = await self.db(record)
         if not found:
             return
-        sid, status = found
-        if status == SessionStatus.RUNNING:
-            ok = exit_code == 0
-            await self._terminate(
-                sid,
-                SessionStatus.TERMINATED if ok else SessionStatus.ERROR,
-                f"kernel exited with code {exit_code}",
-            )
+        sid, status, session_type, role, hostname, code = found
+        if status != SessionStatus.RUNNING:
+            return  # starting (the start notices) or already on its way out
+        status, result, info = _end_of_kernel(session_type, role, hostname, code)
+        self._background(self.destroy_session(sid, status, info, result=result))
 
     # -- scheduling -------------------------------------------------------------
 
@@ -253,9 +314,10 @@ class BackendAIManager(SingletonConfigurable):
                 self.log.exception("scheduler pass failed")
 
     async def schedule_once(self) -> list[str]:
-        if self.agent is not None:
-            await self.db(_touch_agent, self.agent.agent_id)
+        for agent_id in self.local_agents:
+            await self.db(_touch_agent, agent_id)
         await asyncio.to_thread(lost_agents, self.sm, self.agent_lost_timeout)
+        await self._expire_batches()
         groups = await self.db(
             lambda s: list(s.scalars(select(ResourceGroup.name).where(ResourceGroup.is_active)))
         )
@@ -263,11 +325,42 @@ class BackendAIManager(SingletonConfigurable):
         for g in groups:
             placed += await asyncio.to_thread(schedule_pass, self.sm, g)
         for sid in placed:
-            self._start_tasks[sid] = asyncio.create_task(self._start_session(sid))
+            if sid not in self._start_tasks:
+                self._start_tasks[sid] = asyncio.create_task(self._start_session(sid))
         return placed
 
     def consistency_problems(self) -> list[str]:
         return check_consistency(self.sm)
+
+    async def scheduler_status(self) -> dict:
+        """Per resource group: queue length, waits, placements and failures by reason.
+
+        The scheduler keeps the figures (they are Prometheus metrics on
+        ``/hub/metrics`` too); this is their view for the admin API.
+        """
+        stats_fn = _scheduler_hook("scheduler_stats")
+        stats = await asyncio.to_thread(stats_fn, self.sm) if stats_fn else {}
+
+        def work(s):
+            out = {}
+            for g in s.scalars(select(ResourceGroup).order_by(ResourceGroup.name)):
+                pending = s.scalars(
+                    select(Session.created_at).where(
+                        Session.resource_group == g.name, Session.status == SessionStatus.PENDING
+                    )
+                ).all()
+                oldest = min(pending) if pending else None
+                out[g.name] = {
+                    "scheduler": g.scheduler,
+                    "pending": len(pending),
+                    "oldest_wait_s": (utcnow() - oldest).total_seconds() if oldest else 0.0,
+                }
+            return out
+
+        out = await self.db(work)
+        for name, extra in (stats or {}).items():
+            out.setdefault(name, {}).update(extra)
+        return out
 
     # -- sessions ---------------------------------------------------------------
 
@@ -297,12 +390,27 @@ class BackendAIManager(SingletonConfigurable):
             slots[CUDA] = gpu
         return image.strip(), slots
 
-    async def validate(self, image: str, slots: ResourceSlot, resource_group: str) -> None:
-        """Reject what can never run: unknown image, below image minimum, beyond any agent."""
+    async def validate(
+        self,
+        image: str,
+        slots: ResourceSlot,
+        resource_group: str,
+        *,
+        cluster_size: int = 1,
+        cluster_mode: str = "single-node",
+        architecture: str | None = None,
+        designated_agents: list[str] | tuple = (),
+    ) -> None:
+        """Reject what can never run: unknown image, below image minimum, beyond any agent.
+
+        ``slots`` are per kernel. A single-node session needs all its kernels on
+        one agent; a multi-node one needs ``cluster_size`` distinct agents that
+        each fit one kernel.
+        """
         assert set(slots) <= set(KNOWN_SLOTS)
-        caps = await self.db(
+        rows = await self.db(
             lambda s: [
-                a.available_slots
+                (a.id, a.architecture, a.available_slots)
                 for a in s.scalars(
                     select(Agent).where(
                         Agent.resource_group == resource_group, Agent.status == AgentStatus.ALIVE
@@ -310,14 +418,41 @@ class BackendAIManager(SingletonConfigurable):
                 )
             ]
         )
-        if not caps:
+        if not rows:
             raise InvalidRequest(f"resource group {resource_group!r} has no live agent")
-        if not any(slots.fits_in(c) for c in caps):
-            largest = max(caps, key=lambda c: (c.get(CPU, 0), c.get(MEM, 0)))
-            raise InvalidRequest(
-                f"requested {slots.nonzero().describe()} exceeds what any agent has "
-                f"(largest: {largest.describe()})"
-            )
+        if designated_agents:
+            unknown = sorted(set(designated_agents) - {r[0] for r in rows})
+            if unknown:
+                raise InvalidRequest(
+                    f"designated agent(s) {', '.join(unknown)} not alive in resource group "
+                    f"{resource_group!r}"
+                )
+            rows = [r for r in rows if r[0] in designated_agents]
+        if architecture:
+            rows = [r for r in rows if r[1] == architecture]
+            if not rows:
+                raise InvalidRequest(
+                    f"no agent with architecture {architecture!r} in resource group {resource_group!r}"
+                )
+        caps = [r[2] for r in rows]
+        if cluster_mode == "single-node":
+            need = ResourceSlot()
+            for _ in range(cluster_size):
+                need = need + slots
+            if not any(need.fits_in(c) for c in caps):
+                largest = max(caps, key=lambda c: (c.get(CPU, 0), c.get(MEM, 0)))
+                what = "requested" if cluster_size == 1 else f"{cluster_size} kernels on one agent need"
+                raise InvalidRequest(
+                    f"{what} {need.nonzero().describe()} exceeds what any agent has "
+                    f"(largest: {largest.describe()})"
+                )
+        else:
+            fitting = sum(1 for c in caps if slots.fits_in(c))
+            if fitting < cluster_size:
+                raise InvalidRequest(
+                    f"a multi-node session of {cluster_size} kernels of {slots.nonzero().describe()} "
+                    f"needs {cluster_size} agents that each fit one; {fitting} do"
+                )
         info = None
         errors = []
         for client in await self.agent_clients(resource_group):
@@ -363,9 +498,32 @@ class BackendAIManager(SingletonConfigurable):
         ``slots`` are per kernel; the session has ``cluster_size`` kernels.
         ``project`` is a project id or name in the user's domain (default: the
         user's first project). Raises a :class:`BackendAIError` (4xx) for
-        anything the caller got wrong; nothing is created then.
+        anything the caller got wrong, including what the scheduler's admission
+        refuses (pending limits, containers per session, priority cap, resource
+        group permission); nothing is created then.
         """
-        await self.validate(image, slots, resource_group)
+        starts_at = _check_session_args(
+            session_type=session_type,
+            cluster_size=cluster_size,
+            cluster_mode=cluster_mode,
+            priority=priority,
+            startup_command=startup_command,
+            batch_timeout=batch_timeout,
+            starts_at=starts_at,
+            dependencies=dependencies,
+            designated_agents=designated_agents,
+            architecture=architecture,
+        )
+        await self.validate(
+            image,
+            slots,
+            resource_group,
+            cluster_size=cluster_size,
+            cluster_mode=cluster_mode,
+            architecture=architecture,
+            designated_agents=designated_agents,
+        )
+        admit = _scheduler_hook("admit")
 
         def create(s):
             user = s.scalar(select(User).where(User.username == username))
@@ -410,26 +568,20 @@ class BackendAIManager(SingletonConfigurable):
                 starts_at=starts_at,
                 designated_agents=list(designated_agents),
                 architecture=architecture,
+                retries=0,
+                result="UNDEFINED",
             )
-            if priority is not None:
-                sess.priority = priority
+            sess.priority = 50 if priority is None else priority
             for dep in dependencies:
                 other = s.get(Session, dep)
                 if other is None or other.access_key != kp.access_key:
                     raise InvalidRequest(f"unknown dependency session {dep!r}")
                 sess.dependencies.append(other)
             set_status(sess, SessionStatus.PENDING, "waiting for the scheduler")
-            for idx in range(cluster_size):
-                role = "main" if idx == 0 else "sub"
-                sess.kernels.append(
-                    Kernel(
-                        requested_slots=slots,
-                        status=SessionStatus.PENDING,
-                        cluster_role=role,
-                        cluster_idx=idx,
-                        cluster_hostname=f"{role}{idx if idx else 1}",
-                    )
-                )
+            sess.kernels.extend(_new_kernels(slots, cluster_size))
+            # Still transient here: admission sees the request, not a queued row.
+            if admit is not None:
+                admit(s, sess)
             s.add(sess)
             s.flush()
             return sess.id
@@ -438,25 +590,9 @@ class BackendAIManager(SingletonConfigurable):
         self.wake()
         return sid
 
-    async def scheduler_status(self) -> dict:
-        """Per resource group: queue length and what the scheduler last did (admin API, metrics)."""
-
-        def work(s):
-            out = {}
-            for g in s.scalars(select(ResourceGroup)):
-                pending = s.scalars(
-                    select(Session.id).where(
-                        Session.resource_group == g.name, Session.status == SessionStatus.PENDING
-                    )
-                ).all()
-                out[g.name] = {"scheduler": g.scheduler, "pending": len(pending)}
-            return out
-
-        return await self.db(work)
-
     async def _transition(self, sid: str, frm: set, to: str, info: str = "") -> bool:
         def work(s):
-            sess = s.get(Session, sid, with_for_update=True)
+            sess = s.get(Session, sid, with_for_update=True, populate_existing=True)
             if sess is None or sess.status not in frm:
                 return False
             set_status(sess, to, info)
@@ -467,54 +603,269 @@ class BackendAIManager(SingletonConfigurable):
         return await self.db(work)
 
     async def _start_session(self, sid: str) -> None:
+        """SCHEDULED -> PREPARING -> CREATING -> RUNNING, every kernel or none.
+
+        Kernels are created concurrently on their agents. If any fails, the ones
+        created are removed and the session goes back to the queue (bounded by
+        ``start_retries``) with its slots released.
+        """
+        created: dict[str, str] = {}  # kernel id -> agent id
         try:
             sess = await self.db(_load_session, sid)
-            kernel = sess.kernels[0]
-            addr = await self.db(lambda s: s.get(Agent, kernel.agent_id).addr)
-            client = self.agent_client(kernel.agent_id, addr)
-            if not await self._transition(sid, {SessionStatus.SCHEDULED}, SessionStatus.PREPARING, "checking the image"):
+            if sess is None:
                 return
-            await client.image_info(sess.image)
-            if not await self._transition(sid, {SessionStatus.PREPARING}, SessionStatus.CREATING, "starting the container"):
-                return
-            user = await self.db(lambda s: s.get(User, sess.user_id).username)
-            rec = await client.create_kernel(
-                {
-                    "kernel_id": kernel.id,
-                    "session_id": sid,
-                    "owner": user,
-                    "image": sess.image,
-                    "slots": kernel.requested_slots.to_json(),
-                    "environ": sess.environ,
-                    "service_prefix": sess.service_prefix,
+            kernels = list(sess.kernels)
+            agents = await self.db(
+                lambda s: {
+                    a.id: (a.addr, a.backend)
+                    for a in s.scalars(select(Agent).where(Agent.id.in_({k.agent_id for k in kernels})))
                 }
             )
+            clients = {aid: self.agent_client(aid, addr) for aid, (addr, _) in agents.items()}
+            if not await self._transition(
+                sid, {SessionStatus.SCHEDULED}, SessionStatus.PREPARING, "checking the image"
+            ):
+                return
+            await asyncio.gather(*(c.image_info(sess.image) for c in clients.values()))
+            n = len(kernels)
+            what = "starting the container" if n == 1 else f"starting {n} containers"
+            if not await self._transition(
+                sid, {SessionStatus.PREPARING}, SessionStatus.CREATING, what
+            ):
+                return
+            owner = await self.db(lambda s: s.get(User, sess.user_id).username)
+            specs = self._kernel_specs(sess, kernels, agents, owner)
+
+            async def create(k, spec):
+                rec = await clients[k.agent_id].create_kernel(spec)
+                created[k.id] = k.agent_id
+                return rec
+
+            results = await asyncio.gather(
+                *(create(k, spec) for k, spec in zip(kernels, specs, strict=True)),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+            recs = dict(zip([k.id for k in kernels], results, strict=True))
 
             def running(s):
-                se = s.get(Session, sid, with_for_update=True)
-                if se.status != SessionStatus.CREATING:
-                    return False
-                k = s.get(Kernel, kernel.id)
-                k.container_id = rec["container_id"]
-                k.kernel_host = rec["host"]
-                k.service_ports = rec["service_ports"]
-                k.attached_devices = {"cuda": rec.get("cuda_devices", [])}
-                k.status = SessionStatus.RUNNING
+                se = s.get(Session, sid, with_for_update=True, populate_existing=True)
+                if se is None or se.status != SessionStatus.CREATING:
+                    return "gone", None
+                rows = {k.id: k for k in s.scalars(select(Kernel).where(Kernel.session_id == sid))}
+                exited = [k for k in rows.values() if k.exit_code is not None]
+                if exited and (se.session_type != BATCH or any(k.cluster_role != "main" for k in exited)):
+                    k = exited[0]
+                    return "failed", f"kernel {k.cluster_hostname} exited with code {k.exit_code} while starting"
+                for kid, rec in recs.items():
+                    k = rows[kid]
+                    k.container_id = rec["container_id"]
+                    k.kernel_host = rec["host"]
+                    k.service_ports = rec["service_ports"]
+                    k.attached_devices = {"cuda": rec.get("cuda_devices", [])}
+                    k.status = SessionStatus.RUNNING
                 set_status(se, SessionStatus.RUNNING, "running")
-                return True
+                return "running", exited[0].id if exited else None
 
-            if not await self.db(running):
-                await client.destroy_kernel(kernel.id)
+            outcome, detail = await self.db(running)
+            if outcome == "gone":
+                await self._destroy_kernels(created)
+                return
+            if outcome == "failed":
+                raise AgentError(detail)
+            if sess.session_type == BATCH:
+                self._arm_batch_timer(sid, sess.batch_timeout)
+                if detail:  # the command finished before the session was marked running
+                    main = await self.db(lambda s: s.get(Kernel, detail))
+                    await self._kernel_exited(main.id, main.exit_code, None)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             reason = e.detail if isinstance(e, BackendAIError) else f"{type(e).__name__}: {e}"
             self.log.error("session %s failed to start: %s", sid, reason)
-            await self.destroy_session(sid, SessionStatus.ERROR, f"failed to start: {reason}")
+            await self._destroy_kernels(created)
+            await self._start_failed(sid, reason)
         finally:
-            self._start_tasks.pop(sid, None)
+            if self._start_tasks.get(sid) is asyncio.current_task():
+                del self._start_tasks[sid]
 
-    async def _terminate(self, sid: str, status: str, info: str) -> None:
+    def _kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str) -> list[dict]:
+        """What each agent gets: the main kernel serves Jupyter (or runs the batch
+        command), the others idle; all know the session's cluster."""
+        hosts = [_cluster_host(k, sess.id, *agents[k.agent_id], self.local_agents) for k in kernels]
+        cluster_env = {
+            "BACKENDAI_SESSION_ID": sess.id,
+            "BACKENDAI_SESSION_TYPE": sess.session_type,
+            "BACKENDAI_CLUSTER_SIZE": str(len(kernels)),
+            "BACKENDAI_CLUSTER_MODE": sess.cluster_mode,
+            "BACKENDAI_CLUSTER_HOSTNAMES": ",".join(k.cluster_hostname for k in kernels),
+            "BACKENDAI_CLUSTER_HOSTS": ",".join(hosts),
+        }
+        specs = []
+        for k, host in zip(kernels, hosts, strict=True):
+            main = k.cluster_role == "main"
+            env = dict(sess.environ or {})
+            if not main:
+                # Only the main kernel talks to the hub as the user's server.
+                env = {key: v for key, v in env.items() if not key.startswith("JUPYTERHUB_")}
+            env.update(cluster_env)
+            env.update(
+                BACKENDAI_KERNEL_ID=k.id,
+                BACKENDAI_CLUSTER_ROLE=k.cluster_role,
+                BACKENDAI_CLUSTER_IDX=str(k.cluster_idx),
+                BACKENDAI_CLUSTER_HOST=k.cluster_hostname,
+                BACKENDAI_CLUSTER_ADDR=host,
+            )
+            kernel_type = IDLE
+            if main:
+                kernel_type = BATCH if sess.session_type == BATCH else INTERACTIVE
+            specs.append(
+                {
+                    "kernel_id": k.id,
+                    "session_id": sess.id,
+                    "owner": owner,
+                    "image": sess.image,
+                    "slots": k.requested_slots.to_json(),
+                    "environ": env,
+                    "service_prefix": sess.service_prefix,
+                    "kernel_type": kernel_type,
+                    "command": sess.startup_command if kernel_type == BATCH else None,
+                    "cluster_hostname": k.cluster_hostname,
+                    "network_alias": _network_alias(k, sess.id),
+                }
+            )
+        return specs
+
+    async def _destroy_kernels(self, kernels: dict[str, str]) -> None:
+        """Remove kernels (id -> agent id) on their agents, concurrently; failures are logged."""
+
+        async def one(kid, aid):
+            try:
+                await (await self._client_for(aid)).destroy_kernel(kid)
+            except BackendAIError as e:
+                self.log.warning("could not destroy kernel %s on %s: %s", kid, aid, e.detail)
+
+        await asyncio.gather(*(one(k, a) for k, a in kernels.items()))
+
+    async def _start_failed(self, sid: str, reason: str) -> None:
+        """Release the slots; back to PENDING for another try, or ERROR once tries are used up."""
+        limit = self.start_retries
+
+        def work(s):
+            sess = s.scalar(
+                select(Session)
+                .where(Session.id == sid)
+                .options(selectinload(Session.kernels))
+                .with_for_update(of=Session)
+                .execution_options(populate_existing=True)
+            )
+            if sess is None or sess.status not in STARTING_STATUSES:
+                return None
+            release_kernels(s, sess, SessionStatus.ERROR)
+            if sess.retries < limit:
+                sess.retries += 1
+                # Fresh kernel rows (new ids): late events about the failed
+                # containers cannot touch the next attempt.
+                slots = sess.kernels[0].requested_slots
+                for k in list(sess.kernels):
+                    s.delete(k)
+                s.flush()
+                s.expire(sess, ["kernels"])
+                for k in _new_kernels(slots, sess.cluster_size):
+                    k.session_id = sess.id
+                    s.add(k)
+                set_status(
+                    sess,
+                    SessionStatus.PENDING,
+                    f"start failed ({reason}); retry {sess.retries} of {limit}",
+                )
+                return "retry"
+            tries = sess.retries + 1
+            set_status(
+                sess,
+                SessionStatus.ERROR,
+                f"failed to start: {reason}" + (f" (after {tries} attempts)" if tries > 1 else ""),
+            )
+            sess.alive_marker = None
+            sess.terminated_at = utcnow()
+            sess.result = FAILURE
+            return "error"
+
+        await self.db(work)
+        self.wake()
+
+    # -- batch sessions ------------------------------------------------------------
+
+    def _arm_batch_timer(self, sid: str, timeout: int | None) -> None:
+        if not timeout:
+            return
+
+        async def expire():
+            await asyncio.sleep(timeout)
+            self._batch_timers.pop(sid, None)
+            await self.destroy_session(sid, SessionStatus.ERROR, "batch timeout", result=FAILURE)
+
+        old = self._batch_timers.pop(sid, None)
+        if old:
+            old.cancel()
+        self._batch_timers[sid] = asyncio.create_task(expire())
+
+    async def _expire_batches(self) -> None:
+        """Fail batch sessions past their timeout that no timer here watches (after a restart,
+        or started by another manager)."""
+
+        def find(s):
+            now = utcnow()
+            late = []
+            for sess in s.scalars(
+                select(Session).where(
+                    Session.status == SessionStatus.RUNNING,
+                    Session.session_type == BATCH,
+                    Session.batch_timeout.is_not(None),
+                )
+            ):
+                since = (sess.status_history or {}).get(SessionStatus.RUNNING)
+                if since and dt.datetime.fromisoformat(since) + dt.timedelta(
+                    seconds=sess.batch_timeout
+                ) <= now:
+                    late.append(sess.id)
+            return late
+
+        for sid in await self.db(find):
+            if sid not in self._batch_timers:
+                self._background(
+                    self.destroy_session(sid, SessionStatus.ERROR, "batch timeout", result=FAILURE)
+                )
+
+    async def session_logs(self, sid: str, kernel_idx: int = 0) -> str:
+        """A kernel's output (the main one by default): live from its agent while it
+        runs, else what was kept when it ended ("" when nothing was)."""
+        sess = await self.get_session(sid)
+        if sess is None:
+            raise NotFound(f"no session {sid!r}")
+        kernel = next((k for k in sess.kernels if k.cluster_idx == kernel_idx), None)
+        if kernel is None:
+            raise NotFound(f"session {sid!r} has no kernel {kernel_idx}")
+        if sess.status in (SessionStatus.RUNNING, SessionStatus.TERMINATING) and kernel.agent_id:
+            try:
+                live = await (await self._client_for(kernel.agent_id)).kernel_logs(kernel.id)
+            except BackendAIError as e:
+                self.log.warning("could not read logs of kernel %s: %s", kernel.id, e.detail)
+                live = None
+            if live is not None:
+                return live
+            sess = await self.get_session(sid)  # it may have ended meanwhile
+            kernel = next(k for k in sess.kernels if k.cluster_idx == kernel_idx)
+        return kernel.logs or ""
+
+    # -- ending ---------------------------------------------------------------------
+
+    async def _terminate(
+        self, sid: str, status: str, info: str, result: str | None = None,
+        logs: dict[str, str] | None = None,
+    ) -> None:
         """Mark dead and free the slots, in one transaction."""
 
         def work(s):
@@ -523,21 +874,36 @@ class BackendAIManager(SingletonConfigurable):
                 .where(Session.id == sid)
                 .options(selectinload(Session.kernels))
                 .with_for_update(of=Session)
+                .execution_options(populate_existing=True)
             )
             if sess is None or sess.status in DEAD_STATUSES:
                 return
             release_kernels(s, sess, status)
+            for k in sess.kernels:
+                if logs and logs.get(k.id) and not k.logs:
+                    k.logs = logs[k.id]
             set_status(sess, status, info)
             sess.alive_marker = None
             sess.terminated_at = utcnow()
+            sess.result = result or (SUCCESS if status == SessionStatus.TERMINATED else FAILURE)
 
         await self.db(work)
         self.wake()
 
     async def destroy_session(
-        self, sid: str, status: str = SessionStatus.TERMINATED, info: str = "stopped"
+        self,
+        sid: str,
+        status: str = SessionStatus.TERMINATED,
+        info: str = "stopped",
+        *,
+        result: str | None = None,
     ) -> None:
-        """Stop whatever the session has become, remove its kernels, free its slots."""
+        """Stop whatever the session has become, remove its kernels, free its slots.
+
+        ``result`` (SUCCESS / FAILURE) defaults from ``status``: a stopped
+        interactive session succeeded, a batch session stopped before its
+        command finished did not, an error is a failure.
+        """
         task = self._start_tasks.pop(sid, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -545,22 +911,36 @@ class BackendAIManager(SingletonConfigurable):
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        timer = self._batch_timers.pop(sid, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
         sess = await self.db(_load_session, sid)
         if sess is None or sess.status in DEAD_STATUSES:
             return
+        if result is None and sess.session_type == BATCH and status == SessionStatus.TERMINATED:
+            result = FAILURE
         if sess.status == SessionStatus.PENDING:
-            await self._terminate(sid, SessionStatus.CANCELLED if status == SessionStatus.TERMINATED else status, info)
+            await self._terminate(
+                sid,
+                SessionStatus.CANCELLED if status == SessionStatus.TERMINATED else status,
+                info,
+                result=result or FAILURE,
+            )
             return
         await self._transition(sid, ALIVE_STATUSES, SessionStatus.TERMINATING, info)
-        for k in sess.kernels:
-            if not k.agent_id:
-                continue
-            addr = await self.db(lambda s, a=k.agent_id: s.get(Agent, a).addr)
-            try:
-                await self.agent_client(k.agent_id, addr).destroy_kernel(k.id)
-            except AgentError as e:
-                self.log.warning("could not destroy kernel %s: %s", k.id, e.detail)
-        await self._terminate(sid, status, info)
+        placed = {k.id: k.agent_id for k in sess.kernels if k.agent_id}
+        logs: dict[str, str] = {}
+        if sess.session_type == BATCH or status == SessionStatus.ERROR:
+            # Keep what the kernels printed: a batch session's output, a failure's clues.
+            for kid, aid in placed.items():
+                try:
+                    text = await (await self._client_for(aid)).kernel_logs(kid)
+                except BackendAIError:
+                    text = None
+                if text:
+                    logs[kid] = text
+        await self._destroy_kernels(placed)
+        await self._terminate(sid, status, info, result=result, logs=logs)
 
     async def get_session(self, sid: str) -> Session | None:
         return await self.db(_load_session, sid)
@@ -579,6 +959,112 @@ class BackendAIManager(SingletonConfigurable):
             if sess.status in DEAD_STATUSES:
                 return
             await asyncio.sleep(self.status_poll_interval)
+
+
+def _check_session_args(
+    *,
+    session_type,
+    cluster_size,
+    cluster_mode,
+    priority,
+    startup_command,
+    batch_timeout,
+    starts_at,
+    dependencies,
+    designated_agents,
+    architecture,
+) -> dt.datetime | None:
+    """Reject malformed session arguments with a message naming the argument; returns starts_at."""
+
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if session_type not in SESSION_TYPES:
+        raise InvalidRequest(f"session_type must be one of {', '.join(SESSION_TYPES)}, not {session_type!r}")
+    if not whole(cluster_size) or cluster_size < 1:
+        raise InvalidRequest(f"cluster_size must be a whole number >= 1, not {cluster_size!r}")
+    if cluster_mode not in CLUSTER_MODES:
+        raise InvalidRequest(f"cluster_mode must be one of {', '.join(CLUSTER_MODES)}, not {cluster_mode!r}")
+    if priority is not None and (not whole(priority) or not 0 <= priority <= 100):
+        raise InvalidRequest(f"priority must be a whole number from 0 to 100, not {priority!r}")
+    if session_type == BATCH:
+        if not isinstance(startup_command, str) or not startup_command.strip():
+            raise InvalidRequest("a batch session needs a startup_command")
+    elif startup_command is not None:
+        raise InvalidRequest("startup_command is for batch sessions (session_type='batch') only")
+    if batch_timeout is not None:
+        if session_type != BATCH:
+            raise InvalidRequest("batch_timeout is for batch sessions (session_type='batch') only")
+        if not whole(batch_timeout) or batch_timeout <= 0:
+            raise InvalidRequest(f"batch_timeout must be a whole number of seconds > 0, not {batch_timeout!r}")
+    if starts_at is not None:
+        if isinstance(starts_at, str):
+            try:
+                starts_at = dt.datetime.fromisoformat(starts_at)
+            except ValueError:
+                raise InvalidRequest(f"starts_at must be an ISO 8601 time, not {starts_at!r}") from None
+        if not isinstance(starts_at, dt.datetime):
+            raise InvalidRequest(f"starts_at must be a time, not {starts_at!r}")
+        if starts_at.tzinfo is None or starts_at.utcoffset() is None:
+            raise InvalidRequest("starts_at needs a time zone (e.g. 2030-01-01T09:00:00+00:00)")
+    for label, values in (("dependencies", dependencies), ("designated_agents", designated_agents)):
+        if isinstance(values, str) or not all(isinstance(v, str) and v for v in values):
+            raise InvalidRequest(f"{label} must be a list of ids")
+    if len(set(dependencies)) != len(list(dependencies)):
+        raise InvalidRequest("dependencies lists a session twice")
+    if architecture is not None and (not isinstance(architecture, str) or not architecture.strip()):
+        raise InvalidRequest(f"architecture must be a name such as x86_64, not {architecture!r}")
+    return starts_at
+
+
+def _new_kernels(slots: ResourceSlot, cluster_size: int) -> list[Kernel]:
+    """One PENDING kernel row per cluster index: main1, sub1, sub2, ..."""
+    out = []
+    for idx in range(cluster_size):
+        role = "main" if idx == 0 else "sub"
+        out.append(
+            Kernel(
+                requested_slots=ResourceSlot(slots),
+                occupied_slots=ResourceSlot(),
+                status=SessionStatus.PENDING,
+                cluster_role=role,
+                cluster_idx=idx,
+                cluster_hostname=f"{role}{idx if idx else 1}",
+            )
+        )
+    return out
+
+
+def _network_alias(kernel: Kernel, session_id: str) -> str:
+    """A name unique to the kernel on a shared container network (main1-<session>)."""
+    return f"{kernel.cluster_hostname}-{session_id[:12]}"
+
+
+def _cluster_host(kernel: Kernel, session_id: str, addr: str, backend: str, local_agents: dict) -> str:
+    """Where the other kernels of the session reach this one.
+
+    Containers on an agent network find each other by alias (agents that share
+    a node, or an overlay network, share it); local-process kernels share their
+    agent's address.
+    """
+    if backend == "docker":
+        return _network_alias(kernel, session_id)
+    if kernel.agent_id in local_agents:
+        return local_agents[kernel.agent_id].bind_host
+    return urlsplit(addr).hostname or "127.0.0.1"
+
+
+def _end_of_kernel(session_type: str, role: str, hostname: str, code: int | None) -> tuple[str, str, str]:
+    """(status, result, reason) of a running session one of whose kernels ended."""
+    if role != "main":
+        return SessionStatus.ERROR, FAILURE, f"kernel {hostname} exited with code {code}"
+    if session_type == BATCH:
+        if code == 0:
+            return SessionStatus.TERMINATED, SUCCESS, "batch command finished (exit code 0)"
+        return SessionStatus.ERROR, FAILURE, f"batch command failed with exit code {code}"
+    if code == 0:
+        return SessionStatus.TERMINATED, SUCCESS, "kernel exited with code 0"
+    return SessionStatus.ERROR, FAILURE, f"kernel exited with code {code}"
 
 
 def _load_session(s, sid):

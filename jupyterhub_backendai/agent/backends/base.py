@@ -10,6 +10,14 @@ from ...common.errors import InvalidRequest
 LABEL_PREFIX = "ai.backend."
 SERVICE_PORTS_LABEL = "ai.backend.service-ports"
 
+# What a kernel runs. The main kernel of an interactive session serves Jupyter;
+# a batch session's main kernel runs its startup command to completion; the
+# other kernels of a multi-kernel session idle so that the main one can use them.
+INTERACTIVE = "interactive"
+BATCH = "batch"
+IDLE = "idle"
+KERNEL_TYPES = (INTERACTIVE, BATCH, IDLE)
+
 
 @dataclass
 class ServicePort:
@@ -49,6 +57,10 @@ class ImageInfo:
     name: str
     labels: dict[str, str] = field(default_factory=dict)
     architecture: str = "x86_64"
+    # The image's login shell (its SHELL env), used to run batch commands.
+    shell: str = "/bin/sh"
+    # True when the image's entrypoint is an init already (e.g. tini).
+    has_init: bool = False
 
     @property
     def service_ports(self) -> list[ServicePort]:
@@ -70,6 +82,7 @@ class KernelRecord:
     service_ports: list[dict]
     cuda_devices: list[int] = field(default_factory=list)
     alive: bool = True
+    kernel_type: str = INTERACTIVE
 
     def to_json(self) -> dict:
         return {
@@ -80,6 +93,7 @@ class KernelRecord:
             "service_ports": self.service_ports,
             "cuda_devices": self.cuda_devices,
             "alive": self.alive,
+            "kernel_type": self.kernel_type,
         }
 
 
@@ -112,10 +126,31 @@ class Backend:
         cuda_devices: list[int],
         fake_devices: bool,
     ) -> KernelRecord:
+        """Start one kernel; ``host_ports`` has one port per service port when it serves.
+
+        ``spec`` keys: kernel_id, session_id, owner, image, slots, environ,
+        service_prefix, kernel_type (see KERNEL_TYPES), command (batch),
+        cluster_hostname (the kernel's host name, e.g. ``main1``) and
+        network_alias (a name unique to this kernel under which the other
+        kernels of its session reach it).
+        """
         raise NotImplementedError
 
     async def destroy_kernel(self, kernel_id: str) -> None:
         raise NotImplementedError
 
+    async def kernel_logs(self, kernel_id: str, limit: int) -> str | None:
+        """The last ``limit`` bytes of the kernel's output (None: no such kernel).
+
+        Works after the kernel exited and until it is destroyed, so that a batch
+        kernel's output can be kept in the record.
+        """
+        raise NotImplementedError
+
     async def list_kernels(self) -> list[KernelRecord]:
         raise NotImplementedError
+
+
+def tail_text(data: bytes, limit: int) -> str:
+    """The last ``limit`` bytes of output as text (a cut multi-byte character is replaced)."""
+    return data[-limit:].decode("utf-8", errors="replace") if limit > 0 else ""

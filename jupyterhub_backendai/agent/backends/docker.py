@@ -5,13 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from urllib.parse import urlsplit, urlunsplit
 
 import aiodocker
 from aiodocker.exceptions import DockerError
 
 from ...common.errors import AgentError, ImageNotFound
-from .base import Backend, ExitCallback, ImageInfo, KernelRecord
+from .base import (
+    BATCH,
+    IDLE,
+    INTERACTIVE,
+    Backend,
+    ExitCallback,
+    ImageInfo,
+    KernelRecord,
+    tail_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +31,10 @@ L_OWNER = "ai.backend.owner"
 L_AGENT = "ai.backend.agent-id"
 L_PORTS = "ai.backend.service-ports-bound"
 L_DEVICES = "ai.backend.cuda-devices"
+L_TYPE = "ai.backend.kernel-type"
 LOOPBACKS = {"127.0.0.1", "localhost", "::1"}
+# Entrypoints that already are an init (reap zombies, forward signals).
+INIT_PROGRAMS = {"tini", "tini-static", "dumb-init", "catatonit"}
 
 
 def _rewrite_host(url: str, host: str) -> str:
@@ -136,8 +149,17 @@ class DockerBackend(Backend):
                 await asyncio.sleep(1)
 
     def _image_info(self, name: str, data: dict) -> ImageInfo:
-        labels = (data.get("Config") or {}).get("Labels") or {}
-        return ImageInfo(name=name, labels=dict(labels), architecture=data.get("Architecture", ""))
+        config = data.get("Config") or {}
+        labels = config.get("Labels") or {}
+        env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        entrypoint = [os.path.basename(x) for x in config.get("Entrypoint") or []]
+        return ImageInfo(
+            name=name,
+            labels=dict(labels),
+            architecture=data.get("Architecture", ""),
+            shell=env.get("SHELL") or "/bin/sh",
+            has_init=bool(entrypoint) and entrypoint[0] in INIT_PROGRAMS,
+        )
 
     async def list_images(self) -> list[ImageInfo]:
         out = []
@@ -162,21 +184,23 @@ class DockerBackend(Backend):
         return info
 
     async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
-        ports = image.service_ports
+        kernel_type = spec.get("kernel_type", INTERACTIVE)
+        ports = image.service_ports if kernel_type == INTERACTIVE else []
         bound = []
         for sp, hp in zip(ports, host_ports, strict=True):
             sp.host_port = hp
             bound.append(sp.to_json())
-        main = ports[0]
-        prefix = spec["service_prefix"]
         env = dict(spec.get("environ") or {})
-        if self.use_host_network:
-            env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{main.host_port}{prefix}"
-        else:
-            env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{main.container_port}{prefix}"
-            for key in ("JUPYTERHUB_API_URL", "JUPYTERHUB_ACTIVITY_URL"):
-                if key in env:
-                    env[key] = _rewrite_host(env[key], self.gateway)
+        if kernel_type == INTERACTIVE:
+            main = ports[0]
+            prefix = spec["service_prefix"]
+            if self.use_host_network:
+                env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{main.host_port}{prefix}"
+            else:
+                env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{main.container_port}{prefix}"
+                for key in ("JUPYTERHUB_API_URL", "JUPYTERHUB_ACTIVITY_URL"):
+                    if key in env:
+                        env[key] = _rewrite_host(env[key], self.gateway)
         if cuda_devices:
             visible = ",".join(str(i) for i in cuda_devices)
             env["BACKENDAI_CUDA_DEVICES"] = visible
@@ -189,8 +213,12 @@ class DockerBackend(Backend):
             "MemorySwap": int(slots.get("mem", 0)) or 0,
             "PidsLimit": 4096,
             "SecurityOpt": ["no-new-privileges"],
-            "Init": True,
         }
+        # The kernel image brings its own init (tini as entrypoint); an image without
+        # one gets Docker's, so that zombies are reaped and signals reach the kernel.
+        if not image.has_init:
+            host_config["Init"] = True
+        config_extra: dict = {}
         if self.use_host_network:
             host_config["NetworkMode"] = "host"
         else:
@@ -199,6 +227,12 @@ class DockerBackend(Backend):
                 f"{p.container_port}/tcp": [{"HostIp": self.bind_host, "HostPort": str(p.host_port)}]
                 for p in ports
             }
+            alias = spec.get("network_alias")
+            if alias:
+                # The name under which the other kernels of the session reach this one.
+                config_extra["NetworkingConfig"] = {
+                    "EndpointsConfig": {self.network: {"Aliases": [alias]}}
+                }
         if cuda_devices and not fake_devices:
             host_config["DeviceRequests"] = [
                 {
@@ -212,7 +246,7 @@ class DockerBackend(Backend):
             "Image": image.name,
             "Env": [f"{k}={v}" for k, v in env.items()],
             "WorkingDir": "/home/work",
-            "Hostname": "main1",
+            "Hostname": spec.get("cluster_hostname") or "main1",
             "Labels": {
                 L_KERNEL: spec["kernel_id"],
                 L_SESSION: spec["session_id"],
@@ -220,10 +254,17 @@ class DockerBackend(Backend):
                 L_AGENT: self.agent_id,
                 L_PORTS: json.dumps(bound),
                 L_DEVICES: ",".join(str(i) for i in cuda_devices),
+                L_TYPE: kernel_type,
             },
             "ExposedPorts": {f"{p.container_port}/tcp": {} for p in ports},
             "HostConfig": host_config,
+            **config_extra,
         }
+        if kernel_type == BATCH:
+            # Through the image's shell, as the image's (unprivileged) user, in /home/work.
+            config["Cmd"] = [image.shell, "-c", spec["command"]]
+        elif kernel_type == IDLE:
+            config["Cmd"] = ["sleep", "infinity"]
         name = f"backendai-{spec.get('owner', 'x')}-{spec['kernel_id'][:12]}"
         container = None
         try:
@@ -246,7 +287,22 @@ class DockerBackend(Backend):
             host=host,
             service_ports=bound,
             cuda_devices=list(cuda_devices),
+            kernel_type=kernel_type,
         )
+
+    async def kernel_logs(self, kernel_id: str, limit: int) -> str | None:
+        for c in await self._containers(f"{L_KERNEL}={kernel_id}"):
+            try:
+                # Docker tails by lines; ask for enough lines, then cut to bytes.
+                chunks = await self.docker.containers.container(c["Id"]).log(
+                    stdout=True, stderr=True, tail=str(max(limit // 8, 100))
+                )
+            except DockerError as e:
+                if e.status in (404, 409):
+                    return None
+                raise AgentError(f"docker could not read the kernel's logs: {e.message}") from None
+            return tail_text("".join(chunks).encode(), limit)
+        return None
 
     async def _containers(self, *labels: str) -> list[dict]:
         found = await self.docker.containers.list(
@@ -276,6 +332,7 @@ class DockerBackend(Backend):
                     service_ports=json.loads(labels.get(L_PORTS) or "[]"),
                     cuda_devices=devices,
                     alive=c.get("State") == "running",
+                    kernel_type=labels.get(L_TYPE, INTERACTIVE),
                 )
             )
         return out

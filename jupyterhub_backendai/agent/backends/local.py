@@ -17,7 +17,7 @@ import signal
 import sys
 
 from ...common.errors import AgentError, ImageNotFound
-from .base import Backend, ExitCallback, ImageInfo, KernelRecord
+from .base import BATCH, INTERACTIVE, Backend, ExitCallback, ImageInfo, KernelRecord, tail_text
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ class LocalBackend(Backend):
                 "ai.backend.runtime-type": "python",
             },
         )
+        # Batch commands run through bash where the machine has it, as in the kernel image.
+        self.shell = shutil.which("bash") or "/bin/sh"
         self._on_exit: ExitCallback | None = None
         self._watchers: dict[str, asyncio.Task] = {}
 
@@ -88,22 +90,28 @@ class LocalBackend(Backend):
 
     async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
         owner = spec.get("owner") or "user"
+        kernel_type = spec.get("kernel_type", INTERACTIVE)
         workdir = os.path.join(self.work_root, owner)
         os.makedirs(workdir, exist_ok=True)
-        port = host_ports[0]
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
         env.update(spec.get("environ") or {})
         env["HOME"] = workdir
-        env["SHELL"] = "/bin/bash"
-        env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{port}{spec['service_prefix']}"
+        env["SHELL"] = self.shell
         if cuda_devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in cuda_devices)
             env["BACKENDAI_CUDA_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        cmd = list(self.cmd)
-        if os.geteuid() == 0:
-            cmd.append("--allow-root")
-        cmd.append(f"--ServerApp.root_dir={workdir}")
-        logf = open(os.path.join(self.state_dir, f"{spec['kernel_id']}.log"), "ab")
+        if kernel_type == INTERACTIVE:
+            port = host_ports[0]
+            env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{port}{spec['service_prefix']}"
+            cmd = list(self.cmd)
+            if os.geteuid() == 0:
+                cmd.append("--allow-root")
+            cmd.append(f"--ServerApp.root_dir={workdir}")
+        elif kernel_type == BATCH:
+            cmd = [self.shell, "-c", spec["command"]]
+        else:
+            cmd = ["sleep", "infinity"]
+        logf = open(self._log_path(spec["kernel_id"]), "ab")
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -119,9 +127,10 @@ class LocalBackend(Backend):
         finally:
             logf.close()
         ports = []
-        for sp, hp in zip(image.service_ports, host_ports, strict=True):
-            sp.host_port = hp
-            ports.append(sp.to_json())
+        if kernel_type == INTERACTIVE:
+            for sp, hp in zip(image.service_ports, host_ports, strict=True):
+                sp.host_port = hp
+                ports.append(sp.to_json())
         rec = KernelRecord(
             kernel_id=spec["kernel_id"],
             session_id=spec["session_id"],
@@ -129,6 +138,7 @@ class LocalBackend(Backend):
             host=self.bind_host,
             service_ports=ports,
             cuda_devices=list(cuda_devices),
+            kernel_type=kernel_type,
         )
         tmp = self._state_path(rec.kernel_id) + ".tmp"
         with open(tmp, "w") as f:
@@ -136,6 +146,18 @@ class LocalBackend(Backend):
         os.replace(tmp, self._state_path(rec.kernel_id))
         self._watchers[rec.kernel_id] = asyncio.create_task(self._watch_proc(rec.kernel_id, proc))
         return rec
+
+    def _log_path(self, kernel_id: str) -> str:
+        return os.path.join(self.state_dir, f"{kernel_id}.log")
+
+    async def kernel_logs(self, kernel_id: str, limit: int) -> str | None:
+        try:
+            with open(self._log_path(kernel_id), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(f.tell() - limit, 0))
+                return tail_text(f.read(), limit)
+        except FileNotFoundError:
+            return None
 
     async def _watch_proc(self, kernel_id: str, proc) -> None:
         code = await proc.wait()
@@ -160,6 +182,7 @@ class LocalBackend(Backend):
             with open(self._state_path(kernel_id)) as f:
                 pid = int(json.load(f)["container_id"])
         except FileNotFoundError:
+            self._remove_log(kernel_id)
             return
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
             try:
@@ -181,6 +204,13 @@ class LocalBackend(Backend):
                 pass
         try:
             os.unlink(self._state_path(kernel_id))
+        except FileNotFoundError:
+            pass
+        self._remove_log(kernel_id)
+
+    def _remove_log(self, kernel_id: str) -> None:
+        try:
+            os.unlink(self._log_path(kernel_id))
         except FileNotFoundError:
             pass
 

@@ -1,0 +1,137 @@
+"""A manager with real in-process agents (Docker or local processes) on a real database.
+
+For tests that drive sessions through the manager directly, without a hub: batch
+sessions (API only), multi-kernel sessions, start failures. Everything is real:
+the database, the agents, the containers or processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import uuid
+from contextlib import asynccontextmanager
+
+from sqlalchemy import select
+from traitlets.config import Config
+
+from jupyterhub_backendai.agent.core import Agent as LocalAgent
+from jupyterhub_backendai.manager import tenancy
+from jupyterhub_backendai.manager.core import BackendAIManager
+from jupyterhub_backendai.models import Agent, Session
+from jupyterhub_backendai.scheduler.dispatcher import check_consistency
+
+from .hub import KERNEL_IMAGE
+from .services import free_port
+
+DEAD = ("TERMINATED", "ERROR", "CANCELLED")
+
+
+def agent_config(c: Config, tmp_path, backend: str, *, slots: dict, name: str) -> str:
+    """Point ``c.Agent`` at a fresh agent of its own; returns its id."""
+    agent_id = f"i-test-{name}-{uuid.uuid4().hex[:8]}"
+    c.Agent.agent_id = agent_id
+    c.Agent.backend = backend
+    c.Agent.state_dir = str(tmp_path / agent_id)
+    c.Agent.slots = slots
+    lo = free_port() % 20000 + 30000
+    c.Agent.port_range = (lo, lo + 50)
+    return agent_id
+
+
+@asynccontextmanager
+async def running_manager(db_url: str, tmp_path, backend: str, *, slots=None, retries: int = 2):
+    """A started manager with one embedded agent; stops it and removes what is left."""
+    c = Config()
+    c.BackendAIManager.db_url = db_url
+    c.BackendAIManager.schedule_interval = 0.2
+    c.BackendAIManager.status_poll_interval = 0.05
+    c.BackendAIManager.start_retries = retries
+    agent_config(c, tmp_path, backend, slots=slots or {"cpu": 4, "mem": "8g"}, name="a")
+    mgr = BackendAIManager(config=c)
+    mgr.test_config = c
+    await mgr.ready()
+    try:
+        yield mgr
+    finally:
+        ids = list(mgr.local_agents)
+        for agent in mgr.local_agents.values():
+            for k in await agent.list_kernels():  # what a failed test left running
+                await agent.destroy_kernel(k["kernel_id"])
+        await mgr.stop()
+        for agent_id in ids:
+            remove_containers(agent_id)
+
+
+async def add_agent(mgr: BackendAIManager, tmp_path, backend: str, *, slots: dict, name: str) -> LocalAgent:
+    """A second in-process agent beside the embedded one (a multi-node cluster in one process)."""
+    c = Config()
+    c.merge(mgr.test_config)
+    agent_config(c, tmp_path, backend, slots=slots, name=name)
+    agent = LocalAgent(mgr.bus, config=c)
+    await mgr.attach_agent(agent)
+    return agent
+
+
+def image_for(backend: str) -> str:
+    return KERNEL_IMAGE if backend == "docker" else "local/python"
+
+
+async def make_user(mgr: BackendAIManager, email: str = "alice@example.com") -> str:
+    def work(s):
+        user, _, _ = tenancy.create_user(s, email=email, password="password1")
+        return user.username
+
+    return await mgr.db(work)
+
+
+async def wait_status(mgr: BackendAIManager, sid: str, statuses, timeout: float = 90) -> Session:
+    """Poll until the session is in one of ``statuses`` (a bound for hangs, not a speed check)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        sess = await mgr.get_session(sid)
+        if sess.status in statuses:
+            return sess
+        if loop.time() > deadline:
+            raise AssertionError(f"session {sid} stuck in {sess.status}: {sess.status_info}")
+        await asyncio.sleep(0.05)
+
+
+async def occupied(mgr: BackendAIManager) -> dict:
+    def work(s):
+        return {a.id: a.occupied_slots.nonzero() for a in s.scalars(select(Agent))}
+
+    return await mgr.db(work)
+
+
+def assert_consistent(mgr: BackendAIManager) -> None:
+    assert check_consistency(mgr.sm) == []
+
+
+def containers_of(agent_id: str) -> list[str]:
+    r = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=ai.backend.agent-id={agent_id}"],
+        capture_output=True, text=True,
+    )
+    return r.stdout.split() if r.returncode == 0 else []
+
+
+def remove_containers(agent_id: str) -> None:
+    left = containers_of(agent_id)
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+
+
+def local_kernels(agent: LocalAgent) -> list[str]:
+    """Kernel state files of a local-backend agent (one per live kernel process)."""
+    d = os.path.join(agent.state_dir, "local-kernels")
+    return sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else []
+
+
+def leftovers(agent: LocalAgent) -> list[str]:
+    """What an agent still runs: containers (Docker) or kernel processes (local)."""
+    if agent.impl.name == "docker":
+        return containers_of(agent.agent_id)
+    return local_kernels(agent)

@@ -1,0 +1,174 @@
+"""Batch sessions: a startup command run to completion, its exit code and output kept.
+
+Driven through the manager in-process with a real agent (Docker containers of the
+kernel image, or local processes) on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import func, select
+
+from jupyterhub_backendai.common.errors import InvalidRequest
+from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.models import Session
+
+from .inproc import (
+    DEAD,
+    assert_consistent,
+    image_for,
+    leftovers,
+    make_user,
+    occupied,
+    running_manager,
+    wait_status,
+)
+
+SLOTS = ResourceSlot(cpu="0.5", mem=512 * 2**20)
+
+
+async def _batch(mgr, user, name, command, backend, **kw):
+    return await mgr.enqueue(
+        username=user, name=name, image=image_for(backend), slots=SLOTS, environ={},
+        service_prefix="/", session_type="batch", startup_command=command, **kw,
+    )
+
+
+def test_batch_exit_codes_and_logs(db_url, backend, tmp_path):
+    """exit 0 -> TERMINATED / SUCCESS with the output kept; exit 3 -> ERROR / FAILURE, code 3."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, backend) as mgr:
+            user = await make_user(mgr)
+            ok = await _batch(mgr, user, "ok", "echo hello from batch; pwd; id -un", backend)
+            bad = await _batch(mgr, user, "bad", "echo going wrong >&2; exit 3", backend)
+            a = await wait_status(mgr, ok, DEAD)
+            b = await wait_status(mgr, bad, DEAD)
+
+            assert (a.status, a.result, a.kernels[0].exit_code) == ("TERMINATED", "SUCCESS", 0), a.status_info
+            logs = a.kernels[0].logs
+            assert "hello from batch" in logs
+            if backend == "docker":  # the image's unprivileged user, in its home
+                assert "/home/work\nwork\n" in logs
+            assert await mgr.session_logs(ok) == logs
+
+            assert (b.status, b.result, b.kernels[0].exit_code) == ("ERROR", "FAILURE", 3)
+            assert "exit code 3" in b.status_info
+            assert "going wrong" in b.kernels[0].logs
+
+            # Nothing left behind: no container or process, no slots.
+            assert leftovers(mgr.agent) == []
+            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_batch_timeout_kills_and_fails(db_url, backend, tmp_path):
+    async def run():
+        async with running_manager(db_url, tmp_path, backend) as mgr:
+            user = await make_user(mgr)
+            sid = await _batch(mgr, user, "slow", "echo started; sleep 300", backend, batch_timeout=3)
+            await wait_status(mgr, sid, ("RUNNING",))
+            # While it runs, its output comes live from the agent.
+            for _ in range(200):
+                if "started" in await mgr.session_logs(sid):
+                    break
+                await asyncio.sleep(0.05)
+            assert "started" in await mgr.session_logs(sid)
+
+            sess = await wait_status(mgr, sid, DEAD)
+            assert (sess.status, sess.result, sess.status_info) == ("ERROR", "FAILURE", "batch timeout")
+            assert "started" in sess.kernels[0].logs
+            assert leftovers(mgr.agent) == []
+            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_dependencies_wait_for_success(db_url, tmp_path):
+    """B waits PENDING while A runs and starts after A succeeded; C, behind a failed D, never runs."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local") as mgr:
+            user = await make_user(mgr)
+            a = await _batch(mgr, user, "a", "sleep 2; echo a done", "local")
+            b = await _batch(mgr, user, "b", "echo b ran", "local", dependencies=[a])
+            d = await _batch(mgr, user, "d", "exit 1", "local")
+            c = await _batch(mgr, user, "c", "echo c ran", "local", dependencies=[d])
+
+            await wait_status(mgr, a, ("RUNNING",))
+            sb = await mgr.get_session(b)
+            assert sb.status == "PENDING", sb.status_info
+
+            sa = await wait_status(mgr, a, DEAD)
+            assert sa.result == "SUCCESS"
+            sb = await wait_status(mgr, b, DEAD)
+            assert (sb.status, sb.result) == ("TERMINATED", "SUCCESS")
+            # B started only once A had finished.
+            assert sb.status_history["RUNNING"] > sa.status_history["TERMINATED"]
+
+            sc = await wait_status(mgr, c, DEAD)
+            assert sc.status == "CANCELLED" and sc.result == "FAILURE", sc.status_info
+            assert d in sc.status_info or "dependency" in sc.status_info
+            assert sc.kernels[0].exit_code is None and not sc.kernels[0].logs
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_stopping_a_running_batch_session_is_not_a_success(db_url, tmp_path):
+    async def run():
+        async with running_manager(db_url, tmp_path, "local") as mgr:
+            user = await make_user(mgr)
+            sid = await _batch(mgr, user, "long", "sleep 300", "local")
+            await wait_status(mgr, sid, ("RUNNING",))
+            await mgr.destroy_session(sid)
+            sess = await mgr.get_session(sid)
+            assert (sess.status, sess.result) == ("TERMINATED", "FAILURE")
+            assert leftovers(mgr.agent) == []
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"session_type": "batch"}, "needs a startup_command"),
+        ({"session_type": "batch", "startup_command": "  "}, "needs a startup_command"),
+        ({"session_type": "cron", "startup_command": "true"}, "session_type must be one of"),
+        ({"startup_command": "true"}, "for batch sessions"),
+        ({"session_type": "batch", "startup_command": "true", "batch_timeout": 0}, "batch_timeout must be"),
+        ({"session_type": "batch", "startup_command": "true", "batch_timeout": "10"}, "batch_timeout must be"),
+        ({"priority": 101}, "priority must be a whole number from 0 to 100"),
+        ({"priority": -1}, "priority must be"),
+        ({"cluster_size": 0}, "cluster_size must be a whole number >= 1"),
+        ({"cluster_size": True}, "cluster_size must be"),
+        ({"cluster_mode": "ring"}, "cluster_mode must be one of"),
+        ({"starts_at": "2030-01-01T00:00:00"}, "starts_at needs a time zone"),
+        ({"starts_at": "tomorrow"}, "starts_at must be an ISO 8601 time"),
+        ({"dependencies": "abc"}, "dependencies must be a list"),
+        ({"dependencies": ["0" * 32]}, "unknown dependency session"),
+        ({"cluster_size": 3, "cluster_mode": "multi-node"}, "needs 3 agents"),
+        ({"designated_agents": ["i-nowhere"]}, "designated agent(s) i-nowhere not alive"),
+        ({"architecture": "sparc64"}, "no agent with architecture 'sparc64'"),
+    ],
+)
+def test_bad_session_arguments_are_refused_and_leave_nothing(kw, message, tmp_path):
+    db_url = f"sqlite:///{tmp_path}/bad.sqlite"
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local") as mgr:
+            user = await make_user(mgr)
+            with pytest.raises(InvalidRequest) as e:
+                await mgr.enqueue(username=user, name="x", image="local/python", slots=SLOTS,
+                                  environ={}, service_prefix="/", **kw)
+            assert e.value.status_code == 400
+            assert message in e.value.detail, e.value.detail
+            assert await mgr.db(lambda s: s.scalar(select(func.count()).select_from(Session))) == 0
+
+    asyncio.run(run())
