@@ -6,8 +6,9 @@ The API's base handler calls :func:`authenticate` for a request whose
 (malformed header, date outside ±15 minutes, unknown key, wrong signature,
 inactive keypair, user or domain) or :class:`TooManyRequests` past the keypair's
 rate limit. Either way the ``X-RateLimit-*`` headers of a counted request are
-set on the handler; :func:`ratelimit_headers` gives them again to an error
-writer that cleared the handler's headers.
+set on the handler, and also kept in ``handler.sticky_headers`` for the API's
+error writer, which re-applies them after tornado's ``send_error`` cleared the
+handler's headers (a 429 must carry them).
 
 The signed path is the API's hot path, so it avoids the database where it can:
 
@@ -204,10 +205,13 @@ class KeypairAuth(LoggingConfigurable):
             limiter = get_rate_limiter(self.manager, self.rate_limit_window)
             result = await limiter.hit(record.access_key, record.rate_limit)
             setattr(handler, _HANDLER_ATTR, result)
-            for name, value in result.headers().items():
+            headers = ratelimit_headers(handler)
+            for name, value in headers.items():
                 handler.set_header(name, value)
+            # The API's error writer puts these back after tornado clears headers (429s).
+            handler.sticky_headers = {**(getattr(handler, "sticky_headers", None) or {}),
+                                      **headers}
             if not result.allowed:
-                handler.set_header("Retry-After", str(max(1, int(result.reset + 0.999))))
                 raise TooManyRequests(
                     f"keypair {record.access_key} made {record.rate_limit} requests in the last "
                     f"{int(self.rate_limit_window)} s (its rate limit); retry in "
