@@ -225,9 +225,21 @@ ENTITIES: dict[str, tuple[str, str]] = {
     "agents": ("/agents", "id"),
     "sessions": ("/sessions", "id"),
 }
-# List filters offered as options (any other: --filter key=value).
-FILTERS = ("domain", "project", "user", "role", "status", "resource_group")
-
+# Each list's filters (query parameters), offered as options; the OpenAPI document is
+# the reference (tests/test_cli.py checks this table against it). Any other:
+# --filter key=value.
+FILTERS: dict[str, tuple[str, ...]] = {
+    "domains": ("is_active",),
+    "projects": ("domain", "name", "is_active"),
+    "users": ("domain", "role", "status", "project", "email"),
+    "keypairs": ("user_id", "is_active"),
+    "keypair-resource-policies": (),
+    "user-resource-policies": (),
+    "project-resource-policies": (),
+    "resource-groups": ("is_active",),
+    "agents": ("resource_group", "status"),
+    "sessions": ("status", "user_id", "project_id", "type"),
+}
 
 def parse_fields(pairs: list[str], data: str | None) -> dict:
     """``key=value`` (string) and ``key:=json`` pairs, over an optional ``--data`` document."""
@@ -267,7 +279,7 @@ def _quote(ident: str) -> str:
 
 def _list_query(args: argparse.Namespace) -> dict:
     query: dict = {"offset": args.offset, "limit": args.limit}
-    for name in FILTERS:
+    for name in FILTERS[args.cmd]:
         value = getattr(args, name, None)
         if value is not None:
             query[name] = value
@@ -307,29 +319,40 @@ def _run_api(args: argparse.Namespace) -> Any:
             query.pop("limit", None)
             return client.list_all(path, query)
         return client.request("GET", path, query=query)
+    ident = _resolve(client, cmd, args.id) if hasattr(args, "id") else ""
     if action == "get":
-        return client.request("GET", f"{path}/{_quote(args.id)}")
+        return client.request("GET", f"{path}/{ident}")
     if action == "create":
         return client.request("POST", path, body=parse_fields(args.fields, args.data))
     if action == "update":
-        return client.request("PATCH", f"{path}/{_quote(args.id)}",
-                              body=parse_fields(args.fields, args.data))
+        return client.request("PATCH", f"{path}/{ident}", body=parse_fields(args.fields, args.data))
     if action == "delete":
-        out = client.request("DELETE", f"{path}/{_quote(args.id)}")
-        return out if out is not None else {"deleted": args.id}
+        client.request("DELETE", f"{path}/{ident}")
+        return {"deleted": args.id}
     if action == "members":
-        return client.request("GET", f"{path}/{_quote(args.id)}/members",
+        return client.request("GET", f"{path}/{ident}/members",
                               query={"offset": args.offset, "limit": args.limit})
     if action == "add-members":
-        return client.request("POST", f"{path}/{_quote(args.id)}/members",
-                              body={"user_ids": args.user_ids})
+        users = [_resolve(client, "users", u) for u in args.users]
+        return client.request("POST", f"{path}/{ident}/members", body={"user_ids": users})
     if action == "remove-members":
-        out = client.request("DELETE", f"{path}/{_quote(args.id)}/members",
-                             body={"user_ids": args.user_ids})
-        return out if out is not None else {"removed": args.user_ids}
+        users = [_resolve(client, "users", u) for u in args.users]
+        for uid in users:
+            client.request("DELETE", f"{path}/{ident}/members/{uid}")
+        return {"project_id": args.id, "removed": users}
     if action == "logs":
-        return client.request("GET", f"{path}/{_quote(args.id)}/logs")
+        return client.request("GET", f"{path}/{ident}/logs")
     raise AssertionError(action)
+
+
+def _resolve(client: ApiClient, entity: str, ident: str) -> str:
+    """The path segment for ``ident``; a user may also be named by email (looked up)."""
+    if entity == "users" and "@" in ident:
+        found = client.request("GET", "/users", query={"email": ident, "limit": 2})["items"]
+        if len(found) != 1:
+            raise ApiError(404, "Not found", f"no user with email {ident!r} visible to this keypair")
+        return _quote(found[0]["id"])
+    return _quote(ident)
 
 
 class _UsageError(Exception):
@@ -424,12 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
         ls.add_argument("--offset", type=int, default=0)
         ls.add_argument("--limit", type=int, default=100)
         ls.add_argument("--all", action="store_true", help="follow pages until the end")
-        for f in FILTERS:
-            ls.add_argument("--" + f.replace("_", "-"), dest=f, help=f"only those of this {f}")
+        for f in FILTERS[name]:
+            ls.add_argument("--" + f.replace("_", "-"), dest=f,
+                            help=f"filter: {f}" + (" (true or false)" if f.startswith("is_") else ""))
         ls.add_argument("--filter", action="append", metavar="KEY=VALUE",
                         help="any other filter the API offers (repeatable)")
+        by = ident + (" or email" if name == "users" else "")
         for act, text in (("get", "show one"), ("delete", "delete one")):
-            a = acts.add_parser(act, help=f"{text} (by {ident})")
+            a = acts.add_parser(act, help=f"{text} (by {by})")
             _api_options(a, suppress=True)
             a.add_argument("id", metavar=ident.upper().replace(" ", "_"))
         c = acts.add_parser("create", help="create one from fields")
@@ -446,10 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
             m.add_argument("--offset", type=int, default=0)
             m.add_argument("--limit", type=int, default=100)
             for act in ("add-members", "remove-members"):
-                a = acts.add_parser(act, help=f"{act.split('-')[0]} users (by id)")
+                a = acts.add_parser(act, help=f"{act.split('-')[0]} users (by id or email)")
                 _api_options(a, suppress=True)
                 a.add_argument("id", metavar="PROJECT_ID")
-                a.add_argument("user_ids", nargs="+", metavar="USER_ID")
+                a.add_argument("users", nargs="+", metavar="USER")
         if name == "sessions":
             lg = acts.add_parser("logs", help="a session's kernel logs")
             _api_options(lg, suppress=True)

@@ -1,0 +1,232 @@
+"""``backendai-admin`` as an API client of a running hub (signed requests), and its bootstrap part.
+
+API commands are run in-process through ``main(argv)`` (fast) and, once, as the
+installed ``backendai-admin`` program configured from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import yaml
+
+from jupyterhub_backendai import cli
+
+from .test_signing import hub_for
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def hub(request, tmp_path_factory):
+    yield from hub_for(request, tmp_path_factory, request.param)
+
+
+class Admin:
+    """Runs the CLI against the hub with one keypair; returns (exit status, JSON or stderr)."""
+
+    def __init__(self, hub, capsys, keys=None):
+        self.hub, self.capsys = hub, capsys
+        self.ak, self.sk = keys or hub.admin_keys
+
+    def __call__(self, *argv: str, keys=None):
+        ak, sk = keys or (self.ak, self.sk)
+        self.capsys.readouterr()
+        rc = cli.main(["--endpoint", self.hub.base + "/", "--access-key", ak, "--secret-key", sk,
+                       # A database the client must never touch (it is not a second path).
+                       "--db", "sqlite:////nonexistent/dir/never.sqlite", *argv])
+        out, err = self.capsys.readouterr()
+        if rc == 0:
+            return rc, json.loads(out)
+        assert out == ""
+        return rc, err.strip()
+
+    def ok(self, *argv: str, keys=None):
+        rc, out = self(*argv, keys=keys)
+        assert rc == 0, out
+        return out
+
+
+@pytest.fixture
+def admin(hub, capsys):
+    return Admin(hub, capsys)
+
+
+def test_tenancy_through_the_api(admin):
+    dom = "d" + uuid.uuid4().hex[:8]
+    assert admin.ok("domains", "create", f"name={dom}", "description=made by the CLI")["name"] == dom
+    pj = admin.ok("projects", "create", "name=research", f"domain_name={dom}")
+    assert (pj["name"], pj["domain_name"]) == ("research", dom)
+    user = admin.ok("users", "create", f"email=carol@{dom}.example", "password=carol-pass-1",
+                    "username=carol" + dom, f"domain_name={dom}", f"project_ids:=[\"{pj['id']}\"]")
+    assert user["domain_name"] == dom and user["project_ids"] == [pj["id"]]
+    first = user["keypair"]
+    assert first["access_key"].startswith("AKIA") and len(first["secret_key"]) == 40
+    kp = admin.ok("keypairs", "create", f"user_id={user['id']}", "rate_limit:=5000")
+    assert kp["user_id"] == user["id"] and kp["rate_limit"] == 5000 and kp["secret_key"]
+
+    # The new user's keys work for the CLI too.
+    me = admin.ok("whoami", keys=(kp["access_key"], kp["secret_key"]))
+    assert me["user"]["email"] == f"carol@{dom}.example"
+    assert me["keypair"] == kp["access_key"]
+
+    # Lists, filters, pagination.
+    listed = admin.ok("users", "list", "--domain", dom)
+    assert [u["id"] for u in listed["items"]] == [user["id"]] and listed["total"] == 1
+    kps = admin.ok("keypairs", "list", "--user-id", user["id"], "--limit", "1")
+    assert kps["total"] == 2 and len(kps["items"]) == 1 and kps["limit"] == 1
+    every = admin.ok("keypairs", "list", "--user-id", user["id"], "--all")
+    assert {k["access_key"] for k in every["items"]} == {first["access_key"], kp["access_key"]}
+    assert all("secret_key" not in k for k in every["items"])
+    members = admin.ok("projects", "members", pj["id"])
+    assert [m["id"] for m in members["items"]] == [user["id"]]
+
+    # Get and update by email, membership changes, deactivation.
+    got = admin.ok("users", "get", f"carol@{dom}.example")
+    assert got["id"] == user["id"]
+    admin.ok("projects", "remove-members", pj["id"], f"carol@{dom}.example")
+    assert admin.ok("projects", "members", pj["id"])["total"] == 0
+    changed = admin.ok("projects", "add-members", pj["id"], user["id"])
+    assert changed["user_ids"] == [user["id"]]
+    assert admin.ok("users", "update", user["id"], "full_name=Carol C.")["full_name"] == "Carol C."
+    off = admin.ok("keypairs", "update", kp["access_key"], "is_active:=false")
+    assert off["is_active"] is False
+    rc, err = admin("whoami", keys=(kp["access_key"], kp["secret_key"]))
+    assert rc == cli.EXIT_API_ERROR
+    assert err == f"backendai-admin: 401 Unauthorized: keypair {kp['access_key']} is inactive"
+
+    # Delete: gone afterwards.
+    assert admin.ok("keypairs", "delete", kp["access_key"]) == {"deleted": kp["access_key"]}
+    rc, err = admin("keypairs", "get", kp["access_key"])
+    assert rc == 1 and err.startswith("backendai-admin: 404 Not found")
+
+
+def test_policies_and_resource_groups(admin):
+    name = "p" + uuid.uuid4().hex[:8]
+    pol = admin.ok("keypair-resource-policies", "create", f"name={name}",
+                   "max_concurrent_sessions:=2", 'total_resource_slots:={"cpu": "4", "mem": "8g"}')
+    assert pol["max_concurrent_sessions"] == 2
+    assert admin.ok("keypair-resource-policies", "get", name)["name"] == name
+    upd = admin.ok("keypair-resource-policies", "update", name, "idle_timeout:=600")
+    assert upd["idle_timeout"] == 600
+    names = [p["name"] for p in admin.ok("keypair-resource-policies", "list", "--all")["items"]]
+    assert name in names and "default" in names
+    admin.ok("keypair-resource-policies", "delete", name)
+    assert admin("keypair-resource-policies", "get", name)[0] == 1
+
+    rg = admin.ok("resource-groups", "create", f"name={name}", "is_public:=false")
+    assert rg["is_public"] is False
+    assert name in [g["name"] for g in admin.ok("resource-groups", "list", "--all")["items"]]
+    admin.ok("resource-groups", "delete", name)
+    assert admin.ok("agents", "list")["total"] >= 1  # the hub's embedded agent
+    assert admin.ok("sessions", "list", "--status", "RUNNING")["items"] == []
+    assert isinstance(admin.ok("scheduler"), dict)
+    assert admin.ok("openapi")["openapi"].startswith("3.")
+    assert admin.ok("api", "GET", "/domains", "-q", "is_active=true")["total"] >= 1
+
+
+def test_errors_exit_non_zero_with_the_problem(admin, hub):
+    dom = "e" + uuid.uuid4().hex[:8]
+    admin.ok("domains", "create", f"name={dom}")
+    rc, err = admin("domains", "create", f"name={dom}")
+    assert rc == cli.EXIT_API_ERROR
+    assert err.startswith("backendai-admin: 409 Conflict:") and dom in err
+    rc, err = admin("domains", "create", f"name={dom}x", "colour=blue")
+    assert rc == 1 and "400 Invalid request" in err and "'colour'" in err
+    rc, err = admin("domains", "get", "no-such-domain")
+    assert rc == 1 and "404" in err
+    rc, err = admin("users", "list", "--role", "emperor")
+    assert rc == 1 and "400" in err and "role" in err
+    rc, err = admin("whoami", keys=(hub.admin_keys[0], "x" * 40))
+    assert rc == 1 and "401 Unauthorized: signature mismatch" in err
+    rc, err = admin("whoami", keys=("AKIAZZZZZZZZZZZZZZZZ", "x" * 40))
+    assert rc == 1 and "unknown access key" in err
+    rc, err = admin("users", "create", "email")
+    assert rc == 1 and "expected key=value" in err
+    rc, err = admin("users", "create", "project_ids:=[oops")
+    assert rc == 1 and "must be JSON" in err
+    # Nothing was left behind by the refused calls.
+    assert admin("domains", "get", dom + "x")[0] == 1
+
+
+def test_a_user_is_refused_what_only_admins_may_do(admin):
+    name = "u" + uuid.uuid4().hex[:8]
+    user = admin.ok("users", "create", f"email={name}@example.com", "password=user-pass-1",
+                    f"username={name}")
+    keys = (user["keypair"]["access_key"], user["keypair"]["secret_key"])
+    rc, err = admin("domains", "create", f"name={name}", keys=keys)
+    assert rc == 1 and err.startswith("backendai-admin: 403")
+    assert admin("domains", "get", name)[0] == 1
+    # ... but may manage their own keypairs.
+    mine = admin.ok("keypairs", "create", keys=keys)
+    assert mine["user_id"] == user["id"]
+
+
+def test_unreachable_hub_and_missing_keys(capsys):
+    rc = cli.main(["--endpoint", "http://127.0.0.1:9/", "--access-key", "AK", "--secret-key",
+                   "SK", "whoami"])
+    assert rc == cli.EXIT_API_ERROR
+    assert "cannot reach http://127.0.0.1:9/hub/api/backendai" in capsys.readouterr().err
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKENDAI_")}
+    r = subprocess.run([sys.executable, "-m", "jupyterhub_backendai.cli", "users", "list"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == cli.EXIT_USAGE
+    assert "missing --endpoint / BACKENDAI_ENDPOINT" in r.stderr
+    rc = cli.main(["--endpoint", "ftp://x/", "--access-key", "a", "--secret-key", "b", "whoami"])
+    assert rc == 1 and "not an http(s) URL" in capsys.readouterr().err
+
+
+def test_installed_program_reads_the_environment(hub):
+    exe = os.path.join(os.path.dirname(sys.executable), "backendai-admin")
+    env = dict(os.environ, BACKENDAI_ENDPOINT=hub.base, BACKENDAI_ACCESS_KEY=hub.admin_keys[0],
+               BACKENDAI_SECRET_KEY=hub.admin_keys[1])
+    r = subprocess.run([exe, "whoami"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["user"]["role"] == "superadmin"
+    # Options after the command work as well as before it.
+    r = subprocess.run([exe, "domains", "get", "default", "--endpoint", hub.base + "/hub/api/backendai"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["name"] == "default"
+
+
+def test_filter_options_match_the_openapi_document():
+    path = os.path.join(os.path.dirname(cli.__file__), "api", "openapi.yaml")
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    for entity, (collection, _ident) in cli.ENTITIES.items():
+        params = doc["paths"][collection]["get"]["parameters"]
+        names = {p["name"] for p in params} - {"offset", "limit"}
+        assert names == set(cli.FILTERS[entity]), entity
+
+
+def test_bootstrap_commands_work_without_a_hub(tmp_path, capsys):
+    db = f"sqlite:///{tmp_path}/boot.sqlite"
+
+    def run(*argv):
+        capsys.readouterr()
+        rc = cli.main(["--db", db, *argv])
+        out, err = capsys.readouterr()
+        return rc, (json.loads(out) if rc == 0 else err)
+
+    assert run("db-upgrade") == (0, {"upgraded": True})
+    assert run("create-domain", "lab")[1] == {"domain": "lab"}
+    rc, out = run("create-project", "vision", "--domain", "lab")
+    assert rc == 0 and out["domain"] == "lab"
+    rc, out = run("create-user", "--email", "dan@lab.example", "--password", "dan-pass-12",
+                  "--domain", "lab", "--project", "vision")
+    assert rc == 0 and out["username"] == "dan" and out["secret_key"]
+    rc, out = run("create-keypair", "--email", "dan@lab.example")
+    assert rc == 0 and out["access_key"] != ""
+    rc, err = run("create-domain", "lab")
+    assert rc == cli.EXIT_USAGE and "exists" in err
+    fixture = tmp_path / "fixture.json"
+    fixture.write_text(json.dumps({"domains": [{"name": "fx"}],
+                                   "projects": [{"name": "fxp", "domain": "fx"}]}))
+    rc, out = run("fixture", "populate", str(fixture))
+    assert rc == 0, out
+    rc, err = run("create-project", "fxp", "--domain", "fx")
+    assert rc == cli.EXIT_USAGE and "exists" in err
