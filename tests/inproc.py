@@ -19,7 +19,7 @@ from traitlets.config import Config
 from jupyterhub_backendai.agent.core import Agent as LocalAgent
 from jupyterhub_backendai.manager import tenancy
 from jupyterhub_backendai.manager.core import BackendAIManager
-from jupyterhub_backendai.models import Agent, Session
+from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 from jupyterhub_backendai.scheduler.dispatcher import check_consistency
 
 from .hub import KERNEL_IMAGE
@@ -41,14 +41,19 @@ def agent_config(c: Config, tmp_path, backend: str, *, slots: dict, name: str) -
 
 
 @asynccontextmanager
-async def running_manager(db_url: str, tmp_path, backend: str, *, slots=None, retries: int = 2):
-    """A started manager with one embedded agent; stops it and removes what is left."""
+async def running_manager(db_url: str, tmp_path, backend: str, *, slots=None, retries: int = 2,
+                          configure=None):
+    """A started manager with one embedded agent; stops it and removes what is left.
+
+    ``configure(config)`` may adjust the configuration (e.g. the agent's port range)."""
     c = Config()
     c.BackendAIManager.db_url = db_url
     c.BackendAIManager.schedule_interval = 0.2
     c.BackendAIManager.status_poll_interval = 0.05
     c.BackendAIManager.start_retries = retries
     agent_config(c, tmp_path, backend, slots=slots or {"cpu": 4, "mem": "8g"}, name="a")
+    if configure:
+        configure(c)
     mgr = BackendAIManager(config=c)
     mgr.test_config = c
     await mgr.ready()
@@ -78,9 +83,15 @@ def image_for(backend: str) -> str:
     return KERNEL_IMAGE if backend == "docker" else "local/python"
 
 
-async def make_user(mgr: BackendAIManager, email: str = "alice@example.com") -> str:
+async def make_user(mgr: BackendAIManager, email: str = "alice@example.com",
+                    max_containers: int | None = None) -> str:
+    """A user with a default keypair; ``max_containers`` raises the default policy's
+    max_containers_per_session (1 out of the box) for multi-kernel sessions."""
+
     def work(s):
         user, _, _ = tenancy.create_user(s, email=email, password="password1")
+        if max_containers is not None:
+            s.get(KeypairResourcePolicy, "default").max_containers_per_session = max_containers
         return user.username
 
     return await mgr.db(work)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib
 import os
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from urllib.parse import urlsplit
 
+from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 from traitlets import Bool, Float, Integer, Unicode, default
@@ -23,7 +23,14 @@ from traitlets.config import SingletonConfigurable
 
 from ..agent.backends.base import BATCH, IDLE, INTERACTIVE
 from ..agent.core import Agent as LocalAgent
-from ..common.errors import AgentError, BackendAIError, Conflict, InvalidRequest, NotFound
+from ..common.errors import (
+    AgentError,
+    BackendAIError,
+    Conflict,
+    ImageNotFound,
+    InvalidRequest,
+    NotFound,
+)
 from ..common.events import make_event_bus
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, ResourceSlot, parse_decimal, parse_size
 from ..common.types import (
@@ -37,34 +44,36 @@ from ..common.types import (
 from ..models import Agent, Kernel, ResourceGroup, Session, User
 from ..models.base import utcnow
 from ..models.db import make_engine, make_sessionmaker, upgrade
-from ..scheduler.dispatcher import (
+from ..scheduler import (
+    admit,
     check_consistency,
     lost_agents,
     release_kernels,
     schedule_pass,
+    scheduler_stats,
     set_status,
 )
+from ..scheduler.metrics import PLACEMENTS, REJECTIONS
 from . import tenancy
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
+
+# Why sessions failed to start, by a fixed set of reasons (bounded label values).
+START_FAILURES = Counter(
+    "backendai_session_start_failures",
+    "Sessions whose start failed (each attempt; retried or ended in ERROR), by reason",
+    ["resource_group", "reason"],
+)
+START_RETRIES = Counter(
+    "backendai_session_start_retries",
+    "Sessions sent back to PENDING after a failed start",
+    ["resource_group"],
+)
 
 SESSION_TYPES = ("interactive", "batch")
 CLUSTER_MODES = ("single-node", "multi-node")
 # Session.result once a session is dead: dependencies start only after SUCCESS.
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
-
-
-def _scheduler_hook(name: str):
-    """A function of the scheduler package (admission, stats), wherever it lives there."""
-    for mod in ("..scheduler", "..scheduler.admission", "..scheduler.validators",
-                "..scheduler.metrics", "..scheduler.dispatcher"):
-        try:
-            fn = getattr(importlib.import_module(mod, __package__), name, None)
-        except ImportError:
-            continue
-        if fn is not None:
-            return fn
-    return None
 
 
 class BackendAIManager(SingletonConfigurable):
@@ -333,33 +342,17 @@ class BackendAIManager(SingletonConfigurable):
         return check_consistency(self.sm)
 
     async def scheduler_status(self) -> dict:
-        """Per resource group: queue length, waits, placements and failures by reason.
+        """Per resource group: queue length, oldest wait, pending sessions by reason,
+        placements and rejections by reason, start failures by reason (admin API).
 
-        The scheduler keeps the figures (they are Prometheus metrics on
-        ``/hub/metrics`` too); this is their view for the admin API.
+        The counters are the Prometheus metrics served on ``/hub/metrics``, as this
+        process counted them since it started; the queue figures are read from the record.
         """
-        stats_fn = _scheduler_hook("scheduler_stats")
-        stats = await asyncio.to_thread(stats_fn, self.sm) if stats_fn else {}
-
-        def work(s):
-            out = {}
-            for g in s.scalars(select(ResourceGroup).order_by(ResourceGroup.name)):
-                pending = s.scalars(
-                    select(Session.created_at).where(
-                        Session.resource_group == g.name, Session.status == SessionStatus.PENDING
-                    )
-                ).all()
-                oldest = min(pending) if pending else None
-                out[g.name] = {
-                    "scheduler": g.scheduler,
-                    "pending": len(pending),
-                    "oldest_wait_s": (utcnow() - oldest).total_seconds() if oldest else 0.0,
-                }
-            return out
-
-        out = await self.db(work)
-        for name, extra in (stats or {}).items():
-            out.setdefault(name, {}).update(extra)
+        out = await asyncio.to_thread(scheduler_stats, self.sm)
+        for rg, st in out.items():
+            st["placements"] = int(_counter_value(PLACEMENTS, resource_group=rg))
+            st["rejections"] = _counter_by(REJECTIONS, "reason", resource_group=rg)
+            st["start_failures"] = _counter_by(START_FAILURES, "reason", resource_group=rg)
         return out
 
     # -- sessions ---------------------------------------------------------------
@@ -523,8 +516,6 @@ class BackendAIManager(SingletonConfigurable):
             architecture=architecture,
             designated_agents=designated_agents,
         )
-        admit = _scheduler_hook("admit")
-
         def create(s):
             user = s.scalar(select(User).where(User.username == username))
             if user is None:
@@ -580,8 +571,7 @@ class BackendAIManager(SingletonConfigurable):
             set_status(sess, SessionStatus.PENDING, "waiting for the scheduler")
             sess.kernels.extend(_new_kernels(slots, cluster_size))
             # Still transient here: admission sees the request, not a queued row.
-            if admit is not None:
-                admit(s, sess)
+            admit(s, sess)
             s.add(sess)
             s.flush()
             return sess.id
@@ -674,7 +664,7 @@ class BackendAIManager(SingletonConfigurable):
                 await self._destroy_kernels(created)
                 return
             if outcome == "failed":
-                raise AgentError(detail)
+                raise KernelExitedWhileStarting(detail)
             if sess.session_type == BATCH:
                 self._arm_batch_timer(sid, sess.batch_timeout)
                 if detail:  # the command finished before the session was marked running
@@ -686,7 +676,7 @@ class BackendAIManager(SingletonConfigurable):
             reason = e.detail if isinstance(e, BackendAIError) else f"{type(e).__name__}: {e}"
             self.log.error("session %s failed to start: %s", sid, reason)
             await self._destroy_kernels(created)
-            await self._start_failed(sid, reason)
+            await self._start_failed(sid, reason, _failure_reason(e))
         finally:
             if self._start_tasks.get(sid) is asyncio.current_task():
                 del self._start_tasks[sid]
@@ -749,7 +739,7 @@ class BackendAIManager(SingletonConfigurable):
 
         await asyncio.gather(*(one(k, a) for k, a in kernels.items()))
 
-    async def _start_failed(self, sid: str, reason: str) -> None:
+    async def _start_failed(self, sid: str, reason: str, kind: str = "other") -> None:
         """Release the slots; back to PENDING for another try, or ERROR once tries are used up."""
         limit = self.start_retries
 
@@ -781,7 +771,7 @@ class BackendAIManager(SingletonConfigurable):
                     SessionStatus.PENDING,
                     f"start failed ({reason}); retry {sess.retries} of {limit}",
                 )
-                return "retry"
+                return sess.resource_group, "retry"
             tries = sess.retries + 1
             set_status(
                 sess,
@@ -791,9 +781,14 @@ class BackendAIManager(SingletonConfigurable):
             sess.alive_marker = None
             sess.terminated_at = utcnow()
             sess.result = FAILURE
-            return "error"
+            return sess.resource_group, "error"
 
-        await self.db(work)
+        done = await self.db(work)
+        if done:
+            rg, outcome = done
+            START_FAILURES.labels(resource_group=rg, reason=kind).inc()
+            if outcome == "retry":
+                START_RETRIES.labels(resource_group=rg).inc()
         self.wake()
 
     # -- batch sessions ------------------------------------------------------------
@@ -1015,6 +1010,42 @@ def _check_session_args(
     if architecture is not None and (not isinstance(architecture, str) or not architecture.strip()):
         raise InvalidRequest(f"architecture must be a name such as x86_64, not {architecture!r}")
     return starts_at
+
+
+def _failure_reason(e: BaseException) -> str:
+    """A start failure's metric label: one of a few fixed words."""
+    if isinstance(e, ImageNotFound):
+        return "image_missing"
+    if isinstance(e, KernelExitedWhileStarting):
+        return "kernel_exited"
+    if isinstance(e, AgentError):
+        return "agent_error"
+    return "other"
+
+
+def _samples(metric, **labels):
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
+                yield sample
+
+
+def _counter_value(metric, **labels) -> float:
+    return sum(s.value for s in _samples(metric, **labels))
+
+
+def _counter_by(metric, label: str, **labels) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for sample in _samples(metric, **labels):
+        key = sample.labels[label]
+        out[key] = out.get(key, 0) + int(sample.value)
+    return out
+
+
+class KernelExitedWhileStarting(AgentError):
+    """A kernel of a starting session ended before the session was running."""
 
 
 def _new_kernels(slots: ResourceSlot, cluster_size: int) -> list[Kernel]:

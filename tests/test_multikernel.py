@@ -1,0 +1,234 @@
+"""Multi-kernel sessions: every kernel started or none, kernels that see each other,
+bounded retries of a failed start with nothing leaked.
+
+Driven through the manager in-process with real agents (Docker containers of the
+kernel image, or local processes); a multi-node cluster is two in-process agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+
+from jupyterhub_backendai.common.slots import ResourceSlot
+
+from .inproc import (
+    DEAD,
+    add_agent,
+    assert_consistent,
+    image_for,
+    leftovers,
+    make_user,
+    occupied,
+    running_manager,
+    wait_status,
+)
+
+# The main kernel resolves every host of its cluster and knocks on a closed port:
+# "connection refused" proves the other kernel's host answered.
+PROBE = r"""python3 -c '
+import os, socket, time
+for h in os.environ["BACKENDAI_CLUSTER_HOSTS"].split(","):
+    for _ in range(200):
+        try:
+            addr = socket.gethostbyname(h)
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        print("unresolved", h)
+        raise SystemExit(1)
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect((addr, 9))
+        print("open", h)
+    except ConnectionRefusedError:
+        print("reached", h)
+    except OSError as e:
+        print("unreachable", h, e)
+        raise SystemExit(2)
+e = os.environ
+print("cluster", e["BACKENDAI_CLUSTER_ROLE"], e["BACKENDAI_CLUSTER_SIZE"], e["BACKENDAI_CLUSTER_HOSTNAMES"])
+'; sleep 300"""
+
+
+def _env_of(backend: str, kernel) -> dict:
+    """The environment a kernel really runs with (container config or /proc)."""
+    if backend == "docker":
+        out = subprocess.run(["docker", "inspect", "-f", "{{json .Config.Env}}", kernel.container_id],
+                             capture_output=True, text=True, check=True).stdout
+        items = json.loads(out)
+    else:
+        with open(f"/proc/{kernel.container_id}/environ", "rb") as f:
+            items = [x.decode() for x in f.read().split(b"\0") if x]
+    return dict(x.split("=", 1) for x in items)
+
+
+async def _probe_output(mgr, sid) -> str:
+    for _ in range(400):
+        logs = await mgr.session_logs(sid)
+        if "cluster main" in logs or "unresolved" in logs or "unreachable" in logs:
+            return logs
+        await asyncio.sleep(0.05)
+    return await mgr.session_logs(sid)
+
+
+async def _run_cluster(mgr, backend, user, mode, cpu):
+    sid = await mgr.enqueue(
+        username=user, name=f"c-{mode}", image=image_for(backend),
+        slots=ResourceSlot(cpu=cpu, mem=512 * 2**20),
+        environ={"JUPYTERHUB_API_TOKEN": "secret", "EXTRA": "kept"}, service_prefix="/",
+        session_type="batch", startup_command=PROBE, cluster_size=2, cluster_mode=mode,
+    )
+    sess = await wait_status(mgr, sid, ("RUNNING", *DEAD))
+    assert sess.status == "RUNNING", sess.status_info
+    main, sub = sess.kernels
+    assert (main.cluster_role, main.cluster_hostname, sub.cluster_role, sub.cluster_hostname) == (
+        "main", "main1", "sub", "sub1")
+
+    logs = await _probe_output(mgr, sid)
+    assert "cluster main 2 main1,sub1" in logs, logs
+    assert logs.count("reached") == 2, logs
+
+    env = _env_of(backend, sub)
+    assert (env["BACKENDAI_CLUSTER_ROLE"], env["BACKENDAI_CLUSTER_IDX"], env["BACKENDAI_CLUSTER_HOST"]) == (
+        "sub", "1", "sub1")
+    assert env["BACKENDAI_CLUSTER_SIZE"] == "2" and env["EXTRA"] == "kept"
+    assert not any(k.startswith("JUPYTERHUB_") for k in env), "only the main kernel talks to the hub"
+    return sid, sess
+
+
+def test_single_node_cluster_kernels_see_each_other(db_url, backend, tmp_path):
+    async def run():
+        async with running_manager(db_url, tmp_path, backend) as mgr:
+            user = await make_user(mgr, max_containers=2)
+            sid, sess = await _run_cluster(mgr, backend, user, "single-node", "0.5")
+            assert {k.agent_id for k in sess.kernels} == {mgr.agent.agent_id}
+            assert await occupied(mgr) == {mgr.agent.agent_id: {"cpu": 1, "mem": 2**30}}
+            assert len(leftovers(mgr.agent)) == 2
+
+            await mgr.destroy_session(sid)
+            assert leftovers(mgr.agent) == []
+            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_multi_node_cluster_spreads_over_agents(db_url, backend, tmp_path):
+    async def run():
+        one_core = {"cpu": 1, "mem": "2g"}
+        async with running_manager(db_url, tmp_path, backend, slots=one_core) as mgr:
+            second = await add_agent(mgr, tmp_path, backend, slots=one_core, name="b")
+            user = await make_user(mgr, max_containers=2)
+            sid, sess = await _run_cluster(mgr, backend, user, "multi-node", "1")
+            agents = [k.agent_id for k in sess.kernels]
+            assert sorted(agents) == sorted([mgr.agent.agent_id, second.agent_id])
+            assert len(leftovers(mgr.agent)) == len(leftovers(second)) == 1
+
+            await mgr.destroy_session(sid)
+            assert leftovers(mgr.agent) == leftovers(second) == []
+            assert await occupied(mgr) == {mgr.agent.agent_id: {}, second.agent_id: {}}
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def _hold_port():
+    """A listening socket on a port the agent will consider taken."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, s.getsockname()[1]
+
+
+def _docker_events(agent_id: str, since: float, event: str) -> int:
+    out = subprocess.run(
+        ["docker", "events", "--since", str(since), "--until", str(time.time()),
+         "--filter", f"label=ai.backend.agent-id={agent_id}", "--filter", "type=container",
+         "--filter", f"event={event}", "--format", '{{index .Actor.Attributes "ai.backend.kernel-id"}}'],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return len(out.split())
+
+
+def test_failed_start_is_all_or_nothing_retried_then_error(db_url, backend, tmp_path):
+    """The main kernel cannot get a host port, the sub kernel could start: the sub kernel
+    is removed, the slots go back, the session is retried twice, then ERROR with the reason."""
+    held, port = _hold_port()
+
+    def one_blocked_port(c):
+        c.Agent.port_range = (port, port)
+
+    async def run():
+        since = time.time() - 1
+        async with running_manager(db_url, tmp_path, backend, configure=one_blocked_port) as mgr:
+            user = await make_user(mgr, max_containers=2)
+            sid = await mgr.enqueue(
+                username=user, name="doomed", image=image_for(backend),
+                slots=ResourceSlot(cpu="0.5", mem=512 * 2**20), environ={}, service_prefix="/",
+                cluster_size=2,
+            )
+            sess = await wait_status(mgr, sid, DEAD)
+            assert (sess.status, sess.result, sess.retries) == ("ERROR", "FAILURE", 2)
+            assert "no free host port" in sess.status_info, sess.status_info
+            assert "after 3 attempts" in sess.status_info
+            assert "RUNNING" not in sess.status_history
+            assert leftovers(mgr.agent) == []
+            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
+            assert all(k.status == "ERROR" and not any(k.occupied_slots.values()) for k in sess.kernels)
+            assert_consistent(mgr)
+            if backend == "docker":
+                # Each attempt started the sub kernel's container and removed it again.
+                assert _docker_events(mgr.agent.agent_id, since, "start") == 3
+                assert _docker_events(mgr.agent.agent_id, since, "destroy") == 3
+            status = await mgr.scheduler_status()
+            assert status["default"]["start_failures"].get("agent_error", 0) >= 3
+
+    try:
+        asyncio.run(run())
+    finally:
+        held.close()
+
+
+def test_retry_after_a_failed_start_can_succeed(db_url, tmp_path):
+    """A start that fails once goes back to PENDING (reason kept) and starts on the next try."""
+    held, port = _hold_port()
+
+    def configure(c):
+        c.Agent.port_range = (port, port)
+        # A stand-in for the Jupyter server: it only has to keep running.
+        c.Agent.local_cmd = ["/bin/sh", "-c", "sleep 300", "sh"]
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local", retries=5, configure=configure) as mgr:
+            user = await make_user(mgr)
+            sid = await mgr.enqueue(
+                username=user, name="flaky", image="local/python",
+                slots=ResourceSlot(cpu="0.5", mem=512 * 2**20), environ={}, service_prefix="/",
+            )
+            for _ in range(400):
+                sess = await mgr.get_session(sid)
+                if sess.retries >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert sess.retries >= 1 and "no free host port" in sess.status_info, sess.status_info
+            held.close()  # the port is free again
+            sess = await wait_status(mgr, sid, ("RUNNING", *DEAD))
+            assert sess.status == "RUNNING", sess.status_info
+            assert 1 <= sess.retries <= 5
+            assert sess.kernels[0].service_ports[0]["host_port"] == port
+            await mgr.destroy_session(sid)
+            sess = await mgr.get_session(sid)
+            assert (sess.status, sess.result) == ("TERMINATED", "SUCCESS")
+            assert leftovers(mgr.agent) == []
+            assert_consistent(mgr)
+
+    try:
+        asyncio.run(run())
+    finally:
+        held.close()
