@@ -776,6 +776,13 @@ def _check_group_body(db, body: dict) -> None:
     if "scheduler" in body and body["scheduler"] not in KNOWN_SCHEDULERS:
         raise InvalidRequest(
             f"scheduler: unknown {body['scheduler']!r} (known: {', '.join(KNOWN_SCHEDULERS)})")
+    if "scheduler_opts" in body:
+        from ..scheduler.options import SchedulerOptions
+
+        try:
+            SchedulerOptions.from_json(body["scheduler_opts"])
+        except InvalidRequest as e:
+            raise InvalidRequest(f"scheduler_opts: {e.detail}") from None
     for field, model, label in (("allowed_domains", Domain, "domain"),
                                 ("allowed_projects", Project, "project"),
                                 ("allowed_keypairs", Keypair, "keypair")):

@@ -16,6 +16,7 @@ from ..models import (
     Keypair,
     KeypairResourcePolicy,
     Project,
+    ProjectResourcePolicy,
     ResourceGroup,
     User,
     UserResourcePolicy,
@@ -45,6 +46,8 @@ def ensure_defaults(db: DBSession) -> None:
         db.add(KeypairResourcePolicy(name=DEFAULT))
     if db.get(UserResourcePolicy, DEFAULT) is None:
         db.add(UserResourcePolicy(name=DEFAULT))
+    if db.get(ProjectResourcePolicy, DEFAULT) is None:
+        db.add(ProjectResourcePolicy(name=DEFAULT))
     if db.get(ResourceGroup, DEFAULT) is None:
         db.add(ResourceGroup(name=DEFAULT, description="Default resource group"))
     db.flush()

@@ -1,0 +1,428 @@
+"""The isolation matrix: every endpoint x every role x objects of the caller's own and of
+another domain / project. Allowed calls succeed; forbidden ones get 403 (visible, not
+changeable) or 404 (not visible) and change nothing in the record; lists never show an
+object outside the caller's visibility.
+
+The matrix is a table written here, independently of the code under test; a path of the
+OpenAPI document without rows for all four roles fails the test.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from jupyterhub_backendai.api import spec
+from jupyterhub_backendai.models import Agent
+
+from . import api_world
+from .api_world import Client, new_user, park_session, snapshot, superadmin
+
+api_hub = api_world.api_hub  # the module's hub fixture
+
+ROLES = ("SA", "AD", "US", "MO")
+FAR = "2100-01-01T00:00:00+00:00"
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+class World:
+    """Two domains; in dom-a two projects and one user of each role; in dom-b one of each."""
+
+    def __init__(self, hub):
+        self.hub = hub
+        sa = self.sa = superadmin(hub)
+        sa.ok("POST", "/domains", json={"name": "dom-a"})
+        sa.ok("POST", "/domains", json={"name": "dom-b"})
+        self.pa1 = sa.ok("POST", "/projects", json={"name": "pa1", "domain_name": "dom-a"})["id"]
+        self.pa2 = sa.ok("POST", "/projects", json={"name": "pa2", "domain_name": "dom-a"})["id"]
+        self.pb1 = sa.ok("POST", "/projects", json={"name": "pb1", "domain_name": "dom-b"})["id"]
+        sa.ok("POST", "/resource-groups", json={"name": "parked"})
+        sa.ok("POST", "/resource-groups", json={"name": "rg-a", "is_public": False,
+                                                "allowed_domains": ["dom-a"]})
+        sa.ok("POST", "/resource-groups", json={"name": "rg-b", "is_public": False,
+                                                "allowed_domains": ["dom-b"]})
+        with hub.sm.begin() as s:
+            s.add(Agent(id="agent-b", resource_group="rg-b", status="TERMINATED"))
+        me = sa.ok("GET", "/whoami")["user"]
+        me["keypair"] = sa.ok("GET", "/keypairs", params={"user_id": me["id"]})["items"][0]
+        self.users = {"SA": me}
+        for role, name in (("AD", "admin"), ("US", "user"), ("MO", "monitor")):
+            self.users[role] = new_user(sa, role=name, domain="dom-a", projects=[self.pa1],
+                                        name=f"{role.lower()}-a")
+        self.peer = self._user("dom-a", [self.pa2], "peer-a")
+        self.other = self._user("dom-b", [self.pb1], "user-b")
+        self.sa_a = self._user("dom-a", [self.pa1], "sa-a", role="superadmin")
+        self.clients = {"SA": sa, **{r: self.users[r]["client"] for r in ("AD", "US", "MO")}}
+        self.sessions = {r: park_session(hub, u) for r, u in self.users.items()}
+        self.peer_session = park_session(hub, self.peer)
+        self.other_session = park_session(hub, self.other)
+        self.hub_agent = hub.agent_id
+
+    def _user(self, domain, projects, name=None, role="user") -> dict:
+        return self.sa.ok("POST", "/users", json={
+            "email": f"{name or uid()}@example.com", "password": api_world.PASSWORD,
+            "username": name or f"u-{uid()}", "domain_name": domain, "project_ids": projects,
+            "role": role})
+
+    def _kp(self, user_id) -> str:
+        return self.sa.ok("POST", "/keypairs", json={"user_id": user_id})["access_key"]
+
+    def resolve(self, target: str | None, role: str) -> dict:
+        """Path parameters for a target, seen from ``role`` (fresh objects are made here)."""
+        me = self.users[role]
+        sa = self.sa
+        if target is None:
+            return {}
+        kind, which = target.split(":")
+        if kind == "dom":
+            if which == "new":
+                return {"name": sa.ok("POST", "/domains", json={"name": f"d-{uid()}"})["name"]}
+            return {"name": {"own": "dom-a", "other": "dom-b"}[which]}
+        if kind == "proj":
+            if which.startswith("new"):
+                dom = "dom-a" if which == "new-a" else "dom-b"
+                return {"id": sa.ok("POST", "/projects", json={"name": f"p-{uid()}",
+                                                                "domain_name": dom})["id"]}
+            return {"id": {"own": self.pa1, "sibling": self.pa2, "other": self.pb1}[which]}
+        if kind == "member":
+            pid, dom = (self.pa1, "dom-a") if which == "own" else (self.pb1, "dom-b")
+            return {"id": pid, "user_id": self._user(dom, [pid])["id"]}
+        if kind == "user":
+            if which == "new-peer":
+                return {"id": self._user("dom-a", [self.pa2])["id"]}
+            if which == "new-other":
+                return {"id": self._user("dom-b", [self.pb1])["id"]}
+            return {"id": {"self": me["id"], "peer": self.peer["id"], "other": self.other["id"],
+                           "sa-in-domain": self.sa_a["id"]}[which]}
+        if kind == "kp":
+            owners = {"self": me, "peer": self.peer, "other": self.other}
+            if which.startswith("new-"):
+                return {"access_key": self._kp(owners[which[4:]]["id"])}
+            return {"access_key": owners[which]["keypair"]["access_key"]}
+        if kind.startswith("policy"):
+            if which == "new":
+                base = "/" + kind.split("/", 1)[1]
+                return {"name": sa.ok("POST", base, json={"name": f"pol-{uid()}"})["name"]}
+            return {"name": "default"}
+        if kind == "rg":
+            if which == "new":
+                return {"name": sa.ok("POST", "/resource-groups", json={"name": f"g-{uid()}"})["name"]}
+            return {"name": {"public": "default", "own": "rg-a", "other": "rg-b"}[which]}
+        if kind == "agent":
+            return {"id": self.hub_agent if which == "hub" else "agent-b"}
+        if kind == "sess":
+            owners = {"self": me, "peer": self.peer, "other": self.other}
+            if which.startswith("new-"):
+                return {"id": park_session(self.hub, owners[which[4:]])}
+            return {"id": {"self": self.sessions[role], "peer": self.peer_session,
+                           "other": self.other_session}[which]}
+        raise KeyError(target)
+
+
+def E(sa, ad, us, mo) -> dict:  # noqa: N802 - reads like a table header
+    return dict(zip(ROLES, (sa, ad, us, mo), strict=True))
+
+
+ALL200 = E(200, 200, 200, 200)
+
+
+def _new(prefix):
+    return lambda: {"name": f"{prefix}-{uid()}"}
+
+
+def _user_body(domain, role="user"):
+    def body():
+        n = f"n-{uid()}"
+        return {"email": f"{n}@example.com", "password": api_world.PASSWORD, "username": n,
+                "domain_name": domain, "role": role}
+    return body
+
+
+def _session_body():
+    return {"name": f"s-{uid()}", "image": "local/python", "startup_command": "true",
+            "starts_at": FAR, "resources": {"cpu": "0.1", "mem": "64m"}}
+
+
+# (method, document path) -> [(target, expected by role, body or body factory)]
+MATRIX: dict[tuple[str, str], list[tuple]] = {
+    ("get", "/whoami"): [(None, ALL200, None)],
+    ("get", "/domains"): [(None, ALL200, None)],
+    ("post", "/domains"): [(None, E(201, 403, 403, 403), _new("d"))],
+    ("get", "/domains/{name}"): [("dom:own", ALL200, None),
+                                 ("dom:other", E(200, 404, 404, 404), None)],
+    ("patch", "/domains/{name}"): [("dom:own", E(200, 403, 403, 403), {"description": "x"}),
+                                   ("dom:other", E(200, 404, 404, 404), {"description": "x"})],
+    ("delete", "/domains/{name}"): [("dom:new", E(204, 404, 404, 404), None),
+                                    ("dom:own", E(409, 403, 403, 403), None)],
+    ("get", "/projects"): [(None, ALL200, None)],
+    ("post", "/projects"): [
+        (None, E(201, 201, 403, 403), lambda: {"name": f"p-{uid()}", "domain_name": "dom-a"}),
+        (None, E(201, 403, 403, 403), lambda: {"name": f"p-{uid()}", "domain_name": "dom-b"})],
+    ("get", "/projects/{id}"): [("proj:own", ALL200, None),
+                                ("proj:sibling", E(200, 200, 404, 200), None),
+                                ("proj:other", E(200, 404, 404, 404), None)],
+    ("patch", "/projects/{id}"): [
+        ("proj:own", E(200, 200, 403, 403), {"description": "x"}),
+        ("proj:sibling", E(200, 200, 404, 403), {"description": "x"}),
+        ("proj:other", E(200, 404, 404, 404), {"description": "x"})],
+    ("delete", "/projects/{id}"): [("proj:new-a", E(204, 204, 404, 403), None),
+                                   ("proj:new-b", E(204, 404, 404, 404), None)],
+    ("get", "/projects/{id}/members"): [("proj:own", E(200, 200, 403, 200), None),
+                                        ("proj:sibling", E(200, 200, 404, 200), None),
+                                        ("proj:other", E(200, 404, 404, 404), None)],
+    ("post", "/projects/{id}/members"): [
+        ("proj:own", E(200, 200, 403, 403), "peer-ids"),
+        ("proj:other", E(200, 404, 404, 404), "other-ids")],
+    ("delete", "/projects/{id}/members/{user_id}"): [
+        ("member:own", E(204, 204, 403, 403), None),
+        ("member:other", E(204, 404, 404, 404), None)],
+    ("get", "/users"): [(None, ALL200, None)],
+    ("post", "/users"): [(None, E(201, 201, 403, 403), _user_body("dom-a")),
+                         (None, E(201, 403, 403, 403), _user_body("dom-b")),
+                         (None, E(201, 403, 403, 403), _user_body("dom-a", "superadmin"))],
+    ("get", "/users/{id}"): [("user:self", ALL200, None),
+                             ("user:peer", E(200, 200, 404, 200), None),
+                             ("user:other", E(200, 404, 404, 404), None)],
+    ("patch", "/users/{id}"): [
+        ("user:self", E(200, 200, 403, 403), {"full_name": "x"}),
+        ("user:peer", E(200, 200, 404, 403), {"full_name": "x"}),
+        ("user:other", E(200, 404, 404, 404), {"full_name": "x"}),
+        ("user:sa-in-domain", E(200, 403, 404, 403), {"full_name": "x"}),
+        ("user:new-peer", E(200, 403, 404, 403), {"role": "superadmin"}),
+        ("user:new-peer", E(200, 403, 404, 403), {"domain_name": "dom-b", "project_ids": []})],
+    ("delete", "/users/{id}"): [("user:new-peer", E(204, 204, 404, 403), None),
+                                ("user:new-other", E(204, 404, 404, 404), None),
+                                ("user:self", E(409, 409, 403, 403), None)],
+    ("get", "/keypairs"): [(None, ALL200, None)],
+    ("post", "/keypairs"): [(None, E(201, 201, 201, 403), {}),
+                            (None, E(201, 201, 404, 403), "peer-user"),
+                            (None, E(201, 404, 404, 404), "other-user"),
+                            (None, E(201, 201, 403, 403), {"rate_limit": 5})],
+    ("get", "/keypairs/{access_key}"): [("kp:self", ALL200, None),
+                                        ("kp:peer", E(200, 200, 404, 200), None),
+                                        ("kp:other", E(200, 404, 404, 404), None)],
+    ("patch", "/keypairs/{access_key}"): [
+        ("kp:new-self", E(200, 200, 200, 403), {"is_active": False}),
+        ("kp:new-self", E(200, 200, 403, 403), {"rate_limit": 10}),
+        ("kp:new-peer", E(200, 200, 404, 403), {"is_active": False}),
+        ("kp:new-other", E(200, 404, 404, 404), {"is_active": False})],
+    ("delete", "/keypairs/{access_key}"): [("kp:new-self", E(204, 204, 204, 403), None),
+                                           ("kp:new-peer", E(204, 204, 404, 403), None),
+                                           ("kp:new-other", E(204, 404, 404, 404), None)],
+    ("get", "/resource-groups"): [(None, ALL200, None)],
+    ("post", "/resource-groups"): [(None, E(201, 403, 403, 403), _new("g"))],
+    ("get", "/resource-groups/{name}"): [("rg:public", ALL200, None), ("rg:own", ALL200, None),
+                                         ("rg:other", E(200, 404, 404, 404), None)],
+    ("patch", "/resource-groups/{name}"): [
+        ("rg:own", E(200, 403, 403, 403), {"description": "x"}),
+        ("rg:other", E(200, 404, 404, 404), {"description": "x"})],
+    ("delete", "/resource-groups/{name}"): [("rg:new", E(204, 403, 403, 403), None),
+                                            ("rg:other", E(409, 404, 404, 404), None)],
+    ("get", "/agents"): [(None, E(200, 200, 403, 200), None)],
+    ("get", "/agents/{id}"): [("agent:hub", E(200, 200, 403, 200), None),
+                              ("agent:other", E(200, 404, 403, 404), None)],
+    ("get", "/sessions"): [(None, ALL200, None)],
+    ("post", "/sessions"): [(None, E(201, 201, 201, 403), _session_body)],
+    ("get", "/sessions/{id}"): [("sess:self", ALL200, None),
+                                ("sess:peer", E(200, 200, 404, 200), None),
+                                ("sess:other", E(200, 404, 404, 404), None)],
+    ("delete", "/sessions/{id}"): [("sess:new-self", E(204, 204, 204, 403), None),
+                                   ("sess:new-peer", E(204, 204, 404, 403), None),
+                                   ("sess:new-other", E(204, 404, 404, 404), None)],
+    ("get", "/sessions/{id}/logs"): [("sess:self", ALL200, None),
+                                     ("sess:peer", E(200, 200, 404, 200), None),
+                                     ("sess:other", E(200, 404, 404, 404), None)],
+    ("get", "/scheduler"): [(None, E(200, 200, 403, 403), None)],
+}
+for _kind in spec.POLICY_KINDS:
+    _base = f"/{_kind}-resource-policies"
+    _field = "max_concurrent_sessions" if _kind == "keypair" else "max_vfolder_count"
+    MATRIX.update({
+        ("get", _base): [(None, E(200, 200, 403, 200), None)],
+        ("post", _base): [(None, E(201, 403, 403, 403), _new("pol"))],
+        ("get", _base + "/{name}"): [(f"policy{_base}:default", E(200, 200, 403, 200), None)],
+        ("patch", _base + "/{name}"): [(f"policy{_base}:new", E(200, 403, 403, 403),
+                                        {_field: 3})],
+        ("delete", _base + "/{name}"): [(f"policy{_base}:new", E(204, 403, 403, 403), None)],
+    })
+PUBLIC = {("get", "/openapi.json")}
+
+
+@pytest.fixture(scope="module")
+def world(api_hub):
+    return World(api_hub)
+
+
+def test_matrix_covers_every_documented_operation():
+    doc = spec.build_document()
+    missing = []
+    for path, ops in doc["paths"].items():
+        for method in ops:
+            if (method, path) in PUBLIC:
+                continue
+            rows = MATRIX.get((method, path), [])
+            roles = {r for _, exp, _ in rows for r in exp}
+            if roles != set(ROLES):
+                missing.append(f"{method.upper()} {path}: roles {sorted(roles)}")
+    assert not missing, "matrix rows missing for:\n" + "\n".join(missing)
+    assert set(MATRIX) - {(m, p) for p, ops in doc["paths"].items() for m in ops} == set()
+
+
+def _body(world: World, spec_body, role: str):
+    if spec_body == "peer-ids":
+        return {"user_ids": [world.peer["id"]]}
+    if spec_body == "other-ids":
+        return {"user_ids": [world.other["id"]]}
+    if spec_body == "peer-user":
+        return {"user_id": world.peer["id"]}
+    if spec_body == "other-user":
+        return {"user_id": world.other["id"]}
+    return spec_body() if callable(spec_body) else spec_body
+
+
+def test_isolation_matrix(world):
+    failures = []
+    calls = 0
+    for (method, path), rows in MATRIX.items():
+        for target, expected, spec_body in rows:
+            for role, status in expected.items():
+                params = world.resolve(target, role)
+                url = path.format(**params)
+                body = _body(world, spec_body, role)
+                before = snapshot(world.hub) if status >= 400 else None
+                r = world.clients[role](method.upper(), url, json=body)
+                calls += 1
+                where = f"{role} {method.upper()} {path} [{target}] {body}"
+                if r.status_code != status:
+                    failures.append(f"{where}: expected {status}, got {r.status_code} {r.text[:200]}")
+                    continue
+                if status >= 400:
+                    if not r.headers.get("Content-Type", "").startswith("application/problem+json"):
+                        failures.append(f"{where}: error is not problem+json")
+                    if r.json()["status"] != status or not r.json()["detail"]:
+                        failures.append(f"{where}: bad problem body {r.text}")
+                    if snapshot(world.hub) != before:
+                        failures.append(f"{where}: refused ({status}) but the record changed")
+    assert calls > 350
+    assert not failures, f"{len(failures)} of {calls} calls wrong:\n" + "\n".join(failures)
+
+
+def _all(client: Client, path: str, **params) -> list[dict]:
+    out, offset = [], 0
+    while True:
+        page = client.ok("GET", path, params={**params, "offset": offset, "limit": 500})
+        out += page["items"]
+        offset += len(page["items"])
+        if offset >= page["total"] or not page["items"]:
+            return out
+
+
+def test_lists_never_leak(world):
+    """Every list, read by every role, holds exactly what that role may see."""
+    sa = world.sa
+    every = {path: _all(sa, path) for path in (
+        "/domains", "/projects", "/users", "/keypairs", "/resource-groups", "/agents",
+        "/sessions")}
+    dom_a_users = {u["id"] for u in every["/users"] if u["domain_name"] == "dom-a"}
+    usable_a = {g["name"] for g in every["/resource-groups"]
+                if g["is_public"] or "dom-a" in g["allowed_domains"]}
+    for role in ("AD", "US", "MO"):
+        me = world.users[role]
+        c = world.clients[role]
+        domain_reader = role in ("AD", "MO")
+        visible = {
+            "/domains": lambda x: x["name"] == "dom-a",
+            "/projects": (lambda x: x["domain_name"] == "dom-a") if domain_reader
+            else (lambda x, me=me: x["id"] in me["project_ids"]),
+            "/users": (lambda x: x["domain_name"] == "dom-a") if domain_reader
+            else (lambda x, me=me: x["id"] == me["id"]),
+            "/keypairs": (lambda x: x["user_id"] in dom_a_users) if domain_reader
+            else (lambda x, me=me: x["user_id"] == me["id"]),
+            "/resource-groups": lambda x: x["name"] in usable_a,
+            "/agents": lambda x: x["resource_group"] in usable_a,
+            "/sessions": (lambda x: x["domain_name"] == "dom-a") if domain_reader
+            else (lambda x, me=me: x["user_id"] == me["id"]),
+        }
+        for path, rule in visible.items():
+            if path == "/agents" and role == "US":
+                assert c("GET", path).status_code == 403
+                continue
+            key = "access_key" if path == "/keypairs" else (
+                "name" if path in ("/domains", "/resource-groups") else "id")
+            got = sorted(x[key] for x in _all(c, path))
+            want = sorted(x[key] for x in every[path] if rule(x))
+            assert got == want, (role, path)
+            assert want, (role, path)  # the rule is not vacuous
+        members = c("GET", f"/projects/{world.pa1}/members")
+        if domain_reader:
+            assert {u["domain_name"] for u in members.json()["items"]} == {"dom-a"}
+        else:
+            assert members.status_code == 403
+    # Filters cannot widen the view: asking for another domain's objects yields nothing.
+    us = world.clients["US"]
+    assert us.ok("GET", "/users", params={"domain": "dom-b"})["items"] == []
+    assert world.clients["AD"].ok("GET", "/sessions",
+                                  params={"user_id": world.other["id"]})["items"] == []
+    assert world.clients["MO"].ok("GET", "/keypairs",
+                                  params={"user_id": world.other["id"]})["total"] == 0
+
+
+def test_inactive_user_and_domain_are_refused(world):
+    sa = world.sa
+    u = new_user(sa, domain="dom-a", projects=[world.pa1])
+    assert u["client"]("GET", "/whoami").status_code == 200
+    sa.ok("PATCH", f"/users/{u['id']}", json={"status": "inactive"})
+    r = u["client"]("GET", "/whoami")
+    assert r.status_code == 403 and "inactive" in r.json()["detail"]
+    sa.ok("PATCH", f"/users/{u['id']}", json={"status": "active"})
+    sa.ok("POST", "/domains", json={"name": "dom-off"})
+    v = new_user(sa, domain="dom-off", projects=[])
+    sa.ok("PATCH", "/domains/dom-off", json={"is_active": False})
+    r = v["client"]("GET", "/whoami")
+    assert r.status_code == 403 and "domain" in r.json()["detail"]
+
+
+def test_token_scopes_are_respected(world):
+    hub = world.hub
+    s = hub.login()
+    xsrf = {"X-XSRFToken": s.cookies.get("_xsrf", path="/hub/")}
+
+    def token(scopes):
+        r = s.post(hub.base + "/hub/api/users/admin/tokens", json={"scopes": scopes},
+                   headers=xsrf)
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    none = Client(hub, token(["read:users:name"]))
+    r = none("GET", "/whoami")
+    assert r.status_code == 403 and "custom:backendai:read" in r.json()["detail"]
+    reader = Client(hub, token(["custom:backendai:read"]))
+    assert reader("GET", "/domains").status_code == 200
+    before = snapshot(hub)
+    r = reader("POST", "/domains", json={"name": "by-reader"})
+    assert r.status_code == 403 and "custom:backendai:write" in r.json()["detail"]
+    assert snapshot(hub) == before
+    writer = Client(hub, token(["custom:backendai:read", "custom:backendai:write"]))
+    writer.ok("POST", "/domains", json={"name": "by-writer"})
+    anonymous = Client(hub, None)
+    r = anonymous("GET", "/whoami")
+    assert r.status_code == 401 and r.headers["Content-Type"].startswith("application/problem+json")
+    assert Client(hub, "not-a-token")("GET", "/whoami").status_code == 401
+
+
+def test_browser_cookie_follows_xsrf_rules(world):
+    hub = world.hub
+    s = hub.login()
+    url = hub.base + api_world.PREFIX
+    xsrf = s.cookies.get("_xsrf", path="/hub/")
+    assert s.get(url + "/whoami", headers={"X-XSRFToken": xsrf}).json()["role"] == "superadmin"
+    before = snapshot(hub)
+    r = s.post(url + "/domains", json={"name": "no-xsrf"})
+    assert r.status_code == 403 and r.headers["Content-Type"].startswith("application/problem+json")
+    assert snapshot(hub) == before
+    r = s.post(url + "/domains", json={"name": "with-xsrf"}, headers={"X-XSRFToken": xsrf})
+    assert r.status_code == 201, r.text
