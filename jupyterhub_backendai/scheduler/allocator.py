@@ -49,6 +49,9 @@ def bulk_update(db: DBSession, table, rows: list[dict], key: str = "id") -> None
         return
     cols = [c for c in rows[0] if c != key]
     conn = db.connection()
+    if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg2":
+        _pg_execute_values(conn, table, key, cols, rows)
+        return
     if conn.dialect.name == "postgresql":
         for i in range(0, len(rows), CHUNK):
             chunk = rows[i : i + CHUNK]
@@ -69,6 +72,31 @@ def bulk_update(db: DBSession, table, rows: list[dict], key: str = "id") -> None
         .values({c: bindparam("b_" + c, type_=table.c[c].type) for c in cols})
     )
     conn.execute(stmt, [{"b__key": r[key], **{"b_" + c: r[c] for c in cols}} for r in rows])
+
+
+def _pg_execute_values(conn, table, key: str, cols: list[str], rows: list[dict]) -> None:
+    """psycopg2's ``execute_values``: one ``UPDATE ... FROM (VALUES ...)`` per page,
+    values converted by the columns' own SQLAlchemy types, then cast in SQL."""
+    from psycopg2.extras import execute_values
+
+    dialect = conn.dialect
+    q = dialect.identifier_preparer.quote
+    names = [key, *cols]
+    procs = [table.c[c].type.bind_processor(dialect) for c in names]
+    casts = [table.c[c].type.compile(dialect=dialect) for c in names]
+    sets = ", ".join(f"{q(c)} = v.{q(c)}::{t}" for c, t in zip(cols, casts[1:], strict=True))
+    sql = (
+        f"UPDATE {q(table.name)} AS t SET {sets} FROM (VALUES %s) AS v "
+        f"({', '.join(q(c) for c in names)}) WHERE t.{q(key)} = v.{q(key)}::{casts[0]}"
+    )
+    data = [
+        tuple(p(r[c]) if p else r[c] for c, p in zip(names, procs, strict=True)) for r in rows
+    ]
+    cur = conn.connection.cursor()
+    try:
+        execute_values(cur, sql, data, page_size=CHUNK)
+    finally:
+        cur.close()
 
 
 def with_history(sess: PendingSession, status: str, now: dt.datetime) -> dict:

@@ -108,11 +108,26 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         if options.problems:
             log.warning("resource group %s: %s (defaults used)", resource_group,
                         "; ".join(options.problems))
+        t1 = time.perf_counter()
         snap = load_snapshot(db, group, options, now)
+        t2 = time.perf_counter()
         alloc = run_pipeline(snap.ctx, snap.pending, snap.pool)
+        t3 = time.perf_counter()
         commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
-    _record_metrics(resource_group, snap.ctx, snap.pending, alloc, time.perf_counter() - t0)
+        t4 = time.perf_counter()
+    t5 = time.perf_counter()
+    LAST_PASS.clear()
+    LAST_PASS.update(
+        group=resource_group, pending=len(snap.pending), agents=len(snap.pool.agents),
+        placed=len(alloc.placed), lock_s=t1 - t0, load_s=t2 - t1, decide_s=t3 - t2,
+        write_s=t4 - t3, commit_s=t5 - t4, total_s=t5 - t0,
+    )
+    _record_metrics(resource_group, snap.ctx, snap.pending, alloc, t5 - t0)
     return [s.id for s, _ in alloc.placed]
+
+
+#: Where the time of the last pass in this process went (benchmarks, debugging).
+LAST_PASS: dict = {}
 
 
 def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPool) -> Allocation:

@@ -75,8 +75,9 @@ class AgentPool:
         indexed = agent_id in self._keys
         if indexed:
             self._remove(a)
-        a.occupied = a.occupied + slots
-        a.free = a.free - slots
+        for k, v in slots.items():
+            a.occupied[k] = a.occupied.get(k, ZERO) + v
+            a.free[k] = a.free.get(k, ZERO) - v
         if indexed:
             self._insert(a)
 

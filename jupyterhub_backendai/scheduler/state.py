@@ -17,6 +17,7 @@ from decimal import Decimal
 from ..common.slots import MEM, ResourceSlot, format_size
 from .options import SchedulerOptions
 
+ZERO = Decimal(0)
 UNLIMITED = "UNLIMITED"
 LIMITED = "LIMITED"
 
@@ -42,13 +43,17 @@ class PendingSession:
     kernels: list[tuple[str, ResourceSlot]] = field(default_factory=list)
     #: (id, name, status, result) of each session this one waits for.
     dependencies: list[tuple[str, str, str, str]] = field(default_factory=list)
+    _need: ResourceSlot | None = None
 
     @property
     def need(self) -> ResourceSlot:
-        total = ResourceSlot()
-        for _, slots in self.kernels:
-            total = total + slots
-        return total.nonzero()
+        """Slots of all kernels together (computed once: kernels do not change in a pass)."""
+        if self._need is None:
+            total = ResourceSlot()
+            for _, slots in self.kernels:
+                add_into(total, slots)
+            self._need = total.nonzero()
+        return self._need
 
 
 @dataclass(slots=True)
@@ -70,6 +75,12 @@ class Verdict:
     code: str
     message: str
     cancel: bool = False
+
+
+def add_into(target: dict, slots: dict) -> None:
+    """``target += slots`` in place (a pass adds thousands of times; no new objects)."""
+    for k, v in slots.items():
+        target[k] = target.get(k, ZERO) + v
 
 
 def slot_limit(limits: ResourceSlot | None, slot: str, default_for_unspecified: str) -> Decimal | None:
@@ -114,13 +125,13 @@ class Usage:
 
     def charge(self, access_key, user_id, project_id, domain, slots, *, in_group: bool,
                new_session: bool) -> None:
-        self.keypair[access_key] = self.keypair[access_key] + slots
-        self.user[user_id] = self.user[user_id] + slots
+        add_into(self.keypair[access_key], slots)
+        add_into(self.user[user_id], slots)
         if project_id is not None:
-            self.project[project_id] = self.project[project_id] + slots
-        self.domain[domain] = self.domain[domain] + slots
+            add_into(self.project[project_id], slots)
+        add_into(self.domain[domain], slots)
         if in_group:
-            self.group_user[user_id] = self.group_user[user_id] + slots
+            add_into(self.group_user[user_id], slots)
         if new_session:
             self.sessions_per_keypair[access_key] += 1
 

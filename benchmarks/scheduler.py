@@ -1,0 +1,228 @@
+"""Scheduler throughput on a real database, no containers.
+
+A agents (half CPU nodes: 64 cores, 256 GiB; half GPU nodes: 64 cores,
+512 GiB, 8 GPUs) and P pending sessions of mixed shapes from 100 users
+(1 core/2 GiB 40 %, 2/8 25 %, 4/16 15 %, 8/32+1 GPU 10 %, 16/64+4 GPUs 5 %,
+multi-node 2 x 4/16 5 %) are written straight into the database, then
+``schedule_pass`` runs until a pass places nothing. Reported: placements per
+second over the passes, time per pass and where it went (lock, load, decide in
+memory, write, commit), and ``check_consistency`` at the end.
+
+    python benchmarks/scheduler.py --agents 1000 --pending 10000            # SQLite file
+    python benchmarks/scheduler.py --agents 1000 --pending 10000 --db postgres
+    python benchmarks/scheduler.py --curve [--db postgres]
+
+``--db postgres`` starts a throwaway PostgreSQL (tests/services.py); any other
+value is a SQLAlchemy URL. The last line is
+``agents=<n> pending=<n> placed=<n> seconds=<f> placements_per_s=<f>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sqlalchemy import insert  # noqa: E402
+
+from jupyterhub_backendai.common.slots import ResourceSlot  # noqa: E402
+from jupyterhub_backendai.manager import tenancy  # noqa: E402
+from jupyterhub_backendai.models import (  # noqa: E402
+    Agent,
+    Kernel,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    Session,
+    User,
+    project_members,
+)
+from jupyterhub_backendai.models.base import utcnow  # noqa: E402
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade  # noqa: E402
+from jupyterhub_backendai.scheduler import dispatcher  # noqa: E402
+
+GiB = 2**30
+SHAPES = [  # (weight, cpu, mem GiB, gpu, cluster_size)
+    (40, 1, 2, 0, 1),
+    (25, 2, 8, 0, 1),
+    (15, 4, 16, 0, 1),
+    (10, 8, 32, 1, 1),
+    (5, 16, 64, 4, 1),
+    (5, 4, 16, 0, 2),
+]
+
+
+def populate(sm, agents: int, pending: int, users: int = 100, seed: int = 1) -> None:
+    rnd = random.Random(seed)
+    with sm.begin() as s:
+        tenancy.ensure_defaults(s)
+        s.add(KeypairResourcePolicy(name="bench", max_concurrent_sessions=10**9,
+                                    max_containers_per_session=4))
+        s.flush()
+        pid = s.query(Project.id).filter(Project.name == "default").scalar()
+        urows, krows, mrows = [], [], []
+        for i in range(users):
+            uid = uuid.uuid4().hex
+            urows.append(dict(id=uid, email=f"u{i}@bench", username=f"u{i}", password="x" * 60,
+                              domain_name="default", status="active", role="user"))
+            krows.append(dict(access_key=f"AKBENCH{i:013d}", secret_key="s" * 40, user_id=uid,
+                              is_default=True, resource_policy="bench"))
+            mrows.append(dict(project_id=pid, user_id=uid))
+        s.execute(insert(User), urows)
+        s.execute(insert(Keypair), krows)
+        s.execute(insert(project_members), mrows)
+        arows = []
+        for i in range(agents):
+            gpu = i % 2 == 1
+            cap = {"cpu": 64, "mem": (512 if gpu else 256) * GiB}
+            if gpu:
+                cap["cuda.device"] = 8
+            arows.append(dict(id=f"agent-{i:05d}", resource_group="default",
+                              architecture="x86_64", available_slots=ResourceSlot(cap),
+                              occupied_slots=ResourceSlot(), status="ALIVE", schedulable=True))
+        s.execute(insert(Agent), arows)
+        weights = [w for w, *_ in SHAPES]
+        t0 = utcnow() - dt.timedelta(seconds=60)
+        srows, kr = [], []
+        for i in range(pending):
+            _, cpu, mem, gpu, size = rnd.choices(SHAPES, weights)[0]
+            per = {"cpu": cpu, "mem": mem * GiB}
+            if gpu:
+                per["cuda.device"] = gpu
+            sid = uuid.uuid4().hex
+            u = rnd.randrange(users)
+            srows.append(dict(
+                id=sid, name=f"s{i}", user_id=urows[u]["id"], access_key=krows[u]["access_key"],
+                domain_name="default", project_id=pid, resource_group="default", image="img",
+                cluster_size=size, cluster_mode="multi-node" if size > 1 else "single-node",
+                priority=50, requested_slots=ResourceSlot(per), status="PENDING",
+                status_info="waiting for the scheduler", status_history={"PENDING": t0.isoformat()},
+                created_at=t0 + dt.timedelta(milliseconds=i), alive_marker=1,
+                designated_agents=[], environ={},
+            ))
+            for k in range(size):
+                kr.append(dict(id=uuid.uuid4().hex, session_id=sid, cluster_idx=k,
+                               cluster_role="main" if k == 0 else "sub",
+                               requested_slots=ResourceSlot(per), occupied_slots=ResourceSlot(),
+                               status="PENDING"))
+        for i in range(0, len(srows), 5000):
+            s.execute(insert(Session), srows[i : i + 5000])
+        for i in range(0, len(kr), 5000):
+            s.execute(insert(Kernel), kr[i : i + 5000])
+
+
+def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
+    engine = make_engine(url)
+    upgrade(engine)
+    sm = make_sessionmaker(engine)
+    t = time.perf_counter()
+    populate(sm, agents, pending)
+    setup_s = time.perf_counter() - t
+    passes = []
+    placed = 0
+    while True:
+        got = dispatcher.schedule_pass(sm, "default")
+        passes.append(dict(dispatcher.LAST_PASS))
+        placed += len(got)
+        if not got:
+            break
+    problems = dispatcher.check_consistency(sm)
+    engine.dispose()
+    seconds = sum(p["total_s"] for p in passes)
+    placing = [p for p in passes if p["placed"]]
+    decide = sum(p["decide_s"] for p in placing)
+    out = dict(
+        agents=agents, pending=pending, placed=placed, seconds=seconds,
+        placements_per_s=placed / seconds if seconds else 0.0, passes=len(passes),
+        setup_s=setup_s, consistent=not problems,
+        decide_us_per_placement=1e6 * decide / placed if placed else 0.0,
+        first_pass=passes[0], last_pass=passes[-1],
+    )
+    if verbose:
+        for i, p in enumerate(passes):
+            print(f"  pass {i}: pending={p['pending']} placed={p['placed']} "
+                  f"total={p['total_s']:.3f}s (lock {p['lock_s']:.3f}, load {p['load_s']:.3f}, "
+                  f"decide {p['decide_s']:.3f}, write {p['write_s']:.3f}, "
+                  f"commit {p['commit_s']:.3f})")
+        print(f"  setup {setup_s:.1f}s; decide {out['decide_us_per_placement']:.1f} us per "
+              f"placement; consistency: {'ok' if not problems else problems[:3]}")
+    return out
+
+
+class Databases:
+    """Hands out a fresh database per run: SQLite files, a given URL's server, or our own PostgreSQL."""
+
+    def __init__(self, spec: str | None):
+        self.spec = spec
+        self.tmp = tempfile.mkdtemp(prefix="bai-sched-bench-")
+        self.pg = None
+        if spec == "postgres":
+            from tests.services import Postgres
+
+            self.pg = Postgres()
+
+    def new(self) -> str:
+        if self.pg is not None:
+            return self.pg.new_database("bench_" + uuid.uuid4().hex[:10])
+        if self.spec:
+            return self.spec
+        return f"sqlite:///{self.tmp}/{uuid.uuid4().hex[:8]}.sqlite"
+
+    def close(self) -> None:
+        if self.pg is not None:
+            self.pg.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--pending", type=int, default=10000)
+    ap.add_argument("--db", default=None,
+                    help="SQLAlchemy URL, or 'postgres' for a throwaway server (default: SQLite file)")
+    ap.add_argument("--curve", action="store_true",
+                    help="agents 100/1,000/10,000 at --pending, then pending 1,000/10,000/"
+                         "100,000 at --agents (--max-agents/--max-pending cap the sizes)")
+    ap.add_argument("--max-agents", type=int, default=10000)
+    ap.add_argument("--max-pending", type=int, default=100000)
+    args = ap.parse_args()
+    if args.db and args.db not in ("postgres",) and args.curve:
+        sys.exit("--curve needs a fresh database per run: use the SQLite default or --db postgres")
+    dbs = Databases(args.db)
+    try:
+        if args.curve:
+            rows = []
+            for a in (100, 1000, 10000):
+                if a <= args.max_agents:
+                    print(f"agents={a} pending={args.pending}")
+                    rows.append(run(dbs.new(), a, args.pending))
+            for p in (1000, 10000, 100000):
+                if p <= args.max_pending and p != args.pending:
+                    print(f"agents={args.agents} pending={p}")
+                    rows.append(run(dbs.new(), args.agents, p))
+            print("\n| agents | pending | placed | passes | seconds | placements/s | "
+                  "first pass (s) | decide µs/placement |")
+            print("|---|---|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['agents']} | {r['pending']} | {r['placed']} | {r['passes']} | "
+                      f"{r['seconds']:.2f} | {r['placements_per_s']:.0f} | "
+                      f"{r['first_pass']['total_s']:.2f} | {r['decide_us_per_placement']:.1f} |")
+            last = rows[-1]
+        else:
+            last = run(dbs.new(), args.agents, args.pending)
+    finally:
+        dbs.close()
+    print(f"agents={last['agents']} pending={last['pending']} placed={last['placed']} "
+          f"seconds={last['seconds']:.3f} placements_per_s={last['placements_per_s']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
