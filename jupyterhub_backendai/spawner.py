@@ -44,8 +44,16 @@ _FORM = """
       <input class="form-control" id="backendai-gpu" name="gpu" type="number" min="0" step="1" value="{gpu}">
     </div>
   </div>
+  {project_field}
   <p class="text-muted small">Free on the largest agent now: {free}</p>
 </div>
+"""
+
+_PROJECT_FIELD = """
+  <div class="form-group mb-3">
+    <label for="backendai-project" class="form-label">Project</label>
+    <select class="form-select form-control" id="backendai-project" name="project">{options}</select>
+  </div>
 """
 
 
@@ -76,6 +84,7 @@ class BackendAISpawner(Spawner):
     session_id = None
     _image = None
     _slots = None
+    _project = None
 
     @property
     def manager(self) -> BackendAIManager:
@@ -104,8 +113,18 @@ class BackendAISpawner(Spawner):
             f'<option value="{html.escape(i)}">{html.escape(i)}</option>' for i in images
         )
         free = await self.manager.db(_largest_free, self.resource_group)
+        projects = await self.manager.user_projects(self.user.name)
+        project_field = ""
+        if len(projects) > 1:  # one project needs no choice
+            project_field = _PROJECT_FIELD.format(
+                options="".join(
+                    f'<option value="{html.escape(name)}">{html.escape(name)}</option>'
+                    for name in projects
+                )
+            )
         return _FORM.format(
             image_options=opts,
+            project_field=project_field,
             cpu=html.escape(self.default_cpu),
             mem=html.escape(self.default_mem),
             gpu=self.default_gpu,
@@ -118,7 +137,7 @@ class BackendAISpawner(Spawner):
 
     def _parse_form(self, formdata: dict) -> dict:
         opts = {}
-        for key in ("image", "cpu", "mem", "gpu"):
+        for key in ("image", "cpu", "mem", "gpu", "project"):
             values = formdata.get(key)
             if values is None:
                 continue
@@ -142,14 +161,21 @@ class BackendAISpawner(Spawner):
             if choices:
                 opts["image"] = choices[0]
         await self.manager.ready()
+        project = opts.pop("project", None)
         try:
+            if project is not None:
+                projects = await self.manager.user_projects(self.user.name)
+                if project not in projects:
+                    raise InvalidRequest(
+                        f"project {project!r} is not one of yours ({', '.join(projects) or 'none'})"
+                    )
             image, slots = self.manager.parse_request(opts)
             if self.images and image not in self.images:
                 raise InvalidRequest(f"image {image!r} is not offered here")
             await self.manager.validate(image, slots, self.resource_group)
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, e.detail) from None
-        self._image, self._slots = image, slots
+        self._image, self._slots, self._project = image, slots, project
         self.mem_limit = int(slots[MEM])
         self.cpu_limit = float(slots[CPU])
 
@@ -175,6 +201,7 @@ class BackendAISpawner(Spawner):
                 environ=self.get_env(),
                 service_prefix=self.server.base_url,
                 resource_group=self.resource_group,
+                project=self._project,
             )
         except BackendAIError as e:
             raise SpawnException(e.detail, reason="invalid_request", status_code=e.status_code) from None

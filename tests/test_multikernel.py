@@ -110,6 +110,13 @@ def test_single_node_cluster_kernels_see_each_other(db_url, backend, tmp_path):
             assert {k.agent_id for k in sess.kernels} == {mgr.agent.agent_id}
             assert await occupied(mgr) == {mgr.agent.agent_id: {"cpu": 1, "mem": 2**30}}
             assert len(leftovers(mgr.agent)) == 2
+            if backend == "docker":
+                # The image's tini is the init; Docker adds no second one.
+                init = subprocess.run(
+                    ["docker", "inspect", "-f", "{{.HostConfig.Init}}", sess.kernels[0].container_id],
+                    capture_output=True, text=True, check=True,
+                ).stdout.strip()
+                assert init in ("<nil>", "false"), init
 
             await mgr.destroy_session(sid)
             assert leftovers(mgr.agent) == []

@@ -11,9 +11,11 @@ import requests
 from sqlalchemy import select
 
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.common.types import SessionStatus
 from jupyterhub_backendai.models import Agent, Project, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 from jupyterhub_backendai.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.spawner import _passed_states
 
 from .conftest import containers_of
 
@@ -97,5 +99,57 @@ def test_project_quota_holds_third_session_until_one_ends(make_hub, db_url, dock
             assert s.get(Agent, hub.agent_id).occupied_slots.nonzero() == {}
             results = {x.name: x.result for x in s.scalars(select(Session))}
         assert results == {"one": "SUCCESS", "two": "SUCCESS", "three": "SUCCESS"}
+    finally:
+        engine.dispose()
+
+
+def test_progress_replays_the_states_already_passed():
+    """A progress page that connects while the session is CREATING first sees pending,
+    scheduled and preparing; after a failed start (back to PENDING) nothing is replayed."""
+    history = {st: "2026-01-01T00:00:00+00:00" for st in ("PENDING", "SCHEDULED", "PREPARING", "CREATING")}
+    assert [s.value for s in _passed_states(SessionStatus.CREATING, history)] == [
+        "PENDING", "SCHEDULED", "PREPARING"]
+    assert _passed_states(SessionStatus.PENDING, history) == []
+    assert [s.value for s in _passed_states(SessionStatus.RUNNING, {"PENDING": "x", "SCHEDULED": "x"})] == [
+        "PENDING", "SCHEDULED"]
+
+
+def test_project_choice_decides_which_quota_applies(make_hub, tmp_path):
+    """A user in two projects picks one (form or API); each project's quota counts its own sessions."""
+    hub = make_hub(db_url=f"sqlite:///{tmp_path}/choice.sqlite", backend="local")
+    engine = make_engine(hub.db_url)
+    sm = make_sessionmaker(engine)
+    try:
+        from jupyterhub_backendai.manager import tenancy
+        from jupyterhub_backendai.models import User
+
+        with sm.begin() as s:
+            research = tenancy.create_project(s, "default", "research")
+            admin = s.scalar(select(User).where(User.username == "admin"))
+            admin.projects.append(research)
+            default = s.scalar(select(Project).where(Project.name == "default"))
+            default.total_resource_slots = ResourceSlot(cpu="0.5")
+
+        page = hub.login().get(hub.base + "/hub/spawn/admin/any")
+        assert 'name="project"' in page.text and '<option value="research">' in page.text
+
+        r = hub.spawn("admin", "bad", {"project": "elsewhere"})
+        assert r.status_code == 400 and "project 'elsewhere' is not one of yours" in r.text, r.text
+        assert _session(sm, "bad") is None
+
+        assert hub.spawn("admin", "one").status_code in (201, 202)
+        hub.wait_ready("admin", "one")
+        assert hub.spawn("admin", "two", {"project": "research"}).status_code in (201, 202)
+        hub.wait_ready("admin", "two")
+        assert hub.spawn("admin", "three").status_code == 202
+        msgs = _progress_until(hub, "three", "quota exceeded")
+        assert any("quota exceeded: project" in m for m in msgs), msgs
+        with sm() as s:
+            names = {p.id: p.name for p in s.scalars(select(Project))}
+        assert names[_session(sm, "two").project_id] == "research"
+        assert names[_session(sm, "one").project_id] == "default"
+        for name in ("one", "two", "three"):
+            hub.stop_server("admin", name)
+        assert check_consistency(sm) == []
     finally:
         engine.dispose()

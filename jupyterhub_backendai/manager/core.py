@@ -937,6 +937,15 @@ class BackendAIManager(SingletonConfigurable):
         await self._destroy_kernels(placed)
         await self._terminate(sid, status, info, result=result, logs=logs)
 
+    async def user_projects(self, username: str) -> list[str]:
+        """Names of the active projects a user may start sessions in (the spawner's choice)."""
+
+        def work(s):
+            user = s.scalar(select(User).where(User.username == username))
+            return sorted(p.name for p in user.projects if p.is_active) if user else []
+
+        return await self.db(work)
+
     async def get_session(self, sid: str) -> Session | None:
         return await self.db(_load_session, sid)
 
