@@ -118,8 +118,11 @@ class APIBase(APIHandler):
             from . import keypair_auth
 
             who = await keypair_auth.authenticate(self.manager, self)
-            self.principal = await self.manager.db(
-                access.load_principal, user_id=who.user_id, access_key=who.access_key
+            # keypair_auth refused inactive users and domains (from its short-lived cache,
+            # emptied by any change made through this hub): no second load of the user.
+            self.principal = access.Principal(
+                user_id=who.user_id, username=who.username, email=who.email, role=who.role,
+                domain=who.domain_name, project_ids=who.project_ids, access_key=who.access_key,
             )
             return
         user = self.current_user

@@ -12,11 +12,14 @@ handler's headers (a 429 must carry them).
 
 The signed path is the API's hot path, so it avoids the database where it can:
 
-- Keypair lookups (secret key, flags, user and domain state) are cached for
-  ``KeypairAuth.lookup_cache_ttl`` seconds. Any change to a keypair, user or
-  domain made through this process's sessions (the API) empties the cache at
-  once (SQLAlchemy flush/execute events), so deactivation takes effect on the
-  next request; changes made by other processes are seen within the TTL.
+- Keypair lookups (secret key, flags, the user's role, projects and state, the
+  domain's state) are cached for ``KeypairAuth.lookup_cache_ttl`` seconds. Any
+  change to a keypair, user, domain or project (membership included) made
+  through this process's ORM sessions (the API) empties the cache at once
+  (SQLAlchemy flush/execute events), so deactivation takes effect on the next
+  request; changes made by other processes are seen within the TTL. The
+  principal carries what the API needs to know about the caller, so a signed
+  request needs no database round trip before its handler's own.
 - ``last_used`` and ``num_queries`` are accumulated in memory and written in
   one executemany UPDATE every ``KeypairAuth.usage_flush_interval`` seconds
   (0: one UPDATE per request). A hub that dies loses at most that much usage.
@@ -34,15 +37,17 @@ from typing import Any
 
 from sqlalchemy import bindparam, event, select, update
 from traitlets import Float, Integer
-from traitlets.config import LoggingConfigurable
+from traitlets.config import Configurable, LoggingConfigurable
 
 from ..common import signing
 from ..common.errors import TooManyRequests, Unauthorized
 from ..common.types import UserStatus
 from ..manager.ratelimit import RateLimitResult, get_rate_limiter
-from ..models import Domain, Keypair, User
+from ..models import Domain, Keypair, Project, User, project_members
 
 log = logging.getLogger(__name__)
+# A change to any of these (this process's ORM sessions) empties the lookup cache.
+_WATCHED = (Keypair, User, Domain, Project)
 
 _HANDLER_ATTR = "_backendai_ratelimit"
 
@@ -59,6 +64,8 @@ class KeypairPrincipal:
     role: str = "user"
     domain_name: str = "default"
     email: str = ""
+    # The user's projects, so that the API need not load the user again per request.
+    project_ids: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class _KeypairRecord:
     domain_name: str
     domain_active: bool
     allowed_client_ip: tuple[str, ...]
+    project_ids: frozenset[str]
 
 
 class KeypairAuth(LoggingConfigurable):
@@ -107,7 +115,10 @@ class KeypairAuth(LoggingConfigurable):
     ).tag(config=True)
 
     def __init__(self, manager: Any, **kw) -> None:
-        super().__init__(parent=manager, **kw)
+        if isinstance(manager, Configurable):
+            super().__init__(parent=manager, **kw)  # c.KeypairAuth.* from the hub's config
+        else:
+            super().__init__(**kw)
         self.manager = manager
         self._cache: dict[str, tuple[float, _KeypairRecord | None]] = {}
         self._generation = 0
@@ -127,13 +138,13 @@ class KeypairAuth(LoggingConfigurable):
 
     def _after_flush(self, session, _flush_context) -> None:
         for obj in (*session.new, *session.dirty, *session.deleted):
-            if isinstance(obj, Keypair | User | Domain):
+            if isinstance(obj, _WATCHED):
                 self.invalidate()
                 return
 
     def _on_execute(self, state) -> None:
         if (state.is_update or state.is_delete) and any(
-            m.class_ in (Keypair, User, Domain) for m in state.all_mappers
+            m.class_ in _WATCHED for m in state.all_mappers
         ):
             self.invalidate()
 
@@ -221,7 +232,7 @@ class KeypairAuth(LoggingConfigurable):
         return KeypairPrincipal(
             user_id=record.user_id, username=record.username, access_key=record.access_key,
             is_admin=record.is_admin, rate_limit=record.rate_limit, role=record.role,
-            domain_name=record.domain_name, email=record.email,
+            domain_name=record.domain_name, email=record.email, project_ids=record.project_ids,
         )
 
 
@@ -240,11 +251,14 @@ def _load_record(s, access_key: str) -> _KeypairRecord | None:
         return None
     (ak, secret, kp_active, is_admin, rate_limit, uid, username, email, role, status,
      allowed_ip, domain, domain_active) = row
+    projects = frozenset(s.scalars(
+        select(project_members.c.project_id).where(project_members.c.user_id == uid)))
     return _KeypairRecord(
         access_key=ak, secret_key=secret, keypair_active=bool(kp_active),
         is_admin=bool(is_admin), rate_limit=int(rate_limit or 0), user_id=uid,
         username=username, email=email, role=role, user_status=status, domain_name=domain,
         domain_active=bool(domain_active), allowed_client_ip=tuple(allowed_ip or ()),
+        project_ids=projects,
     )
 
 
