@@ -70,7 +70,7 @@ def test_fuzz_every_operation(api_hub):
     failures: list[str] = []
     statuses: dict[int, int] = {}
 
-    @settings(max_examples=12 * len(operations), deadline=None, database=None,
+    @settings(max_examples=8 * len(operations), deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def run(case):
