@@ -426,3 +426,30 @@ def test_browser_cookie_follows_xsrf_rules(world):
     assert snapshot(hub) == before
     r = s.post(url + "/domains", json={"name": "with-xsrf"}, headers={"X-XSRFToken": xsrf})
     assert r.status_code == 201, r.text
+
+
+def test_signed_requests_follow_the_same_rules(world):
+    """A keypair acts as its owner: same visibility, same refusals, nothing changed."""
+    import requests
+
+    from jupyterhub_backendai.common.signing import sign_request
+
+    us = world.users["US"]
+    ak, sk = us["keypair"]["access_key"], us["keypair"]["secret_key"]
+
+    def signed(method, path, body=None):
+        url = world.hub.base + api_world.PREFIX + path
+        return requests.request(method, url, json=body, timeout=30,
+                                headers=sign_request(method, url, ak, sk))
+
+    me = signed("GET", "/whoami").json()
+    assert me["keypair"] == ak and me["user"]["id"] == us["id"] and me["role"] == "user"
+    assert [u["id"] for u in signed("GET", "/users").json()["items"]] == [us["id"]]
+    before = snapshot(world.hub)
+    assert signed("GET", f"/users/{world.peer['id']}").status_code == 404
+    assert signed("POST", "/domains", {"name": f"d-{uid()}"}).status_code == 403
+    assert signed("DELETE", f"/keypairs/{world.other['keypair']['access_key']}").status_code == 404
+    r = signed("DELETE", f"/keypairs/{ak}")
+    assert r.status_code == 409 and "signed this request" in r.json()["detail"]
+    assert r.headers.get("X-RateLimit-Limit")  # the signing layer's headers survive errors
+    assert snapshot(world.hub) == before
