@@ -239,3 +239,75 @@ def test_retry_after_a_failed_start_can_succeed(db_url, tmp_path):
         asyncio.run(run())
     finally:
         held.close()
+
+
+def test_multi_node_with_an_agent_daemon(redis_server, tmp_path):
+    """One agent in the manager's process, one ``backendai-agent`` daemon reached over HTTP
+    and the Redis event bus: a two-node session starts across them, its output is read
+    from whichever agent runs its kernels, and nothing is left when it ends."""
+    import os
+    import sys
+
+    import redis
+
+    from .services import free_port, wait_port
+
+    bus = redis_server.url.rsplit("/", 1)[0] + "/11"
+    redis.Redis.from_url(bus).flushdb()
+    token = "t-" + os.urandom(8).hex()
+    port = free_port()
+    lo = free_port() % 20000 + 30000
+    daemon_id = f"i-test-daemon-{os.urandom(4).hex()}"
+    cfg = tmp_path / "agent_config.py"
+    cfg.write_text(
+        f"c.Agent.slots = {{'cpu': 1, 'mem': '2g'}}\n"
+        f"c.Agent.port_range = ({lo}, {lo + 20})\n"
+        f"c.Agent.heartbeat_interval = 1.0\n"
+        f"c.Agent.local_work_root = {str(tmp_path / 'daemon-home')!r}\n"
+    )
+    env = dict(os.environ, BACKENDAI_AGENT_TOKEN=token)
+    log = open(tmp_path / "daemon.log", "wb")
+    daemon = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "backendai-agent"), "--config", str(cfg),
+         "--backend", "local", "--id", daemon_id, "--state-dir", str(tmp_path / "daemon"),
+         "--redis", bus, "--port", str(port)],
+        env=env, stdout=log, stderr=log, start_new_session=True,
+    )
+
+    def cluster_mode(c):
+        c.BackendAIManager.redis_url = bus
+        c.BackendAIManager.agent_token = token
+
+    async def run():
+        db_url = f"sqlite:///{tmp_path}/daemon.sqlite"
+        async with running_manager(db_url, tmp_path, "local", slots={"cpu": 1, "mem": "2g"},
+                                   configure=cluster_mode) as mgr:
+            for _ in range(400):  # the daemon's heartbeat registers it
+                if daemon_id in await occupied(mgr):
+                    break
+                await asyncio.sleep(0.05)
+            user = await make_user(mgr, max_containers=2)
+            sid, sess = await _run_cluster(mgr, "local", user, "multi-node", "1")
+            by_agent = {k.agent_id: k for k in sess.kernels}
+            assert set(by_agent) == {mgr.agent.agent_id, daemon_id}
+            remote = by_agent[daemon_id]
+            logs = await mgr.session_logs(sid, remote.cluster_idx)  # over the daemon's HTTP API
+            assert isinstance(logs, str)
+            if remote.cluster_role == "main":
+                assert "cluster main 2" in logs
+
+            await mgr.destroy_session(sid)
+            sess = await mgr.get_session(sid)
+            assert (sess.status, sess.result) == ("TERMINATED", "FAILURE")  # a batch stopped early
+            assert leftovers(mgr.agent) == []
+            assert os.listdir(tmp_path / "daemon" / "local-kernels") == []
+            assert await occupied(mgr) == {mgr.agent.agent_id: {}, daemon_id: {}}
+            assert_consistent(mgr)
+
+    try:
+        wait_port(port, timeout=60, proc=daemon)
+        asyncio.run(run())
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+        log.close()

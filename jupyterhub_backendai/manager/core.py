@@ -223,8 +223,14 @@ class BackendAIManager(SingletonConfigurable):
         return [self.agent_client(i, addr) for i, addr in rows]
 
     async def _client_for(self, agent_id: str) -> AgentClient:
-        addr = await self.db(lambda s: (s.get(Agent, agent_id).addr if s.get(Agent, agent_id) else ""))
-        return self.agent_client(agent_id, addr)
+        if agent_id in self.local_agents:
+            return self.agent_client(agent_id)
+
+        def addr(s):
+            row = s.get(Agent, agent_id)
+            return row.addr if row else ""
+
+        return self.agent_client(agent_id, await self.db(addr))
 
     async def list_images(self, resource_group: str = "default") -> list[str]:
         names: set[str] = set()
