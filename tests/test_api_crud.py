@@ -123,9 +123,11 @@ def test_user_crud_roles_follow_hub_admin(sa, api_hub):
                                                                         "limit": 500})["items"]]
     problem(sa("PATCH", f"/users/{sa.ok('GET', '/whoami')['user']['id']}",
                json={"role": "user"}), 409, "your own")
+    assert "default.default" in hub_api(api_hub, "GET", f"/users/{name}").json()["groups"]
     sa.ok("DELETE", f"/users/{u['id']}")
     problem(sa("GET", f"/users/{u['id']}"), 404)
     assert sa.ok("GET", "/keypairs", params={"user_id": u["id"]})["total"] == 0
+    assert hub_api(api_hub, "GET", f"/users/{name}").json()["groups"] == []
 
 
 def test_keypair_secret_is_shown_once(sa, api_hub):

@@ -164,8 +164,9 @@ class UserHandler(APIBase):
 
     async def delete(self, uid):
         self.query()
-        username = await self.manager.db(admin.delete_user, self.principal, uid)
+        username, groups = await self.manager.db(admin.delete_user, self.principal, uid)
         self.hub_admin(username, False)
+        self.hub_groups(remove={g: [username] for g in groups})
         self.reply(None, 204)
 
 

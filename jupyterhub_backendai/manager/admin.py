@@ -570,8 +570,8 @@ def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]
     return user_out(user), old_groups
 
 
-def delete_user(db, p: Principal, uid: str) -> str:
-    """Returns the username (the hub's account of that name loses its access)."""
+def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
+    """Returns the username and its JupyterHub groups (the hub's account loses them)."""
     user = _get_user(db, p, uid)
     access.require(access.can_manage_user(p, user), "delete this user")
     if uid == p.user_id:
@@ -579,13 +579,14 @@ def delete_user(db, p: Principal, uid: str) -> str:
     if db.scalar(select(func.count()).select_from(Session).where(Session.user_id == uid)):
         raise Conflict(f"user {uid!r} has sessions; set status 'deleted' or 'inactive' instead")
     name = user.username
+    groups = sorted(hub_group(pr) for pr in user.projects)
     user.projects = []
     for kp in list(user.keypairs):
         db.delete(kp)
     db.flush()
     db.delete(user)
     db.flush()
-    return name
+    return name, groups
 
 
 # -- keypairs ------------------------------------------------------------------
