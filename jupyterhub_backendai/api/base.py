@@ -139,10 +139,13 @@ class APIBase(APIHandler):
     # -- errors ------------------------------------------------------------------
 
     def _handle_request_exception(self, e):
-        # Our errors carry their own status; let tornado report them as such.
-        if isinstance(e, BackendAIError) and e.status_code < 500 and not self._finished:
+        # Our errors carry their own status and a message meant for the caller (an agent's
+        # failure included); let tornado report them as such.
+        if isinstance(e, BackendAIError) and not self._finished:
             if self._headers_written:
                 return super()._handle_request_exception(e)
+            if e.status_code >= 500:
+                self.log.error("%s %s failed: %s", self.request.method, self.request.path, e.detail)
             self.send_error(e.status_code, exc_info=sys.exc_info())
             return
         return super()._handle_request_exception(e)
