@@ -12,10 +12,13 @@ through the proxy, measures requests/s and p50/p99 latency of:
                 keypair (Backend.AI HMAC-SHA256; a new Date and signature per request)
   keypair_post: POST /hub/api/backendai/keypairs (signed, by the same user; creates a keypair)
   hub_get:      GET /hub/api/user with the same user's JupyterHub API token (the baseline)
+  token_get:    GET /hub/api/backendai/sessions with that token: the same API work as
+                signed_get without the signature check, which separates the cost of
+                keypair authentication from the cost of the endpoint
 
 each under 1, 10 and 50 concurrent clients (asyncio + aiohttp, keep-alive, one
 connection per client). Cells are measured for --duration seconds after a short
-warm-up, and rounds interleave the three operations so that load from elsewhere
+warm-up, and rounds interleave the operations so that load from elsewhere
 hits all alike. Any non-2xx answer is counted as an error and reported. The user's
 keypair gets a rate limit high enough not to interfere. The last line printed is
 machine-readable (figures at 10 clients; p99 of the signed GET):
@@ -53,7 +56,7 @@ API = "/hub/api/backendai"
 USER_EMAIL = "bench@example.com"
 USER_PASSWORD = "bench-pass-123"
 RATE_LIMIT = 2**31 - 1
-OPERATIONS = ("signed_get", "keypair_post", "hub_get")
+OPERATIONS = ("signed_get", "token_get", "keypair_post", "hub_get")
 
 
 def log(msg: str) -> None:
@@ -78,6 +81,9 @@ class Bench:
         base = self.hub.base
         if op == "hub_get":
             return "GET", base + "/hub/api/user", {"Authorization": f"token {self.token}"}, None
+        if op == "token_get":
+            return ("GET", base + API + "/sessions", {"Authorization": f"token {self.token}"},
+                    None)
         if op == "signed_get":
             url = base + API + "/sessions"
             return "GET", url, signing.sign_request("GET", url, self.ak, self.sk), None

@@ -376,3 +376,25 @@ def test_usage_is_recorded_on_the_keypair(hub, alice):
     last = dt.datetime.fromisoformat(kp["last_used"])
     assert abs((dt.datetime.now(dt.UTC) - last).total_seconds()) < 60
 
+
+
+def test_keypair_changes_apply_at_once_despite_the_lookup_cache(hub, alice):
+    ak, sk = alice["access_key"], alice["secret_key"]
+    r = signed(hub, "GET", "/whoami", ak, sk)
+    assert r.headers["X-RateLimit-Limit"] == "1000"  # the default, now cached
+    r = signed(hub, "PATCH", f"/keypairs/{ak}", *hub.admin_keys, json={"rate_limit": 777})
+    assert r.status_code == 200, r.text
+    assert signed(hub, "GET", "/whoami", ak, sk).headers["X-RateLimit-Limit"] == "777"
+
+
+def test_allowed_client_ips_are_enforced(hub, alice):
+    ak, sk = alice["access_key"], alice["secret_key"]
+    path = f"/users/{alice['id']}"
+    r = signed(hub, "PATCH", path, *hub.admin_keys, json={"allowed_client_ip": ["10.0.0.0/8"]})
+    assert r.status_code == 200, r.text
+    detail = problem(signed(hub, "GET", "/whoami", ak, sk), 401)
+    assert "client address 127.0.0.1 is not allowed" in detail
+    r = signed(hub, "PATCH", path, *hub.admin_keys,
+               json={"allowed_client_ip": ["10.0.0.0/8", "127.0.0.1/32"]})
+    assert r.status_code == 200, r.text
+    assert signed(hub, "GET", "/whoami", ak, sk).status_code == 200
