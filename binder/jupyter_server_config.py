@@ -31,12 +31,15 @@ def _literal(value: str) -> str:
 
 # Settings of the demo hub that the packaged configuration takes no environment
 # variable for; `backendai-hub` hands extra arguments to jupyterhub, and the
-# command line wins over the configuration file. Sessions are sized so that two
-# fit in the agent's slots ({"cpu": 2, "mem": "1g"}) and a third waits PENDING.
+# command line wins over the configuration file. Sizes: the agent has room for
+# four default sessions ({"cpu": 2, "mem": "1g"}, 0.5 CPU and 256m each), so
+# that what stops a demo user's third session is not the agent but the user's
+# quota: the "demo" keypair resource policy (binder/demo-fixture.json) allows
+# 1 CPU in all, and the third session waits PENDING with "quota exceeded".
 HUB_ARGS = [
     '--BackendAISpawner.images=["local/python"]',
     "--BackendAISpawner.default_cpu=0.5",
-    "--BackendAISpawner.default_mem=384m",
+    "--BackendAISpawner.default_mem=256m",
 ]
 
 

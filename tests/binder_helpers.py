@@ -11,7 +11,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -32,17 +31,20 @@ def _log(msg: str) -> None:
     print(f"[binder {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _python_for_venv() -> str:
-    """A Python >= 3.11 (runtime.txt) that the unprivileged user can execute."""
-    for cand in ("/usr/bin/python3.11", "/usr/bin/python3.12", "/usr/bin/python3"):
-        if os.access(cand, os.X_OK):
-            out = subprocess.run(
-                [cand, "-c", "import sys; print(sys.version_info >= (3, 11))"],
-                capture_output=True, text=True,
-            ).stdout.strip()
-            if out == "True":
-                return cand
-    return sys._base_executable  # noqa: SLF001
+def runtime_python(repo: str) -> str:
+    """The Python that ``binder/runtime.txt`` asks for (``python-3.11``), as a version."""
+    with open(os.path.join(repo, "binder", "runtime.txt")) as f:
+        spec = f.read().strip()
+    if not spec.startswith("python-"):
+        raise AssertionError(f"binder/runtime.txt: expected python-X.Y, not {spec!r}")
+    return spec[len("python-"):]
+
+
+def _python_for_venv(version: str) -> str:
+    """That Python, from the system where it is (the unprivileged user can run it)."""
+    found = shutil.which(f"python{version}", path="/usr/local/bin:/usr/bin")
+    # else: uv finds or fetches a managed build of that version
+    return found or version
 
 
 class BinderSim:
@@ -57,7 +59,10 @@ class BinderSim:
         self.log_path = os.path.join(self.dir, "server.log")
         self.token = "binder-" + os.urandom(8).hex()
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        # Binder's JupyterHub serves each visitor's server under /user/<name>/;
+        # the name looks like mybinder.org's (<repo owner>-<repo>-<random>).
+        self.prefix = f"/user/demo-jupyterhub-backendai-{os.urandom(4).hex()}/"
+        self.url = f"http://127.0.0.1:{self.port}{self.prefix}"
         self.server: subprocess.Popen | None = None
         self.as_root = os.geteuid() == 0
         if self.as_root:
@@ -121,11 +126,14 @@ class BinderSim:
             shutil.copy2(src, dst)
 
     def install_requirements(self) -> None:
-        """``pip install -r binder/requirements.txt`` from the repo root, into a fresh env."""
-        py = _python_for_venv()
+        """``pip install -r binder/requirements.txt`` from the repo root, into a fresh env
+        of the Python that ``binder/runtime.txt`` names."""
+        py = _python_for_venv(runtime_python(self.repo))
         uv = shutil.which("uv")
-        # The installer runs as us, with our caches (see the test's docstring).
+        # The installer runs as us, with our caches (see the test's docstring); copies,
+        # not hard links into our cache, since the env is then given to the user.
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env["UV_LINK_MODE"] = "copy"
         if uv:
             self._run([uv, "venv", "-q", "--python", py, self.venv], as_user=False,
                       timeout=120, env=env)
@@ -152,10 +160,13 @@ class BinderSim:
     # -- run --------------------------------------------------------------------------
 
     def start_server(self) -> None:
+        """repo2docker's default command, ``jupyter notebook --ip 0.0.0.0``, as Binder runs
+        it: under the visitor's prefix, with a token (see the test's docstring)."""
         log = open(self.log_path, "ab")
         self.server = subprocess.Popen(
-            [os.path.join(self.venv, "bin", "jupyter"), "server", "--no-browser",
-             "--ip=127.0.0.1", f"--port={self.port}", f"--ServerApp.token={self.token}"],
+            [os.path.join(self.venv, "bin", "jupyter"), "notebook", "--ip", "127.0.0.1",
+             f"--port={self.port}", "--no-browser", f"--ServerApp.base_url={self.prefix}",
+             f"--IdentityProvider.token={self.token}"],
             cwd=self.repo, env=self.env(), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True, **self._user_kw(),
         )
@@ -163,16 +174,16 @@ class BinderSim:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
-                raise AssertionError("jupyter server exited\n" + self.log())
+                raise AssertionError("jupyter notebook exited\n" + self.log())
             try:
-                r = requests.get(f"{self.base}/api/status", params={"token": self.token}, timeout=2)
+                r = requests.get(f"{self.url}api/status", params={"token": self.token}, timeout=2)
                 if r.status_code == 200:
-                    _log("jupyter server up")
+                    _log("jupyter notebook up")
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.2)
-        raise TimeoutError("jupyter server did not answer\n" + self.log())
+        raise TimeoutError("jupyter notebook did not answer\n" + self.log())
 
     def log(self) -> str:
         out = []
@@ -195,6 +206,7 @@ class BinderSim:
     # -- clean up -----------------------------------------------------------------------
 
     def close(self) -> None:
+        t0 = time.monotonic()
         if self.server is not None and self.server.poll() is None:
             _signal_group(self.server.pid, signal.SIGTERM)
             try:
@@ -202,6 +214,7 @@ class BinderSim:
             except subprocess.TimeoutExpired:
                 _signal_group(self.server.pid, signal.SIGKILL)
                 self.server.wait(10)
+            _log(f"jupyter notebook stopped in {time.monotonic() - t0:.1f} s")
         # Sessions outlive the hub by design, and the hub's proxy runs in its own
         # session: stop them by the pids that the platform wrote down.
         kernels = os.path.join(self.state_dir, "agent", "local-kernels")
@@ -225,6 +238,7 @@ class BinderSim:
             except OSError:
                 pass
         shutil.rmtree(self.dir, ignore_errors=True)
+        _log(f"cleaned up in {time.monotonic() - t0:.1f} s")
 
 
 def _ensure_user(name: str) -> pwd.struct_passwd:
