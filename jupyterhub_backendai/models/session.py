@@ -11,7 +11,6 @@ from ..common.ids import new_id
 from ..common.slots import ResourceSlot
 from .base import Base, SlotsType, UTCDateTime, utcnow
 
-
 session_dependencies = Table(
     "session_dependencies",
     Base.metadata,
