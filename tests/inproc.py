@@ -42,18 +42,23 @@ def agent_config(c: Config, tmp_path, backend: str, *, slots: dict, name: str) -
 
 @asynccontextmanager
 async def running_manager(db_url: str, tmp_path, backend: str, *, slots=None, retries: int = 2,
-                          configure=None):
+                          configure=None, config: Config | None = None, keep_kernels: bool = False):
     """A started manager with one embedded agent; stops it and removes what is left.
 
-    ``configure(config)`` may adjust the configuration (e.g. the agent's port range)."""
-    c = Config()
-    c.BackendAIManager.db_url = db_url
-    c.BackendAIManager.schedule_interval = 0.2
-    c.BackendAIManager.status_poll_interval = 0.05
-    c.BackendAIManager.start_retries = retries
-    agent_config(c, tmp_path, backend, slots=slots or {"cpu": 4, "mem": "8g"}, name="a")
-    if configure:
-        configure(c)
+    ``configure(config)`` may adjust the configuration (e.g. the agent's port range);
+    ``config`` reuses the one of an earlier manager (``mgr.test_config``: same agent, a
+    restart); ``keep_kernels`` stops without removing the kernels (they outlive it)."""
+    if config is None:
+        c = Config()
+        c.BackendAIManager.db_url = db_url
+        c.BackendAIManager.schedule_interval = 0.2
+        c.BackendAIManager.status_poll_interval = 0.05
+        c.BackendAIManager.start_retries = retries
+        agent_config(c, tmp_path, backend, slots=slots or {"cpu": 4, "mem": "8g"}, name="a")
+        if configure:
+            configure(c)
+    else:
+        c = config
     mgr = BackendAIManager(config=c)
     mgr.test_config = c
     await mgr.ready()
@@ -61,12 +66,14 @@ async def running_manager(db_url: str, tmp_path, backend: str, *, slots=None, re
         yield mgr
     finally:
         ids = list(mgr.local_agents)
-        for agent in mgr.local_agents.values():
-            for k in await agent.list_kernels():  # what a failed test left running
-                await agent.destroy_kernel(k["kernel_id"])
+        if not keep_kernels:
+            for agent in mgr.local_agents.values():
+                for k in await agent.list_kernels():  # what a failed test left running
+                    await agent.destroy_kernel(k["kernel_id"])
         await mgr.stop()
-        for agent_id in ids:
-            remove_containers(agent_id)
+        if not keep_kernels:
+            for agent_id in ids:
+                remove_containers(agent_id)
 
 
 async def add_agent(mgr: BackendAIManager, tmp_path, backend: str, *, slots: dict, name: str) -> LocalAgent:

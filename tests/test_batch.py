@@ -7,6 +7,7 @@ kernel image, or local processes) on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import pytest
 from sqlalchemy import func, select
@@ -84,6 +85,42 @@ def test_batch_timeout_kills_and_fails(db_url, backend, tmp_path):
             assert "started" in sess.kernels[0].logs
             assert leftovers(mgr.agent) == []
             assert await occupied(mgr) == {mgr.agent.agent_id: {}}
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_batch_that_finished_while_the_manager_was_away(docker_image, tmp_path):
+    """The command ends while no manager runs: the restarted manager keeps its exit code and
+    output, ends the session accordingly and removes the container."""
+    db_url = f"sqlite:///{tmp_path}/away.sqlite"
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", keep_kernels=True) as mgr:
+            user = await make_user(mgr)
+            ok = await _batch(mgr, user, "ok", "sleep 2; echo finished alone", "docker")
+            bad = await _batch(mgr, user, "bad", "sleep 2; exit 4", "docker")
+            await wait_status(mgr, ok, ("RUNNING",))
+            await wait_status(mgr, bad, ("RUNNING",))
+            config = mgr.test_config
+        agent_id = config.Agent.agent_id
+        for _ in range(200):  # both commands end while nobody watches
+            out = subprocess.run(["docker", "ps", "-q", "--filter", f"label=ai.backend.agent-id={agent_id}"],
+                                 capture_output=True, text=True, check=True).stdout
+            if not out.strip():
+                break
+            await asyncio.sleep(0.1)
+        async with running_manager(db_url, tmp_path, "docker", config=config) as mgr:
+            a = await wait_status(mgr, ok, DEAD)
+            b = await wait_status(mgr, bad, DEAD)
+            assert (a.status, a.result, a.kernels[0].exit_code) == ("TERMINATED", "SUCCESS", 0), a.status_info
+            assert "finished alone" in a.kernels[0].logs
+            assert (b.status, b.result, b.kernels[0].exit_code) == ("ERROR", "FAILURE", 4)
+            for _ in range(100):
+                if not leftovers(mgr.agent):
+                    break
+                await asyncio.sleep(0.05)
+            assert leftovers(mgr.agent) == []
             assert_consistent(mgr)
 
     asyncio.run(run())

@@ -242,9 +242,19 @@ class BackendAIManager(SingletonConfigurable):
         return sorted(names)
 
     async def reconcile(self, agent_id: str, records: list[dict]) -> None:
-        """Make the record and the agent agree after a restart of either."""
+        """Make the record and the agent agree after a restart of either.
+
+        A kernel that ended while the manager was away with a known exit code (a
+        batch command that finished) ends its session as if the manager had
+        seen it; one that vanished makes its session ERROR.
+        """
         alive = {r["kernel_id"] for r in records if r.get("alive")}
         present = {r["kernel_id"] for r in records}
+        ended_codes = {
+            r["kernel_id"]: r["exit_code"]
+            for r in records
+            if not r.get("alive") and r.get("exit_code") is not None
+        }
 
         def find(s):
             kernels = s.scalars(
@@ -252,16 +262,21 @@ class BackendAIManager(SingletonConfigurable):
                 .join(Session)
                 .where(Kernel.agent_id == agent_id, Session.status.in_(list(ALIVE_STATUSES)))
             ).all()
-            lost, interrupted = set(), set()
+            lost, interrupted, ended = set(), set(), {}
             for k in kernels:
                 if k.session.status in STARTING_STATUSES:
                     interrupted.add(k.session_id)
+                elif k.id in ended_codes and k.session.status == SessionStatus.RUNNING:
+                    ended[k.session_id] = k.id
                 elif k.id not in alive:
                     lost.add(k.session_id)
             known_alive = {k.id for k in kernels if k.session.status == SessionStatus.RUNNING}
-            return sorted(lost), sorted(interrupted), known_alive
+            return sorted(lost - set(ended)), sorted(interrupted), ended, known_alive
 
-        lost, interrupted, known_alive = await self.db(find)
+        lost, interrupted, ended, known_alive = await self.db(find)
+        client = self.agent_client(agent_id, "")
+        for kid in ended.values():
+            await self._kernel_exited(kid, ended_codes[kid], await client.kernel_logs(kid))
         for sid in lost:
             await self.destroy_session(
                 sid, SessionStatus.ERROR, "kernel lost while the manager was away"
@@ -269,7 +284,6 @@ class BackendAIManager(SingletonConfigurable):
         for sid in interrupted:
             if sid not in self._start_tasks:
                 await self.destroy_session(sid, SessionStatus.ERROR, "start interrupted by a restart")
-        client = self.agent_client(agent_id, "")
         for kid in present - known_alive:
             self.log.info("removing orphan kernel %s on %s", kid, agent_id)
             await client.destroy_kernel(kid)

@@ -83,6 +83,8 @@ class KernelRecord:
     cuda_devices: list[int] = field(default_factory=list)
     alive: bool = True
     kernel_type: str = INTERACTIVE
+    # How a kernel that is no longer alive ended, when the backend knows.
+    exit_code: int | None = None
 
     def to_json(self) -> dict:
         return {
@@ -94,6 +96,7 @@ class KernelRecord:
             "cuda_devices": self.cuda_devices,
             "alive": self.alive,
             "kernel_type": self.kernel_type,
+            "exit_code": self.exit_code,
         }
 
 

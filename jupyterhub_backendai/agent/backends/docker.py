@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 import aiodocker
@@ -35,6 +36,14 @@ L_TYPE = "ai.backend.kernel-type"
 LOOPBACKS = {"127.0.0.1", "localhost", "::1"}
 # Entrypoints that already are an init (reap zombies, forward signals).
 INIT_PROGRAMS = {"tini", "tini-static", "dumb-init", "catatonit"}
+
+
+def _exit_code(container: dict) -> int | None:
+    """The exit code of an exited container from the list API's status ("Exited (3) 2 minutes ago")."""
+    if container.get("State") != "exited":
+        return None
+    m = re.match(r"Exited \((-?\d+)\)", container.get("Status") or "")
+    return int(m.group(1)) if m else None
 
 
 def _rewrite_host(url: str, host: str) -> str:
@@ -333,6 +342,7 @@ class DockerBackend(Backend):
                     cuda_devices=devices,
                     alive=c.get("State") == "running",
                     kernel_type=labels.get(L_TYPE, INTERACTIVE),
+                    exit_code=_exit_code(c),
                 )
             )
         return out
