@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -230,3 +231,23 @@ def test_bootstrap_commands_work_without_a_hub(tmp_path, capsys):
     assert rc == 0, out
     rc, err = run("create-project", "fxp", "--domain", "fx")
     assert rc == cli.EXIT_USAGE and "exists" in err
+
+
+def test_batch_session_through_the_cli(admin, hub):
+    name = "s" + uuid.uuid4().hex[:8]
+    created = admin.ok("sessions", "create", f"name={name}", f"image={hub.image}",
+                       "startup_command=echo hello-from-cli",
+                       'resources:={"cpu": "0.1", "mem": "64m"}')
+    assert created["name"] == name and created["type"] == "batch"
+    sid = created["id"]
+    deadline = time.monotonic() + 60
+    while True:
+        got = admin.ok("sessions", "get", sid)
+        if got["status"] in ("TERMINATED", "ERROR", "CANCELLED") or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert got["status"] == "TERMINATED", got
+    logs = admin.ok("sessions", "logs", sid)
+    assert "hello-from-cli" in "".join(k["logs"] or "" for k in logs["kernels"])
+    mine = admin.ok("sessions", "list", "--status", "TERMINATED", "--all")
+    assert sid in [s["id"] for s in mine["items"]]
