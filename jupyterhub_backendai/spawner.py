@@ -44,6 +44,19 @@ _FORM = """
       <input class="form-control" id="backendai-gpu" name="gpu" type="number" min="0" step="1" value="{gpu}">
     </div>
   </div>
+  <div class="row">
+    <div class="form-group mb-3 col-sm-4">
+      <label for="backendai-cluster-size" class="form-label">Kernels (containers)</label>
+      <input class="form-control" id="backendai-cluster-size" name="cluster_size" type="number" min="1" step="1" value="1">
+    </div>
+    <div class="form-group mb-3 col-sm-8">
+      <label for="backendai-cluster-mode" class="form-label">Placement of the kernels</label>
+      <select class="form-select form-control" id="backendai-cluster-mode" name="cluster_mode">
+        <option value="single-node">all on one node</option>
+        <option value="multi-node">one per node</option>
+      </select>
+    </div>
+  </div>
   {project_field}
   <p class="text-muted small">Free on the largest agent now: {free}</p>
 </div>
@@ -85,6 +98,7 @@ class BackendAISpawner(Spawner):
     _image = None
     _slots = None
     _project = None
+    _cluster = (1, "single-node")
 
     @property
     def manager(self) -> BackendAIManager:
@@ -137,7 +151,7 @@ class BackendAISpawner(Spawner):
 
     def _parse_form(self, formdata: dict) -> dict:
         opts = {}
-        for key in ("image", "cpu", "mem", "gpu", "project"):
+        for key in ("image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode"):
             values = formdata.get(key)
             if values is None:
                 continue
@@ -162,7 +176,12 @@ class BackendAISpawner(Spawner):
                 opts["image"] = choices[0]
         await self.manager.ready()
         project = opts.pop("project", None)
+        cluster_size = opts.pop("cluster_size", 1)
+        cluster_mode = opts.pop("cluster_mode", "single-node")
         try:
+            cluster_size = _whole_number("cluster_size", cluster_size)
+            if cluster_size < 1:
+                raise InvalidRequest(f"cluster_size must be at least 1, not {cluster_size}")
             if project is not None:
                 projects = await self.manager.user_projects(self.user.name)
                 if project not in projects:
@@ -172,10 +191,17 @@ class BackendAISpawner(Spawner):
             image, slots = self.manager.parse_request(opts)
             if self.images and image not in self.images:
                 raise InvalidRequest(f"image {image!r} is not offered here")
-            await self.manager.validate(image, slots, self.resource_group)
+            if cluster_mode not in ("single-node", "multi-node"):
+                raise InvalidRequest(
+                    f"cluster_mode must be single-node or multi-node, not {cluster_mode!r}"
+                )
+            await self.manager.validate(
+                image, slots, self.resource_group, cluster_size=cluster_size, cluster_mode=cluster_mode
+            )
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, e.detail) from None
         self._image, self._slots, self._project = image, slots, project
+        self._cluster = (cluster_size, cluster_mode)
         self.mem_limit = int(slots[MEM])
         self.cpu_limit = float(slots[CPU])
 
@@ -202,6 +228,8 @@ class BackendAISpawner(Spawner):
                 service_prefix=self.server.base_url,
                 resource_group=self.resource_group,
                 project=self._project,
+                cluster_size=self._cluster[0],
+                cluster_mode=self._cluster[1],
             )
         except BackendAIError as e:
             raise SpawnException(e.detail, reason="invalid_request", status_code=e.status_code) from None
@@ -303,6 +331,17 @@ class BackendAISpawner(Spawner):
     def clear_state(self):
         super().clear_state()
         self.session_id = None
+
+
+def _whole_number(name: str, value) -> int:
+    """A whole number from the form (text) or the API (number); InvalidRequest otherwise."""
+    if isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
 
 
 def _passed_states(current: SessionStatus, history: dict) -> list[SessionStatus]:

@@ -13,7 +13,13 @@ import socket
 import subprocess
 import time
 
+import requests
+from sqlalchemy import select
+
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.models import Kernel, KeypairResourcePolicy, Session
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+from jupyterhub_backendai.scheduler.dispatcher import check_consistency
 
 from .inproc import (
     DEAD,
@@ -311,3 +317,48 @@ def test_multi_node_with_an_agent_daemon(redis_server, tmp_path):
         daemon.terminate()
         daemon.wait(30)
         log.close()
+
+
+def test_interactive_cluster_through_the_hub(make_hub, tmp_path):
+    """A two-kernel server from the hub: refused (4xx, nothing created) while the keypair
+    policy allows one container per session; once allowed, the main kernel serves Jupyter
+    through the proxy and the sub kernel idles beside it; stopping removes both."""
+    hub = make_hub(db_url=f"sqlite:///{tmp_path}/cluster.sqlite", backend="local")
+    engine = make_engine(hub.db_url)
+    sm = make_sessionmaker(engine)
+    try:
+        r = hub.spawn("admin", "pair", {"cluster_size": 2})
+        assert r.status_code == 412, r.text
+        assert "quota exceeded: keypair max_containers_per_session (2 requested, limit 1)" in r.text
+        assert hub.server_model("admin", "pair") is None
+        with sm() as s:
+            assert s.scalars(select(Session)).all() == []
+
+        r = hub.spawn("admin", "pair", {"cluster_size": "two"})
+        assert r.status_code == 400 and "cluster_size must be a whole number" in r.text
+
+        with sm.begin() as s:
+            s.get(KeypairResourcePolicy, "default").max_containers_per_session = 2
+        assert hub.spawn("admin", "pair", {"cluster_size": 2}).status_code in (201, 202)
+        model = hub.wait_ready("admin", "pair")
+        st = requests.get(hub.base + model["url"] + "api/status",
+                          headers={"Authorization": f"token {hub.admin_token}"}, timeout=30)
+        assert st.status_code == 200, st.text
+        with sm() as s:
+            kernels = s.scalars(select(Kernel).order_by(Kernel.cluster_idx)).all()
+            assert [(k.cluster_hostname, k.status) for k in kernels] == [("main1", "RUNNING"), ("sub1", "RUNNING")]
+            assert kernels[0].service_ports and not kernels[1].service_ports
+            pids = [int(k.container_id) for k in kernels]
+        with open(f"/proc/{pids[1]}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[:2] == [b"sleep", b"infinity"]
+
+        hub.stop_server("admin", "pair")
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    assert f.read().split(")")[-1].split()[0] == "Z"
+            except FileNotFoundError:
+                pass  # gone, as it should be
+        assert check_consistency(sm) == []
+    finally:
+        engine.dispose()
