@@ -196,3 +196,23 @@ def test_in_process_memory_is_bounded_by_the_limit():
 
     asyncio.run(many())
     assert len(lim._hits["AK"]) == 5
+
+
+async def test_redis_outage_admits_rather_than_taking_the_api_down():
+    from tests.services import free_port
+
+    lim = RedisRateLimiter(f"redis://127.0.0.1:{free_port()}/0", window=60)
+    try:
+        r = await lim.hit("AK", 1)
+        assert r.allowed and r.limit == 1
+        assert (await lim.hit("AK", 1)).allowed  # nothing is counted without Redis
+    finally:
+        await lim.close()
+    strict = RedisRateLimiter(f"redis://127.0.0.1:{free_port()}/0", window=60, fail_open=False)
+    try:
+        import redis.exceptions
+
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await strict.hit("AK", 1)
+    finally:
+        await strict.close()
