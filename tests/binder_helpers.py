@@ -84,9 +84,15 @@ class BinderSim:
             LOGNAME=self.user.pw_name,
             SHELL="/bin/bash",
             LANG=env.get("LANG", "C.UTF-8"),
-            # Binder: ~/.local/bin, the notebook env's bin, then the system.
+            # What repo2docker's Dockerfile sets besides.
+            NB_USER=self.user.pw_name,
+            NB_UID=str(self.user.pw_uid),
+            REPO_DIR=self.repo,
+            PYTHONUNBUFFERED="1",
+            # repo2docker: ~/.local/bin, $REPO_DIR/.local/bin, the env's bin, the system.
             PATH=os.pathsep.join([
                 os.path.join(self.home, ".local", "bin"),
+                os.path.join(self.repo, ".local", "bin"),
                 os.path.join(self.venv, "bin"),
                 "/usr/local/bin", "/usr/bin", "/bin",
             ]),
