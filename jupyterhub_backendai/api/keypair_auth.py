@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, event, select, update
-from traitlets import Float, Integer
+from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable, LoggingConfigurable
 
 from ..common import signing
@@ -112,6 +112,12 @@ class KeypairAuth(LoggingConfigurable):
         900.0,
         help="""Length in seconds of the sliding window in which a keypair may make
         rate_limit requests (Backend.AI: 900).""",
+    ).tag(config=True)
+    rate_limit_fail_open = Bool(
+        True,
+        help="""In cluster mode (rate-limit windows in Redis): when Redis cannot be reached,
+        admit signed requests without counting them (and log it) rather than failing
+        every API call with a 500.""",
     ).tag(config=True)
 
     def __init__(self, manager: Any, **kw) -> None:
@@ -213,7 +219,8 @@ class KeypairAuth(LoggingConfigurable):
         if record.allowed_client_ip:
             _check_client_ip(request.remote_ip, record)
         if record.rate_limit > 0:
-            limiter = get_rate_limiter(self.manager, self.rate_limit_window)
+            limiter = get_rate_limiter(self.manager, self.rate_limit_window,
+                                       self.rate_limit_fail_open)
             result = await limiter.hit(record.access_key, record.rate_limit)
             setattr(handler, _HANDLER_ATTR, result)
             headers = ratelimit_headers(handler)

@@ -168,17 +168,21 @@ class RedisRateLimiter(RateLimiter):
         await self.redis.aclose()
 
 
-def make_rate_limiter(redis_url: str | None, window: float = WINDOW) -> RateLimiter:
-    """Redis when a URL is given (cluster mode), in-process otherwise (embedded default)."""
+def make_rate_limiter(redis_url: str | None, window: float = WINDOW,
+                      fail_open: bool = True) -> RateLimiter:
+    """Redis when a URL is given (cluster mode), in-process otherwise (embedded default).
+
+    ``fail_open``: whether a Redis outage admits requests (logged) or fails them.
+    """
     if redis_url:
-        return RedisRateLimiter(redis_url, window)
+        return RedisRateLimiter(redis_url, window, fail_open=fail_open)
     return InProcessRateLimiter(window)
 
 
-def get_rate_limiter(manager: Any, window: float = WINDOW) -> RateLimiter:
+def get_rate_limiter(manager: Any, window: float = WINDOW, fail_open: bool = True) -> RateLimiter:
     """The manager's limiter, made on first use from ``manager.redis_url`` and kept on it."""
     limiter = getattr(manager, "_backendai_rate_limiter", None)
     if limiter is None or limiter.window != window:
-        limiter = make_rate_limiter(getattr(manager, "redis_url", "") or None, window)
+        limiter = make_rate_limiter(getattr(manager, "redis_url", "") or None, window, fail_open)
         manager._backendai_rate_limiter = limiter
     return limiter
