@@ -205,6 +205,22 @@ class BinderSim:
                 pass
         return "\n".join(out)
 
+    def memory(self) -> int:
+        """Bytes of memory the demo's processes use (proportional set size, so shared
+        pages count once): the Jupyter server, the hub, its proxy, the sessions and
+        their kernels, which all run from this build's folder."""
+        total = 0
+        for pid in _pids_using(self.dir):
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for line in f:
+                        if line.startswith("Pss:"):
+                            total += int(line.split()[1]) * 1024
+                            break
+            except OSError:
+                pass
+        return total
+
     @property
     def state_dir(self) -> str:
         return os.path.join(self.home, ".backendai-demo", "state")

@@ -47,7 +47,8 @@ Steps, and how each one differs from what repo2docker and mybinder.org do:
    (image ``local/python``, 0.5 CPU, 256m); the session's JupyterLab; a notebook;
    the cell ``1+1`` shows ``2``. A second named session through the hub's spawn
    page starts too; a third waits PENDING and its progress page says "quota
-   exceeded" (the agent itself has room for four). Then alice logs out, the demo
+   exceeded" (the agent itself has room for four); the demo's processes then use
+   less than Binder's 2 GB. Then alice logs out, the demo
    superadmin logs in, and the admin console (``/hub/admin``) lists alice's three
    servers, the third one pending.
 6. Clean up: the server's process group, the sessions and the hub's proxy by the
@@ -197,6 +198,11 @@ def test_binder_demo(binder, tmp_path):
             message = hub.locator("#progress-message").inner_text()
             assert message.startswith("pending: quota exceeded: keypair"), message
             mark("quota")
+            # mybinder.org gives a container 2 GB: the whole demo, with two sessions
+            # and a kernel running, must fit (the browser is the visitor's, not counted).
+            used = binder.memory()
+            print(f"binder demo memory with two sessions: {used / 2**20:.0f} MiB")
+            assert 0 < used < 2 * 10**9, used
 
             # The admin console: log out (alice's sessions keep running) and log in as
             # the demo superadmin, in the same window (on Binder, a new window would not
