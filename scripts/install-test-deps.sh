@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc)
+# npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
+# (only when missing: a NodeSource nodejs brings its own npm).
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 missing=()
 for p in "${pkgs[@]}" chromium; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
