@@ -362,6 +362,9 @@ def check_consistency(sm: sessionmaker) -> list[str]:
     """
     problems: list[str] = []
     with sm() as db:
+        if db.get_bind().dialect.name == "postgresql":
+            # One snapshot for every query below: passes and releases commit meanwhile.
+            db.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         rows = db.execute(
             select(Kernel.id, Kernel.agent_id, Kernel.occupied_slots, Session.id, Session.status,
                    Session.access_key, Session.user_id, Session.project_id, Session.domain_name)

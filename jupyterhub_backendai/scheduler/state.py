@@ -94,7 +94,10 @@ def slot_limit(limits: ResourceSlot | None, slot: str, default_for_unspecified: 
 
 
 def fmt_amount(slot: str, v: Decimal) -> str:
-    return format_size(v) if slot == MEM else str(v.normalize() if v == v.to_integral() else v)
+    """Amounts for messages: ``2``, ``0.5``, ``4g`` (never ``1E+1``)."""
+    if slot == MEM:
+        return format_size(v)
+    return str(int(v)) if v == v.to_integral_value() else format(v.normalize(), "f")
 
 
 def first_excess(
