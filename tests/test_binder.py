@@ -120,9 +120,13 @@ def test_binder_demo(binder, tmp_path):
     binder.install_requirements()
     binder.chown()
     mark("installed")
+    assert binder.user.pw_uid != 0
     out = binder.post_build()
     for email, password in accounts.values():
         assert f"{email} / {password}" in out, out
+    # Made by the notebook user, not root.
+    record = os.path.join(binder.state_dir, "backendai.sqlite")
+    assert os.stat(record).st_uid == binder.user.pw_uid
     mark("postBuild")
     binder.start_server()
     mark("server")
