@@ -21,6 +21,7 @@ from decimal import Decimal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DBSession
+from sqlalchemy.orm import selectinload
 
 from ..common.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from ..common.slots import KNOWN_SLOTS, MEM, ResourceSlot, parse_decimal, parse_size
@@ -860,7 +861,12 @@ def get_agent(db, p: Principal, aid: str) -> dict:
 
 
 def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = select(Session).where(access.session_filter(p))
+    # Eager-load what session_out reads: one query per relation, not one per session.
+    stmt = (
+        select(Session)
+        .where(access.session_filter(p))
+        .options(selectinload(Session.kernels), selectinload(Session.dependencies))
+    )
     for key, col in (("status", Session.status), ("user_id", Session.user_id),
                      ("project_id", Session.project_id), ("type", Session.session_type)):
         if key in filters:
