@@ -138,6 +138,7 @@ class BackendAIManager(SingletonConfigurable):
         self._start_tasks: dict[str, asyncio.Task] = {}
         self._batch_timers: dict[str, asyncio.Task] = {}
         self._bg: set[asyncio.Task] = set()
+        self._expiring: set[str] = set()  # batch sessions being ended for their timeout
         self._loop_task: asyncio.Task | None = None
         self._started: asyncio.Future | None = None
 
@@ -849,10 +850,14 @@ class BackendAIManager(SingletonConfigurable):
             return late
 
         for sid in await self.db(find):
-            if sid not in self._batch_timers:
-                self._background(
-                    self.destroy_session(sid, SessionStatus.ERROR, "batch timeout", result=FAILURE)
-                )
+            if sid in self._batch_timers or sid in self._expiring:
+                continue
+            self._expiring.add(sid)
+            task = asyncio.create_task(
+                self.destroy_session(sid, SessionStatus.ERROR, "batch timeout", result=FAILURE)
+            )
+            self._bg.add(task)
+            task.add_done_callback(lambda t, sid=sid: (self._bg.discard(t), self._expiring.discard(sid)))
 
     async def session_logs(self, sid: str, kernel_idx: int = 0) -> str:
         """A kernel's output (the main one by default): live from its agent while it
