@@ -329,3 +329,27 @@ def test_errors_are_problem_json(sa, api_hub):
     problem(sa("POST", "/domains", json={"name": "default"}), 409, "exists")
     r = requests.get(api_hub.base + api_world.PREFIX + "/openapi.json", timeout=30)
     assert r.status_code == 200 and r.json()["openapi"].startswith("3.1")
+
+
+def test_running_batch_session_logs_are_live_then_kept(sa, api_hub):
+    """GET /sessions/{id}/logs reads the agent while the kernel runs, the kept tail after."""
+    import time
+
+    u = new_user(sa)
+    c = u["client"]
+    s = c.ok("POST", "/sessions", json={
+        "name": "live", "image": api_hub.image, "resources": {"cpu": "0.25", "mem": "128m"},
+        "startup_command": "echo first-line; sleep 60"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = c.ok("GET", f"/sessions/{s['id']}/logs")
+        if logs["status"] == "RUNNING" and "first-line" in (logs["kernels"][0]["logs"] or ""):
+            break
+        assert logs["status"] in ("PENDING", "SCHEDULED", "PREPARING", "CREATING", "RUNNING"), logs
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"no live output: {logs}")
+    c.ok("DELETE", f"/sessions/{s['id']}")
+    done = c.ok("GET", f"/sessions/{s['id']}")
+    assert done["status"] not in ("RUNNING", "PENDING")
+    assert "first-line" in c.ok("GET", f"/sessions/{s['id']}/logs")["kernels"][0]["logs"]

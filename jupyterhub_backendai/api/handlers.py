@@ -12,7 +12,7 @@ import datetime as dt
 import json
 
 from ..common.errors import BackendAIError, InvalidRequest
-from ..common.types import UserRole
+from ..common.types import SessionStatus, UserRole
 from ..manager import admin
 from . import spec
 from .base import APIBase, document
@@ -353,7 +353,12 @@ class SessionHandler(APIBase):
 class SessionLogsHandler(APIBase):
     async def get(self, sid):
         self.query()
-        self.reply(await self.manager.db(admin.session_logs, self.principal, sid))
+        out = await self.manager.db(admin.session_logs, self.principal, sid)
+        # Kept logs are written when a kernel ends; while it runs, ask its agent.
+        if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
+            for idx, k in enumerate(out["kernels"]):
+                k["logs"] = await self.manager.session_logs(sid, kernel_idx=idx)
+        self.reply(out)
 
 
 SEG = r"([^/]+)"
