@@ -591,7 +591,7 @@ def test_two_schedulers_at_once_never_overcommit(w, sm):
 
 
 def test_metrics_and_stats_describe_the_queue(w, sm):
-    group = f"g{id(w) % 100000}"
+    group = "metrics-" + w.uids.get("x", str(id(w)))[-8:]  # fresh label set per run
     w.agent("m1", group=group, cpu=1, mem="64g")
     w.policy("two", max_concurrent_sessions=2)
     one_user(w, "two")
@@ -602,13 +602,14 @@ def test_metrics_and_stats_describe_the_queue(w, sm):
     def sample(name, **labels):
         return REGISTRY.get_sample_value(name, {"resource_group": group, **labels}) or 0
 
-    before = sample("backendai_scheduler_placements_total")
+    names = ("backendai_scheduler_placements_total", "backendai_scheduler_wait_seconds_count",
+             "backendai_scheduler_pass_seconds_count")
+    before = [sample(n) for n in names]
+    rejected = sample("backendai_scheduler_rejections_total", reason="no_resources")
     schedule_pass(sm, group)
-    assert sample("backendai_scheduler_placements_total") - before == 1
+    assert [sample(n) - b for n, b in zip(names, before, strict=True)] == [1, 1, 1]
+    assert sample("backendai_scheduler_rejections_total", reason="no_resources") - rejected == 2
     assert sample("backendai_scheduler_queue_length") == 2
-    assert sample("backendai_scheduler_rejections_total", reason="no_resources") >= 2
-    assert sample("backendai_scheduler_wait_seconds_count") >= 1
-    assert sample("backendai_scheduler_pass_seconds_count") >= 1
     stats = scheduler_stats(sm)[group]
     assert stats["pending"] == 2
     assert stats["reasons"] == {"no_resources": 2}
