@@ -460,6 +460,19 @@ def test_the_reservation_is_recorded_and_shown(w, sm):
     )
 
 
+def test_only_the_oldest_starving_session_jumps_the_queue(w, sm):
+    # Everything is past the threshold (as after an outage): the oldest goes first,
+    # the rest keep the sequencer's order (priority here).
+    w.group(scheduler_opts={"starvation_threshold": 0, "max_reservations": 1})
+    w.agent("a1", cpu=2, mem="64g")
+    one_user(w)
+    w.enqueue("alice", "oldest-low", priority=10)
+    w.enqueue("alice", "mid", priority=50)
+    w.enqueue("alice", "high", priority=90)
+    later = utcnow() + dt.timedelta(seconds=5)
+    assert w.names(schedule_pass(sm, "default", now=later)) == ["oldest-low", "high"]
+
+
 # -- admission at enqueue ------------------------------------------------------------
 
 

@@ -26,9 +26,10 @@ not fit gets a *reservation*: the agent(s) closest to holding it (least
 shortfall, among those whose capacity can hold it) are held for it, and
 nothing else is placed on them. Sessions on those agents end, their slots come
 back, and the session is placed as soon as they add up, typically within one
-session lifetime. Reservations go to starving sessions oldest first, at most
-``max_reservations`` (default 1) at a time, ahead of the sequencer (so even a
-low priority or a LIFO queue cannot starve one), and are kept in
+session lifetime. The ``max_reservations`` (default 1) oldest starving sessions
+(that pass the validators) are considered first in every pass, ahead of the
+sequencer (so even a low priority or a LIFO queue cannot starve one); the rest
+keep the sequencer's order. Reservations are kept in
 ``ResourceGroup.scheduler_state`` so that they are stable across passes and
 managers. The rest of the group keeps backfilling.
 
@@ -166,7 +167,9 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
             key=lambda s: (s.created_at, s.id),
         )
         for s in starving:
-            if len(new_res) >= opts.max_reservations:
+            # Only the oldest few go first: the others keep the sequencer's order
+            # (after an outage everything is "old"; DRF or priority must still apply).
+            if len(done) >= opts.max_reservations:
                 break
             if validate(s, ctx) is not None:
                 continue  # not starved by others: it waits on its own limits (handled below)
