@@ -13,7 +13,7 @@ memory, write, commit), and ``check_consistency`` at the end.
     python benchmarks/scheduler.py --curve [--db postgres]
 
 ``--db postgres`` starts a throwaway PostgreSQL (tests/services.py); any other
-value is a SQLAlchemy URL. The last line is
+value is the SQLAlchemy URL of an empty database. The last line is
 ``agents=<n> pending=<n> placed=<n> seconds=<f> placements_per_s=<f>``.
 """
 
@@ -229,7 +229,8 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--pending", type=int, default=10000)
     ap.add_argument("--db", default=None,
-                    help="SQLAlchemy URL, or 'postgres' for a throwaway server (default: SQLite file)")
+                    help="SQLAlchemy URL of an empty database (it is migrated and filled), or "
+                         "'postgres' for a throwaway server (default: a temporary SQLite file)")
     ap.add_argument("--curve", action="store_true",
                     help="agents 100/1,000/10,000 at --pending, then pending 1,000/10,000/"
                          "100,000 at --agents (--max-agents/--max-pending cap the sizes)")
