@@ -29,6 +29,7 @@ from jupyterhub_backendai.scheduler import (
     check_consistency,
     schedule_pass,
     scheduler_stats,
+    set_status,
 )
 
 from .scheduler_world import GiB, World, slots
@@ -237,6 +238,26 @@ def test_starts_at_in_the_future_waits(w, sm):
     assert schedule_pass(sm, "default") == []
     assert w.info("batch").startswith("waiting for the start time ")
     assert w.names(schedule_pass(sm, "default", now=later + dt.timedelta(seconds=1))) == ["batch"]
+
+
+def test_a_failed_start_waits_a_growing_backoff_before_its_next_try(w, sm):
+    w.agent("a1", cpu=8, mem="64g")
+    one_user(w)
+    sid = w.enqueue("alice", "flaky")
+    requeued = utcnow()
+    with sm.begin() as s:
+        sess = s.get(Session, sid)
+        sess.retries = 2
+        set_status(sess, "PENDING", "start failed (no free host port); retry 2 of 3")
+        hist = dict(sess.status_history)
+        hist["PENDING"] = requeued.isoformat()
+        sess.status_history = hist
+    # retry_backoff 2 s, doubled once for the second retry: 4 s.
+    assert schedule_pass(sm, "default", now=requeued + dt.timedelta(seconds=3.9)) == []
+    assert w.info("flaky") == "start failed (no free host port); retry 2 of 3"
+    assert w.names(schedule_pass(sm, "default", now=requeued + dt.timedelta(seconds=4.1))) == [
+        "flaky"
+    ]
 
 
 def test_private_group_admits_the_union_of_its_allow_lists(w, sm):

@@ -33,6 +33,10 @@ class SchedulerOptions:
     starvation_threshold: Decimal = Decimal(300)
     #: How many starving sessions may hold a reservation at once.
     max_reservations: int = 1
+    #: Seconds a session whose start failed waits before its next try, doubled
+    #: on each further failure (capped at 10 minutes): a broken agent or image is
+    #: not hammered, and a passing cause (a port in use) has time to clear.
+    retry_backoff: Decimal = Decimal(2)
     problems: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -57,6 +61,7 @@ class SchedulerOptions:
             "pending_timeout",
             "starvation_threshold",
             "max_reservations",
+            "retry_backoff",
         }
         if unknown:
             problems.append(f"unknown scheduler option(s): {', '.join(sorted(unknown))}")
@@ -79,7 +84,7 @@ class SchedulerOptions:
                 kw["resource_priority"] = tuple(rp)
             else:
                 problems.append("resource_priority must be a list of distinct slot names")
-        for name in ("pending_timeout", "starvation_threshold"):
+        for name in ("pending_timeout", "starvation_threshold", "retry_backoff"):
             if name in data:
                 v = data[name]
                 try:

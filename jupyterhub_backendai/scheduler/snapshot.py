@@ -97,7 +97,7 @@ def load_pending(db: DBSession, group: str) -> list[PendingSession]:
             S.c.id, S.c.name, S.c.user_id, S.c.access_key, S.c.domain_name, S.c.project_id,
             S.c.priority, S.c.created_at, S.c.status_info, S.c.status_history,
             S.c.cluster_size, S.c.cluster_mode, S.c.starts_at, S.c.architecture,
-            S.c.designated_agents,
+            S.c.designated_agents, S.c.retries,
         )
         .where(*pending_cond)
         .with_for_update(skip_locked=True)
@@ -112,6 +112,7 @@ def load_pending(db: DBSession, group: str) -> list[PendingSession]:
             cluster_mode=r.cluster_mode or "single-node", starts_at=r.starts_at,
             architecture=r.architecture or None,
             designated_agents=tuple(r.designated_agents or ()),
+            retries=r.retries or 0,
         )
         for r in rows
     }

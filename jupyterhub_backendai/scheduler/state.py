@@ -39,6 +39,8 @@ class PendingSession:
     starts_at: dt.datetime | None
     architecture: str | None
     designated_agents: tuple[str, ...]
+    #: Failed starts so far (the manager puts a failed start back in the queue).
+    retries: int = 0
     #: (kernel id, requested slots), by cluster_idx.
     kernels: list[tuple[str, ResourceSlot]] = field(default_factory=list)
     #: (id, name, status, result) of each session this one waits for.

@@ -12,6 +12,7 @@ same pass (the allocator charges it), so one pass never places past a quota.
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 from ..common.types import DEAD_STATUSES
@@ -19,6 +20,7 @@ from .state import PassContext, PendingSession, Verdict, first_excess, fmt_amoun
 
 #: Every reason label the scheduler uses (metrics and ``scheduler_stats``).
 REASONS = (
+    "retry_backoff",
     "starts_at",
     "dependencies",
     "dependency_failed",
@@ -40,6 +42,37 @@ def quota_message(level: str, limit_name: str, slot: str, used: Decimal, lim: De
         f"quota exceeded: {level} {limit_name} ({slot} {fmt_amount(slot, used)} of "
         f"{fmt_amount(slot, lim)} in use, {fmt_amount(slot, need)} requested)"
     )
+
+
+class RetryBackoffValidator:
+    """A session back in the queue after a failed start waits before its next try.
+
+    The wait is ``retry_backoff * 2**(retries - 1)`` seconds from when it went
+    back to PENDING (capped at 10 minutes). The manager's message ("start
+    failed (...); retry n of m") stays visible meanwhile.
+    """
+
+    code = "retry_backoff"
+
+    def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
+        if sess.retries <= 0:
+            return None
+        since = sess.status_history.get("PENDING")
+        if not since:
+            return None
+        try:
+            requeued = dt.datetime.fromisoformat(since)
+        except (TypeError, ValueError):
+            return None
+        if requeued.tzinfo is None:
+            requeued = requeued.replace(tzinfo=dt.UTC)
+        delay = min(ctx.options.retry_backoff * 2 ** (sess.retries - 1), Decimal(600))
+        ready = requeued + dt.timedelta(seconds=float(delay))
+        if ctx.now >= ready:
+            return None
+        msg = sess.status_info if sess.status_info.startswith("start failed") else (
+            f"start failed; retry {sess.retries} after {ready.isoformat(timespec='seconds')}")
+        return Verdict(self.code, msg)
 
 
 class StartsAtValidator:
@@ -206,6 +239,7 @@ class DomainSlotsValidator:
 VALIDATORS = {
     v.code: v
     for v in (
+        RetryBackoffValidator(),
         StartsAtValidator(),
         DependenciesValidator(),
         ResourceGroupPermissionValidator(),
@@ -228,6 +262,7 @@ def validate(sess: PendingSession, ctx: PassContext) -> Verdict | None:
 
 
 _PREFIXES = (
+    ("start failed", "retry_backoff"),
     ("waiting for the start time", "starts_at"),
     ("waiting for dependencies", "dependencies"),
     ("cancelled: dependency", "dependency_failed"),
