@@ -28,7 +28,7 @@ def _filters(path: str) -> dict:
 class WhoamiHandler(APIBase):
     async def get(self):
         self.query()
-        self.reply(await self.manager.db(admin.whoami, self.principal))
+        self.reply(await self.manager.db_read(admin.whoami, self.principal))
 
 
 class OpenAPIHandler(APIBase):
@@ -48,7 +48,7 @@ class OpenAPIHandler(APIBase):
 class DomainsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/domains"))
-        self.reply(await self.manager.db(admin.list_domains, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_domains, self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -59,7 +59,7 @@ class DomainsHandler(APIBase):
 class DomainHandler(APIBase):
     async def get(self, name):
         self.query()
-        self.reply(await self.manager.db(admin.get_domain, self.principal, name))
+        self.reply(await self.manager.db_read(admin.get_domain, self.principal, name))
 
     async def patch(self, name):
         self.query()
@@ -78,7 +78,7 @@ class DomainHandler(APIBase):
 class ProjectsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/projects"))
-        self.reply(await self.manager.db(admin.list_projects, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_projects, self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -91,7 +91,7 @@ class ProjectsHandler(APIBase):
 class ProjectHandler(APIBase):
     async def get(self, pid):
         self.query()
-        self.reply(await self.manager.db(admin.get_project, self.principal, pid))
+        self.reply(await self.manager.db_read(admin.get_project, self.principal, pid))
 
     async def patch(self, pid):
         self.query()
@@ -110,7 +110,7 @@ class ProjectHandler(APIBase):
 class MembersHandler(APIBase):
     async def get(self, pid):
         _, o, n = self.query(_filters("/projects/{id}/members"))
-        self.reply(await self.manager.db(admin.list_members, self.principal, pid, o, n))
+        self.reply(await self.manager.db_read(admin.list_members, self.principal, pid, o, n))
 
     async def post(self, pid):
         self.query()
@@ -134,7 +134,7 @@ class MemberHandler(APIBase):
 class UsersHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/users"))
-        self.reply(await self.manager.db(admin.list_users, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_users, self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -146,7 +146,7 @@ class UsersHandler(APIBase):
 class UserHandler(APIBase):
     async def get(self, uid):
         self.query()
-        self.reply(await self.manager.db(admin.get_user, self.principal, uid))
+        self.reply(await self.manager.db_read(admin.get_user, self.principal, uid))
 
     async def patch(self, uid):
         self.query()
@@ -176,7 +176,7 @@ class UserHandler(APIBase):
 class KeypairsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/keypairs"))
-        self.reply(await self.manager.db(admin.list_keypairs, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_keypairs, self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -187,7 +187,7 @@ class KeypairsHandler(APIBase):
 class KeypairHandler(APIBase):
     async def get(self, ak):
         self.query()
-        self.reply(await self.manager.db(admin.get_keypair, self.principal, ak))
+        self.reply(await self.manager.db_read(admin.get_keypair, self.principal, ak))
 
     async def patch(self, ak):
         self.query()
@@ -209,7 +209,7 @@ class PoliciesHandler(APIBase):
 
     async def get(self):
         f, o, n = self.query(_filters(f"/{self.kind}-resource-policies"))
-        self.reply(await self.manager.db(admin.list_policies, self.principal, self.kind, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_policies, self.principal, self.kind, f, o, n))
 
     async def post(self):
         self.query()
@@ -224,7 +224,7 @@ class PolicyHandler(APIBase):
 
     async def get(self, name):
         self.query()
-        self.reply(await self.manager.db(admin.get_policy, self.principal, self.kind, name))
+        self.reply(await self.manager.db_read(admin.get_policy, self.principal, self.kind, name))
 
     async def patch(self, name):
         self.query()
@@ -244,7 +244,7 @@ class PolicyHandler(APIBase):
 class ResourceGroupsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/resource-groups"))
-        self.reply(await self.manager.db(admin.list_resource_groups, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_resource_groups, self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -255,7 +255,7 @@ class ResourceGroupsHandler(APIBase):
 class ResourceGroupHandler(APIBase):
     async def get(self, name):
         self.query()
-        self.reply(await self.manager.db(admin.get_resource_group, self.principal, name))
+        self.reply(await self.manager.db_read(admin.get_resource_group, self.principal, name))
 
     async def patch(self, name):
         self.query()
@@ -271,19 +271,19 @@ class ResourceGroupHandler(APIBase):
 class AgentsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/agents"))
-        self.reply(await self.manager.db(admin.list_agents, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_agents, self.principal, f, o, n))
 
 
 class AgentHandler(APIBase):
     async def get(self, aid):
         self.query()
-        self.reply(await self.manager.db(admin.get_agent, self.principal, aid))
+        self.reply(await self.manager.db_read(admin.get_agent, self.principal, aid))
 
 
 class SchedulerHandler(APIBase):
     async def get(self):
         self.query()
-        visible = await self.manager.db(admin.scheduler_view, self.principal)
+        visible = await self.manager.db_read(admin.scheduler_view, self.principal)
         status = await self.manager.scheduler_status()
         if visible is not None and isinstance(status, dict):
             groups = await self.manager.db(
@@ -308,7 +308,7 @@ def _parse_time(field: str, value: str | None) -> dt.datetime | None:
 class SessionsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/sessions"))
-        self.reply(await self.manager.db(admin.list_sessions, self.principal, f, o, n))
+        self.reply(await self.manager.db_read(admin.list_sessions, self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -335,13 +335,13 @@ class SessionsHandler(APIBase):
             starts_at=_parse_time("starts_at", body.get("starts_at")),
             dependencies=body.get("dependencies", []),
         )
-        self.reply(await self.manager.db(admin.get_session, self.principal, sid), 201)
+        self.reply(await self.manager.db_read(admin.get_session, self.principal, sid), 201)
 
 
 class SessionHandler(APIBase):
     async def get(self, sid):
         self.query()
-        self.reply(await self.manager.db(admin.get_session, self.principal, sid))
+        self.reply(await self.manager.db_read(admin.get_session, self.principal, sid))
 
     async def delete(self, sid):
         self.query()
@@ -353,7 +353,7 @@ class SessionHandler(APIBase):
 class SessionLogsHandler(APIBase):
     async def get(self, sid):
         self.query()
-        out = await self.manager.db(admin.session_logs, self.principal, sid)
+        out = await self.manager.db_read(admin.session_logs, self.principal, sid)
         # Kept logs are written when a kernel ends; while it runs, ask its agent.
         if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
             for idx, k in enumerate(out["kernels"]):

@@ -43,7 +43,7 @@ from ..common.types import (
 )
 from ..models import Agent, Kernel, ResourceGroup, Session, User
 from ..models.base import utcnow
-from ..models.db import make_engine, make_sessionmaker, upgrade
+from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
 from ..scheduler import (
     admit,
     check_consistency,
@@ -130,6 +130,7 @@ class BackendAIManager(SingletonConfigurable):
         super().__init__(**kw)
         self.engine = make_engine(self.db_url)
         self.sm = make_sessionmaker(self.engine)
+        self.sm_read = make_read_sessionmaker(self.engine)
         self.bus = make_event_bus(self.redis_url or None)
         self.agent: LocalAgent | None = None
         # Agents running in this process (the embedded one and any attached), by id.
@@ -191,6 +192,16 @@ class BackendAIManager(SingletonConfigurable):
 
         def work():
             with self.sm.begin() as s:
+                return fn(s, *args, **kw)
+
+        return await asyncio.to_thread(work)
+
+    async def db_read(self, fn, *args, **kw):
+        """Like :meth:`db` for ``fn`` that only reads: on SQLite it neither waits for
+        nor blocks writers (the API's GETs, status polls)."""
+
+        def work():
+            with self.sm_read() as s:
                 return fn(s, *args, **kw)
 
         return await asyncio.to_thread(work)
@@ -972,7 +983,7 @@ class BackendAIManager(SingletonConfigurable):
         return await self.db(work)
 
     async def get_session(self, sid: str) -> Session | None:
-        return await self.db(_load_session, sid)
+        return await self.db_read(_load_session, sid)
 
     async def watch(self, sid: str) -> AsyncIterator[Session]:
         """Yield the session each time its status or status_info changes, until it is dead."""

@@ -11,6 +11,8 @@ from sqlalchemy.orm import sessionmaker
 
 MIGRATIONS_DIR = os.path.join(os.path.dirname(__file__), "migrations")
 VERSION_TABLE = "backendai_alembic_version"
+# Execution option marking connections of read-only sessions (make_read_sessionmaker).
+READ_ONLY = "backendai_read_only"
 _upgrade_lock = threading.Lock()
 
 
@@ -32,8 +34,13 @@ def make_engine(url: str, **kw) -> Engine:
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn):
             # BEGIN IMMEDIATE: a writer takes the lock up front, so read-then-write
-            # transactions (allocation) cannot interleave.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # transactions (allocation) cannot interleave. Read-only work (see
+            # make_read_sessionmaker) begins a plain deferred transaction: under WAL it
+            # reads a consistent snapshot without waiting for, or blocking, writers.
+            if conn.get_execution_options().get(READ_ONLY):
+                conn.exec_driver_sql("BEGIN")
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     kw.setdefault("pool_pre_ping", True)
@@ -44,6 +51,15 @@ def make_engine(url: str, **kw) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def make_read_sessionmaker(engine: Engine) -> sessionmaker:
+    """Sessions for work that only reads: on SQLite they do not take the write lock.
+
+    Such a session must not write (on SQLite a write would have to upgrade a
+    deferred transaction, which can fail at once under contention).
+    """
+    return sessionmaker(engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
 
 def alembic_config(url: str):
