@@ -225,6 +225,13 @@ ENTITIES: dict[str, tuple[str, str]] = {
     "agents": ("/agents", "id"),
     "sessions": ("/sessions", "id"),
 }
+# What the API lets one do with each entity (agents are read-only; sessions are created
+# and deleted, not changed); tests/test_cli.py checks this table against the document.
+ACTIONS: dict[str, tuple[str, ...]] = {
+    name: ("list", "get", "create", "update", "delete") for name in ENTITIES
+}
+ACTIONS["agents"] = ("list", "get")
+ACTIONS["sessions"] = ("list", "get", "create", "delete")
 # Each list's filters (query parameters), offered as options; the OpenAPI document is
 # the reference (tests/test_cli.py checks this table against it). Any other:
 # --filter key=value.
@@ -440,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     _fields_options(raw)
 
     for name, (_path, ident) in ENTITIES.items():
-        ep = api_cmd(name, f"list, get, create, update, delete {name}")
+        offered = ACTIONS[name]
+        ep = api_cmd(name, f"{', '.join(offered)} {name}")
         acts = ep.add_subparsers(dest="action", required=True, metavar="ACTION")
         ls = acts.add_parser("list", help=f"list {name} (paginated)")
         _api_options(ls, suppress=True)
@@ -454,16 +462,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="any other filter the API offers (repeatable)")
         by = ident + (" or email" if name == "users" else "")
         for act, text in (("get", "show one"), ("delete", "delete one")):
+            if act not in offered:
+                continue
             a = acts.add_parser(act, help=f"{text} (by {by})")
             _api_options(a, suppress=True)
             a.add_argument("id", metavar=ident.upper().replace(" ", "_"))
-        c = acts.add_parser("create", help="create one from fields")
-        _api_options(c, suppress=True)
-        _fields_options(c)
-        up = acts.add_parser("update", help="change fields of one")
-        _api_options(up, suppress=True)
-        up.add_argument("id", metavar=ident.upper().replace(" ", "_"))
-        _fields_options(up)
+        if "create" in offered:
+            c = acts.add_parser("create", help="create one from fields")
+            _api_options(c, suppress=True)
+            _fields_options(c)
+        if "update" in offered:
+            up = acts.add_parser("update", help="change fields of one")
+            _api_options(up, suppress=True)
+            up.add_argument("id", metavar=ident.upper().replace(" ", "_"))
+            _fields_options(up)
         if name == "projects":
             m = acts.add_parser("members", help="list a project's members")
             _api_options(m, suppress=True)

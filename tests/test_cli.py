@@ -204,6 +204,24 @@ def test_filter_options_match_the_openapi_document():
         assert names == set(cli.FILTERS[entity]), entity
 
 
+def test_actions_are_exactly_the_operations_of_the_openapi_document():
+    path = os.path.join(os.path.dirname(cli.__file__), "api", "openapi.yaml")
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    method = {"list": "get", "create": "post", "get": "get", "update": "patch",
+              "delete": "delete"}
+    for entity, (collection, _ident) in cli.ENTITIES.items():
+        item = next(p for p in doc["paths"] if p.startswith(collection + "/{")
+                    and p.count("/") == collection.count("/") + 1)
+        offered = {a for a, m in method.items()
+                   if m in doc["paths"][collection if a in ("list", "create") else item]}
+        assert set(cli.ACTIONS[entity]) == offered, entity
+        sub = cli.build_parser()._subparsers._group_actions[0].choices[entity]
+        choices = set(sub._subparsers._group_actions[0].choices)
+        assert offered <= choices, entity
+        assert not ({"create", "update", "delete", "get"} - offered) & choices, entity
+
+
 def test_bootstrap_commands_work_without_a_hub(tmp_path, capsys):
     db = f"sqlite:///{tmp_path}/boot.sqlite"
 
