@@ -776,13 +776,7 @@ class BackendAIManager(SingletonConfigurable):
         limit = self.start_retries
 
         def work(s):
-            sess = s.scalar(
-                select(Session)
-                .where(Session.id == sid)
-                .options(selectinload(Session.kernels))
-                .with_for_update(of=Session)
-                .execution_options(populate_existing=True)
-            )
+            sess = _lock_session(s, sid)
             if sess is None or sess.status not in STARTING_STATUSES:
                 return None
             release_kernels(s, sess, SessionStatus.ERROR)
@@ -900,13 +894,7 @@ class BackendAIManager(SingletonConfigurable):
         """Mark dead and free the slots, in one transaction."""
 
         def work(s):
-            sess = s.scalar(
-                select(Session)
-                .where(Session.id == sid)
-                .options(selectinload(Session.kernels))
-                .with_for_update(of=Session)
-                .execution_options(populate_existing=True)
-            )
+            sess = _lock_session(s, sid)
             if sess is None or sess.status in DEAD_STATUSES:
                 return
             release_kernels(s, sess, status)
@@ -1141,6 +1129,17 @@ def _end_of_kernel(session_type: str, role: str, hostname: str, code: int | None
     if code == 0:
         return SessionStatus.TERMINATED, SUCCESS, "kernel exited with code 0"
     return SessionStatus.ERROR, FAILURE, f"kernel exited with code {code}"
+
+
+def _lock_session(s, sid: str) -> Session | None:
+    """The session row locked for a state change, with its kernels read fresh."""
+    return s.scalar(
+        select(Session)
+        .where(Session.id == sid)
+        .options(selectinload(Session.kernels))
+        .with_for_update(of=Session)
+        .execution_options(populate_existing=True)
+    )
 
 
 def _load_session(s, sid):
