@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from jupyterhub_backendai.common.errors import Forbidden, QuotaExceeded
+from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.models import (
     Agent,
     Domain,
@@ -596,6 +597,35 @@ def test_check_consistency_reports_each_kind_of_problem(w, sm):
         f"quota exceeded: keypair {ak} max_concurrent_sessions: 2 live > limit 1",
         f"quota exceeded: project {pid} total_resource_slots: cpu 2 in use > limit 1",
     ])
+
+
+def test_check_consistency_applies_limited_keypairs_to_slots_a_limit_leaves_out(w, sm):
+    """A project limit naming only CPU: memory is free for UNLIMITED keypairs, forbidden for
+    LIMITED ones (as the validators decide it); the checker agrees with the validators."""
+    w.agent("a1", cpu=8, mem="64g")
+    w.policy("strict", default_for_unspecified="LIMITED")
+    w.project("default", total=slots(cpu=4))
+    w.user("loose")
+    strict_key = w.user("strict", policy="strict")
+    w.enqueue("loose", "free-mem", cpu=1, mem="1g")
+    w.enqueue("strict", "no-mem", cpu=1, mem="1g")
+    placed = w.names(schedule_pass(sm, "default"))
+    assert placed == ["free-mem"]  # the validator refuses memory to the LIMITED keypair
+    assert w.info("no-mem").startswith("quota exceeded: project total_resource_slots (mem")
+    assert check_consistency(sm) == []
+    # Placed behind the scheduler's back: the checker must report it.
+    with sm.begin() as s:
+        sess = s.get(Session, w.ids["no-mem"])
+        k = sess.kernels[0]
+        k.agent_id, k.occupied_slots, k.status = "a1", ResourceSlot(k.requested_slots), "RUNNING"
+        sess.status = "RUNNING"
+        a = s.get(Agent, "a1")
+        a.occupied_slots = a.occupied_slots + k.requested_slots
+    pid = w.session("no-mem").project_id
+    assert check_consistency(sm) == [
+        f"quota exceeded: project {pid} total_resource_slots: keypair {strict_key} (LIMITED) "
+        "holds mem 1g, which the limit leaves out"
+    ]
 
 
 def test_two_schedulers_at_once_never_overcommit(w, sm):

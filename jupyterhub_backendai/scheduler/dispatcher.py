@@ -68,7 +68,7 @@ from .options import SchedulerOptions
 from .pool import AgentPool
 from .sequencers import SEQUENCERS
 from .snapshot import HOLDING_STATUSES, load_group, load_snapshot, lock_scheduler
-from .state import PassContext, PendingSession, Verdict, fmt_amount, slot_limit
+from .state import LIMITED, PassContext, PendingSession, Verdict, fmt_amount, slot_limit
 from .validators import reason_code, validate
 
 log = logging.getLogger("jupyterhub_backendai.scheduler")
@@ -376,6 +376,9 @@ def check_consistency(sm: sessionmaker) -> list[str]:
         per_agent: dict[str, ResourceSlot] = defaultdict(ResourceSlot)
         usage = {lvl: defaultdict(ResourceSlot) for lvl in ("keypair", "user", "project", "domain")}
         live_sessions: dict[str, set] = defaultdict(set)
+        # (access key, project, domain) -> slots its live kernels hold: for limits that
+        # leave a slot out, whether that is allowed depends on the keypair's policy.
+        held: dict[tuple, ResourceSlot] = defaultdict(ResourceSlot)
         for kid, aid, occ, sid, status, ak, uid, pid, dom in rows:
             occ = (occ or ResourceSlot()).nonzero()
             if aid and occ:
@@ -384,6 +387,7 @@ def check_consistency(sm: sessionmaker) -> list[str]:
                 problems.append(f"kernel {kid} of {status} session {sid} holds {occ.describe()}")
             if status in HOLDING_STATUSES:
                 live_sessions[ak].add(sid)
+                held[(ak, pid, dom)] = held[(ak, pid, dom)] + occ
                 for lvl, subject in (("keypair", ak), ("user", uid), ("project", pid),
                                      ("domain", dom)):
                     if subject is not None:
@@ -439,14 +443,31 @@ def check_consistency(sm: sessionmaker) -> list[str]:
                 return min(lims) if lims else None
 
             over("user", uid, used, ulimit)
-        # Project and domain limits: a missing slot counts as unlimited here unless
-        # every keypair using it says LIMITED (the validators apply the session's own).
-        for pid, limits in db.execute(select(Project.id, Project.total_resource_slots)):
+        # Project and domain limits: the sum of what is held within each slot they name;
+        # a slot they leave out is unlimited for keypairs whose policy says UNLIMITED and
+        # zero for LIMITED ones (as the validators decide it per session).
+        project_limits = dict(db.execute(select(Project.id, Project.total_resource_slots)).all())
+        domain_limits = dict(db.execute(select(Domain.name, Domain.total_resource_slots)).all())
+        for pid, limits in project_limits.items():
             if limits and pid in usage["project"]:
                 over("project", pid, usage["project"][pid], lambda s, L=limits: L.get(s))
-        for name, limits in db.execute(select(Domain.name, Domain.total_resource_slots)):
+        for name, limits in domain_limits.items():
             if limits and name in usage["domain"]:
                 over("domain", name, usage["domain"][name], lambda s, L=limits: L.get(s))
+        for (ak, pid, dom), slots in held.items():
+            if kps[ak][2].default_for_unspecified != LIMITED:
+                continue
+            for level, subject, limits in (("project", pid, project_limits.get(pid)),
+                                           ("domain", dom, domain_limits.get(dom))):
+                if not limits:
+                    continue
+                for slot, v in sorted(slots.items()):
+                    if v > 0 and slot not in limits:
+                        problems.append(
+                            f"quota exceeded: {level} {subject} total_resource_slots: keypair "
+                            f"{ak} (LIMITED) holds {slot} {fmt_amount(slot, v)}, which the "
+                            f"limit leaves out"
+                        )
     return problems
 
 
