@@ -19,10 +19,10 @@ from jupyterhub_backendai.models import Session
 from .inproc import (
     DEAD,
     assert_consistent,
+    assert_nothing_left,
     image_for,
     leftovers,
     make_user,
-    occupied,
     running_manager,
     wait_status,
 )
@@ -60,9 +60,7 @@ def test_batch_exit_codes_and_logs(db_url, backend, tmp_path):
             assert "going wrong" in b.kernels[0].logs
 
             # Nothing left behind: no container or process, no slots.
-            assert leftovers(mgr.agent) == []
-            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
-            assert_consistent(mgr)
+            await assert_nothing_left(mgr)
 
     asyncio.run(run())
 
@@ -83,9 +81,32 @@ def test_batch_timeout_kills_and_fails(db_url, backend, tmp_path):
             sess = await wait_status(mgr, sid, DEAD)
             assert (sess.status, sess.result, sess.status_info) == ("ERROR", "FAILURE", "batch timeout")
             assert "started" in sess.kernels[0].logs
-            assert leftovers(mgr.agent) == []
-            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
-            assert_consistent(mgr)
+            await assert_nothing_left(mgr)
+
+    asyncio.run(run())
+
+
+def test_concurrent_stops_end_the_session_once_with_its_logs(db_url, backend, tmp_path):
+    """A user's stop and a batch timeout at the same moment: the second waits for the first,
+    so the session ends once, as the first asked, with its output kept."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, backend) as mgr:
+            user = await make_user(mgr)
+            sid = await _batch(mgr, user, "twice", "echo started; sleep 300", backend)
+            await wait_status(mgr, sid, ("RUNNING",))
+            for _ in range(200):
+                if "started" in await mgr.session_logs(sid):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.gather(
+                mgr.destroy_session(sid, "ERROR", "batch timeout", result="FAILURE"),
+                mgr.destroy_session(sid),
+            )
+            sess = await mgr.get_session(sid)
+            assert (sess.status, sess.status_info) == ("ERROR", "batch timeout")
+            assert "started" in sess.kernels[0].logs
+            await assert_nothing_left(mgr)
 
     asyncio.run(run())
 

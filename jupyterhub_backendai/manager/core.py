@@ -140,6 +140,7 @@ class BackendAIManager(SingletonConfigurable):
         self._batch_timers: dict[str, asyncio.Task] = {}
         self._bg: set[asyncio.Task] = set()
         self._expiring: set[str] = set()  # batch sessions being ended for their timeout
+        self._destroying: dict[str, asyncio.Future] = {}  # session id -> its destroy in flight
         self._loop_task: asyncio.Task | None = None
         self._started: asyncio.Future | None = None
 
@@ -922,7 +923,22 @@ class BackendAIManager(SingletonConfigurable):
         ``result`` (SUCCESS / FAILURE) defaults from ``status``: a stopped
         interactive session succeeded, a batch session stopped before its
         command finished did not, an error is a failure.
+
+        One destroy per session at a time: a second caller (a user's stop beside a
+        batch timeout, say) waits for the one in flight, then finds the session dead.
+        Two at once would race, and the one that lost the kernels' logs could end it.
         """
+        while (inflight := self._destroying.get(sid)) is not None:
+            await asyncio.shield(inflight)
+        done = asyncio.get_running_loop().create_future()
+        self._destroying[sid] = done
+        try:
+            await self._destroy_session(sid, status, info, result)
+        finally:
+            del self._destroying[sid]
+            done.set_result(None)
+
+    async def _destroy_session(self, sid: str, status: str, info: str, result: str | None) -> None:
         task = self._start_tasks.pop(sid, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
