@@ -128,6 +128,13 @@ def assert_consistent(mgr: BackendAIManager) -> None:
     assert check_consistency(mgr.sm) == []
 
 
+async def assert_nothing_left(mgr: BackendAIManager) -> None:
+    """No container or process left on the manager's agent, no slots held, record consistent."""
+    assert leftovers(mgr.agent) == []
+    assert await occupied(mgr) == {mgr.agent.agent_id: {}}
+    assert_consistent(mgr)
+
+
 def containers_of(agent_id: str) -> list[str]:
     r = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=ai.backend.agent-id={agent_id}"],

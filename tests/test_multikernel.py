@@ -25,6 +25,7 @@ from .inproc import (
     DEAD,
     add_agent,
     assert_consistent,
+    assert_nothing_left,
     image_for,
     leftovers,
     make_user,
@@ -125,9 +126,7 @@ def test_single_node_cluster_kernels_see_each_other(db_url, backend, tmp_path):
                 assert init in ("<nil>", "false"), init
 
             await mgr.destroy_session(sid)
-            assert leftovers(mgr.agent) == []
-            assert await occupied(mgr) == {mgr.agent.agent_id: {}}
-            assert_consistent(mgr)
+            await assert_nothing_left(mgr)
 
     asyncio.run(run())
 
