@@ -61,3 +61,36 @@ class UserRole(enum.StrEnum):
     ADMIN = "admin"
     USER = "user"
     MONITOR = "monitor"
+
+
+class VFolderPermission(enum.StrEnum):
+    """What a user may do in a folder's files (Backend.AI's mount permissions)."""
+
+    READ_ONLY = "ro"
+    READ_WRITE = "rw"
+    RW_DELETE = "wd"  # read, write and delete
+
+
+class VFolderOwnership(enum.StrEnum):
+    USER = "user"
+    PROJECT = "project"
+
+
+class VFolderStatus(enum.StrEnum):
+    PROVISIONING = "provisioning"  # row written, directory not yet confirmed by the storage proxy
+    READY = "ready"
+    DELETING = "deleting"
+
+
+# What allowed_vfolder_hosts grants per host, as in Backend.AI: the union over the
+# domain, the user's projects (or the folder's project) and the keypair policy decides.
+HOST_PERMISSIONS = (
+    "create-vfolder",
+    "modify-vfolder",
+    "delete-vfolder",
+    "mount-in-session",
+    "upload-file",
+    "download-file",
+    "invite-others",
+    "set-user-specific-permission",
+)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
-from traitlets import Bool, Float, Integer, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from ..agent.backends.base import BATCH, IDLE, INTERACTIVE
@@ -54,6 +54,7 @@ from ..scheduler import (
     set_status,
 )
 from ..scheduler.metrics import PLACEMENTS, REJECTIONS
+from ..storageproxy.client import make_storage_registry
 from . import tenancy
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
 
@@ -126,8 +127,33 @@ class BackendAIManager(SingletonConfigurable):
         ERROR with the reason.""",
     ).tag(config=True)
 
+    storage_proxies = Dict(
+        help="""Storage proxy daemons (cluster mode) by name:
+        {"nfs1": {"url": "http://storage1:6021", "token": "..."}}. A vfolder host is
+        "<proxy>:<volume>". The proxy named "local" runs inside the hub unless it is
+        listed here.""",
+    ).tag(config=True)
+    storage_volumes = Dict(
+        help="""Volumes of the storage proxy inside the hub ("local"), by name:
+        {"volume1": {"backend": "vfs", "path": "/srv/vfroot/volume1"}}. Default: one
+        vfs volume "volume1" under ./backendai-vfroot. Agents bind-mount folders
+        from these paths, so they must be the same on every node (an NFS mount)
+        when agents run elsewhere.""",
+    ).tag(config=True)
+
+    @default("storage_volumes")
+    def _storage_volumes_default(self):
+        return {"volume1": {"backend": "vfs", "path": os.path.abspath("backendai-vfroot/volume1")}}
+
+    default_vfolder_host = Unicode(
+        tenancy.DEFAULT_VFOLDER_HOST,
+        help="""Where new vfolders go when the request names no host; the default
+        domain of a new installation may use it fully.""",
+    ).tag(config=True)
+
     def __init__(self, **kw):
         super().__init__(**kw)
+        self.storage = make_storage_registry(self.storage_proxies, self.storage_volumes)
         self.engine = make_engine(self.db_url)
         self.sm = make_sessionmaker(self.engine)
         self.sm_read = make_read_sessionmaker(self.engine)
@@ -157,7 +183,7 @@ class BackendAIManager(SingletonConfigurable):
 
     async def _start(self) -> None:
         await asyncio.to_thread(upgrade, self.engine)
-        await self.db(tenancy.ensure_defaults)
+        await self.db(tenancy.ensure_defaults, self.default_vfolder_host)
         await self.bus.start_consuming(self.handle_event)
         if self.embedded_agent:
             self.agent = LocalAgent(self.bus, parent=self)
@@ -186,6 +212,7 @@ class BackendAIManager(SingletonConfigurable):
         for agent in self.local_agents.values():
             await agent.stop()
         await self.bus.close()
+        await self.storage.close()
         self.engine.dispose()
 
     async def db(self, fn, *args, **kw):

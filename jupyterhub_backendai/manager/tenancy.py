@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session as DBSession
 
 from ..common.errors import Conflict, InvalidRequest, NotFound
 from ..common.ids import generate_keypair
-from ..common.types import UserRole, UserStatus
+from ..common.types import HOST_PERMISSIONS, UserRole, UserStatus
 from ..models import (
     Domain,
     Keypair,
@@ -23,6 +23,8 @@ from ..models import (
 )
 
 DEFAULT = "default"
+# The embedded storage proxy ("local") and its one volume.
+DEFAULT_VFOLDER_HOST = "local:volume1"
 USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+$")
 
@@ -38,10 +40,12 @@ def check_password(password: str, hashed: str) -> bool:
         return False
 
 
-def ensure_defaults(db: DBSession) -> None:
-    """The rows every installation starts with (Backend.AI's fixtures)."""
+def ensure_defaults(db: DBSession, vfolder_host: str = DEFAULT_VFOLDER_HOST) -> None:
+    """The rows every installation starts with (Backend.AI's fixtures). The default
+    domain may use ``vfolder_host`` (the embedded storage proxy's volume) fully."""
     if db.get(Domain, DEFAULT) is None:
-        db.add(Domain(name=DEFAULT, description="Default domain"))
+        db.add(Domain(name=DEFAULT, description="Default domain",
+                      allowed_vfolder_hosts={vfolder_host: list(HOST_PERMISSIONS)} if vfolder_host else {}))
     if db.get(KeypairResourcePolicy, DEFAULT) is None:
         db.add(KeypairResourcePolicy(name=DEFAULT))
     if db.get(UserResourcePolicy, DEFAULT) is None:

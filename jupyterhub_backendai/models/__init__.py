@@ -1,4 +1,4 @@
-"""The record: tenancy, policies, resource groups, agents, sessions, kernels."""
+"""The record: tenancy, policies, resource groups, agents, sessions, kernels, vfolders."""
 
 from .base import Base
 from .cluster import Agent, ResourceGroup
@@ -13,6 +13,7 @@ from .tenancy import (
     UserResourcePolicy,
     project_members,
 )
+from .vfolder import VFolder, VFolderPermissionRow
 
 __all__ = [
     "Agent",
@@ -27,6 +28,8 @@ __all__ = [
     "Session",
     "User",
     "UserResourcePolicy",
+    "VFolder",
+    "VFolderPermissionRow",
     "project_members",
     "session_dependencies",
 ]

@@ -52,6 +52,9 @@ class Session(Base):
     # Agent architecture the kernels need (None: any), and agents the owner pinned it to.
     architecture: Mapped[str | None] = mapped_column(String(32), nullable=True)
     designated_agents: Mapped[list] = mapped_column(JSON, default=list)
+    # Virtual folders mounted into every kernel, resolved at enqueue:
+    # [{"id", "name", "host", "quota_scope_id", "permission", "target"}].
+    vfolder_mounts: Mapped[list] = mapped_column(JSON, default=list)
     # UNDEFINED while alive; SUCCESS or FAILURE once dead (dependencies wait for SUCCESS).
     result: Mapped[str] = mapped_column(String(16), default="UNDEFINED")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

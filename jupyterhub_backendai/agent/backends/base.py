@@ -135,7 +135,9 @@ class Backend:
         service_prefix, kernel_type (see KERNEL_TYPES), command (batch),
         cluster_hostname (the kernel's host name, e.g. ``main1``) and
         network_alias (a name unique to this kernel under which the other
-        kernels of its session reach it).
+        kernels of its session reach it), and mounts: virtual folders as
+        ``[{"source": host path, "target": "/home/work/<name>", "mode": "ro"|"rw"}]``
+        (the source exists on this node; the agent checks the target).
         """
         raise NotImplementedError
 
