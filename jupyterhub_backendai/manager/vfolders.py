@@ -20,7 +20,15 @@ from sqlalchemy.orm import Session as DBSession
 
 from ..common.errors import InvalidRequest
 from ..common.types import VFolderOwnership, VFolderPermission
-from ..models import Domain, Keypair, KeypairResourcePolicy, Project, User, VFolder, VFolderPermissionRow
+from ..models import (
+    Domain,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    User,
+    VFolder,
+    VFolderPermissionRow,
+)
 
 # A folder's name is its directory under /home/work: one path component, no dot first.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
