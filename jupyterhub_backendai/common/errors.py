@@ -46,6 +46,13 @@ class QuotaExceeded(BackendAIError):
     title = "Quota exceeded"
 
 
+class StorageQuotaExceeded(QuotaExceeded):
+    """A write through the storage proxy would take a quota scope over its limit."""
+
+    status_code = 413
+    title = "Storage quota exceeded"
+
+
 class TooManyRequests(BackendAIError):
     status_code = 429
     title = "Too many requests"
