@@ -258,13 +258,15 @@ class Agent(LoggingConfigurable):
     async def create_kernel(self, spec: dict) -> dict:
         """Start one kernel. ``spec``: kernel_id, session_id, owner, image, slots, environ,
         service_prefix, and optionally kernel_type (interactive, batch, idle), command
-        (batch), cluster_hostname and network_alias (multi-kernel sessions). Returns
-        the kernel record (host, service ports, container id)."""
+        (batch), cluster_hostname and network_alias (multi-kernel sessions), mounts
+        (vfolders, see :func:`check_mounts`). Returns the kernel record (host,
+        service ports, container id)."""
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         if kernel_type not in KERNEL_TYPES:
             raise InvalidRequest(f"unknown kernel type {kernel_type!r}")
         if kernel_type == BATCH and not (spec.get("command") or "").strip():
             raise InvalidRequest("a batch kernel needs a command")
+        spec = dict(spec, mounts=check_mounts(spec.get("mounts")))
         image = await self.impl.inspect_image(spec["image"])
         slots = ResourceSlot.from_json(spec["slots"])
         n_gpu = int(slots.get(CUDA, 0))
@@ -316,6 +318,46 @@ class Agent(LoggingConfigurable):
             "kernel_terminated",
             {"agent_id": self.agent_id, "kernel_id": kernel_id, "exit_code": exit_code, "logs": logs},
         )
+
+
+MOUNT_ROOT = "/home/work"
+MOUNT_MODES = ("ro", "rw")
+
+
+def check_mounts(mounts) -> list[dict]:
+    """Check a kernel's ``mounts``: ``[{"source": a directory on this node, "target":
+    "/home/work/<name>", "mode": "ro" | "rw"}]``; raise InvalidRequest otherwise.
+
+    A target is one path component under /home/work (what the backends can
+    place: a bind mount, or a link in the local backend's working folder), and
+    two mounts never share one.
+    """
+    if mounts is None:
+        return []
+    if not isinstance(mounts, list):
+        raise InvalidRequest("mounts must be a list")
+    out, targets = [], set()
+    for m in mounts:
+        if not isinstance(m, dict) or set(m) - {"source", "target", "mode"}:
+            raise InvalidRequest(f"a mount is {{source, target, mode}}, not {m!r}")
+        source, target, mode = m.get("source"), m.get("target"), m.get("mode", "rw")
+        if mode not in MOUNT_MODES:
+            raise InvalidRequest(f"mount mode must be ro or rw, not {mode!r}")
+        if not isinstance(target, str) or not target.startswith(MOUNT_ROOT + "/"):
+            raise InvalidRequest(f"mount target must be {MOUNT_ROOT}/<name>, not {target!r}")
+        name = target[len(MOUNT_ROOT) + 1:]
+        if not name or "/" in name or name in (".", "..") or "\0" in name:
+            raise InvalidRequest(
+                f"mount target must be one folder directly under {MOUNT_ROOT}, not {target!r}")
+        if target in targets:
+            raise InvalidRequest(f"two mounts at {target}")
+        if not isinstance(source, str) or not os.path.isabs(source):
+            raise InvalidRequest(f"mount source must be an absolute path, not {source!r}")
+        if not os.path.isdir(source):
+            raise InvalidRequest(f"mount source {source} of {target} is not a directory on this agent")
+        targets.add(target)
+        out.append({"source": os.path.normpath(source), "target": target, "mode": mode})
+    return out
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -40,8 +40,10 @@ from ..common.types import (
     AgentStatus,
     SessionStatus,
     UserStatus,
+    VFolderOwnership,
+    VFolderStatus,
 )
-from ..models import Agent, Kernel, ResourceGroup, Session, User
+from ..models import Agent, Kernel, Project, ResourceGroup, Session, User, VFolder
 from ..models.base import utcnow
 from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
 from ..scheduler import (
@@ -55,6 +57,7 @@ from ..scheduler import (
 )
 from ..scheduler.metrics import PLACEMENTS, REJECTIONS
 from ..storageproxy.client import make_storage_registry
+from . import mounts as vfmounts
 from . import tenancy
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
 
@@ -545,12 +548,16 @@ class BackendAIManager(SingletonConfigurable):
         dependencies: list[str] | tuple = (),
         designated_agents: list[str] | tuple = (),
         architecture: str | None = None,
+        mounts: list[str] | tuple = (),
     ) -> str:
         """Validate and record a PENDING session; returns its id.
 
         ``slots`` are per kernel; the session has ``cluster_size`` kernels.
         ``project`` is a project id or name in the user's domain (default: the
-        user's first project). Raises a :class:`BackendAIError` (4xx) for
+        user's first project). ``mounts``: vfolders (names or ids) mounted in
+        every kernel at ``/home/work/<name>``, checked against what the user may
+        mount in that project (:func:`.mounts.resolve_mounts`). Raises a
+        :class:`BackendAIError` (4xx) for
         anything the caller got wrong, including what the scheduler's admission
         refuses (pending limits, containers per session, priority cap, resource
         group permission); nothing is created then.
@@ -594,12 +601,8 @@ class BackendAIManager(SingletonConfigurable):
             )
             if live is not None:
                 raise Conflict(f"session {name!r} already exists ({live.status})")
-            if project is None:
-                proj = user.projects[0] if user.projects else None
-            else:
-                proj = next((p for p in user.projects if project in (p.id, p.name)), None)
-                if proj is None:
-                    raise InvalidRequest(f"user {username!r} is not a member of project {project!r}")
+            proj = _session_project(user, project)
+            resolved = vfmounts.resolve_mounts(s, user, proj, mounts, kp)
             sess = Session(
                 name=name,
                 session_type=session_type,
@@ -619,6 +622,7 @@ class BackendAIManager(SingletonConfigurable):
                 starts_at=starts_at,
                 designated_agents=list(designated_agents),
                 architecture=architecture,
+                vfolder_mounts=resolved,
                 retries=0,
                 result="UNDEFINED",
             )
@@ -677,6 +681,7 @@ class BackendAIManager(SingletonConfigurable):
             ):
                 return
             await asyncio.gather(*(c.image_info(sess.image) for c in clients.values()))
+            mounts = await self._mount_specs(sess)
             n = len(kernels)
             what = "starting the container" if n == 1 else f"starting {n} containers"
             if not await self._transition(
@@ -684,7 +689,7 @@ class BackendAIManager(SingletonConfigurable):
             ):
                 return
             owner = await self.db(lambda s: s.get(User, sess.user_id).username)
-            specs = self._kernel_specs(sess, kernels, agents, owner)
+            specs = self._kernel_specs(sess, kernels, agents, owner, mounts)
 
             async def create(k, spec):
                 rec = await clients[k.agent_id].create_kernel(spec)
@@ -741,9 +746,45 @@ class BackendAIManager(SingletonConfigurable):
             if self._start_tasks.get(sid) is asyncio.current_task():
                 del self._start_tasks[sid]
 
-    def _kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str) -> list[dict]:
+    async def _mount_specs(self, sess: Session) -> list[dict]:
+        """The session's vfolders as the agents mount them (``spec["mounts"]``).
+
+        Checked again at each start: a folder deleted (or being deleted) since the
+        session was queued, or a storage proxy that does not answer, fails the start
+        with the reason, and the start is retried like any other failure.
+        """
+        if not sess.vfolder_mounts:
+            return []
+
+        def states(s):
+            return {f.id: f.status for f in s.scalars(
+                select(VFolder).where(VFolder.id.in_([m["id"] for m in sess.vfolder_mounts])))}
+
+        found = await self.db_read(states)
+        out = []
+        for m in sess.vfolder_mounts:
+            status = found.get(m["id"])
+            if status is None:
+                raise VFolderUnavailable(f"vfolder {m['name']!r} was deleted")
+            if status != VFolderStatus.READY:
+                raise VFolderUnavailable(f"vfolder {m['name']!r} is {status}")
+            try:
+                source = await self.storage.mount_path(m["host"], m["quota_scope_id"], m["id"])
+            except BackendAIError as e:
+                raise VFolderUnavailable(
+                    f"vfolder {m['name']!r} on {m['host']} is unreachable: {e.detail}") from None
+            except OSError as e:
+                raise VFolderUnavailable(
+                    f"vfolder {m['name']!r} on {m['host']} is unreachable: {e}") from None
+            out.append({"source": source, "target": m["target"],
+                        "mode": "ro" if m["permission"] == "ro" else "rw"})
+        return out
+
+    def _kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str,
+                      mounts: list[dict] = ()) -> list[dict]:
         """What each agent gets: the main kernel serves Jupyter (or runs the batch
-        command), the others idle; all know the session's cluster."""
+        command), the others idle; all know the session's cluster and mount the
+        session's vfolders."""
         hosts = [_cluster_host(k, sess.id, *agents[k.agent_id], self.local_agents) for k in kernels]
         cluster_env = {
             "BACKENDAI_SESSION_ID": sess.id,
@@ -784,6 +825,7 @@ class BackendAIManager(SingletonConfigurable):
                     "command": sess.startup_command if kernel_type == BATCH else None,
                     "cluster_hostname": k.cluster_hostname,
                     "network_alias": _network_alias(k, sess.id),
+                    "mounts": [dict(m) for m in mounts],
                 }
             )
         return specs
@@ -1013,6 +1055,50 @@ class BackendAIManager(SingletonConfigurable):
 
         return await self.db(work)
 
+    async def mountable_folders(self, username: str, project: str | None = None) -> list[dict]:
+        """The vfolders ``username`` may mount in a session of ``project`` (id or name;
+        None: every project of theirs), for the spawner's form: id, name, owner
+        (a username, or "project <name>"), permission and project (None for user folders)."""
+
+        def work(s):
+            user = s.scalar(select(User).where(User.username == username))
+            if user is None:
+                return []
+            if project is None:
+                projects = [p for p in user.projects if p.is_active] or [None]
+            else:
+                projects = [_session_project(user, project)]
+            seen, out = set(), []
+            for proj in projects:
+                for f, perm in vfmounts.mountable_folders(s, user, proj):
+                    if f.id in seen:
+                        continue
+                    seen.add(f.id)
+                    if f.ownership_type == VFolderOwnership.PROJECT:
+                        owner = f"project {proj.name}"
+                    else:
+                        row = s.get(User, f.user_id)
+                        owner = row.username if row is not None else ""
+                    out.append({"id": f.id, "name": f.name, "owner": owner, "permission": perm,
+                                "project": proj.name if f.ownership_type == VFolderOwnership.PROJECT
+                                else None})
+            return sorted(out, key=lambda d: (d["name"], d["owner"]))
+
+        return await self.db_read(work)
+
+    async def check_mounts(self, username: str, project: str | None, mounts) -> list[dict]:
+        """What :meth:`enqueue` would mount for this request; raises InvalidRequest
+        with the reason (the spawner checks before anything is created)."""
+
+        def work(s):
+            user = s.scalar(select(User).where(User.username == username))
+            if user is None:
+                raise NotFound(f"no Backend.AI user {username!r}")
+            return vfmounts.resolve_mounts(
+                s, user, _session_project(user, project), mounts, tenancy.default_keypair(s, user))
+
+        return await self.db_read(work)
+
     async def get_session(self, sid: str) -> Session | None:
         return await self.db_read(_load_session, sid)
 
@@ -1096,6 +1182,8 @@ def _failure_reason(e: BaseException) -> str:
         return "kernel_exited"
     if isinstance(e, AgentError):
         return "agent_error"
+    if isinstance(e, VFolderUnavailable):
+        return "vfolder_unavailable"
     return "other"
 
 
@@ -1122,6 +1210,23 @@ def _counter_by(metric, label: str, **labels) -> dict[str, int]:
 
 class KernelExitedWhileStarting(AgentError):
     """A kernel of a starting session ended before the session was running."""
+
+
+class VFolderUnavailable(BackendAIError):
+    """A vfolder of a starting session is gone or its storage does not answer."""
+
+    status_code = 409
+    title = "Vfolder unavailable"
+
+
+def _session_project(user: User, project: str | None) -> Project | None:
+    """The project a session of ``user`` runs in: ``project`` (id or name), else their first."""
+    if project is None:
+        return user.projects[0] if user.projects else None
+    proj = next((p for p in user.projects if project in (p.id, p.name)), None)
+    if proj is None:
+        raise InvalidRequest(f"user {user.username!r} is not a member of project {project!r}")
+    return proj
 
 
 def _new_kernels(slots: ResourceSlot, cluster_size: int) -> list[Kernel]:

@@ -250,6 +250,14 @@ class DockerBackend(Backend):
                     "Capabilities": [["gpu"]],
                 }
             ]
+        if spec.get("mounts"):
+            # vfolders: bind mounts of the storage's directories (the same paths on
+            # every node); "ro" ones read-only in the kernel, whoever runs there.
+            host_config["Mounts"] = [
+                {"Type": "bind", "Source": m["source"], "Target": m["target"],
+                 "ReadOnly": m["mode"] == "ro"}
+                for m in spec["mounts"]
+            ]
         host_config.update(self.extra_host_config)
         config = {
             "Image": image.name,

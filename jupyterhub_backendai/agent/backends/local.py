@@ -4,6 +4,12 @@ NOT ISOLATED: kernels run as the agent's own OS user, see the agent's files and
 network, and get no CPU or memory limits. Use it for demos and single-user
 machines only. Each user gets a working directory ``<work_root>/<username>``
 that stands in for ``/home/work``.
+
+Vfolders (``spec["mounts"]``) become symbolic links ``<working directory>/<name>``
+to the folder on the volume, made when a kernel starts and removed when the last
+live kernel of that user that mounts it ends. Read-only (``ro``) cannot be
+enforced here: a link gives the kernel's process whatever the OS user may do in
+the folder, which is everything, since every kernel runs as the agent's user.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import shutil
 import signal
 import sys
 
-from ...common.errors import AgentError, ImageNotFound
+from ...common.errors import AgentError, ImageNotFound, InvalidRequest
 from .base import BATCH, INTERACTIVE, Backend, ExitCallback, ImageInfo, KernelRecord, tail_text
 
 log = logging.getLogger(__name__)
@@ -93,6 +99,8 @@ class LocalBackend(Backend):
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         workdir = os.path.join(self.work_root, owner)
         os.makedirs(workdir, exist_ok=True)
+        mounts = list(spec.get("mounts") or [])
+        made = self._link_mounts(spec["kernel_id"], owner, workdir, mounts)
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
         env.update(spec.get("environ") or {})
         env["HOME"] = workdir
@@ -123,7 +131,11 @@ class LocalBackend(Backend):
                 start_new_session=True,  # survives a hub restart; killed as a group
             )
         except OSError as e:
+            self._unlink(made)
             raise AgentError(f"could not start the kernel process: {e}") from None
+        except BaseException:
+            self._unlink(made)
+            raise
         finally:
             logf.close()
         ports = []
@@ -142,10 +154,102 @@ class LocalBackend(Backend):
         )
         tmp = self._state_path(rec.kernel_id) + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(rec.to_json(), f)
+            json.dump({**rec.to_json(), "owner": owner, "mounts": mounts}, f)
         os.replace(tmp, self._state_path(rec.kernel_id))
         self._watchers[rec.kernel_id] = asyncio.create_task(self._watch_proc(rec.kernel_id, proc))
         return rec
+
+    # -- vfolders as links ------------------------------------------------------
+
+    def _states(self) -> dict[str, dict]:
+        """The state of every kernel this backend runs, by kernel id."""
+        out = {}
+        for fn in sorted(os.listdir(self.state_dir)):
+            if not fn.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.state_dir, fn)) as f:
+                    out[fn[: -len(".json")]] = json.load(f)
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _links_in_use(self, owner: str, exclude: str) -> dict[str, str]:
+        """link path -> source of the mounts of ``owner``'s other live kernels."""
+        workdir = os.path.join(self.work_root, owner)
+        used = {}
+        for kid, data in self._states().items():
+            if kid == exclude or data.get("owner") != owner:
+                continue
+            for m in data.get("mounts") or []:
+                used[os.path.join(workdir, os.path.basename(m["target"]))] = m["source"]
+        return used
+
+    def _link_mounts(self, kernel_id: str, owner: str, workdir: str, mounts: list[dict]) -> list[str]:
+        """Make ``<workdir>/<name>`` -> source for each mount; returns the links made
+        (a link that another kernel of the owner already made to the same folder is
+        shared). All or none: on a conflict the links made so far are removed."""
+        used = self._links_in_use(owner, kernel_id)
+        made: list[str] = []
+        try:
+            for m in mounts:
+                name = os.path.basename(m["target"])
+                link = os.path.join(workdir, name)
+                if os.path.islink(link):
+                    if os.readlink(link) == m["source"]:
+                        continue
+                    if link in used:
+                        raise InvalidRequest(
+                            f"cannot mount {name!r}: another session of {owner} has a different "
+                            f"folder at {m['target']}")
+                    os.unlink(link)  # left by a kernel that is gone
+                elif os.path.lexists(link):
+                    raise InvalidRequest(
+                        f"cannot mount {name!r}: {owner}'s working folder already has a file or "
+                        f"folder of that name")
+                os.symlink(m["source"], link, target_is_directory=True)
+                made.append(link)
+        except BaseException:
+            self._unlink(made)
+            raise
+        return made
+
+    @staticmethod
+    def _unlink(links: list[str]) -> None:
+        for link in links:
+            try:
+                if os.path.islink(link):
+                    os.unlink(link)
+            except FileNotFoundError:
+                pass
+
+    def _forget(self, kernel_id: str) -> None:
+        """Drop a kernel's state; remove its links unless another live kernel of the
+        same owner mounts the same folder."""
+        path = self._state_path(kernel_id)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = {}
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        owner = data.get("owner")
+        if not owner or not data.get("mounts"):
+            return
+        used = self._links_in_use(owner, kernel_id)
+        workdir = os.path.join(self.work_root, owner)
+        for m in data["mounts"]:
+            link = os.path.join(workdir, os.path.basename(m["target"]))
+            if used.get(link) == m["source"]:
+                continue
+            try:
+                if os.path.islink(link) and os.readlink(link) == m["source"]:
+                    os.unlink(link)
+            except FileNotFoundError:
+                pass
 
     def _log_path(self, kernel_id: str) -> str:
         return os.path.join(self.state_dir, f"{kernel_id}.log")
@@ -170,10 +274,7 @@ class LocalBackend(Backend):
 
     async def _exited(self, kernel_id: str, code: int | None) -> None:
         self._watchers.pop(kernel_id, None)
-        try:
-            os.unlink(self._state_path(kernel_id))
-        except FileNotFoundError:
-            pass
+        self._forget(kernel_id)
         if self._on_exit:
             await self._on_exit(kernel_id, code)
 
@@ -202,10 +303,7 @@ class LocalBackend(Backend):
                 await asyncio.wait_for(asyncio.shield(watcher), 3)
             except (TimeoutError, asyncio.CancelledError):
                 pass
-        try:
-            os.unlink(self._state_path(kernel_id))
-        except FileNotFoundError:
-            pass
+        self._forget(kernel_id)
         self._remove_log(kernel_id)
 
     def _remove_log(self, kernel_id: str) -> None:
@@ -224,6 +322,8 @@ class LocalBackend(Backend):
                     data = json.load(f)
             except (OSError, ValueError):
                 continue
+            data.pop("owner", None)
+            data.pop("mounts", None)
             data["alive"] = _pid_alive(int(data["container_id"]))
             out.append(KernelRecord(**data))
         return out
