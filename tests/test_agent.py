@@ -83,3 +83,100 @@ def test_capacity_ports_and_gpu_mapping(tmp_path):
         await again.stop()
 
     asyncio.run(run())
+
+
+def test_mounts_are_checked_before_anything_starts(tmp_path):
+    """A kernel's mounts must be one folder under /home/work each, from a directory that
+    exists here; a bad one is refused with the reason, holding no port and no process."""
+    from jupyterhub_backendai.common.errors import InvalidRequest
+
+    src = tmp_path / "folder"
+    src.mkdir()
+
+    async def run():
+        agent = _agent(tmp_path)
+        await agent.start()
+        bad = [
+            ([{"source": str(src), "target": "/home/work"}], "mount target must be"),
+            ([{"source": str(src), "target": "/tmp/x"}], "mount target must be /home/work/<name>"),
+            ([{"source": str(src), "target": "/home/work/a/b"}], "one folder directly under"),
+            ([{"source": str(src), "target": "/home/work/.."}], "one folder directly under"),
+            ([{"source": str(src), "target": "/home/work/d"}, {"source": str(src), "target": "/home/work/d"}],
+             "two mounts at /home/work/d"),
+            ([{"source": "relative", "target": "/home/work/d"}], "absolute path"),
+            ([{"source": str(tmp_path / "missing"), "target": "/home/work/d"}], "is not a directory"),
+            ([{"source": str(src), "target": "/home/work/d", "mode": "wd"}], "mode must be ro or rw"),
+            ([{"source": str(src), "target": "/home/work/d", "extra": 1}], "a mount is"),
+            ({"source": str(src)}, "mounts must be a list"),
+        ]
+        for mounts, reason in bad:
+            spec = dict(_spec("m", 0), mounts=mounts)
+            try:
+                await agent.create_kernel(spec)
+                raise AssertionError(f"accepted {mounts!r}")
+            except InvalidRequest as e:
+                assert reason in e.detail, (reason, e.detail)
+        assert await agent.list_kernels() == [] and agent._used_ports == set()
+        await agent.stop()
+
+    asyncio.run(run())
+
+
+def test_local_backend_links_vfolders_while_a_kernel_uses_them(tmp_path):
+    """Local backend: ``<workdir>/<name>`` links to the folder while a live kernel of
+    that user mounts it; a name taken by the user's own file is refused."""
+    from jupyterhub_backendai.common.errors import InvalidRequest
+
+    data = tmp_path / "vol" / "data"
+    data.mkdir(parents=True)
+    other = tmp_path / "vol" / "other"
+    other.mkdir()
+    mount = [{"source": str(data), "target": "/home/work/data", "mode": "rw"}]
+
+    async def run():
+        agent = _agent(tmp_path)
+        await agent.start()
+        home = os.path.join(agent.local_work_root, "alice")
+        link = os.path.join(home, "data")
+        a = await agent.create_kernel(dict(_spec("a", 0), mounts=mount))
+        b = await agent.create_kernel(dict(_spec("b", 0), mounts=mount))
+        assert os.readlink(link) == str(data)
+        # A kernel writes through the link into the folder.
+        with open(os.path.join(link, "f.txt"), "w") as f:
+            f.write("x")
+        assert os.listdir(data) == ["f.txt"]
+        # Another folder at the same name, while the link is in use: refused, nothing kept.
+        try:
+            await agent.create_kernel(dict(_spec("c", 0), mounts=[dict(mount[0], source=str(other))]))
+            raise AssertionError("a second folder took the link of a live one")
+        except InvalidRequest as e:
+            assert "another session of alice has a different folder at /home/work/data" in e.detail
+        assert len(await agent.list_kernels()) == 2
+        await agent.destroy_kernel(a["kernel_id"])
+        assert os.readlink(link) == str(data), "b still uses it"
+        await agent.destroy_kernel(b["kernel_id"])
+        assert not os.path.lexists(link)
+        assert os.listdir(data) == ["f.txt"], "the folder itself stays"
+
+        # The user's own file of that name is never replaced.
+        os.makedirs(link)
+        try:
+            await agent.create_kernel(dict(_spec("d", 0), mounts=mount))
+            raise AssertionError("a mount replaced the user's own folder")
+        except InvalidRequest as e:
+            assert "already has a file or folder of that name" in e.detail
+        assert await agent.list_kernels() == [] and agent._used_ports == set()
+        os.rmdir(link)
+
+        # A kernel that exits by itself gives its link back too.
+        c = await agent.create_kernel(dict(_spec("e", 0), mounts=mount))
+        assert os.path.islink(link)
+        os.killpg(int(c["container_id"]), 9)
+        for _ in range(100):
+            if not os.path.lexists(link):
+                break
+            await asyncio.sleep(0.05)
+        assert not os.path.lexists(link)
+        await agent.stop()
+
+    asyncio.run(run())
