@@ -204,9 +204,15 @@ class APIBase(APIHandler):
             raise InvalidRequest(f"{where}: {err.message}")
         return data
 
-    def query(self, filters: dict | None = None) -> tuple[dict, int, int]:
-        """(filters, offset, limit) from the query string; unknown or bad parameters are 400."""
+    def query(self, filters: dict | None = None,
+              params: dict[str, tuple[dict, bool]] | None = None) -> tuple[dict, int, int]:
+        """(filters, offset, limit) from the query string; unknown or bad parameters are 400.
+
+        ``filters`` make a paginated list's parameters; ``params`` (name -> (schema,
+        required)) those of an operation that is not a list.
+        """
         allowed = dict(filters or {})
+        allowed.update({k: v for k, (v, _req) in (params or {}).items()})
         paged = filters is not None
         out: dict = {}
         offset, limit = 0, spec.DEFAULT_LIMIT
@@ -252,7 +258,12 @@ class APIBase(APIHandler):
             else:
                 if len(value) > schema.get("maxLength", 128):
                     raise InvalidRequest(f"{name} is too long")
+                if len(value) < schema.get("minLength", 0):
+                    raise InvalidRequest(f"{name} must not be empty")
                 out[name] = value
+        for name, (_schema, required) in (params or {}).items():
+            if required and name not in out:
+                raise InvalidRequest(f"query parameter {name!r} is required")
         return out, offset, limit
 
     # -- output ------------------------------------------------------------------

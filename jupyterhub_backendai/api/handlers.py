@@ -8,12 +8,16 @@ flags, session start and stop) happen only after that transaction committed.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
+import urllib.parse
+
+from tornado import web
 
 from ..common.errors import BackendAIError, InvalidRequest
 from ..common.types import SessionStatus, UserRole
-from ..manager import admin
+from ..manager import admin, vfolders
 from . import spec
 from .base import APIBase, document
 
@@ -361,6 +365,181 @@ class SessionLogsHandler(APIBase):
         self.reply(out)
 
 
+# -- vfolders ------------------------------------------------------------------
+
+
+def _params(method: str, path: str) -> dict:
+    return spec.PARAMS[(method, path)]
+
+
+class VFolderHostsHandler(APIBase):
+    async def get(self):
+        self.query()
+        self.reply(await vfolders.hosts(self.manager, self.principal))
+
+
+class VFoldersHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/vfolders"))
+        self.reply(await self.manager.db_read(vfolders.list_folders, self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("VFolderCreate")
+        self.reply(await vfolders.create(self.manager, self.principal, body), 201)
+
+
+class VFolderHandler(APIBase):
+    async def get(self, fid):
+        self.query()
+        self.reply(await self.manager.db_read(vfolders.get_folder, self.principal, fid))
+
+    async def patch(self, fid):
+        self.query()
+        body = self.body("VFolderUpdate")
+        self.reply(await self.manager.db(vfolders.update_folder, self.principal, fid, body))
+
+    async def delete(self, fid):
+        self.query()
+        await vfolders.delete(self.manager, self.principal, fid)
+        self.reply(None, 204)
+
+
+class VFolderSharesHandler(APIBase):
+    async def get(self, fid):
+        _, o, n = self.query(_filters("/vfolders/{id}/shares"))
+        self.reply(await self.manager.db_read(vfolders.list_shares, self.principal, fid, o, n))
+
+    async def post(self, fid):
+        self.query()
+        body = self.body("VFolderShareCreate")
+        self.reply(await self.manager.db(vfolders.add_share, self.principal, fid, body), 201)
+
+
+class VFolderShareHandler(APIBase):
+    async def patch(self, fid, who):
+        self.query()
+        body = self.body("VFolderShareUpdate")
+        # (tornado has already unquoted the path's segments)
+        self.reply(await self.manager.db(vfolders.update_share, self.principal, fid, who, body))
+
+    async def delete(self, fid, who):
+        self.query()
+        await self.manager.db(vfolders.remove_share, self.principal, fid, who)
+        self.reply(None, 204)
+
+
+class VFolderFilesHandler(APIBase):
+    async def get(self, fid):
+        q, _, _ = self.query(params=_params("get", "/vfolders/{id}/files"))
+        path = vfolders.check_path(q.get("path", ""))
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "list")
+        self.reply(await vfolders.list_files(self.manager, where, path))
+
+    async def delete(self, fid):
+        q, _, _ = self.query(params=_params("delete", "/vfolders/{id}/files"))
+        path = vfolders.check_path(q["path"], allow_root=False)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "delete")
+        await vfolders.delete_files(self.manager, where, path, q.get("recursive", False))
+        self.reply(None, 204)
+
+
+class VFolderMkdirHandler(APIBase):
+    async def post(self, fid):
+        self.query()
+        body = self.body("VFolderMkdir")
+        path = vfolders.check_path(body["path"], allow_root=False)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        await vfolders.mkdir(self.manager, where, path, parents=body.get("parents", False),
+                             exist_ok=body.get("exist_ok", False))
+        self.reply({"path": path, "size": 0}, 201)
+
+
+class VFolderRenameHandler(APIBase):
+    async def post(self, fid):
+        self.query()
+        body = self.body("VFolderRename")
+        src = vfolders.check_path(body["path"], allow_root=False)
+        dst = vfolders.check_path(body["new_path"], "new_path", allow_root=False)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        await vfolders.rename(self.manager, where, src, dst)
+        self.reply({"path": dst, "size": 0})
+
+
+# Largest upload accepted in one request; the quota scope's limit applies as well.
+MAX_UPLOAD = 64 * 2**30
+_END = object()
+
+
+@web.stream_request_body
+class VFolderUploadHandler(APIBase):
+    """``PUT`` streams the request body to the storage as it arrives: nothing is
+    buffered whole, and a write the storage refuses (quota, permission) leaves no
+    file (the storage writes to a temporary name and renames at the end)."""
+
+    _queue: asyncio.Queue | None = None
+    _task: asyncio.Task | None = None
+
+    async def prepare(self):
+        await super().prepare()
+        if self.request.method != "PUT":
+            return
+        q, _, _ = self.query(params=_params("put", "/vfolders/{id}/upload"))
+        self._path = vfolders.check_path(q["path"], allow_root=False)
+        where = await self.manager.db_read(vfolders.file_access, self.principal,
+                                           self.path_args[0], "upload")
+        self.request.connection.set_max_body_size(MAX_UPLOAD)
+        self._queue = asyncio.Queue(maxsize=8)
+
+        async def chunks():
+            while True:
+                chunk = await self._queue.get()
+                if chunk is _END:
+                    return
+                yield chunk
+
+        self._task = asyncio.ensure_future(
+            vfolders.upload(self.manager, where, self._path, chunks()))
+
+    async def data_received(self, chunk: bytes):
+        if self._task is None or self._task.done():
+            return  # refused already: the rest of the body is read and dropped
+        put = asyncio.ensure_future(self._queue.put(chunk))
+        await asyncio.wait([put, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+
+    async def put(self, fid):
+        if not self._task.done():
+            put = asyncio.ensure_future(self._queue.put(_END))
+            await asyncio.wait([put, self._task], return_when=asyncio.FIRST_COMPLETED)
+        size = await self._task
+        self.reply({"path": self._path, "size": size}, 201)
+
+    def on_connection_close(self):
+        # The client went away mid-body: the storage drops what it had started.
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        super().on_connection_close()
+
+
+class VFolderDownloadHandler(APIBase):
+    async def get(self, fid):
+        q, _, _ = self.query(params=_params("get", "/vfolders/{id}/download"))
+        path = vfolders.check_path(q["path"], allow_root=False)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "download")
+        size, chunks = await vfolders.download(self.manager, where, path)
+        name = path.rsplit("/", 1)[-1]
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Content-Length", str(size))
+        self.set_header("Content-Disposition",
+                        f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}")
+        async for chunk in chunks:
+            self.write(chunk)
+            await self.flush()
+        self.finish()
+
+
 SEG = r"([^/]+)"
 
 
@@ -393,6 +572,16 @@ def routes() -> list[tuple]:
         ("/sessions", SessionsHandler),
         (f"/sessions/{SEG}", SessionHandler),
         (f"/sessions/{SEG}/logs", SessionLogsHandler),
+        ("/vfolder-hosts", VFolderHostsHandler),
+        ("/vfolders", VFoldersHandler),
+        (f"/vfolders/{SEG}", VFolderHandler),
+        (f"/vfolders/{SEG}/shares", VFolderSharesHandler),
+        (f"/vfolders/{SEG}/shares/{SEG}", VFolderShareHandler),
+        (f"/vfolders/{SEG}/files", VFolderFilesHandler),
+        (f"/vfolders/{SEG}/upload", VFolderUploadHandler),
+        (f"/vfolders/{SEG}/download", VFolderDownloadHandler),
+        (f"/vfolders/{SEG}/mkdir", VFolderMkdirHandler),
+        (f"/vfolders/{SEG}/rename", VFolderRenameHandler),
     ]
     out = []
     for row in table:

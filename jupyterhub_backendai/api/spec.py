@@ -20,8 +20,16 @@ import sys
 import yaml
 
 from ..common.slots import KNOWN_SLOTS
-from ..common.types import SessionStatus, UserRole, UserStatus
+from ..common.types import (
+    SessionStatus,
+    UserRole,
+    UserStatus,
+    VFolderOwnership,
+    VFolderPermission,
+    VFolderStatus,
+)
 from ..manager.admin import KNOWN_SCHEDULERS
+from ..manager.vfolders import MAX_PATH, USAGE_MODES
 
 PATH = os.path.join(os.path.dirname(__file__), "openapi.yaml")
 PREFIX = "/hub/api/backendai"
@@ -68,6 +76,10 @@ VFOLDER_HOSTS = {"type": "object", "maxProperties": 64,
                  "additionalProperties": {"type": "array", "maxItems": 32, "items": _str(64)}}
 STRINGS = {"type": "array", "maxItems": 256, "items": _str(64)}
 IDS = {"type": "array", "maxItems": 500, "items": ID}
+VFOLDER_NAME = {"type": "string", "minLength": 1, "maxLength": 64,
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
+FILE_PATH = {"type": "string", "minLength": 1, "maxLength": MAX_PATH,
+             "description": "relative to the folder's root; no '..'"}
 
 
 def _obj(props: dict, required=(), *, closed: bool = True) -> dict:
@@ -261,6 +273,66 @@ SCHEMAS: dict[str, dict] = {
     }),
     "SchedulerStatus": {"type": "object",
                         "description": "per resource group: the queue and what the scheduler did"},
+    "VFolder": _out({
+        "id": {"type": "string"}, "name": {"type": "string"}, "host": {"type": "string"},
+        "quota_scope_id": {"type": "string"},
+        "ownership_type": {"enum": list(VFolderOwnership)},
+        "user_id": {"type": ["string", "null"]}, "project_id": {"type": ["string", "null"]},
+        "domain_name": {"type": "string"}, "creator": {"type": "string"},
+        "usage_mode": {"type": "string"},
+        "permission": {"enum": list(VFolderPermission),
+                       "description": "the owner's (user folder) or every member's (project)"},
+        "status": {"enum": list(VFolderStatus)},
+        "my_permission": {"anyOf": [{"enum": list(VFolderPermission)}, {"type": "null"}],
+                          "description": "what the caller may do with the files (null: nothing)"},
+        "created_at": TIME,
+    }),
+    "VFolderCreate": _obj({
+        "name": VFOLDER_NAME,
+        "host": _str(128, minLength=1, description="<storage proxy>:<volume>; default: the "
+                     "hub's default_vfolder_host"),
+        "project": _str(64, minLength=1, description="project id or name (in the caller's "
+                        "domain): a project folder (domain admins)"),
+        "permission": {"enum": list(VFolderPermission),
+                       "description": "project folders only: what every member may do"},
+        "usage_mode": {"enum": list(USAGE_MODES)},
+    }, ["name"]),
+    "VFolderUpdate": _obj({
+        "name": VFOLDER_NAME,
+        "permission": {"enum": list(VFolderPermission), "description": "project folders only"},
+        "usage_mode": {"enum": list(USAGE_MODES)},
+    }),
+    "VFolderShare": _out({
+        "vfolder_id": {"type": "string"}, "user_id": {"type": "string"},
+        "email": {"type": ["string", "null"]}, "permission": {"enum": list(VFolderPermission)},
+        "created_at": TIME,
+    }),
+    "VFolderShareCreate": _obj({
+        "email": _str(128, minLength=3, description="a user of the folder's domain"),
+        "permission": {"enum": list(VFolderPermission)},
+    }, ["email"]),
+    "VFolderShareUpdate": _obj({"permission": {"enum": list(VFolderPermission)}},
+                               ["permission"]),
+    "VFolderFiles": _out({
+        "path": {"type": "string"},
+        "items": {"type": "array", "items": _out({
+            "name": {"type": "string"}, "type": {"enum": ["file", "dir", "symlink", "other"]},
+            "size": {"type": "integer"}, "mtime": {"type": ["string", "null"]}})},
+    }),
+    "VFolderMkdir": _obj({"path": FILE_PATH, "parents": BOOL,
+                          "exist_ok": BOOL}, ["path"]),
+    "VFolderRename": _obj({"path": FILE_PATH,
+                           "new_path": {**FILE_PATH, "description": "where it goes, relative "
+                                        "to the folder's root"}}, ["path", "new_path"]),
+    "VFolderFileDone": _out({"path": {"type": "string"}, "size": {"type": "integer"}}),
+    "VFolderHosts": _out({
+        "default": {"type": "string"},
+        "allowed": {"type": "array", "items": {"type": "string"},
+                    "description": "hosts where the caller has at least one permission"},
+        "hosts": {"type": "object", "additionalProperties": _out({
+            "permissions": {"type": "array", "items": {"type": "string"}},
+            "volume": {"type": "object"}})},
+    }),
 }
 
 
@@ -371,12 +443,59 @@ ROUTES += [
      200, "SessionLogs"),
     ("get", "/scheduler", "schedulerStatus", "What the scheduler is doing (admins)", None, None,
      200, "SchedulerStatus"),
+    ("get", "/vfolder-hosts", "listVFolderHosts", "Storage hosts the caller may use, and for what",
+     None, None, 200, "VFolderHosts"),
+    ("get", "/vfolders", "listVFolders",
+     "Folders the caller sees: own, shared with them, their projects' (admins: the domain's)",
+     {"name": F_STR, "host": F_STR, "ownership_type": {"enum": list(VFolderOwnership)},
+      "project_id": F_STR, "user_id": F_STR, "status": {"enum": list(VFolderStatus)}},
+     None, 200, "VFolder"),
+    ("post", "/vfolders", "createVFolder", "Create a user folder, or a project folder (admins)",
+     None, "VFolderCreate", 201, "VFolder"),
+    ("get", "/vfolders/{id}", "getVFolder", "One folder", None, None, 200, "VFolder"),
+    ("patch", "/vfolders/{id}", "updateVFolder", "Rename a folder or change a project folder's "
+     "permission", None, "VFolderUpdate", 200, "VFolder"),
+    ("delete", "/vfolders/{id}", "deleteVFolder", "Delete a folder and its files (not while a "
+     "live session mounts it)", None, None, 204, None),
+    ("get", "/vfolders/{id}/shares", "listVFolderShares", "Users a folder is shared with", {},
+     None, 200, "VFolderShare"),
+    ("post", "/vfolders/{id}/shares", "shareVFolder", "Share a user folder with a user of its "
+     "domain (owner)", None, "VFolderShareCreate", 201, "VFolderShare"),
+    ("patch", "/vfolders/{id}/shares/{user}", "updateVFolderShare", "Change a share's permission",
+     None, "VFolderShareUpdate", 200, "VFolderShare"),
+    ("delete", "/vfolders/{id}/shares/{user}", "unshareVFolder",
+     "Unshare (owner), or leave a folder shared with you", None, None, 204, None),
+    ("get", "/vfolders/{id}/files", "listVFolderFiles", "Entries of a directory in a folder",
+     None, None, 200, "VFolderFiles"),
+    ("delete", "/vfolders/{id}/files", "deleteVFolderFiles", "Delete a file or directory (wd)",
+     None, None, 204, None),
+    ("put", "/vfolders/{id}/upload", "uploadVFolderFile", "Write a file (the request body, "
+     "streamed; rw or wd)", None, None, 201, "VFolderFileDone"),
+    ("get", "/vfolders/{id}/download", "downloadVFolderFile", "Read a file (streamed)", None,
+     None, 200, None),
+    ("post", "/vfolders/{id}/mkdir", "mkdirVFolder", "Make a directory (rw or wd)", None,
+     "VFolderMkdir", 201, "VFolderFileDone"),
+    ("post", "/vfolders/{id}/rename", "renameVFolderFile", "Move or rename a file or directory "
+     "(rw or wd)", None, "VFolderRename", 200, "VFolderFileDone"),
 ]
+# Query parameters of operations that are not lists: (method, path) -> {name: (schema, required)}.
+PARAMS: dict[tuple[str, str], dict[str, tuple[dict, bool]]] = {
+    ("get", "/vfolders/{id}/files"): {"path": (_str(MAX_PATH), False)},
+    ("delete", "/vfolders/{id}/files"): {"path": (FILE_PATH, True), "recursive": (BOOL, False)},
+    ("put", "/vfolders/{id}/upload"): {"path": (FILE_PATH, True)},
+    ("get", "/vfolders/{id}/download"): {"path": (FILE_PATH, True)},
+}
+# Operations whose request or success response is a byte stream, not JSON.
+RAW_BODY = {("put", "/vfolders/{id}/upload")}
+RAW_RESPONSE = {("get", "/vfolders/{id}/download")}
+BINARY = {"type": "string", "format": "binary"}
 
 ERRORS = {400: "Bad request: malformed JSON, wrong types, unknown fields or parameters",
           401: "No valid credentials", 403: "Not allowed for this caller",
           404: "No such object (or not visible to the caller)", 405: "Method not allowed",
-          409: "Conflicts with the current state", 429: "Rate limit exceeded"}
+          409: "Conflicts with the current state",
+          412: "A limit of a resource policy is reached (e.g. max_vfolder_count)",
+          413: "A storage quota scope would exceed its size limit", 429: "Rate limit exceeded"}
 
 
 def _param(name: str, schema: dict, where: str = "query", required: bool = False) -> dict:
@@ -401,6 +520,7 @@ def build_document() -> dict:
             params += [_param("offset", _int(0, INT32)),
                        _param("limit", _int(1, MAX_LIMIT))]
             params += [_param(k, v) for k, v in filters.items()]
+        params += [_param(k, v, required=req) for k, (v, req) in PARAMS.get((method, path), {}).items()]
         op: dict = {"operationId": op_id, "summary": summary,
                     "tags": [path.split("/")[1]]}
         if params:
@@ -408,8 +528,14 @@ def build_document() -> dict:
         if body:
             op["requestBody"] = {"required": True, "content": {
                 "application/json": {"schema": _ref(body)}}}
+        if (method, path) in RAW_BODY:
+            op["requestBody"] = {"required": True, "content": {
+                "application/octet-stream": {"schema": BINARY}}}
         responses: dict = {}
-        if resp is None:
+        if (method, path) in RAW_RESPONSE:
+            responses[str(status)] = {"description": "The file's bytes", "content": {
+                "application/octet-stream": {"schema": BINARY}}}
+        elif resp is None:
             responses[str(status)] = {"description": "Done"}
         else:
             schema = _page_schema(resp) if filters is not None else _ref(resp)
@@ -430,7 +556,8 @@ def build_document() -> dict:
             "title": "jupyterhub-backendai admin API",
             "version": "1.0.0",
             "description": "Tenancy (domains, projects, users, keypairs, resource policies), "
-                           "resource groups, agents and sessions of a jupyterhub-backendai hub. "
+                           "resource groups, agents, sessions and virtual folders of a "
+                           "jupyterhub-backendai hub. "
                            "See docs/api.md.",
         },
         "servers": [{"url": PREFIX, "description": "on a hub whose base_url is /"}],

@@ -10,25 +10,49 @@ How a session's mounts are resolved is :mod:`.mounts`. Rules, as in Backend.AI:
 - Which hosts a user may use, and for what (``HOST_PERMISSIONS``), is the union of
   ``allowed_vfolder_hosts`` of their domain, their projects (for a project folder:
   that project) and their keypair's resource policy.
+
+The admin API's folder operations are here too, in two layers. The functions
+taking ``(db, principal, ...)`` run inside one transaction each, like those of
+:mod:`.admin`. The ``async`` ones taking the manager first join them with the
+storage calls, which never run inside a transaction: a folder is written as
+``provisioning``, created on the storage, then marked ``ready`` (or its row is
+removed again when the storage fails); a deletion marks it ``deleting``, removes
+the directory, then the row. Nothing half-made stays behind.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import posixpath
 import re
 
+from sqlalchemy import and_, false, func, or_, select, true
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DBSession
 
-from ..common.errors import InvalidRequest
-from ..common.types import VFolderOwnership, VFolderPermission
+from ..common.errors import (
+    BackendAIError,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+)
+from ..common.types import UserRole, VFolderOwnership, VFolderPermission, VFolderStatus
 from ..models import (
     Domain,
     Keypair,
     KeypairResourcePolicy,
     Project,
+    ProjectResourcePolicy,
+    Session,
     User,
+    UserResourcePolicy,
     VFolder,
     VFolderPermissionRow,
 )
+from . import access
+from .access import Principal
 
 # A folder's name is its directory under /home/work: one path component, no dot first.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -94,3 +118,515 @@ def mount_permission(db: DBSession, user: User, folder: VFolder) -> str | None:
     if proj is not None and proj.is_active and any(p.id == proj.id for p in user.projects):
         return folder.permission
     return None
+
+
+# -- the admin API: views and rules ------------------------------------------------
+
+USAGE_MODES = ("general", "model", "data")
+# A file path inside a folder: relative, at most this long, no component "..".
+MAX_PATH = 1024
+
+
+def _iso(v: dt.datetime | None) -> str | None:
+    return v.isoformat() if v is not None else None
+
+
+def vfolder_out(db: DBSession, f: VFolder, p: Principal | None = None) -> dict:
+    """A folder as the API shows it; ``my_permission`` is what the caller may do with
+    its files (None: nothing, e.g. an admin looking at someone else's folder)."""
+    mine = None
+    if p is not None:
+        user = db.get(User, p.user_id)
+        mine = mount_permission(db, user, f) if user is not None else None
+    return {
+        "id": f.id,
+        "name": f.name,
+        "host": f.host,
+        "quota_scope_id": f.quota_scope_id,
+        "ownership_type": f.ownership_type,
+        "user_id": f.user_id,
+        "project_id": f.project_id,
+        "domain_name": f.domain_name,
+        "creator": f.creator,
+        "usage_mode": f.usage_mode,
+        "permission": f.permission,
+        "status": f.status,
+        "my_permission": mine,
+        "created_at": _iso(f.created_at),
+    }
+
+
+def share_out(db: DBSession, row: VFolderPermissionRow) -> dict:
+    user = db.get(User, row.user_id)
+    return {
+        "vfolder_id": row.vfolder_id,
+        "user_id": row.user_id,
+        "email": user.email if user is not None else None,
+        "permission": row.permission,
+        "created_at": _iso(row.created_at),
+    }
+
+
+def folder_filter(p: Principal):
+    """What lists show: superadmins all; admins and monitors their domain's; users their
+    own folders, those shared with them and their projects' folders."""
+    if p.is_superadmin:
+        return true()
+    if p.reads_domain:
+        return VFolder.domain_name == p.domain
+    own = and_(VFolder.ownership_type == VFolderOwnership.USER, VFolder.user_id == p.user_id)
+    shared = VFolder.id.in_(select(VFolderPermissionRow.vfolder_id).where(
+        VFolderPermissionRow.user_id == p.user_id))
+    projects = (and_(VFolder.ownership_type == VFolderOwnership.PROJECT,
+                     VFolder.project_id.in_(sorted(p.project_ids)))
+                if p.project_ids else false())
+    return or_(own, shared, projects)
+
+
+def can_see_folder(db: DBSession, p: Principal, f: VFolder) -> bool:
+    if p.is_superadmin:
+        return True
+    if p.reads_domain:
+        return f.domain_name == p.domain
+    if f.ownership_type == VFolderOwnership.USER:
+        return f.user_id == p.user_id or db.get(VFolderPermissionRow, (f.id, p.user_id)) is not None
+    return f.project_id in p.project_ids
+
+
+def can_manage_folder(p: Principal, f: VFolder) -> bool:
+    """Rename, change, delete: the owner of a user folder; admins of the folder's domain
+    (any folder of it); superadmins. Monitors change nothing."""
+    if p.role == UserRole.MONITOR:
+        return False
+    if access.can_manage_domain_objects(p, f.domain_name):
+        return True
+    return f.ownership_type == VFolderOwnership.USER and f.user_id == p.user_id
+
+
+def _get_folder(db: DBSession, p: Principal, fid: str) -> VFolder:
+    f = db.get(VFolder, fid)
+    if f is None or not can_see_folder(db, p, f):
+        raise access.not_found("vfolder", fid)
+    return f
+
+
+def _caller(db: DBSession, p: Principal) -> tuple[User, Keypair | None]:
+    user = db.get(User, p.user_id)
+    if user is None:
+        raise Forbidden(f"no Backend.AI user {p.username!r}")
+    kp = db.get(Keypair, p.access_key) if p.access_key else None
+    return user, kp
+
+
+def check_path(path, field: str = "path", *, allow_root: bool = True) -> str:
+    """A path inside a folder, normalized: relative, no ``..``, no NUL; '' is the root."""
+    if not isinstance(path, str):
+        raise InvalidRequest(f"{field} must be a string")
+    if len(path) > MAX_PATH:
+        raise InvalidRequest(f"{field} is longer than {MAX_PATH} characters")
+    if "\x00" in path or "\\" in path:
+        raise InvalidRequest(f"{field}: NUL and backslash are not allowed")
+    if path.startswith("/"):
+        raise InvalidRequest(f"{field} {path!r} must be relative to the folder (no leading '/')")
+    parts = [x for x in path.split("/") if x not in ("", ".")]
+    if ".." in parts:
+        raise InvalidRequest(f"{field} {path!r} leaves the folder ('..' is not allowed)")
+    out = posixpath.join(*parts) if parts else ""
+    if not out and not allow_root:
+        raise InvalidRequest(f"{field} must name a file or directory inside the folder")
+    return out
+
+
+# -- list, get -----------------------------------------------------------------------
+
+
+def list_folders(db: DBSession, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(VFolder).where(folder_filter(p))
+    for key, col in (("name", VFolder.name), ("host", VFolder.host),
+                     ("ownership_type", VFolder.ownership_type),
+                     ("project_id", VFolder.project_id), ("user_id", VFolder.user_id),
+                     ("status", VFolder.status)):
+        if key in filters:
+            stmt = stmt.where(col == filters[key])
+    total = db.scalar(select(func.count()).select_from(stmt.subquery()))
+    rows = db.scalars(stmt.order_by(VFolder.name, VFolder.id).offset(offset).limit(limit)).all()
+    return {"items": [vfolder_out(db, f, p) for f in rows], "total": total,
+            "offset": offset, "limit": limit}
+
+
+def get_folder(db: DBSession, p: Principal, fid: str) -> dict:
+    return vfolder_out(db, _get_folder(db, p, fid), p)
+
+
+# -- create --------------------------------------------------------------------------
+
+
+def _project_ref(db: DBSession, p: Principal, ref: str) -> Project:
+    proj = db.get(Project, ref)
+    if proj is None:
+        proj = db.scalar(select(Project).where(Project.domain_name == p.domain, Project.name == ref))
+    if proj is None or not access.can_see_project(p, proj):
+        raise InvalidRequest(f"project: no project {ref!r}")
+    return proj
+
+
+def _limits(db: DBSession, policy_model, name: str | None) -> tuple[int, int]:
+    """(max_vfolder_count, max_quota_scope_size) of a policy; 0 = unlimited."""
+    pol = db.get(policy_model, name) if name else None
+    if pol is None:
+        return 0, 0
+    return pol.max_vfolder_count or 0, pol.max_quota_scope_size or 0
+
+
+def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
+                 known_hosts: list[str]) -> dict:
+    """Check a folder creation and write its row as ``provisioning``.
+
+    Returns what the storage step needs: the folder's view, and ``quota_bytes``
+    (the size limit of its quota scope, 0 = none).
+    """
+    access.require(p.role != UserRole.MONITOR, "create vfolders")
+    user, kp = _caller(db, p)
+    name = check_name(body["name"])
+    host = body.get("host") or default_host
+    if host not in known_hosts:
+        raise InvalidRequest(
+            f"host: unknown vfolder host {host!r} (known: {', '.join(known_hosts) or 'none'})")
+    project = None
+    if body.get("project") is not None:
+        project = _project_ref(db, p, body["project"])
+        access.require(access.can_manage_domain_objects(p, project.domain_name),
+                       f"create vfolders of project {project.name!r} (domain admins may)")
+        if not project.is_active:
+            raise InvalidRequest(f"project: {project.name!r} is not active")
+    elif "permission" in body:
+        raise InvalidRequest("permission: only project folders take one (the owner of a user "
+                             "folder has rw; share it to give others access)")
+    if "create-vfolder" not in host_permissions(db, user, host, project, kp):
+        raise Forbidden(
+            f"you may not create vfolders on host {host!r}: 'create-vfolder' is not in the "
+            "allowed_vfolder_hosts of your domain, "
+            + ("the project" if project is not None else "your projects")
+            + " or your keypair's resource policy")
+    if project is None:
+        scope = quota_scope_of_user(user.id)
+        max_count, max_size = _limits(db, UserResourcePolicy, user.resource_policy)
+        where = f"user resource policy {user.resource_policy!r}"
+    else:
+        scope = quota_scope_of_project(project.id)
+        max_count, max_size = _limits(db, ProjectResourcePolicy, project.resource_policy)
+        where = f"project resource policy {project.resource_policy!r}"
+    if db.scalar(select(VFolder.id).where(VFolder.quota_scope_id == scope, VFolder.name == name)):
+        owner = f"project {project.name!r} already has" if project is not None else "you already have"
+        raise Conflict(f"{owner} a vfolder named {name!r}")
+    if max_count:
+        count = db.scalar(select(func.count()).select_from(VFolder).where(
+            VFolder.quota_scope_id == scope))
+        if count >= max_count:
+            raise QuotaExceeded(
+                f"vfolder count limit reached: {count} of {max_count} ({where})")
+    f = VFolder(
+        name=name, host=host, quota_scope_id=scope,
+        ownership_type=VFolderOwnership.PROJECT if project is not None else VFolderOwnership.USER,
+        user_id=None if project is not None else user.id,
+        project_id=project.id if project is not None else None,
+        domain_name=project.domain_name if project is not None else user.domain_name,
+        creator=user.email, usage_mode=body.get("usage_mode", "general"),
+        permission=body.get("permission", VFolderPermission.READ_WRITE),
+        status=VFolderStatus.PROVISIONING,
+    )
+    db.add(f)
+    db.flush()
+    return {"folder": vfolder_out(db, f, p), "quota_bytes": max_size}
+
+
+def _set_status(db: DBSession, fid: str, status: str) -> None:
+    f = db.get(VFolder, fid)
+    if f is not None:
+        f.status = status
+        db.flush()
+
+
+def _drop_row(db: DBSession, fid: str) -> None:
+    f = db.get(VFolder, fid)
+    if f is not None:
+        db.delete(f)
+        db.flush()
+
+
+def _storage_error(e: Exception, what: str) -> BackendAIError:
+    if isinstance(e, BackendAIError):
+        return e
+    return BackendAIError(f"the storage could not {what}: {e}", status_code=503)
+
+
+async def create(manager, p: Principal, body: dict) -> dict:
+    """Create a folder: its row, then its directory; nothing stays when either fails."""
+    known = await manager.storage.hosts()
+    try:
+        out = await manager.db(begin_create, p, body, manager.default_vfolder_host, known)
+    except IntegrityError:
+        # Two requests raced for the same name: the unique constraint decided.
+        raise Conflict(f"a vfolder named {body.get('name')!r} exists in that scope") from None
+    f = out["folder"]
+    try:
+        if out["quota_bytes"] and hasattr(manager.storage, "set_quota_scope"):
+            await manager.storage.set_quota_scope(f["host"], f["quota_scope_id"], out["quota_bytes"])
+        await manager.storage.create_folder(f["host"], f["quota_scope_id"], f["id"])
+    except Exception as e:
+        try:
+            await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
+        except Exception:
+            pass
+        await manager.db(_drop_row, f["id"])
+        raise _storage_error(e, f"create the folder on {f['host']!r}") from e
+    await manager.db(_set_status, f["id"], VFolderStatus.READY)
+    f["status"] = VFolderStatus.READY
+    return f
+
+
+# -- update, delete ------------------------------------------------------------------
+
+
+def update_folder(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
+    f = _get_folder(db, p, fid)
+    access.require(can_manage_folder(p, f), "change this vfolder")
+    if f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    if "permission" in body:
+        if f.ownership_type != VFolderOwnership.PROJECT:
+            raise InvalidRequest("permission: only project folders take one (share a user "
+                                 "folder to give others access)")
+        f.permission = body["permission"]
+    if "usage_mode" in body:
+        f.usage_mode = body["usage_mode"]
+    if "name" in body and body["name"] != f.name:
+        name = check_name(body["name"])
+        if db.scalar(select(VFolder.id).where(VFolder.quota_scope_id == f.quota_scope_id,
+                                              VFolder.name == name)):
+            raise Conflict(f"a vfolder named {name!r} exists in the same scope")
+        f.name = name
+    db.flush()
+    return vfolder_out(db, f, p)
+
+
+def mounted_by(db: DBSession, fid: str) -> list[str]:
+    """Ids of live sessions (not yet ended) that mount the folder."""
+    rows = db.execute(select(Session.id, Session.vfolder_mounts).where(
+        Session.alive_marker.is_not(None)))
+    return sorted(sid for sid, mounts in rows
+                  if any(isinstance(m, dict) and m.get("id") == fid for m in mounts or []))
+
+
+def begin_delete(db: DBSession, p: Principal, fid: str) -> dict:
+    f = _get_folder(db, p, fid)
+    access.require(can_manage_folder(p, f), "delete this vfolder")
+    if f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    live = mounted_by(db, fid)
+    if live:
+        raise Conflict(f"vfolder {f.name!r} is mounted by live session(s) {', '.join(live)}; "
+                       "end them first")
+    f.status = VFolderStatus.DELETING
+    db.flush()
+    return {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id}
+
+
+async def delete(manager, p: Principal, fid: str) -> None:
+    f = await manager.db(begin_delete, p, fid)
+    try:
+        await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
+    except Exception as e:
+        await manager.db(_set_status, fid, VFolderStatus.READY)
+        raise _storage_error(e, "delete the folder") from e
+    await manager.db(_drop_row, fid)
+
+
+# -- shares --------------------------------------------------------------------------
+
+
+def _share_target(db: DBSession, f: VFolder, who: str) -> User:
+    user = db.get(User, who) if "@" not in who else None
+    if user is None:
+        user = db.scalar(select(User).where(User.email == who))
+    if user is None or user.domain_name != f.domain_name:
+        raise InvalidRequest(f"no user {who!r} in domain {f.domain_name!r}")
+    return user
+
+
+def list_shares(db: DBSession, p: Principal, fid: str, offset: int, limit: int) -> dict:
+    f = _get_folder(db, p, fid)
+    access.require(f.user_id == p.user_id or p.is_superadmin or p.reads_domain,
+                   "list the shares of this vfolder (its owner may)")
+    stmt = select(VFolderPermissionRow).where(VFolderPermissionRow.vfolder_id == fid)
+    total = db.scalar(select(func.count()).select_from(stmt.subquery()))
+    rows = db.scalars(stmt.order_by(VFolderPermissionRow.created_at,
+                                    VFolderPermissionRow.user_id).offset(offset).limit(limit))
+    return {"items": [share_out(db, r) for r in rows], "total": total,
+            "offset": offset, "limit": limit}
+
+
+def _owner_shares(db: DBSession, p: Principal, f: VFolder) -> None:
+    if f.ownership_type != VFolderOwnership.USER:
+        raise InvalidRequest("project folders are shared through project membership")
+    access.require(f.user_id == p.user_id and p.role != UserRole.MONITOR,
+                   "share this vfolder (its owner may)")
+    if f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    user, kp = _caller(db, p)
+    if "invite-others" not in host_permissions(db, user, f.host, None, kp):
+        raise Forbidden(f"you may not share vfolders of host {f.host!r}: 'invite-others' is not "
+                        "in the allowed_vfolder_hosts of your domain, projects or keypair policy")
+
+
+def add_share(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
+    f = _get_folder(db, p, fid)
+    _owner_shares(db, p, f)
+    target = _share_target(db, f, body["email"])
+    if target.id == f.user_id:
+        raise InvalidRequest("the owner cannot share a folder with themselves")
+    if db.get(VFolderPermissionRow, (f.id, target.id)) is not None:
+        raise Conflict(f"vfolder {f.name!r} is already shared with {target.email!r}; "
+                       "change the share's permission instead")
+    row = VFolderPermissionRow(vfolder_id=f.id, user_id=target.id,
+                               permission=body.get("permission", VFolderPermission.READ_ONLY))
+    db.add(row)
+    db.flush()
+    return share_out(db, row)
+
+
+def _get_share(db: DBSession, f: VFolder, who: str) -> VFolderPermissionRow:
+    user = db.get(User, who) if "@" not in who else db.scalar(select(User).where(User.email == who))
+    row = db.get(VFolderPermissionRow, (f.id, user.id)) if user is not None else None
+    if row is None:
+        raise NotFound(f"vfolder {f.name!r} is not shared with {who!r}")
+    return row
+
+
+def update_share(db: DBSession, p: Principal, fid: str, who: str, body: dict) -> dict:
+    f = _get_folder(db, p, fid)
+    _owner_shares(db, p, f)
+    row = _get_share(db, f, who)
+    row.permission = body["permission"]
+    db.flush()
+    return share_out(db, row)
+
+
+def remove_share(db: DBSession, p: Principal, fid: str, who: str) -> None:
+    """The owner (or an admin of the domain) unshares; a sharee may leave."""
+    f = _get_folder(db, p, fid)
+    if f.ownership_type != VFolderOwnership.USER:
+        raise InvalidRequest("project folders are shared through project membership")
+    row = _get_share(db, f, who)
+    access.require(row.user_id == p.user_id or can_manage_folder(p, f),
+                   "unshare this vfolder (its owner may)")
+    db.delete(row)
+    db.flush()
+
+
+# -- hosts ---------------------------------------------------------------------------
+
+
+def host_view(db: DBSession, p: Principal, volumes: dict[str, dict], default_host: str) -> dict:
+    """The hosts the caller may use, with what they may do on each; superadmins see every
+    known host (and the volumes' paths)."""
+    user, kp = _caller(db, p)
+    hosts = {}
+    for host, info in sorted(volumes.items()):
+        perms = host_permissions(db, user, host, None, kp)
+        if not perms and not p.is_superadmin:
+            continue
+        vol = dict(info)
+        if not p.is_superadmin:
+            vol.pop("path", None)
+        hosts[host] = {"permissions": sorted(perms), "volume": vol}
+    return {"default": default_host, "allowed": sorted(h for h, v in hosts.items()
+                                                       if v["permissions"]),
+            "hosts": hosts}
+
+
+async def hosts(manager, p: Principal) -> dict:
+    volumes = {}
+    for proxy, client in manager.storage.clients.items():
+        try:
+            for v in await client.volumes():
+                volumes[f"{proxy}:{v['name']}"] = v
+        except Exception:  # an unreachable proxy's hosts are left out, not a 500
+            continue
+    return await manager.db_read(host_view, p, volumes, manager.default_vfolder_host)
+
+
+# -- files ---------------------------------------------------------------------------
+
+# What each file operation needs: the folder permission(s) and the host permission.
+FILE_OPS = {
+    "list": ((VFolderPermission.READ_ONLY, VFolderPermission.READ_WRITE,
+              VFolderPermission.RW_DELETE), None),
+    "download": ((VFolderPermission.READ_ONLY, VFolderPermission.READ_WRITE,
+                  VFolderPermission.RW_DELETE), "download-file"),
+    "upload": ((VFolderPermission.READ_WRITE, VFolderPermission.RW_DELETE), "upload-file"),
+    "write": ((VFolderPermission.READ_WRITE, VFolderPermission.RW_DELETE), None),
+    "delete": ((VFolderPermission.RW_DELETE,), None),
+}
+
+
+def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
+    """Check that the caller may do ``op`` on the folder's files; returns where they are.
+
+    Who may touch files is who could mount the folder (:func:`mount_permission`),
+    with that permission; the owner of a user folder may also delete.
+    """
+    f = _get_folder(db, p, fid)
+    if f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    user, kp = _caller(db, p)
+    perm = mount_permission(db, user, f)
+    if perm is None:
+        raise Forbidden(f"you have no access to the files of vfolder {f.name!r} (only its "
+                        "owner, the users it is shared with and project members have)")
+    allowed, host_perm = FILE_OPS[op]
+    owner = f.ownership_type == VFolderOwnership.USER and f.user_id == user.id
+    if perm not in allowed and not (op == "delete" and owner):
+        need = "wd" if op == "delete" else "rw or wd"
+        raise Forbidden(f"your permission on vfolder {f.name!r} is {perm}; {op} needs {need}")
+    if host_perm is not None and host_perm not in host_permissions(
+            db, user, f.host, db.get(Project, f.project_id) if f.project_id else None, kp):
+        raise Forbidden(f"you may not {op} files on host {f.host!r}: {host_perm!r} is not in the "
+                        "allowed_vfolder_hosts of your domain, projects or keypair policy")
+    return {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id, "name": f.name}
+
+
+# The storage side of the file operations (``where`` comes from :func:`file_access`).
+
+
+async def list_files(manager, where: dict, path: str) -> dict:
+    items = await manager.storage.list_files(where["host"], where["quota_scope_id"], where["id"],
+                                             path)
+    return {"path": path, "items": items}
+
+
+async def delete_files(manager, where: dict, path: str, recursive: bool) -> None:
+    await manager.storage.delete_files(where["host"], where["quota_scope_id"], where["id"], path,
+                                       recursive=recursive)
+
+
+async def mkdir(manager, where: dict, path: str, *, parents: bool, exist_ok: bool) -> None:
+    await manager.storage.mkdir(where["host"], where["quota_scope_id"], where["id"], path,
+                                parents=parents, exist_ok=exist_ok)
+
+
+async def rename(manager, where: dict, src: str, dst: str) -> None:
+    await manager.storage.rename(where["host"], where["quota_scope_id"], where["id"], src, dst)
+
+
+async def upload(manager, where: dict, path: str, chunks) -> int:
+    """Write ``chunks`` (an async iterator of bytes) to ``path``; returns the size."""
+    out = await manager.storage.upload(where["host"], where["quota_scope_id"], where["id"], path,
+                                       chunks)
+    return out["size"] if isinstance(out, dict) else int(out)
+
+
+async def download(manager, where: dict, path: str):
+    """(size, async iterator of the file's bytes)."""
+    return await manager.storage.download(where["host"], where["quota_scope_id"], where["id"],
+                                          path)
