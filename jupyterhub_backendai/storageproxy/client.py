@@ -1,8 +1,10 @@
 """How the manager reaches storage proxies: one interface, two implementations.
 
 - :class:`InProcessStorageClient`: the embedded default; the hub serves its own
-  volumes directly (no daemon, no HTTP).
-- :class:`HTTPStorageClient`: a ``backendai-storage-proxy`` daemon (cluster mode).
+  volumes directly (no daemon, no HTTP; blocking file work runs in threads).
+- :class:`HTTPStorageClient`: a ``backendai-storage-proxy`` daemon (cluster mode),
+  streaming uploads and downloads both ways; its errors come back as the same
+  :class:`BackendAIError` classes with the same status codes.
 
 A vfolder host is ``"<proxy>:<volume>"``; :class:`StorageRegistry` maps it to the
 client of that proxy and the volume name.
@@ -11,14 +13,23 @@ client of that proxy and the volume name.
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
+from collections.abc import AsyncIterable, AsyncIterator
 
-from ..common.errors import InvalidRequest, NotFound
-from .volumes import VFSVolume
+import aiohttp
+
+from ..common import errors
+from ..common.errors import BackendAIError, InvalidRequest, NotFound
+from .volumes import CHUNK_SIZE, VFSVolume, make_volumes
 
 
 class StorageClient:
     """Operations of one storage proxy on its volumes. Every method may raise a
-    :class:`BackendAIError` (4xx for what the caller got wrong)."""
+    :class:`BackendAIError` (4xx for what the caller got wrong: 400 bad id or path,
+    404 no such volume/folder/file, 409 exists or not empty, 413 over the quota).
+
+    Paths inside a folder are relative POSIX paths (``""`` is the folder itself);
+    symbolic links are listed but never followed."""
 
     async def volumes(self) -> list[dict]:
         raise NotImplementedError
@@ -33,6 +44,49 @@ class StorageClient:
 
     async def mount_path(self, volume: str, quota_scope_id: str, folder_id: str) -> str:
         """The folder's path on the agents' hosts (what a kernel bind-mounts)."""
+        raise NotImplementedError
+
+    async def folder_usage(self, volume: str, quota_scope_id: str, folder_id: str) -> dict:
+        """``{"used_bytes", "file_count"}`` of a folder (404 when it does not exist)."""
+        raise NotImplementedError
+
+    async def scope_usage(self, volume: str, quota_scope_id: str) -> dict:
+        """``{"used_bytes", "file_count"}`` of every folder of a quota scope."""
+        raise NotImplementedError
+
+    async def set_quota_scope(self, volume: str, quota_scope_id: str, limit_bytes: int | None) -> None:
+        """Bound the bytes of a quota scope (None: unbounded)."""
+        raise NotImplementedError
+
+    async def quota_scope(self, volume: str, quota_scope_id: str) -> dict:
+        """``{"limit_bytes", "used_bytes"}``."""
+        raise NotImplementedError
+
+    async def list_files(self, volume: str, quota_scope_id: str, folder_id: str, path: str = "") -> list[dict]:
+        """Entries ``{name, type: file|dir|symlink|other, size, mtime}`` by name."""
+        raise NotImplementedError
+
+    async def mkdir(self, volume: str, quota_scope_id: str, folder_id: str, path: str, parents: bool = False) -> None:
+        raise NotImplementedError
+
+    async def rename(self, volume: str, quota_scope_id: str, folder_id: str, path: str, new_path: str) -> None:
+        """Within one folder; an existing destination is a 409."""
+        raise NotImplementedError
+
+    async def delete(self, volume: str, quota_scope_id: str, folder_id: str, path: str, recursive: bool = False) -> None:
+        raise NotImplementedError
+
+    async def upload(self, volume: str, quota_scope_id: str, folder_id: str, path: str,
+                     chunks: AsyncIterable[bytes]) -> dict:
+        """Write a file from ``chunks``, all or nothing: ``{"path", "size"}``. A failure
+        (quota, an error raised by ``chunks``, a broken connection) leaves the previous
+        file, if any, as it was and no partial file behind."""
+        raise NotImplementedError
+
+    async def download(self, volume: str, quota_scope_id: str, folder_id: str, path: str
+                       ) -> tuple[int, AsyncIterator[bytes]]:
+        """(size, chunks) of a file. Consume the chunks or ``aclose()`` them: they hold
+        the file (or the connection) open."""
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -61,13 +115,222 @@ class InProcessStorageClient(StorageClient):
     async def mount_path(self, volume, quota_scope_id, folder_id):
         return self.volume(volume).folder_path(quota_scope_id, folder_id)
 
+    async def folder_usage(self, volume, quota_scope_id, folder_id):
+        return await asyncio.to_thread(self.volume(volume).folder_usage, quota_scope_id, folder_id)
+
+    async def scope_usage(self, volume, quota_scope_id):
+        return await asyncio.to_thread(self.volume(volume).scope_usage, quota_scope_id)
+
+    async def set_quota_scope(self, volume, quota_scope_id, limit_bytes):
+        await asyncio.to_thread(self.volume(volume).set_quota_scope, quota_scope_id, limit_bytes)
+
+    async def quota_scope(self, volume, quota_scope_id):
+        return await asyncio.to_thread(self.volume(volume).quota_scope, quota_scope_id)
+
+    async def list_files(self, volume, quota_scope_id, folder_id, path=""):
+        return await asyncio.to_thread(
+            self.volume(volume).list_files, quota_scope_id, folder_id, path
+        )
+
+    async def mkdir(self, volume, quota_scope_id, folder_id, path, parents=False):
+        await asyncio.to_thread(
+            self.volume(volume).mkdir, quota_scope_id, folder_id, path, bool(parents)
+        )
+
+    async def rename(self, volume, quota_scope_id, folder_id, path, new_path):
+        await asyncio.to_thread(
+            self.volume(volume).rename, quota_scope_id, folder_id, path, new_path
+        )
+
+    async def delete(self, volume, quota_scope_id, folder_id, path, recursive=False):
+        await asyncio.to_thread(
+            self.volume(volume).delete, quota_scope_id, folder_id, path, bool(recursive)
+        )
+
+    async def upload(self, volume, quota_scope_id, folder_id, path, chunks):
+        up = await asyncio.to_thread(
+            self.volume(volume).begin_upload, quota_scope_id, folder_id, path
+        )
+        try:
+            buf: list[bytes] = []
+            size = 0
+            async for chunk in chunks:
+                buf.append(chunk)
+                size += len(chunk)
+                if size >= CHUNK_SIZE:  # one thread hop per MiB, not per network chunk
+                    await asyncio.to_thread(up.write, b"".join(buf))
+                    buf, size = [], 0
+            if buf:
+                await asyncio.to_thread(up.write, b"".join(buf))
+            return await asyncio.to_thread(up.commit)
+        finally:
+            up.abort()  # no-op after commit; waits for a write still running in a thread
+
+    async def download(self, volume, quota_scope_id, folder_id, path):
+        size, chunks = await asyncio.to_thread(
+            self.volume(volume).download, quota_scope_id, folder_id, path
+        )
+
+        async def gen():
+            try:
+                while chunk := await asyncio.to_thread(chunks.read):
+                    yield chunk
+            finally:
+                chunks.close()
+
+        return size, gen()
+
+
+ERRORS: dict[str, type[BackendAIError]] = {
+    name: cls
+    for name, cls in vars(errors).items()
+    if isinstance(cls, type) and issubclass(cls, BackendAIError)
+}
+
+
+def _q(segment: str) -> str:
+    """One URL path segment: ``/`` and everything else unsafe percent-encoded, so that
+    a bad id reaches the daemon's checks as it is (and gets their 400)."""
+    return urllib.parse.quote(str(segment), safe=":")
+
 
 class HTTPStorageClient(StorageClient):
-    """A ``backendai-storage-proxy`` daemon's API (token-authenticated JSON)."""
+    """A ``backendai-storage-proxy`` daemon's API (Bearer token, JSON, problem+json
+    errors; see docs/storage.md). One keep-alive connection pool per client."""
 
-    def __init__(self, url: str, token: str):
+    def __init__(self, url: str, token: str, timeout: float = 300):
         self.url = url.rstrip("/")
         self.token = token
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {self.token}"},
+                # no total: a large transfer may take long; each read may not stall
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.timeout),
+            )
+        return self._session
+
+    def _folder(self, volume, quota_scope_id, folder_id) -> str:
+        return f"/v1/volumes/{_q(volume)}/folders/{_q(quota_scope_id)}/{_q(folder_id)}"
+
+    def _scope(self, volume, quota_scope_id) -> str:
+        return f"/v1/volumes/{_q(volume)}/quota-scopes/{_q(quota_scope_id)}"
+
+    async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
+        if resp.status < 400:
+            return
+        kind = detail = ""
+        try:
+            data = await resp.json(content_type=None)
+            kind, detail = data.get("error", ""), data.get("detail", "")
+        except (ValueError, aiohttp.ClientError, AttributeError):
+            detail = (await resp.text(errors="replace"))[:500]
+        cls = ERRORS.get(kind, BackendAIError)
+        raise cls(detail or f"storage proxy answered {resp.status}", status_code=resp.status)
+
+    def _unreachable(self, e: Exception) -> BackendAIError:
+        return BackendAIError(f"storage proxy at {self.url} failed: {e}", status_code=502)
+
+    async def _call(self, method: str, path: str, *, params=None, body=None):
+        try:
+            async with self._http().request(
+                method, self.url + path, params=params, json=body
+            ) as resp:
+                await self._raise_for(resp)
+                if resp.status == 204:
+                    return None
+                return await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise self._unreachable(e) from None
+
+    async def volumes(self):
+        return (await self._call("GET", "/v1/volumes"))["volumes"]
+
+    async def create_folder(self, volume, quota_scope_id, folder_id):
+        await self._call("PUT", self._folder(volume, quota_scope_id, folder_id))
+
+    async def delete_folder(self, volume, quota_scope_id, folder_id):
+        await self._call("DELETE", self._folder(volume, quota_scope_id, folder_id))
+
+    async def mount_path(self, volume, quota_scope_id, folder_id):
+        return (await self._call("GET", self._folder(volume, quota_scope_id, folder_id)))["path"]
+
+    async def folder_usage(self, volume, quota_scope_id, folder_id):
+        return await self._call("GET", self._folder(volume, quota_scope_id, folder_id) + "/usage")
+
+    async def scope_usage(self, volume, quota_scope_id):
+        return await self._call("GET", self._scope(volume, quota_scope_id) + "/usage")
+
+    async def set_quota_scope(self, volume, quota_scope_id, limit_bytes):
+        await self._call("PUT", self._scope(volume, quota_scope_id), body={"limit_bytes": limit_bytes})
+
+    async def quota_scope(self, volume, quota_scope_id):
+        return await self._call("GET", self._scope(volume, quota_scope_id))
+
+    async def list_files(self, volume, quota_scope_id, folder_id, path=""):
+        base = self._folder(volume, quota_scope_id, folder_id)
+        return (await self._call("GET", base + "/files", params={"path": path}))["entries"]
+
+    async def mkdir(self, volume, quota_scope_id, folder_id, path, parents=False):
+        base = self._folder(volume, quota_scope_id, folder_id)
+        await self._call("POST", base + "/mkdir", body={"path": path, "parents": parents})
+
+    async def rename(self, volume, quota_scope_id, folder_id, path, new_path):
+        base = self._folder(volume, quota_scope_id, folder_id)
+        await self._call("POST", base + "/rename", body={"path": path, "new_path": new_path})
+
+    async def delete(self, volume, quota_scope_id, folder_id, path, recursive=False):
+        base = self._folder(volume, quota_scope_id, folder_id)
+        params = {"path": path, "recursive": "1" if recursive else "0"}
+        await self._call("DELETE", base + "/files", params=params)
+
+    async def upload(self, volume, quota_scope_id, folder_id, path, chunks):
+        url = self.url + self._folder(volume, quota_scope_id, folder_id) + "/content"
+        if not isinstance(path, str):
+            raise InvalidRequest(f"a path must be a string, not {type(path).__name__}")
+
+        async def body():
+            async for chunk in chunks:
+                yield chunk
+
+        try:
+            async with self._http().put(url, params={"path": path}, data=body()) as resp:
+                await self._raise_for(resp)
+                return await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise self._unreachable(e) from None
+
+    async def download(self, volume, quota_scope_id, folder_id, path):
+        url = self.url + self._folder(volume, quota_scope_id, folder_id) + "/content"
+        try:
+            resp = await self._http().get(url, params={"path": path})
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise self._unreachable(e) from None
+        try:
+            await self._raise_for(resp)
+            size = int(resp.headers["Content-Length"])
+        except BaseException:
+            resp.release()
+            raise
+
+        async def gen():
+            try:
+                async for chunk in resp.content.iter_chunked(CHUNK_SIZE):
+                    yield chunk
+            except (TimeoutError, aiohttp.ClientError) as e:
+                raise self._unreachable(e) from None
+            finally:
+                resp.release()
+
+        return size, gen()
+
+    async def close(self):
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def split_host(host: str) -> tuple[str, str]:
@@ -79,7 +342,8 @@ def split_host(host: str) -> tuple[str, str]:
 
 
 class StorageRegistry:
-    """The storage proxies the manager knows, by name."""
+    """The storage proxies the manager knows, by name. Every operation takes a host
+    ``"<proxy>:<volume>"`` and passes the rest through to that proxy's client."""
 
     def __init__(self, clients: dict[str, StorageClient]):
         self.clients = clients
@@ -109,6 +373,48 @@ class StorageRegistry:
         client, volume = self.resolve(host)
         return await client.mount_path(volume, quota_scope_id, folder_id)
 
+    async def folder_usage(self, host: str, quota_scope_id: str, folder_id: str) -> dict:
+        client, volume = self.resolve(host)
+        return await client.folder_usage(volume, quota_scope_id, folder_id)
+
+    async def scope_usage(self, host: str, quota_scope_id: str) -> dict:
+        client, volume = self.resolve(host)
+        return await client.scope_usage(volume, quota_scope_id)
+
+    async def set_quota_scope(self, host: str, quota_scope_id: str, limit_bytes: int | None) -> None:
+        client, volume = self.resolve(host)
+        await client.set_quota_scope(volume, quota_scope_id, limit_bytes)
+
+    async def quota_scope(self, host: str, quota_scope_id: str) -> dict:
+        client, volume = self.resolve(host)
+        return await client.quota_scope(volume, quota_scope_id)
+
+    async def list_files(self, host: str, quota_scope_id: str, folder_id: str, path: str = "") -> list[dict]:
+        client, volume = self.resolve(host)
+        return await client.list_files(volume, quota_scope_id, folder_id, path)
+
+    async def mkdir(self, host: str, quota_scope_id: str, folder_id: str, path: str, parents: bool = False) -> None:
+        client, volume = self.resolve(host)
+        await client.mkdir(volume, quota_scope_id, folder_id, path, parents)
+
+    async def rename(self, host: str, quota_scope_id: str, folder_id: str, path: str, new_path: str) -> None:
+        client, volume = self.resolve(host)
+        await client.rename(volume, quota_scope_id, folder_id, path, new_path)
+
+    async def delete(self, host: str, quota_scope_id: str, folder_id: str, path: str, recursive: bool = False) -> None:
+        client, volume = self.resolve(host)
+        await client.delete(volume, quota_scope_id, folder_id, path, recursive)
+
+    async def upload(self, host: str, quota_scope_id: str, folder_id: str, path: str,
+                     chunks: AsyncIterable[bytes]) -> dict:
+        client, volume = self.resolve(host)
+        return await client.upload(volume, quota_scope_id, folder_id, path, chunks)
+
+    async def download(self, host: str, quota_scope_id: str, folder_id: str, path: str
+                       ) -> tuple[int, AsyncIterator[bytes]]:
+        client, volume = self.resolve(host)
+        return await client.download(volume, quota_scope_id, folder_id, path)
+
     async def close(self) -> None:
         for c in self.clients.values():
             await c.close()
@@ -123,15 +429,7 @@ def make_storage_registry(proxies: dict, local_volumes: dict) -> StorageRegistry
             raise ValueError(f"storage proxy {name!r} needs a url")
         clients[name] = HTTPStorageClient(conf["url"], conf.get("token", ""))
     if "local" not in clients:
-        volumes = {}
-        for vname, conf in local_volumes.items():
-            backend = conf.get("backend", "vfs")
-            if backend != "vfs":
-                raise ValueError(f"volume {vname!r}: unknown backend {backend!r} (only vfs)")
-            volumes[vname] = VFSVolume(
-                vname, conf["path"], conf.get("folder_uid", 1000), conf.get("folder_gid", 1000)
-            )
-        clients["local"] = InProcessStorageClient(volumes)
+        clients["local"] = InProcessStorageClient(make_volumes(local_volumes))
     return StorageRegistry(clients)
 
 

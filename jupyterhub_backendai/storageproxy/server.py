@@ -1,87 +1,359 @@
-"""``backendai-storage-proxy``: serves vfolder operations on local volumes.
+"""``backendai-storage-proxy``: serves vfolder operations on this node's volumes.
 
-This first version manages folders on one vfs volume (create, list, delete) over
-a token-authenticated JSON API; quotas, uploads and downloads come with the
-vfolder work.
+The same operations as the in-hub proxy (:class:`..client.InProcessStorageClient`
+over :class:`..volumes.VFSVolume`), over a token-authenticated HTTP API for the
+manager's :class:`..client.HTTPStorageClient`: JSON bodies, ``application/problem+json``
+errors (``status``, ``title``, ``detail`` and ``error``, the error's class name, which
+the client turns back into that class), uploads streamed to disk as they arrive and
+downloads streamed from disk with flow control. docs/storage.md has the API table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import os
-import re
-import shutil
 import signal
 
-from tornado import web
-from traitlets import Integer, Unicode
+from tornado import httputil, web
+from traitlets import Dict, Integer, Unicode, default
 from traitlets.config import Application
 
-NAME_RE = re.compile(r"^[a-f0-9]{32}$")
+from ..common.errors import BackendAIError, InvalidRequest, NotFound, Unauthorized
+from .client import InProcessStorageClient
+from .volumes import CHUNK_SIZE, Upload, make_volumes
+
+PROBLEM = "application/problem+json"
 
 
-class _Base(web.RequestHandler):
+def problems(method):
+    """Answer a :class:`BackendAIError` raised by a handler as problem+json."""
+
+    @functools.wraps(method)
+    async def wrapper(self, *args, **kw):
+        try:
+            return await method(self, *args, **kw)
+        except BackendAIError as e:
+            self.problem(e)
+
+    return wrapper
+
+
+class _Handler(web.RequestHandler):
     def prepare(self):
         token = self.settings["token"]
         got = self.request.headers.get("Authorization", "")
-        if not token or not hmac.compare_digest(got, f"Bearer {token}"):
-            raise web.HTTPError(401)
+        if not token or not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            self.problem(Unauthorized("missing or wrong storage proxy token"))
 
-    def path_for(self, folder_id: str) -> str:
-        if not NAME_RE.match(folder_id):
-            raise web.HTTPError(400, "folder id must be 32 hex characters")
-        return os.path.join(self.settings["root"], folder_id[:2], folder_id[2:4], folder_id)
+    @property
+    def storage(self) -> InProcessStorageClient:
+        return self.settings["storage"]
+
+    def problem(self, e: BackendAIError) -> None:
+        if self._finished:
+            return
+        self.clear()
+        self.set_status(e.status_code)
+        self.set_header("Content-Type", PROBLEM)
+        self.finish(json.dumps({
+            "type": "about:blank",
+            "title": e.title,
+            "status": e.status_code,
+            "detail": e.detail,
+            "error": type(e).__name__,
+        }))
+
+    def write_error(self, status_code, **kw):
+        """Errors tornado raises itself (unknown route, bad method, a crash)."""
+        self.set_header("Content-Type", PROBLEM)
+        title = httputil.responses.get(status_code, "Error")
+        error = {400: "InvalidRequest", 401: "Unauthorized", 404: "NotFound"}.get(status_code, "")
+        self.finish(json.dumps({
+            "type": "about:blank", "title": title, "status": status_code,
+            "detail": title if status_code >= 500 else (self._reason or title), "error": error,
+        }))
+
+    def write_json(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def body(self) -> dict:
+        try:
+            data = json.loads(self.request.body or b"{}")
+        except ValueError as e:
+            raise InvalidRequest(f"the body is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        return data
+
+    def query(self, name: str, default: str = "") -> str:
+        """A query argument exactly as sent (tornado's ``get_argument`` would strip
+        spaces and turn control characters, NUL included, into spaces)."""
+        values = self.request.query_arguments.get(name)
+        if not values:
+            return default
+        return values[-1].decode("utf-8", "surrogateescape")
+
+    def flag(self, name: str) -> bool:
+        v = self.query(name, "0").lower()
+        if v not in ("0", "1", "true", "false"):
+            raise InvalidRequest(f"{name} must be 0, 1, true or false, not {v!r}")
+        return v in ("1", "true")
 
 
-class FoldersHandler(_Base):
-    def get(self):
-        root = self.settings["root"]
-        out = []
-        for a in sorted(os.listdir(root)):
-            for b in sorted(os.listdir(os.path.join(root, a))):
-                out.extend(sorted(os.listdir(os.path.join(root, a, b))))
-        self.finish(json.dumps({"folders": out}))
+class NotFoundHandler(_Handler):
+    async def prepare(self):
+        super().prepare()
+        if not self._finished:
+            self.problem(NotFound(f"no such API path {self.request.path!r}"))
 
 
-class FolderHandler(_Base):
-    def put(self, folder_id):
-        path = self.path_for(folder_id)
-        os.makedirs(path, exist_ok=True)
-        self.set_status(201)
-        self.finish(json.dumps({"id": folder_id, "path": path}))
+class VolumesHandler(_Handler):
+    @problems
+    async def get(self):
+        self.write_json({"volumes": await self.storage.volumes()})
 
-    def delete(self, folder_id):
-        shutil.rmtree(self.path_for(folder_id), ignore_errors=True)
+
+class QuotaScopeHandler(_Handler):
+    @problems
+    async def get(self, volume, scope):
+        self.write_json(await self.storage.quota_scope(volume, scope))
+
+    @problems
+    async def put(self, volume, scope):
+        body = self.body()
+        if "limit_bytes" not in body:
+            raise InvalidRequest("the body needs limit_bytes (an integer, or null for no limit)")
+        await self.storage.set_quota_scope(volume, scope, body["limit_bytes"])
+        self.write_json(await self.storage.quota_scope(volume, scope))
+
+
+class ScopeUsageHandler(_Handler):
+    @problems
+    async def get(self, volume, scope):
+        self.write_json(await self.storage.scope_usage(volume, scope))
+
+
+class FolderHandler(_Handler):
+    @problems
+    async def get(self, volume, scope, folder):
+        self.write_json({"path": await self.storage.mount_path(volume, scope, folder)})
+
+    @problems
+    async def put(self, volume, scope, folder):
+        await self.storage.create_folder(volume, scope, folder)
+        self.write_json({"path": await self.storage.mount_path(volume, scope, folder)}, 201)
+
+    @problems
+    async def delete(self, volume, scope, folder):
+        await self.storage.delete_folder(volume, scope, folder)
         self.set_status(204)
         self.finish()
 
 
+class FolderUsageHandler(_Handler):
+    @problems
+    async def get(self, volume, scope, folder):
+        self.write_json(await self.storage.folder_usage(volume, scope, folder))
+
+
+class FilesHandler(_Handler):
+    @problems
+    async def get(self, volume, scope, folder):
+        entries = await self.storage.list_files(volume, scope, folder, self.query("path"))
+        self.write_json({"entries": entries})
+
+    @problems
+    async def delete(self, volume, scope, folder):
+        await self.storage.delete(
+            volume, scope, folder, self.query("path"), self.flag("recursive")
+        )
+        self.set_status(204)
+        self.finish()
+
+
+class MkdirHandler(_Handler):
+    @problems
+    async def post(self, volume, scope, folder):
+        body = self.body()
+        parents = body.get("parents", False)
+        if not isinstance(parents, bool):
+            raise InvalidRequest("parents must be true or false")
+        await self.storage.mkdir(volume, scope, folder, body.get("path"), parents)
+        self.write_json({"path": body["path"]}, 201)
+
+
+class RenameHandler(_Handler):
+    @problems
+    async def post(self, volume, scope, folder):
+        body = self.body()
+        await self.storage.rename(volume, scope, folder, body.get("path"), body.get("new_path"))
+        self.write_json({"path": body["new_path"]})
+
+
+@web.stream_request_body
+class ContentHandler(_Handler):
+    """PUT streams the request body into :class:`Upload` (1 MiB per write, in a
+    thread); GET streams a file out, waiting for the socket after each chunk."""
+
+    upload: Upload | None = None
+    error: BackendAIError | None = None
+
+    async def prepare(self):
+        super().prepare()
+        if self._finished or self.request.method != "PUT":
+            return
+        self.request.connection.set_max_body_size(self.settings["max_upload_bytes"])
+        self._buf: list[bytes] = []
+        self._buffered = 0
+        volume, scope, folder = self.path_args
+        try:
+            vol = self.storage.volume(volume)
+            self.upload = await asyncio.to_thread(
+                vol.begin_upload, scope, folder, self.query("path")
+            )
+            if self.request.connection.stream.closed():
+                self.upload.abort()  # the client left while the file was being opened
+        except BackendAIError as e:
+            # Answered once the body has arrived: a client still sending would
+            # otherwise see a reset instead of this error.
+            self.error = e
+
+    async def data_received(self, chunk: bytes):
+        if self.upload is None or self.error is not None:
+            return  # discarded: the request already failed
+        self._buf.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered >= CHUNK_SIZE:
+            await self._flush_buffer()
+
+    async def _flush_buffer(self):
+        data, self._buf, self._buffered = b"".join(self._buf), [], 0
+        try:
+            await asyncio.to_thread(self.upload.write, data)
+        except BackendAIError as e:
+            self.error = e
+
+    async def put(self, volume, scope, folder):
+        if self.error is None and self._buf:
+            await self._flush_buffer()
+        if self.error is not None:
+            self.problem(self.error)
+            return
+        try:
+            result = await asyncio.to_thread(self.upload.commit)
+        except BackendAIError as e:
+            self.problem(e)
+            return
+        self.write_json(result, 201)
+
+    def on_finish(self):
+        if self.upload is not None:
+            self.upload.abort()  # no-op after a commit
+
+    def on_connection_close(self):
+        if self.upload is not None:
+            self.upload.abort()
+        super().on_connection_close()  # fails the body future, so the handler ends
+
+    @problems
+    async def get(self, volume, scope, folder):
+        vol = self.storage.volume(volume)
+        size, chunks = await asyncio.to_thread(vol.download, scope, folder, self.query("path"))
+        try:
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header("Content-Length", str(size))
+            while chunk := await asyncio.to_thread(chunks.read):
+                self.write(chunk)
+                await self.flush()
+        except Exception:
+            return  # the client went away; its side sees a short body
+        finally:
+            chunks.close()
+        self.finish()
+
+
+def make_app(storage: InProcessStorageClient, token: str, max_upload_bytes: int = 0) -> web.Application:
+    folder = r"/v1/volumes/([^/]+)/folders/([^/]+)/([^/]+)"
+    scope = r"/v1/volumes/([^/]+)/quota-scopes/([^/]+)"
+    return web.Application(
+        [
+            (r"/v1/volumes", VolumesHandler),
+            (scope, QuotaScopeHandler),
+            (scope + "/usage", ScopeUsageHandler),
+            (folder, FolderHandler),
+            (folder + "/usage", FolderUsageHandler),
+            (folder + "/files", FilesHandler),
+            (folder + "/mkdir", MkdirHandler),
+            (folder + "/rename", RenameHandler),
+            (folder + "/content", ContentHandler),
+        ],
+        default_handler_class=NotFoundHandler,
+        storage=storage,
+        token=token,
+        max_upload_bytes=max_upload_bytes or 2**62,
+    )
+
+
 class StorageProxyApp(Application):
     name = "backendai-storage-proxy"
-    root = Unicode("/var/lib/backendai/vfroot/local", help="Volume root directory.").tag(config=True)
-    listen_host = Unicode("127.0.0.1").tag(config=True)
-    listen_port = Integer(6021).tag(config=True)
-    token = Unicode(os.environ.get("BACKENDAI_STORAGE_TOKEN", "")).tag(config=True)
+    description = "Serve vfolders on this node's volumes to jupyterhub-backendai managers."
+    config_file = Unicode("", help="Config file to load (Python, traitlets).").tag(config=True)
+    listen_host = Unicode("127.0.0.1", help="Address the storage API listens on.").tag(config=True)
+    listen_port = Integer(6021, help="Port the storage API listens on.").tag(config=True)
+    token = Unicode(
+        os.environ.get("BACKENDAI_STORAGE_TOKEN", ""),
+        help="""Shared secret the manager presents as a Bearer token (env
+        BACKENDAI_STORAGE_TOKEN); the manager's storage_proxies entry carries the same.""",
+    ).tag(config=True)
+    volumes = Dict(
+        help="""Volumes served, by name: {"volume1": {"backend": "vfs", "path":
+        "/srv/vfroot/volume1", "folder_uid": 1000, "folder_gid": 1000}}. Only vfs
+        exists. Agents bind-mount folders from these paths, so the path must be the
+        same on the agents' hosts (this node, or an NFS mount there). folder_uid/gid:
+        owner of new folders, directories and files when the proxy runs as root.""",
+    ).tag(config=True)
+    max_upload_bytes = Integer(
+        0,
+        help="""Refuse an upload body larger than this (0: no limit besides the
+        quota scopes).""",
+    ).tag(config=True)
+
+    @default("volumes")
+    def _volumes_default(self):
+        return {"volume1": {"backend": "vfs", "path": "/var/lib/backendai/vfroot/volume1"}}
+
     aliases = {
-        "root": "StorageProxyApp.root",
+        "config": "StorageProxyApp.config_file",
         "port": "StorageProxyApp.listen_port",
         "host": "StorageProxyApp.listen_host",
     }
 
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+
     async def run(self):
         if not self.token:
-            raise SystemExit("backendai-storage-proxy: set BACKENDAI_STORAGE_TOKEN")
-        os.makedirs(self.root, exist_ok=True)
-        app = web.Application(
-            [(r"/folders", FoldersHandler), (r"/folders/([^/]+)", FolderHandler)],
-            root=self.root,
-            token=self.token,
+            raise SystemExit(
+                "backendai-storage-proxy: set a token (BACKENDAI_STORAGE_TOKEN or --StorageProxyApp.token)"
+            )
+        try:
+            storage = InProcessStorageClient(make_volumes(self.volumes))
+        except ValueError as e:
+            raise SystemExit(f"backendai-storage-proxy: {e}") from None
+        app = make_app(storage, self.token, self.max_upload_bytes)
+        server = app.listen(self.listen_port, self.listen_host, chunk_size=CHUNK_SIZE)
+        self.log.info(
+            "storage proxy on %s:%s serving %s", self.listen_host, self.listen_port,
+            ", ".join(f"{n} ({c['path']})" for n, c in self.volumes.items()),
         )
-        server = app.listen(self.listen_port, self.listen_host)
-        self.log.info("storage proxy on %s:%s serving %s", self.listen_host, self.listen_port, self.root)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

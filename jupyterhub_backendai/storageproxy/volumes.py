@@ -2,19 +2,45 @@
 
 Layout (as Backend.AI's): ``<root>/<scope type>/<scope id>/<folder id>``, so that
 everything of one quota scope (a user's or a project's folders) lies under one
-directory that the volume can measure and bound.
+directory that the volume can measure and bound. A scope's limit, when it has one,
+is ``<root>/<scope type>/<scope id>/.quota.json`` (never inside a folder, so no
+session can see or change it).
+
+File operations take a path relative to the folder. Running sessions write in the
+same folders (as the kernel's user, while this process may be root), so a path is
+never resolved by name in one step: each directory on the way is opened with
+``O_NOFOLLOW`` relative to the previous one (``openat``), and the final entry is acted
+on through its parent's descriptor. A symbolic link is listed but never followed, not
+even one pointing inside the folder; a link swapped in during an operation makes the
+operation fail instead of escaping the folder.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
+import secrets
 import shutil
+import stat
+import threading
+from collections.abc import Iterable, Iterator
 
-from ..common.errors import InvalidRequest
+from ..common.errors import (
+    BackendAIError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    StorageQuotaExceeded,
+)
 
 FOLDER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 QUOTA_SCOPE_RE = re.compile(r"^(user|project):[0-9a-f]{32}$")
+QUOTA_FILE = ".quota.json"
+CHUNK_SIZE = 1 << 20
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def check_ids(quota_scope_id: str, folder_id: str | None = None) -> None:
@@ -26,11 +52,227 @@ def check_ids(quota_scope_id: str, folder_id: str | None = None) -> None:
         raise InvalidRequest(f"invalid folder id {folder_id!r}")
 
 
+def split_path(path: str, *, allow_root: bool = False) -> list[str]:
+    """A path inside a folder -> its components. Relative POSIX paths only; ``""``
+    and ``"."`` name the folder itself (only where ``allow_root``)."""
+    if not isinstance(path, str):
+        raise InvalidRequest(f"a path must be a string, not {type(path).__name__}")
+    if "\x00" in path:
+        raise InvalidRequest("a path must not contain NUL")
+    if path.startswith("/"):
+        raise InvalidRequest(f"path {path!r} must be relative to the folder")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidRequest(f"path {path!r} must not contain '..'")
+    if not parts and not allow_root:
+        raise InvalidRequest("the path names the folder itself; name an entry inside it")
+    for p in parts:
+        if len(p.encode("utf-8", "surrogateescape")) > 255:
+            raise InvalidRequest(f"path component {p[:40]!r}... is longer than 255 bytes")
+    return parts
+
+
+def _usage_fd(dir_fd: int, skip: str | None = None) -> tuple[int, int]:
+    """(bytes, entries that are not directories) under an open directory, without
+    following symbolic links; entries that vanish during the walk are skipped."""
+    used = count = 0
+    with os.scandir(dir_fd) as it:
+        entries = list(it)
+    for e in entries:
+        if e.name == skip:
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub = os.open(e.name, _DIR_FLAGS, dir_fd=dir_fd)
+            except (FileNotFoundError, NotADirectoryError, OSError):
+                continue
+            try:
+                u, c = _usage_fd(sub)
+            finally:
+                os.close(sub)
+            used += u
+            count += c
+        else:
+            used += st.st_size
+            count += 1
+    return used, count
+
+
+def _os_error(e: OSError, what: str) -> BackendAIError:
+    """An OS error on a user's path -> the 4xx that says what is wrong with it."""
+    if e.errno == errno.ENOENT:
+        return NotFound(f"{what}: no such file or directory")
+    if e.errno == errno.EEXIST:
+        return Conflict(f"{what}: already exists")
+    if e.errno == errno.ENOTEMPTY:
+        return Conflict(f"{what}: directory not empty (delete it recursively)")
+    if e.errno == errno.ENOTDIR:
+        return InvalidRequest(f"{what}: a component of the path is not a directory")
+    if e.errno == errno.EISDIR:
+        return Conflict(f"{what}: is a directory")
+    if e.errno == errno.ELOOP:
+        return InvalidRequest(f"{what}: is a symbolic link (links are not followed)")
+    if e.errno == errno.ENAMETOOLONG:
+        return InvalidRequest(f"{what}: name too long")
+    if e.errno == errno.EINVAL:
+        return InvalidRequest(f"{what}: invalid operation ({e.strerror})")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageQuotaExceeded(f"{what}: no space left on the volume")
+    return BackendAIError(f"{what}: {e.strerror}")
+
+
+class Upload:
+    """One file being written: a hidden temporary file beside the target, renamed
+    over it on :meth:`commit`, removed on :meth:`abort` (or any error). Every write
+    first checks the quota scope's limit, so the temporary file never exceeds it."""
+
+    def __init__(self, volume: VFSVolume, quota_scope_id: str, parent_fd: int, name: str,
+                 path: str, limit: int | None, used: int):
+        self.volume = volume
+        self.quota_scope_id = quota_scope_id
+        self.path = path
+        self.limit = limit
+        self.used = used
+        self.written = 0
+        self._lock = threading.Lock()  # a cancelled caller's write may still run in a thread
+        self._parent = parent_fd
+        self._name = name
+        self._tmp = f".upload-{secrets.token_hex(8)}.tmp"
+        self._fd: int | None = os.open(
+            self._tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+            dir_fd=parent_fd,
+        )
+        self.done = False
+        if os.geteuid() == 0:
+            try:
+                os.fchown(self._fd, volume.folder_uid, volume.folder_gid)
+            except OSError:
+                os.close(self._fd)
+                os.unlink(self._tmp, dir_fd=parent_fd)
+                self.done = True
+                raise
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.done:
+            raise InvalidRequest("the upload is already finished")
+        if self.limit is not None and self.used + self.written + len(data) > self.limit:
+            self._abort()
+            raise StorageQuotaExceeded(
+                f"quota scope {self.quota_scope_id} on volume {self.volume.name} is limited "
+                f"to {self.limit} bytes and {self.used} are used; the upload of {self.path!r} "
+                f"would need more than the {max(self.limit - self.used, 0)} bytes left"
+            )
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+                self.written += n
+        except OSError as e:
+            self._abort()
+            raise _os_error(e, self.path) from None
+
+    def commit(self) -> dict:
+        with self._lock:
+            return self._commit()
+
+    def _commit(self) -> dict:
+        if self.done:
+            raise InvalidRequest("the upload is already finished")
+        try:
+            os.close(self._fd)
+            self._fd = None
+            os.rename(self._tmp, self._name, src_dir_fd=self._parent, dst_dir_fd=self._parent)
+        except OSError as e:
+            self._abort()
+            raise _os_error(e, self.path) from None
+        self.done = True
+        os.close(self._parent)
+        return {"path": self.path, "size": self.written}
+
+    def abort(self) -> None:
+        """Idempotent; leaves the target as it was."""
+        with self._lock:
+            self._abort()
+
+    def _abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self._tmp, dir_fd=self._parent)
+        except FileNotFoundError:
+            pass
+        os.close(self._parent)
+
+    def __del__(self):
+        if not getattr(self, "done", True):
+            self._abort()
+
+
+class FileChunks:
+    """A download: at most ``size`` bytes of one open file, ``CHUNK_SIZE`` at a time
+    (the size is the one answered before the first byte; a file that grows meanwhile
+    is cut there)."""
+
+    def __init__(self, fd: int, size: int):
+        self._fd: int | None = fd
+        self.size = size
+        self._left = size
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        chunk = self.read()
+        if not chunk:
+            raise StopIteration
+        return chunk
+
+    def read(self) -> bytes:
+        """The next chunk, or ``b""`` at the end (the file is then closed)."""
+        with self._lock:
+            if self._fd is None:
+                return b""
+            chunk = os.read(self._fd, min(CHUNK_SIZE, self._left)) if self._left else b""
+            self._left -= len(chunk)
+            if not chunk:
+                os.close(self._fd)
+                self._fd = None
+            return chunk
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class VFSVolume:
     """A volume on a local (or NFS-mounted) directory.
 
-    ``folder_uid``/``folder_gid``: owner given to new folders when the proxy runs as
-    root, so that the kernel's user (``work``, 1000 in our images) can write in them.
+    ``folder_uid``/``folder_gid``: owner given to new folders, directories and
+    uploaded files when the proxy runs as root, so that the kernel's user (``work``,
+    1000 in our images) can write in them.
     """
 
     backend = "vfs"
@@ -51,9 +293,9 @@ class VFSVolume:
         check_ids(quota_scope_id, folder_id)
         return os.path.join(self.scope_path(quota_scope_id), folder_id)
 
-    def _chown(self, path: str) -> None:
+    def _chown(self, path: str, dir_fd: int | None = None) -> None:
         if os.geteuid() == 0:
-            os.chown(path, self.folder_uid, self.folder_gid)
+            os.chown(path, self.folder_uid, self.folder_gid, dir_fd=dir_fd, follow_symlinks=False)
 
     def create_folder(self, quota_scope_id: str, folder_id: str) -> None:
         """Idempotent: an existing folder is left as it is."""
@@ -71,3 +313,311 @@ class VFSVolume:
 
     def info(self) -> dict:
         return {"name": self.name, "backend": self.backend, "path": self.path}
+
+    # -- usage and quota scopes ------------------------------------------------
+
+    def _open_folder(self, quota_scope_id: str, folder_id: str) -> int:
+        path = self.folder_path(quota_scope_id, folder_id)
+        try:
+            return os.open(path, _DIR_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(
+                f"no folder {folder_id} in quota scope {quota_scope_id} on volume {self.name}"
+            ) from None
+
+    def folder_usage(self, quota_scope_id: str, folder_id: str) -> dict:
+        """Bytes (apparent sizes) and files (every entry that is not a directory) in a folder."""
+        fd = self._open_folder(quota_scope_id, folder_id)
+        try:
+            used, count = _usage_fd(fd)
+        finally:
+            os.close(fd)
+        return {"used_bytes": used, "file_count": count}
+
+    def scope_usage(self, quota_scope_id: str) -> dict:
+        """The same over every folder of a quota scope (zero for a scope with none)."""
+        try:
+            fd = os.open(self.scope_path(quota_scope_id), _DIR_FLAGS)
+        except FileNotFoundError:
+            return {"used_bytes": 0, "file_count": 0}
+        try:
+            used, count = _usage_fd(fd, skip=QUOTA_FILE)
+        finally:
+            os.close(fd)
+        return {"used_bytes": used, "file_count": count}
+
+    def _read_limit(self, quota_scope_id: str) -> int | None:
+        try:
+            with open(os.path.join(self.scope_path(quota_scope_id), QUOTA_FILE)) as f:
+                limit = json.load(f)["limit_bytes"]
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:
+            raise BackendAIError(f"quota file of {quota_scope_id} is unreadable: {e}") from None
+        return limit
+
+    def set_quota_scope(self, quota_scope_id: str, limit_bytes: int | None) -> None:
+        """Bound a scope's bytes (None: no limit). A limit below the current usage is
+        accepted: it refuses further uploads until enough is deleted."""
+        if limit_bytes is not None and (
+            not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < 0
+        ):
+            raise InvalidRequest(
+                f"limit_bytes must be a non-negative integer or null, not {limit_bytes!r}"
+            )
+        scope = self.scope_path(quota_scope_id)
+        qfile = os.path.join(scope, QUOTA_FILE)
+        if limit_bytes is None:
+            try:
+                os.unlink(qfile)
+            except FileNotFoundError:
+                pass
+            return
+        os.makedirs(scope, exist_ok=True)
+        tmp = f"{qfile}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"limit_bytes": limit_bytes}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, qfile)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def quota_scope(self, quota_scope_id: str) -> dict:
+        return {
+            "limit_bytes": self._read_limit(quota_scope_id),
+            "used_bytes": self.scope_usage(quota_scope_id)["used_bytes"],
+        }
+
+    # -- files inside a folder -------------------------------------------------
+
+    def _open_dir(self, quota_scope_id: str, folder_id: str, parts: list[str], shown: str) -> int:
+        """Open the directory ``parts`` inside a folder, one component at a time and
+        never through a symbolic link."""
+        fd = self._open_folder(quota_scope_id, folder_id)
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    where = "/".join(parts[: i + 1])
+                    if e.errno == errno.ENOTDIR or e.errno == errno.ELOOP:
+                        try:
+                            is_link = stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode)
+                        except OSError:
+                            is_link = False
+                        if is_link:
+                            raise InvalidRequest(
+                                f"{shown!r}: {where!r} is a symbolic link (links are not followed)"
+                            ) from None
+                        raise InvalidRequest(f"{shown!r}: {where!r} is not a directory") from None
+                    if e.errno == errno.ENOENT:
+                        raise NotFound(f"{shown!r}: no directory {where!r} in the folder") from None
+                    raise _os_error(e, shown) from None
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _parent(self, quota_scope_id: str, folder_id: str, path: str) -> tuple[int, str, str]:
+        """(open parent directory, entry name, normalized path) of a non-root path."""
+        parts = split_path(path)
+        shown = "/".join(parts)
+        return self._open_dir(quota_scope_id, folder_id, parts[:-1], shown), parts[-1], shown
+
+    def list_files(self, quota_scope_id: str, folder_id: str, path: str = "") -> list[dict]:
+        """Entries of a directory, by name: {name, type (file, dir, symlink or other),
+        size, mtime}; a link's size is that of the link itself."""
+        parts = split_path(path, allow_root=True)
+        fd = self._open_dir(quota_scope_id, folder_id, parts, "/".join(parts) or ".")
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+            out = []
+            for e in entries:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    kind = "file"
+                elif stat.S_ISDIR(st.st_mode):
+                    kind = "dir"
+                elif stat.S_ISLNK(st.st_mode):
+                    kind = "symlink"
+                else:
+                    kind = "other"
+                out.append(
+                    {"name": e.name, "type": kind, "size": st.st_size, "mtime": st.st_mtime}
+                )
+        finally:
+            os.close(fd)
+        return sorted(out, key=lambda x: x["name"])
+
+    def mkdir(self, quota_scope_id: str, folder_id: str, path: str, parents: bool = False) -> None:
+        """Create a directory; with ``parents`` also the missing ones above it, and an
+        existing directory is not an error (``mkdir -p``)."""
+        parts = split_path(path)
+        shown = "/".join(parts)
+        if not parents:
+            fd, name, _ = self._parent(quota_scope_id, folder_id, path)
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+                self._chown(name, fd)
+            except OSError as e:
+                raise _os_error(e, shown) from None
+            finally:
+                os.close(fd)
+            return
+        fd = self._open_folder(quota_scope_id, folder_id)
+        try:
+            for part in parts:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    self._chown(part, fd)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise _os_error(e, shown) from None
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                        if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                            raise InvalidRequest(
+                                f"{shown!r}: {part!r} is a symbolic link (links are not followed)"
+                            ) from None
+                        raise Conflict(f"{shown!r}: {part!r} exists and is not a directory") from None
+                    raise _os_error(e, shown) from None
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
+
+    def rename(self, quota_scope_id: str, folder_id: str, path: str, new_path: str) -> None:
+        """Move an entry within the folder; an existing destination is not replaced."""
+        src_fd, src, shown = self._parent(quota_scope_id, folder_id, path)
+        try:
+            dst_fd, dst, new_shown = self._parent(quota_scope_id, folder_id, new_path)
+            try:
+                try:
+                    os.lstat(src, dir_fd=src_fd)
+                except OSError as e:
+                    raise _os_error(e, shown) from None
+                try:
+                    os.lstat(dst, dir_fd=dst_fd)
+                    raise Conflict(f"{new_shown!r}: already exists")
+                except FileNotFoundError:
+                    pass
+                try:
+                    os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                except OSError as e:
+                    raise _os_error(e, f"{shown} -> {new_shown}") from None
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+
+    def delete(self, quota_scope_id: str, folder_id: str, path: str, recursive: bool = False) -> None:
+        """Remove a file, a link (not its target) or a directory (an empty one unless
+        ``recursive``)."""
+        fd, name, shown = self._parent(quota_scope_id, folder_id, path)
+        try:
+            try:
+                st = os.lstat(name, dir_fd=fd)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=fd)
+                elif recursive:
+                    shutil.rmtree(name, dir_fd=fd)
+                else:
+                    os.rmdir(name, dir_fd=fd)
+            except OSError as e:
+                raise _os_error(e, shown) from None
+        finally:
+            os.close(fd)
+
+    def begin_upload(self, quota_scope_id: str, folder_id: str, path: str) -> Upload:
+        """Start writing a file (new, or replacing one: the quota then counts the
+        old file's bytes as freed). The caller writes, then commits or aborts."""
+        fd, name, shown = self._parent(quota_scope_id, folder_id, path)
+        try:
+            replaced = 0
+            try:
+                st = os.lstat(name, dir_fd=fd)
+                if stat.S_ISDIR(st.st_mode):
+                    raise Conflict(f"{shown!r}: is a directory")
+                if stat.S_ISREG(st.st_mode):
+                    replaced = st.st_size
+            except FileNotFoundError:
+                pass
+            limit = self._read_limit(quota_scope_id)
+            used = 0
+            if limit is not None:
+                used = max(self.scope_usage(quota_scope_id)["used_bytes"] - replaced, 0)
+                if used > limit:
+                    raise StorageQuotaExceeded(
+                        f"quota scope {quota_scope_id} on volume {self.name} is limited to "
+                        f"{limit} bytes and {used} are used; delete files before uploading"
+                    )
+            return Upload(self, quota_scope_id, fd, name, shown, limit, used)
+        except OSError as e:
+            os.close(fd)
+            raise _os_error(e, shown) from None
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def upload(self, quota_scope_id: str, folder_id: str, path: str, chunks: Iterable[bytes]) -> dict:
+        """Write a file from ``chunks``: all or nothing ({path, size} once renamed into place)."""
+        up = self.begin_upload(quota_scope_id, folder_id, path)
+        try:
+            for chunk in chunks:
+                up.write(chunk)
+            return up.commit()
+        finally:
+            up.abort()
+
+    def download(self, quota_scope_id: str, folder_id: str, path: str) -> tuple[int, FileChunks]:
+        """(size, chunks) of a regular file; a directory, link or device is refused."""
+        fd, name, shown = self._parent(quota_scope_id, folder_id, path)
+        try:
+            try:
+                f = os.open(
+                    name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError as e:
+                if e.errno == errno.EISDIR:
+                    raise InvalidRequest(f"{shown!r} is a directory, not a file") from None
+                raise _os_error(e, shown) from None
+        finally:
+            os.close(fd)
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(f)
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise InvalidRequest(f"{shown!r} is {what}; only files can be downloaded")
+        os.set_blocking(f, True)
+        return st.st_size, FileChunks(f, st.st_size)
+
+
+def make_volumes(conf: dict) -> dict[str, VFSVolume]:
+    """Volumes from a config dict: {name: {"backend": "vfs", "path": ..., "folder_uid":
+    1000, "folder_gid": 1000}} (the manager's ``storage_volumes``, the daemon's ``volumes``)."""
+    volumes = {}
+    for vname, vconf in conf.items():
+        backend = vconf.get("backend", "vfs")
+        if backend != "vfs":
+            raise ValueError(f"volume {vname!r}: unknown backend {backend!r} (only vfs)")
+        if not vconf.get("path"):
+            raise ValueError(f"volume {vname!r} needs a path")
+        volumes[vname] = VFSVolume(
+            vname, vconf["path"], vconf.get("folder_uid", 1000), vconf.get("folder_gid", 1000)
+        )
+    return volumes

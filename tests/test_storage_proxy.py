@@ -1,0 +1,575 @@
+"""The storage proxy: one suite over the in-hub client and the HTTP daemon.
+
+Every behaviour runs twice: through :class:`InProcessStorageClient` on a volume in a
+temp dir, and through :class:`HTTPStorageClient` against a real
+``backendai-storage-proxy`` subprocess (free loopback port, random token, volumes
+from a ``--config`` file). Both must answer the same results and the same errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from jupyterhub_backendai.common.errors import (
+    BackendAIError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    StorageQuotaExceeded,
+    Unauthorized,
+)
+from jupyterhub_backendai.storageproxy.client import (
+    HTTPStorageClient,
+    InProcessStorageClient,
+    make_storage_registry,
+)
+from jupyterhub_backendai.storageproxy.volumes import make_volumes
+
+from .services import free_port
+
+BIN = os.path.join(os.path.dirname(sys.executable), "backendai-storage-proxy")
+
+
+class StorageDaemon:
+    """A ``backendai-storage-proxy`` subprocess serving ``volume1`` and ``volume2``
+    under ``root``, configured through a config file; stopped by its PID."""
+
+    def __init__(self, root: str):
+        self.root = str(root)
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.volumes = {
+            name: {"backend": "vfs", "path": os.path.join(self.root, name)}
+            for name in ("volume1", "volume2")
+        }
+        self.config = os.path.join(self.root, "storage_config.py")
+        self.log = os.path.join(self.root, "storage-proxy.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> None:
+        with open(self.config, "w") as f:
+            f.write(f"c.StorageProxyApp.volumes = {self.volumes!r}\n")
+            f.write(f"c.StorageProxyApp.listen_port = {self.port}\n")
+        env = dict(os.environ, BACKENDAI_STORAGE_TOKEN=self.token)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [BIN, "--config", self.config], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while True:  # ready when the API answers, not merely when the port opens
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"storage proxy exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                import urllib.request
+
+                req = urllib.request.Request(
+                    self.url + "/v1/volumes", headers={"Authorization": f"Bearer {self.token}"}
+                )
+                with urllib.request.urlopen(req, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"storage proxy not ready in {timeout} s: {self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = StorageDaemon(tmp_path_factory.mktemp("storage-http"))
+    d.start()
+    yield d
+    d.stop()
+
+
+class Env:
+    """One client, the directory of its ``volume1``, and a fresh folder in a fresh
+    user quota scope."""
+
+    def __init__(self, kind: str, client, root: str):
+        self.kind = kind
+        self.client = client
+        self.root = root
+        self.scope = f"user:{uuid.uuid4().hex}"
+        self.folder = uuid.uuid4().hex
+
+    @property
+    def path(self) -> str:
+        kind, sid = self.scope.split(":")
+        return os.path.join(self.root, kind, sid, self.folder)
+
+    def __getattr__(self, op):
+        """``env.upload(path, ...)`` = ``client.upload("volume1", scope, folder, path, ...)``."""
+        fn = getattr(self.client, op)
+
+        async def call(*args, **kw):
+            return await fn("volume1", self.scope, self.folder, *args, **kw)
+
+        return call
+
+    def leftovers(self) -> list[str]:
+        """Temporary upload files anywhere under the folder."""
+        out = []
+        for dirpath, _dirs, files in os.walk(self.path):
+            out.extend(os.path.join(dirpath, f) for f in files if f.startswith(".upload-"))
+        return out
+
+
+@pytest.fixture(params=["inproc", "http"])
+async def env(request, tmp_path):
+    if request.param == "inproc":
+        volumes = {
+            n: {"backend": "vfs", "path": str(tmp_path / n)} for n in ("volume1", "volume2")
+        }
+        client = InProcessStorageClient(make_volumes(volumes))
+        root = volumes["volume1"]["path"]
+    else:
+        d = request.getfixturevalue("daemon")
+        client = HTTPStorageClient(d.url, d.token)
+        root = d.volumes["volume1"]["path"]
+    e = Env(request.param, client, root)
+    await e.create_folder()
+    yield e
+    await client.close()
+
+
+async def stream(data: bytes, size: int = 64 * 1024):
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+        await asyncio.sleep(0)
+
+
+async def read_all(env, path: str) -> bytes:
+    size, chunks = await env.download(path)
+    data = b"".join([c async for c in chunks])
+    assert len(data) == size
+    return data
+
+
+async def wait_until(cond, timeout: float = 10) -> None:
+    """Poll a condition (the daemon cleans up after a dropped connection on its own time)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+# -- folders ---------------------------------------------------------------------
+
+
+async def test_create_and_delete_folder_are_idempotent(env):
+    assert os.path.isdir(env.path)
+    with open(os.path.join(env.path, "keep"), "w") as f:
+        f.write("x")
+    await env.create_folder()  # again: left as it is
+    assert os.listdir(env.path) == ["keep"]
+    assert await env.mount_path() == env.path
+    await env.delete_folder()
+    assert not os.path.exists(env.path)
+    await env.delete_folder()  # again: no error
+    with pytest.raises(NotFound) as e:
+        await env.folder_usage()
+    assert e.value.status_code == 404 and env.folder in e.value.detail
+
+
+async def test_volumes_lists_both(env):
+    names = sorted(v["name"] for v in await env.client.volumes())
+    assert names == ["volume1", "volume2"]
+
+
+# -- usage and quota -------------------------------------------------------------
+
+
+async def test_usage_counts_bytes_and_files_without_following_links(env):
+    await env.mkdir("d/e", parents=True)
+    await env.upload("a.bin", stream(b"a" * 1000))
+    await env.upload("d/b.bin", stream(b"b" * 2500))
+    await env.upload("d/e/c.bin", stream(b""))
+    outside = tempfile.mkdtemp(prefix="sp-outside-")
+    with open(os.path.join(outside, "big"), "wb") as f:
+        f.write(b"z" * 100_000)
+    link = os.path.join(env.path, "d", "out")
+    os.symlink(outside, link)
+    link_size = os.lstat(link).st_size
+    assert await env.folder_usage() == {"used_bytes": 3500 + link_size, "file_count": 4}
+
+    other = uuid.uuid4().hex
+    await env.client.create_folder("volume1", env.scope, other)
+    await env.client.upload("volume1", env.scope, other, "x", stream(b"x" * 500))
+    assert await env.client.scope_usage("volume1", env.scope) == {
+        "used_bytes": 4000 + link_size,
+        "file_count": 5,
+    }
+    empty_scope = f"project:{uuid.uuid4().hex}"
+    assert await env.client.scope_usage("volume1", empty_scope) == {"used_bytes": 0, "file_count": 0}
+
+
+async def test_quota_scope_limit_is_stored_and_cleared(env):
+    await env.upload("f", stream(b"f" * 300))
+    assert await env.client.quota_scope("volume1", env.scope) == {"limit_bytes": None, "used_bytes": 300}
+    await env.client.set_quota_scope("volume1", env.scope, 1000)
+    assert await env.client.quota_scope("volume1", env.scope) == {"limit_bytes": 1000, "used_bytes": 300}
+    # the limit file lies beside the folders, not inside one, and is not counted
+    assert sorted(os.listdir(os.path.dirname(env.path))) == [".quota.json", env.folder]
+    assert (await env.client.scope_usage("volume1", env.scope))["used_bytes"] == 300
+    await env.client.set_quota_scope("volume1", env.scope, None)
+    assert await env.client.quota_scope("volume1", env.scope) == {"limit_bytes": None, "used_bytes": 300}
+    for bad in (-1, "100", True, 1.5):
+        with pytest.raises(InvalidRequest) as e:
+            await env.client.set_quota_scope("volume1", env.scope, bad)
+        assert e.value.status_code == 400 and "limit_bytes" in e.value.detail
+    assert (await env.client.quota_scope("volume1", env.scope))["limit_bytes"] is None
+
+
+async def test_upload_over_quota_is_refused_and_leaves_nothing(env):
+    await env.upload("old", stream(b"o" * 600))
+    await env.client.set_quota_scope("volume1", env.scope, 1000)
+    with pytest.raises(StorageQuotaExceeded) as e:
+        await env.upload("new", stream(b"n" * 401, size=100))
+    assert e.value.status_code == 413
+    assert isinstance(e.value, QuotaExceeded)
+    assert "limited to 1000 bytes" in e.value.detail and "600 are used" in e.value.detail
+    assert sorted(os.listdir(env.path)) == ["old"]
+    assert env.leftovers() == []
+    # exactly up to the limit is allowed
+    assert await env.upload("new", stream(b"n" * 400)) == {"path": "new", "size": 400}
+    assert (await env.client.quota_scope("volume1", env.scope))["used_bytes"] == 1000
+    # replacing a file counts its old bytes as freed
+    await env.upload("old", stream(b"p" * 600))
+    assert await read_all(env, "old") == b"p" * 600
+
+
+async def test_quota_counts_every_folder_of_the_scope(env):
+    other = uuid.uuid4().hex
+    await env.client.create_folder("volume1", env.scope, other)
+    await env.client.upload("volume1", env.scope, other, "x", stream(b"x" * 900))
+    await env.client.set_quota_scope("volume1", env.scope, 1000)
+    with pytest.raises(StorageQuotaExceeded):
+        await env.upload("y", stream(b"y" * 101))
+    assert os.listdir(env.path) == []
+    # a limit below what is used already refuses any upload
+    await env.client.set_quota_scope("volume1", env.scope, 10)
+    with pytest.raises(StorageQuotaExceeded) as e:
+        await env.upload("z", stream(b""))
+    assert "900 are used" in e.value.detail
+    assert os.listdir(env.path) == []
+
+
+# -- uploads and downloads -------------------------------------------------------
+
+
+async def test_download_equals_upload_streamed(env):
+    data = os.urandom(5 * 1024 * 1024 + 123)
+    assert await env.upload("big.bin", stream(data)) == {
+        "path": "big.bin",
+        "size": len(data),
+    }
+    with open(os.path.join(env.path, "big.bin"), "rb") as f:
+        assert f.read() == data
+    size, chunks = await env.download("big.bin")
+    assert size == len(data)
+    parts = [c async for c in chunks]
+    assert len(parts) > 1  # streamed, not one body
+    assert b"".join(parts) == data
+    assert env.leftovers() == []
+
+
+async def test_failed_upload_keeps_the_old_file(env):
+    await env.upload("a.txt", stream(b"old contents"))
+
+    async def broken():
+        yield b"new " * 100_000
+        # the proxy has begun writing beside the old file before the source fails
+        await wait_until(lambda: env.leftovers() != [])
+        raise RuntimeError("the source failed")
+
+    with pytest.raises((RuntimeError, BackendAIError)) as e:
+        await env.upload("a.txt", broken())
+    assert "the source failed" in str(e.value)
+    await wait_until(lambda: env.leftovers() == [])
+    assert await read_all(env, "a.txt") == b"old contents"
+    assert sorted(os.listdir(env.path)) == ["a.txt"]
+
+
+async def test_upload_into_missing_directory_or_onto_a_directory(env):
+    with pytest.raises(NotFound) as e:
+        await env.upload("nodir/f", stream(b"x"))
+    assert e.value.status_code == 404 and "nodir" in e.value.detail
+    await env.mkdir("d")
+    with pytest.raises(Conflict) as e:
+        await env.upload("d", stream(b"x"))
+    assert e.value.status_code == 409 and "is a directory" in e.value.detail
+    assert os.listdir(env.path) == ["d"] and env.leftovers() == []
+
+
+async def test_download_refuses_directories_and_missing_files(env):
+    await env.mkdir("d")
+    with pytest.raises(InvalidRequest) as e:
+        await env.download("d")
+    assert e.value.status_code == 400 and "directory" in e.value.detail
+    with pytest.raises(NotFound) as e:
+        await env.download("nothing")
+    assert e.value.status_code == 404
+
+
+# -- file operations -------------------------------------------------------------
+
+
+async def test_list_mkdir_rename_delete(env):
+    await env.mkdir("a")
+    with pytest.raises(Conflict) as e:
+        await env.mkdir("a")
+    assert e.value.status_code == 409
+    with pytest.raises(NotFound):
+        await env.mkdir("x/y")
+    await env.mkdir("x/y", parents=True)
+    await env.mkdir("x/y", parents=True)  # mkdir -p: no error
+    await env.upload("a/f.txt", stream(b"hello"))
+    os.symlink("f.txt", os.path.join(env.path, "a", "ln"))
+
+    entries = await env.list_files("a")
+    assert [(x["name"], x["type"], x["size"]) for x in entries] == [
+        ("f.txt", "file", 5),
+        ("ln", "symlink", len("f.txt")),
+    ]
+    assert all(isinstance(x["mtime"], float) for x in entries)
+    assert [(x["name"], x["type"]) for x in await env.list_files("")] == [("a", "dir"), ("x", "dir")]
+    assert [x["name"] for x in await env.list_files("x/")] == ["y"]
+    with pytest.raises(InvalidRequest):
+        await env.list_files("a/f.txt")  # not a directory
+    with pytest.raises(NotFound):
+        await env.list_files("nope")
+
+    await env.rename("a/f.txt", "x/y/g.txt")
+    assert await read_all(env, "x/y/g.txt") == b"hello"
+    assert not os.path.exists(os.path.join(env.path, "a", "f.txt"))
+    await env.upload("a/h", stream(b"h"))
+    with pytest.raises(Conflict):
+        await env.rename("a/h", "x/y/g.txt")  # an existing destination is not replaced
+    assert await read_all(env, "x/y/g.txt") == b"hello"
+    with pytest.raises(NotFound):
+        await env.rename("a/missing", "a/other")
+    with pytest.raises(InvalidRequest):
+        await env.rename("x", "x/y/inside")  # a directory into itself
+
+    with pytest.raises(Conflict) as e:
+        await env.delete("x")
+    assert "not empty" in e.value.detail
+    await env.delete("a/ln")  # the link, not its target
+    await env.delete("a/h")
+    await env.delete("a")
+    await env.delete("x", recursive=True)
+    assert os.listdir(env.path) == []
+    with pytest.raises(NotFound):
+        await env.delete("x")
+    with pytest.raises(InvalidRequest):
+        await env.delete("")  # the folder itself
+
+
+BAD_PATHS = ["../x", "a/../../x", "..", "/etc/passwd", "a\x00b"]
+
+
+@pytest.mark.parametrize("bad", BAD_PATHS)
+async def test_bad_paths_are_refused(env, bad):
+    await env.mkdir("a")
+    calls = [
+        env.list_files(bad),
+        env.mkdir(bad),
+        env.mkdir(bad, parents=True),
+        env.rename(bad, "b"),
+        env.rename("a", bad),
+        env.delete(bad, recursive=True),
+        env.upload(bad, stream(b"x")),
+        env.download(bad),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidRequest) as e:
+            await call
+        assert e.value.status_code == 400
+    assert os.listdir(env.path) == ["a"]
+    assert not os.path.exists(os.path.join(os.path.dirname(env.path), "x"))
+
+
+async def test_symlinks_are_not_followed_out_of_the_folder(env):
+    outside = tempfile.mkdtemp(prefix="sp-outside-")
+    with open(os.path.join(outside, "secret"), "w") as f:
+        f.write("secret")
+    os.symlink(outside, os.path.join(env.path, "out"))
+    os.symlink("/etc/passwd", os.path.join(env.path, "passwd"))
+
+    for call in (
+        env.download("out/secret"),
+        env.download("passwd"),
+        env.list_files("out"),
+        env.upload("out/new", stream(b"x")),
+        env.upload("out/secret", stream(b"overwritten")),
+        env.mkdir("out/d"),
+        env.mkdir("out/d", parents=True),
+        env.rename("out/secret", "stolen"),
+        env.delete("out/secret"),
+    ):
+        with pytest.raises(InvalidRequest) as e:
+            await call
+        assert e.value.status_code == 400 and "symbolic link" in e.value.detail
+    assert sorted(os.listdir(outside)) == ["secret"]
+    with open(os.path.join(outside, "secret")) as f:
+        assert f.read() == "secret"
+    # replacing a link by an upload replaces the link itself, never its target
+    await env.upload("passwd", stream(b"mine"))
+    assert not os.path.islink(os.path.join(env.path, "passwd"))
+    assert await read_all(env, "passwd") == b"mine"
+    # deleting a link leaves its target
+    await env.delete("out", recursive=True)
+    assert os.listdir(outside) == ["secret"]
+
+
+# -- ids and volumes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scope,folder",
+    [
+        ("user:xyz", None),
+        ("group:" + "0" * 32, None),
+        ("user:" + "A" * 32, None),
+        (None, "../../etc"),
+        (None, "0" * 31),
+        (None, "g" * 32),
+    ],
+)
+async def test_bad_ids_are_400(env, scope, folder):
+    scope = scope or env.scope
+    folder = folder or env.folder
+    c = env.client
+    for call in (
+        c.create_folder("volume1", scope, folder),
+        c.delete_folder("volume1", scope, folder),
+        c.folder_usage("volume1", scope, folder),
+        c.list_files("volume1", scope, folder, ""),
+        c.upload("volume1", scope, folder, "f", stream(b"x")),
+    ):
+        with pytest.raises(InvalidRequest) as e:
+            await call
+        assert e.value.status_code == 400 and "invalid" in e.value.detail
+    assert os.listdir(env.path) == []
+
+
+async def test_unknown_volume_is_404(env):
+    for call in (
+        env.client.create_folder("nope", env.scope, env.folder),
+        env.client.quota_scope("nope", env.scope),
+        env.client.upload("nope", env.scope, env.folder, "f", stream(b"x")),
+        env.client.download("nope", env.scope, env.folder, "f"),
+    ):
+        with pytest.raises(NotFound) as e:
+            await call
+        assert e.value.status_code == 404 and "'nope'" in e.value.detail
+
+
+# -- the daemon ------------------------------------------------------------------
+
+
+async def test_wrong_or_missing_token_is_401(daemon):
+    client = HTTPStorageClient(daemon.url, "wrong-" + daemon.token)
+    try:
+        with pytest.raises(Unauthorized) as e:
+            await client.volumes()
+        assert e.value.status_code == 401
+        scope = f"user:{uuid.uuid4().hex}"
+        with pytest.raises(Unauthorized):
+            await client.create_folder("volume1", scope, uuid.uuid4().hex)
+    finally:
+        await client.close()
+    assert not os.path.exists(os.path.join(daemon.volumes["volume1"]["path"], "user", scope[5:]))
+    async with aiohttp.ClientSession() as s:
+        async with s.get(daemon.url + "/v1/volumes") as r:
+            assert r.status == 401
+            assert r.headers["Content-Type"] == "application/problem+json"
+            body = await r.json(content_type=None)
+            assert body["status"] == 401 and body["error"] == "Unauthorized"
+        async with s.get(
+            daemon.url + "/v1/nothing", headers={"Authorization": f"Bearer {daemon.token}"}
+        ) as r:
+            assert r.status == 404 and (await r.json(content_type=None))["error"] == "NotFound"
+
+
+async def test_daemon_refuses_to_start_without_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "BACKENDAI_STORAGE_TOKEN"}
+    r = subprocess.run(
+        [BIN, f"--StorageProxyApp.volumes={{'v': {{'path': '{tmp_path}'}}}}", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=30,
+    )
+    assert r.returncode != 0 and "token" in r.stderr
+
+
+async def test_registry_hosts_and_pass_through_over_both(daemon, tmp_path):
+    registry = make_storage_registry(
+        {"remote": {"url": daemon.url, "token": daemon.token}},
+        {"volume1": {"backend": "vfs", "path": str(tmp_path / "local1")}},
+    )
+    try:
+        assert await registry.hosts() == [
+            "local:volume1",
+            "remote:volume1",
+            "remote:volume2",
+        ]
+        scope, folder = f"project:{uuid.uuid4().hex}", uuid.uuid4().hex
+        for host, root in (
+            ("local:volume1", str(tmp_path / "local1")),
+            ("remote:volume2", daemon.volumes["volume2"]["path"]),
+        ):
+            await registry.create_folder(host, scope, folder)
+            path = os.path.join(root, "project", scope.split(":")[1], folder)
+            assert await registry.mount_path(host, scope, folder) == path
+            await registry.set_quota_scope(host, scope, 100)
+            await registry.mkdir(host, scope, folder, "d")
+            assert await registry.upload(host, scope, folder, "d/f", stream(b"12345")) == {
+                "path": "d/f",
+                "size": 5,
+            }
+            await registry.rename(host, scope, folder, "d/f", "d/g")
+            assert [e["name"] for e in await registry.list_files(host, scope, folder, "d")] == ["g"]
+            size, chunks = await registry.download(host, scope, folder, "d/g")
+            assert (size, b"".join([c async for c in chunks])) == (5, b"12345")
+            assert await registry.folder_usage(host, scope, folder) == {"used_bytes": 5, "file_count": 1}
+            assert await registry.scope_usage(host, scope) == {"used_bytes": 5, "file_count": 1}
+            assert await registry.quota_scope(host, scope) == {"limit_bytes": 100, "used_bytes": 5}
+            with pytest.raises(StorageQuotaExceeded):
+                await registry.upload(host, scope, folder, "big", stream(b"x" * 96))
+            await registry.delete(host, scope, folder, "d", recursive=True)
+            await registry.delete_folder(host, scope, folder)
+            assert not os.path.exists(path)
+        with pytest.raises(InvalidRequest):
+            registry.resolve("elsewhere:volume1")
+    finally:
+        await registry.close()
