@@ -58,9 +58,39 @@ _FORM = """
     </div>
   </div>
   {project_field}
+  {mounts_field}
   <p class="text-muted small">Free on the largest agent now: {free}</p>
 </div>
 """
+
+_MOUNTS_FIELD = """
+  <fieldset class="form-group mb-3" id="backendai-mounts">
+    <legend class="form-label fs-6">Virtual folders (mounted at /home/work/&lt;name&gt;)</legend>
+    {boxes}
+  </fieldset>
+  <script>
+  (function () {{
+    // A project's folders can only be mounted in that project's sessions.
+    var select = document.getElementById("backendai-project");
+    if (!select) return;
+    function sync() {{
+      document.querySelectorAll("#backendai-mounts [data-project]").forEach(function (row) {{
+        var other = row.dataset.project !== select.value;
+        row.hidden = other;
+        row.querySelector("input").disabled = other;
+      }});
+    }}
+    select.addEventListener("change", sync);
+    sync();
+  }})();
+  </script>
+"""
+
+_MOUNT_BOX = """
+    <div class="form-check"{project_attr}>
+      <input class="form-check-input" type="checkbox" name="mounts" value="{id}" id="backendai-mount-{id}">
+      <label class="form-check-label" for="backendai-mount-{id}">{name} <span class="text-muted small">({owner}, {permission})</span></label>
+    </div>"""
 
 _PROJECT_FIELD = """
   <div class="form-group mb-3">
@@ -68,6 +98,9 @@ _PROJECT_FIELD = """
     <select class="form-select form-control" id="backendai-project" name="project">{options}</select>
   </div>
 """
+
+
+_PERMISSION_WORDS = {"ro": "read only", "rw": "read-write", "wd": "read-write-delete"}
 
 
 class BackendAISpawner(Spawner):
@@ -98,6 +131,7 @@ class BackendAISpawner(Spawner):
     _image = None
     _slots = None
     _project = None
+    _mounts: list[str] = []
     _cluster = (1, "single-node")
 
     @property
@@ -136,9 +170,24 @@ class BackendAISpawner(Spawner):
                     for name in projects
                 )
             )
+        folders = await self.manager.mountable_folders(self.user.name)
+        mounts_field = ""
+        if folders:
+            mounts_field = _MOUNTS_FIELD.format(boxes="".join(
+                _MOUNT_BOX.format(
+                    id=html.escape(f["id"]),
+                    name=html.escape(f["name"]),
+                    owner=html.escape(f["owner"]),
+                    permission=_PERMISSION_WORDS.get(f["permission"], html.escape(f["permission"])),
+                    project_attr=(f' data-project="{html.escape(f["project"])}"'
+                                  if f["project"] is not None and len(projects) > 1 else ""),
+                )
+                for f in folders
+            ))
         return _FORM.format(
             image_options=opts,
             project_field=project_field,
+            mounts_field=mounts_field,
             cpu=html.escape(self.default_cpu),
             mem=html.escape(self.default_mem),
             gpu=self.default_gpu,
@@ -151,6 +200,11 @@ class BackendAISpawner(Spawner):
 
     def _parse_form(self, formdata: dict) -> dict:
         opts = {}
+        mounts = formdata.get("mounts")
+        if mounts is not None:
+            if not isinstance(mounts, list) or not all(isinstance(v, str) for v in mounts):
+                raise web.HTTPError(400, "form field 'mounts' must be a list of vfolders")
+            opts["mounts"] = [v.strip() for v in mounts if v.strip()]
         for key in ("image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode"):
             values = formdata.get(key)
             if values is None:
@@ -176,6 +230,7 @@ class BackendAISpawner(Spawner):
                 opts["image"] = choices[0]
         await self.manager.ready()
         project = opts.pop("project", None)
+        mounts = opts.pop("mounts", [])
         cluster_size = opts.pop("cluster_size", 1)
         cluster_mode = opts.pop("cluster_mode", "single-node")
         try:
@@ -198,9 +253,12 @@ class BackendAISpawner(Spawner):
             await self.manager.validate(
                 image, slots, self.resource_group, cluster_size=cluster_size, cluster_mode=cluster_mode
             )
+            # Names or ids of vfolders; enqueue checks them again when it creates the session.
+            await self.manager.check_mounts(self.user.name, project, mounts)
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, e.detail) from None
         self._image, self._slots, self._project = image, slots, project
+        self._mounts = list(mounts)
         self._cluster = (cluster_size, cluster_mode)
         self.mem_limit = int(slots[MEM])
         self.cpu_limit = float(slots[CPU])
@@ -230,6 +288,7 @@ class BackendAISpawner(Spawner):
                 project=self._project,
                 cluster_size=self._cluster[0],
                 cluster_mode=self._cluster[1],
+                mounts=self._mounts,
             )
         except BackendAIError as e:
             raise SpawnException(e.detail, reason="invalid_request", status_code=e.status_code) from None

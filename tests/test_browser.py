@@ -1,12 +1,14 @@
 """A person's path through the UI, in headless Chromium (Playwright).
 
-login -> the spawn form (our fields inside JupyterHub's page) -> the progress page with our
-session states -> JupyterLab -> a terminal in the kernel container -> stop -> no container left.
+login -> the spawn form (our fields inside JupyterHub's page, a vfolder ticked) -> the
+progress page with our session states -> JupyterLab -> a terminal in the kernel container,
+which reads and writes the vfolder -> stop -> no container left.
 Docker backend, one SQLite run.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -14,6 +16,7 @@ import pytest
 
 from .conftest import containers_of
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD
+from .test_mounts import make_hub_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 
@@ -34,8 +37,6 @@ STATE_WORDS = re.compile(r"\b(pending|scheduled|preparing|pulling|creating|runni
 
 @pytest.fixture
 def browser():
-    import os
-
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -74,6 +75,9 @@ def _wait_terminal_text(page, pattern: str, timeout: float = 20) -> str:
 
 def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
     hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="docker")
+    folder_id, folder = make_hub_folder(hub, "admin", "notes")
+    with open(os.path.join(folder, "hello.txt"), "w") as f:
+        f.write("from-the-vfolder\n")
     # The API token first: once the server runs, a fresh requests login also collects the
     # single-user server's _xsrf cookie and Hub.token_for's cookies.get("_xsrf") turns ambiguous.
     assert hub.admin_token
@@ -98,6 +102,10 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
         page.select_option("#backendai-image", hub.image)
         page.fill("#backendai-cpu", "0.5")
         page.fill("#backendai-mem", "512m")
+        box = page.locator(f"#backendai-mount-{folder_id}")
+        label = page.locator(f"label[for=backendai-mount-{folder_id}]")
+        assert re.sub(r"\s+", " ", label.inner_text()).strip() == "notes (admin, read-write)"
+        box.check()
         form.locator("[type=submit]").click()
 
         # -- the progress page: our session states in the log ----------------------
@@ -152,6 +160,11 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
         page.keyboard.type("whoami")
         page.keyboard.press("Enter")
         _wait_terminal_text(page, r"(?m)^work\s*$")
+        # The ticked vfolder, at /home/work/notes: read what is there, write back.
+        page.keyboard.type("cat /home/work/notes/hello.txt; echo from-$((6*7)) > /home/work/notes/back.txt; echo done")
+        page.keyboard.press("Enter")
+        _wait_terminal_text(page, r"(?m)^from-the-vfolder\s*$")
+        _wait_terminal_text(page, r"(?m)^done\s*$")
     except BaseException:
         try:
             page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
@@ -163,7 +176,9 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
     finally:
         context.close()
 
-    # -- stop, through the hub: nothing left behind ----------------------------------------
+    # -- the terminal's file is on the volume; stop, through the hub: nothing left behind ---
+    with open(os.path.join(folder, "back.txt")) as f:
+        assert f.read() == "from-42\n"
     assert len(containers_of(hub.agent_id)) == 1
     hub.stop_server("admin", "")
     assert containers_of(hub.agent_id) == []

@@ -30,6 +30,8 @@ from jupyterhub_backendai.models import (
     VFolder,
     VFolderPermissionRow,
 )
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+from jupyterhub_backendai.storageproxy.volumes import VFSVolume
 
 from .inproc import (
     DEAD,
@@ -80,6 +82,26 @@ async def make_folder(mgr, name: str, *, owner: str | None = None, project: str 
     fid, scope = await mgr.db(work)
     await mgr.storage.create_folder(HOST, scope, fid)
     return fid, await mgr.storage.mount_path(HOST, scope, fid)
+
+
+def make_hub_folder(hub, username: str, name: str) -> tuple[str, str]:
+    """A ready vfolder of ``username`` in a running hub's record and on its storage
+    volume (the hub's default, ./backendai-vfroot/volume1 in its folder); returns (id, path)."""
+    engine = make_engine(hub.db_url)
+    try:
+        with make_sessionmaker(engine).begin() as s:
+            user = s.scalar(select(User).where(User.username == username))
+            folder = VFolder(name=name, host="local:volume1", quota_scope_id=quota_scope_of_user(user.id),
+                             ownership_type="user", user_id=user.id, domain_name=user.domain_name,
+                             creator=user.email, permission="rw", status="ready")
+            s.add(folder)
+            s.flush()
+            fid, scope = folder.id, folder.quota_scope_id
+    finally:
+        engine.dispose()
+    volume = VFSVolume("volume1", os.path.join(hub.dir, "backendai-vfroot", "volume1"))
+    volume.create_folder(scope, fid)
+    return fid, volume.folder_path(scope, fid)
 
 
 async def run_batch(mgr, backend: str, user: str, command: str, mounts, name: str, **kw):
@@ -306,3 +328,43 @@ def test_check_mounts_matches_enqueue(db_url, tmp_path):
                 await mgr.check_mounts(alice, None, ["nope"])
 
     asyncio.run(run())
+
+
+def test_spawner_form_and_api_mount_folders(make_hub, db_url):
+    """Through a real hub: the form lists the user's folders as checkboxes, a bad
+    ``mounts`` option is a 400 with nothing created, ticked folders are mounted."""
+    hub = make_hub(db_url=db_url, backend="local")
+    notes, notes_path = make_hub_folder(hub, "admin", "notes")
+    data, _ = make_hub_folder(hub, "admin", "data")
+    s = hub.login()
+    form = s.get(hub.base + "/hub/spawn").text
+    for fid in (notes, data):
+        assert f'type="checkbox" name="mounts" value="{fid}"' in form, form
+
+    for mounts, reason in [
+        (["nope"], "no vfolder 'nope' that you can mount"),
+        ("notes", "mounts must be a list of vfolder names or ids"),
+        (["notes", notes], "vfolder 'notes' is requested twice"),
+    ]:
+        r = hub.spawn("admin", "bad", {"mounts": mounts})
+        assert r.status_code == 400 and reason in r.json()["message"], (mounts, r.text)
+    engine = make_engine(hub.db_url)
+    try:
+        with make_sessionmaker(engine)() as db:
+            assert db.scalar(select(func.count()).select_from(Session)) == 0
+
+        # The form posts one "mounts" value per ticked box.
+        r = s.post(hub.base + "/hub/spawn/admin/withmounts",
+                   data={"image": hub.image, "cpu": "0.5", "mem": "256m", "mounts": [notes, data],
+                         "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+        assert r.status_code == 200, r.text[-2000:]
+        hub.wait_ready("admin", "withmounts")
+        with make_sessionmaker(engine)() as db:
+            sess = db.scalar(select(Session).where(Session.name == "withmounts"))
+            assert [m["name"] for m in sess.vfolder_mounts] == ["notes", "data"]
+        home = os.path.join(hub.env["BACKENDAI_STATE_DIR"], "agent", "home", "admin")
+        assert os.path.realpath(os.path.join(home, "notes")) == notes_path
+        hub.stop_server("admin", "withmounts")
+        assert not os.path.lexists(os.path.join(home, "notes"))
+    finally:
+        engine.dispose()
