@@ -36,10 +36,17 @@ def _literal(value: str) -> str:
 # that what stops a demo user's third session is not the agent but the user's
 # quota: the "demo" keypair resource policy (binder/demo-fixture.json) allows
 # 1 CPU in all, and the third session waits PENDING with "quota exceeded".
+#
+# The storage volume of the hub's embedded storage proxy, where vfolders live (the
+# demo project's "shared" folder, made by postBuild's `fixture populate`): inside
+# the demo's folder in the user's home, not in the repository's working tree.
+VOLUME_PATH = os.path.join(DEMO_DIR, "vfroot", "volume1")
 HUB_ARGS = [
     '--BackendAISpawner.images=["local/python"]',
     "--BackendAISpawner.default_cpu=0.5",
     "--BackendAISpawner.default_mem=256m",
+    "--BackendAIManager.storage_volumes="
+    + json.dumps({"volume1": {"backend": "vfs", "path": VOLUME_PATH}}),
 ]
 
 
