@@ -9,12 +9,14 @@ OpenAPI document without rows for all four roles fails the test.
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
 from jupyterhub_backendai.api import spec
-from jupyterhub_backendai.models import Agent
+from jupyterhub_backendai.common.types import HOST_PERMISSIONS
+from jupyterhub_backendai.models import Agent, VFolder, VFolderPermissionRow
 
 from . import api_world
 from .api_world import Client, new_user, park_session, snapshot, superadmin
@@ -35,8 +37,9 @@ class World:
     def __init__(self, hub):
         self.hub = hub
         sa = self.sa = superadmin(hub)
-        sa.ok("POST", "/domains", json={"name": "dom-a"})
-        sa.ok("POST", "/domains", json={"name": "dom-b"})
+        hosts = {"local:volume1": list(HOST_PERMISSIONS)}
+        sa.ok("POST", "/domains", json={"name": "dom-a", "allowed_vfolder_hosts": hosts})
+        sa.ok("POST", "/domains", json={"name": "dom-b", "allowed_vfolder_hosts": hosts})
         self.pa1 = sa.ok("POST", "/projects", json={"name": "pa1", "domain_name": "dom-a"})["id"]
         self.pa2 = sa.ok("POST", "/projects", json={"name": "pa2", "domain_name": "dom-a"})["id"]
         self.pb1 = sa.ok("POST", "/projects", json={"name": "pb1", "domain_name": "dom-b"})["id"]
@@ -61,6 +64,39 @@ class World:
         self.peer_session = park_session(hub, self.peer)
         self.other_session = park_session(hub, self.other)
         self.hub_agent = hub.agent_id
+        self.other2 = self._user("dom-b", [self.pb1], "user-b2")
+        self.folders = {
+            "us": self.folder(owner=self.users["US"]),
+            "peer": self.folder(owner=self.peer),
+            "other": self.folder(owner=self.other),
+            "proj": self.folder(project=self.pa1, domain="dom-a"),
+            "sibling": self.folder(project=self.pa2, domain="dom-a"),
+            "shared": self.folder(owner=self.peer, share=(self.users["US"], "ro")),
+        }
+
+    def folder(self, *, owner=None, project=None, domain=None, share=None,
+               file: str | None = None) -> str:
+        """A ready folder written straight into the record and the hub's volume."""
+        f = VFolder(
+            name=f"f-{uid()}", host="local:volume1",
+            quota_scope_id=f"user:{owner['id']}" if owner else f"project:{project}",
+            ownership_type="user" if owner else "project",
+            user_id=owner["id"] if owner else None, project_id=project,
+            domain_name=owner["domain_name"] if owner else domain, status="ready",
+        )
+        with self.hub.sm.begin() as s:
+            s.add(f)
+            s.flush()
+            if share:
+                s.add(VFolderPermissionRow(vfolder_id=f.id, user_id=share[0]["id"],
+                                           permission=share[1]))
+            fid, scope = f.id, f.quota_scope_id
+        path = os.path.join(self.hub.dir, "backendai-vfroot", "volume1", *scope.split(":"), fid)
+        os.makedirs(path)
+        if file:
+            with open(os.path.join(path, file), "w") as fh:
+                fh.write("hello")
+        return fid
 
     def _user(self, domain, projects, name=None, role="user") -> dict:
         return self.sa.ok("POST", "/users", json={
@@ -72,12 +108,38 @@ class World:
         return self.sa.ok("POST", "/keypairs", json={"user_id": user_id})["access_key"]
 
     def resolve(self, target: str | None, role: str) -> dict:
-        """Path parameters for a target, seen from ``role`` (fresh objects are made here)."""
+        """Path parameters for a target, seen from ``role`` (fresh objects are made here);
+        a target's ``?name=value`` becomes the query (key ``_query``)."""
         me = self.users[role]
         sa = self.sa
         if target is None:
             return {}
+        if "?" in target:
+            target, q = target.split("?", 1)
+            return {**self.resolve(target, role), "_query": dict([q.split("=", 1)])}
         kind, which = target.split(":")
+        us, peer, other = self.users["US"], self.peer, self.other
+        if kind == "vf":
+            if not which.startswith("new-"):
+                return {"id": self.folders[which]}
+            return {"id": {
+                "new-us": lambda: self.folder(owner=us),
+                "new-peer": lambda: self.folder(owner=peer),
+                "new-other": lambda: self.folder(owner=other),
+                "new-proj": lambda: self.folder(project=self.pa1, domain="dom-a"),
+                "new-shared": lambda: self.folder(owner=peer, share=(us, "ro")),
+            }[which]()}
+        if kind == "file":  # a fresh folder with a file a.txt
+            return {"id": {
+                "us": lambda: self.folder(owner=us, file="a.txt"),
+                "shared-ro": lambda: self.folder(owner=peer, share=(us, "ro"), file="a.txt"),
+                "other": lambda: self.folder(owner=other, file="a.txt"),
+            }[which]()}
+        if kind == "share":  # a fresh folder shared with a user of its domain
+            if which == "us":
+                return {"id": self.folder(owner=us, share=(peer, "ro")), "user": peer["id"]}
+            return {"id": self.folder(owner=other, share=(self.other2, "ro")),
+                    "user": self.other2["id"]}
         if kind == "dom":
             if which == "new":
                 return {"name": sa.ok("POST", "/domains", json={"name": f"d-{uid()}"})["name"]}
@@ -249,6 +311,69 @@ for _kind in spec.POLICY_KINDS:
                                         {_field: 3})],
         ("delete", _base + "/{name}"): [(f"policy{_base}:new", E(204, 403, 403, 403), None)],
     })
+NO_FILES = E(403, 403, 403, 403)  # visible, but no permission on the files
+MATRIX.update({
+    ("get", "/vfolder-hosts"): [(None, ALL200, None)],
+    ("get", "/vfolders"): [(None, ALL200, None)],
+    ("post", "/vfolders"): [
+        (None, E(201, 201, 201, 403), _new("f")),
+        (None, E(201, 201, 403, 403), "project-pa1"),
+        (None, E(201, 400, 400, 403), "project-pb1")],
+    ("get", "/vfolders/{id}"): [
+        ("vf:us", ALL200, None), ("vf:peer", E(200, 200, 404, 200), None),
+        ("vf:other", E(200, 404, 404, 404), None), ("vf:proj", ALL200, None),
+        ("vf:sibling", E(200, 200, 404, 200), None), ("vf:shared", ALL200, None)],
+    ("patch", "/vfolders/{id}"): [
+        ("vf:new-us", E(200, 200, 200, 403), {"usage_mode": "data"}),
+        ("vf:new-peer", E(200, 200, 404, 403), {"usage_mode": "data"}),
+        ("vf:new-other", E(200, 404, 404, 404), {"usage_mode": "data"}),
+        ("vf:new-proj", E(200, 200, 403, 403), {"permission": "ro"}),
+        ("vf:new-shared", E(200, 200, 403, 403), {"usage_mode": "data"})],
+    ("delete", "/vfolders/{id}"): [
+        ("vf:new-us", E(204, 204, 204, 403), None),
+        ("vf:new-peer", E(204, 204, 404, 403), None),
+        ("vf:new-other", E(204, 404, 404, 404), None),
+        ("vf:new-proj", E(204, 204, 403, 403), None),
+        ("vf:new-shared", E(204, 204, 403, 403), None)],
+    ("get", "/vfolders/{id}/shares"): [
+        ("vf:us", ALL200, None), ("vf:shared", E(200, 200, 403, 200), None),
+        ("vf:other", E(200, 404, 404, 404), None)],
+    ("post", "/vfolders/{id}/shares"): [
+        ("vf:new-us", E(403, 403, 201, 403), "share-peer"),
+        ("vf:new-shared", E(403, 403, 403, 403), "share-peer"),
+        ("vf:new-other", E(403, 404, 404, 404), "share-other2"),
+        ("vf:new-proj", E(400, 400, 400, 400), "share-peer")],
+    ("patch", "/vfolders/{id}/shares/{user}"): [
+        ("share:us", E(403, 403, 200, 403), {"permission": "rw"}),
+        ("share:other", E(403, 404, 404, 404), {"permission": "rw"})],
+    ("delete", "/vfolders/{id}/shares/{user}"): [
+        ("share:us", E(204, 204, 204, 403), None),
+        ("share:other", E(204, 404, 404, 404), None)],
+    ("get", "/vfolders/{id}/files"): [
+        ("vf:us", E(403, 403, 200, 403), None), ("vf:shared", E(403, 403, 200, 403), None),
+        ("vf:proj", E(403, 200, 200, 200), None), ("vf:other", E(403, 404, 404, 404), None)],
+    ("delete", "/vfolders/{id}/files"): [
+        ("file:us?path=a.txt", E(403, 403, 204, 403), None),
+        ("file:shared-ro?path=a.txt", NO_FILES, None),
+        ("file:other?path=a.txt", E(403, 404, 404, 404), None)],
+    ("put", "/vfolders/{id}/upload"): [
+        ("vf:new-us?path=x.txt", E(403, 403, 201, 403), b"bytes"),
+        ("vf:new-shared?path=x.txt", NO_FILES, b"bytes"),
+        ("vf:new-proj?path=x.txt", E(403, 201, 201, 403), b"bytes"),
+        ("vf:new-other?path=x.txt", E(403, 404, 404, 404), b"bytes")],
+    ("get", "/vfolders/{id}/download"): [
+        ("file:us?path=a.txt", E(403, 403, 200, 403), None),
+        ("file:shared-ro?path=a.txt", E(403, 403, 200, 403), None),
+        ("file:other?path=a.txt", E(403, 404, 404, 404), None)],
+    ("post", "/vfolders/{id}/mkdir"): [
+        ("vf:new-us", E(403, 403, 201, 403), {"path": "d"}),
+        ("vf:new-shared", NO_FILES, {"path": "d"}),
+        ("vf:new-other", E(403, 404, 404, 404), {"path": "d"})],
+    ("post", "/vfolders/{id}/rename"): [
+        ("file:us", E(403, 403, 200, 403), {"path": "a.txt", "new_path": "b.txt"}),
+        ("file:shared-ro", NO_FILES, {"path": "a.txt", "new_path": "b.txt"}),
+        ("file:other", E(403, 404, 404, 404), {"path": "a.txt", "new_path": "b.txt"})],
+})
 PUBLIC = {("get", "/openapi.json")}
 
 
@@ -281,6 +406,14 @@ def _body(world: World, spec_body, role: str):
         return {"user_id": world.peer["id"]}
     if spec_body == "other-user":
         return {"user_id": world.other["id"]}
+    if spec_body == "project-pa1":
+        return {"name": f"f-{uid()}", "project": world.pa1}
+    if spec_body == "project-pb1":
+        return {"name": f"f-{uid()}", "project": world.pb1}
+    if spec_body == "share-peer":
+        return {"email": world.peer["email"]}
+    if spec_body == "share-other2":
+        return {"email": world.other2["email"]}
     return spec_body() if callable(spec_body) else spec_body
 
 
@@ -291,10 +424,15 @@ def test_isolation_matrix(world):
         for target, expected, spec_body in rows:
             for role, status in expected.items():
                 params = world.resolve(target, role)
+                query = params.pop("_query", None)
                 url = path.format(**params)
                 body = _body(world, spec_body, role)
                 before = snapshot(world.hub) if status >= 400 else None
-                r = world.clients[role](method.upper(), url, json=body)
+                if isinstance(body, bytes):
+                    r = world.clients[role](method.upper(), url, data=body, params=query,
+                                            headers={"Content-Type": "application/octet-stream"})
+                else:
+                    r = world.clients[role](method.upper(), url, json=body, params=query)
                 calls += 1
                 where = f"{role} {method.upper()} {path} [{target}] {body}"
                 if r.status_code != status:
@@ -321,12 +459,20 @@ def _all(client: Client, path: str, **params) -> list[dict]:
             return out
 
 
+def shared_with(world, user_id: str) -> set[str]:
+    from sqlalchemy import select
+
+    with world.hub.sm() as s:
+        return set(s.scalars(select(VFolderPermissionRow.vfolder_id).where(
+            VFolderPermissionRow.user_id == user_id)))
+
+
 def test_lists_never_leak(world):
     """Every list, read by every role, holds exactly what that role may see."""
     sa = world.sa
     every = {path: _all(sa, path) for path in (
         "/domains", "/projects", "/users", "/keypairs", "/resource-groups", "/agents",
-        "/sessions")}
+        "/sessions", "/vfolders")}
     dom_a_users = {u["id"] for u in every["/users"] if u["domain_name"] == "dom-a"}
     usable_a = {g["name"] for g in every["/resource-groups"]
                 if g["is_public"] or "dom-a" in g["allowed_domains"]}
@@ -346,6 +492,10 @@ def test_lists_never_leak(world):
             "/agents": lambda x: x["resource_group"] in usable_a,
             "/sessions": (lambda x: x["domain_name"] == "dom-a") if domain_reader
             else (lambda x, me=me: x["user_id"] == me["id"]),
+            "/vfolders": (lambda x: x["domain_name"] == "dom-a") if domain_reader
+            else (lambda x, me=me: (x["ownership_type"] == "user" and x["user_id"] == me["id"])
+                  or (x["ownership_type"] == "project" and x["project_id"] in me["project_ids"])
+                  or x["id"] in shared_with(world, me["id"])),
         }
         for path, rule in visible.items():
             if path == "/agents" and role == "US":

@@ -224,3 +224,128 @@ def test_project_folders(lab, api_hub):
     assert r.status_code == 400 and "membership" in r.json()["detail"]
     admin["client"].ok("DELETE", f"/vfolders/{f['id']}")
     assert not os.path.exists(folder_dir(api_hub, f))
+
+
+def _upload(client, fid, path, data, **kw):
+    return client("PUT", f"/vfolders/{fid}/upload", params={"path": path}, data=data,
+                  headers={"Content-Type": "application/octet-stream"}, **kw)
+
+
+def test_upload_download_round_trip(lab, api_hub):
+    c = lab.user()["client"]
+    f = c.ok("POST", "/vfolders", json={"name": "files"})
+    data = os.urandom(5 * 2**20 + 123)
+
+    def body():  # streamed by the client in pieces, as a large upload would be
+        for i in range(0, len(data), 256 * 1024):
+            yield data[i:i + 256 * 1024]
+
+    r = _upload(c, f["id"], "sub/dir/blob.bin", body())
+    assert r.status_code == 404 and "no directory" in r.json()["detail"], r.text  # no parents made
+    c.ok("POST", f"/vfolders/{f['id']}/mkdir", json={"path": "sub/dir", "parents": True})
+    r = _upload(c, f["id"], "sub/dir/blob.bin", body())
+    assert r.status_code == 201 and r.json() == {"path": "sub/dir/blob.bin", "size": len(data)}
+    with open(os.path.join(folder_dir(api_hub, f), "sub", "dir", "blob.bin"), "rb") as fh:
+        assert fh.read() == data
+    r = c("GET", f"/vfolders/{f['id']}/download", params={"path": "sub/dir/blob.bin"})
+    assert r.status_code == 200 and r.content == data
+    assert r.headers["Content-Type"] == "application/octet-stream"
+    assert "blob.bin" in r.headers["Content-Disposition"]
+    listing = c.ok("GET", f"/vfolders/{f['id']}/files", params={"path": "sub/dir"})
+    assert [(e["name"], e["type"], e["size"]) for e in listing["items"]] == [
+        ("blob.bin", "file", len(data))]
+    assert [e["name"] for e in c.ok("GET", f"/vfolders/{f['id']}/files")["items"]] == ["sub"]
+    assert c.ok("POST", f"/vfolders/{f['id']}/rename", status=200,
+                json={"path": "sub/dir/blob.bin", "new_path": "top.bin"}) == {"path": "top.bin"}
+    assert sorted(e["name"] for e in c.ok("GET", f"/vfolders/{f['id']}/files")["items"]) == [
+        "sub", "top.bin"]
+    r = c("DELETE", f"/vfolders/{f['id']}/files", params={"path": "sub"})
+    assert r.status_code == 409 and "not empty" in r.json()["detail"]
+    c.ok("DELETE", f"/vfolders/{f['id']}/files", params={"path": "sub", "recursive": "true"})
+    c.ok("DELETE", f"/vfolders/{f['id']}/files", params={"path": "top.bin"})
+    assert c.ok("GET", f"/vfolders/{f['id']}/files")["items"] == []
+    c.ok("DELETE", f"/vfolders/{f['id']}")
+    assert not os.path.exists(folder_dir(api_hub, f))
+
+
+def test_quota_scope_size_limit_leaves_no_file(lab, api_hub):
+    pol = lab.sa.ok("POST", "/user-resource-policies",
+                    json={"name": f"small-{uid()}", "max_quota_scope_size": 1_000_000})
+    u = lab.user()
+    lab.sa.ok("PATCH", f"/users/{u['id']}", json={"resource_policy": pol["name"]})
+    c = u["client"]
+    a = c.ok("POST", "/vfolders", json={"name": "a"})
+    b = c.ok("POST", "/vfolders", json={"name": "b"})
+    assert _upload(c, a["id"], "one", b"x" * 600_000).status_code == 201
+    # The limit is the scope's: the user's folders together.
+    r = _upload(c, b["id"], "two", b"y" * 600_000)
+    assert r.status_code == 413 and "1000000" in r.json()["detail"], r.text
+    assert os.listdir(folder_dir(api_hub, b)) == []
+    assert c.ok("GET", f"/vfolders/{b['id']}/files")["items"] == []
+    assert _upload(c, b["id"], "two", b"y" * 300_000).status_code == 201
+
+
+def test_paths_cannot_leave_the_folder(lab, api_hub):
+    c = lab.user()["client"]
+    f = c.ok("POST", "/vfolders", json={"name": "jail"})
+    victim = c.ok("POST", "/vfolders", json={"name": "victim"})
+    _upload(c, victim["id"], "secret", b"s")
+    before = snapshot(api_hub), tree(api_hub), sorted(os.listdir(folder_dir(api_hub, victim)))
+    for path in ("../" + victim["id"] + "/secret", "/etc/passwd", "a/../../x", "..", ""):
+        r = c("GET", f"/vfolders/{f['id']}/download", params={"path": path})
+        assert r.status_code == 400, (path, r.text)
+        r = _upload(c, f["id"], path, b"x")
+        assert r.status_code == 400, (path, r.text)
+        r = c("DELETE", f"/vfolders/{f['id']}/files", params={"path": path, "recursive": "true"})
+        assert r.status_code == 400, (path, r.text)
+        r = c("POST", f"/vfolders/{f['id']}/rename", json={"path": "x", "new_path": path or "."})
+        assert r.status_code == 400, (path, r.text)
+    # A symbolic link planted in the folder (as a session could) is not followed.
+    os.symlink(folder_dir(api_hub, victim), os.path.join(folder_dir(api_hub, f), "link"))
+    r = c("GET", f"/vfolders/{f['id']}/download", params={"path": "link/secret"})
+    assert r.status_code == 400 and "link" in r.json()["detail"], r.text
+    assert _upload(c, f["id"], "link/new", b"x").status_code == 400
+    assert (snapshot(api_hub), tree(api_hub),
+            sorted(os.listdir(folder_dir(api_hub, victim)))) == before
+
+
+def test_sharee_reads_but_cannot_write_then_leaves(lab, api_hub):
+    owner, peer = lab.user(), lab.user(projects=[])
+    f = owner["client"].ok("POST", "/vfolders", json={"name": "pub"})
+    _upload(owner["client"], f["id"], "note.txt", b"hello")
+    owner["client"].ok("POST", f"/vfolders/{f['id']}/shares", json={"email": peer["email"]})
+    p = peer["client"]
+    assert p("GET", f"/vfolders/{f['id']}/download", params={"path": "note.txt"}).content == b"hello"
+    before = tree(api_hub), sorted(os.listdir(folder_dir(api_hub, f)))
+    r = _upload(p, f["id"], "mine.txt", b"x")
+    assert r.status_code == 403 and "ro" in r.json()["detail"], r.text
+    assert p("POST", f"/vfolders/{f['id']}/mkdir", json={"path": "d"}).status_code == 403
+    assert p("DELETE", f"/vfolders/{f['id']}/files", params={"path": "note.txt"}).status_code == 403
+    assert (tree(api_hub), sorted(os.listdir(folder_dir(api_hub, f)))) == before
+    p.ok("DELETE", f"/vfolders/{f['id']}/shares/{peer['email']}")  # leaves
+    assert p("GET", f"/vfolders/{f['id']}").status_code == 404
+
+
+def test_download_needs_the_host_permission(api_hub):
+    lab = Lab(api_hub, perms=["create-vfolder", "upload-file"])
+    c = lab.user()["client"]
+    f = c.ok("POST", "/vfolders", json={"name": "up-only"})
+    assert _upload(c, f["id"], "f", b"1").status_code == 201
+    r = c("GET", f"/vfolders/{f['id']}/download", params={"path": "f"})
+    assert r.status_code == 403 and "download-file" in r.json()["detail"]
+
+
+def test_deleting_every_folder_leaves_nothing_on_the_volume(lab, api_hub):
+    admin, u = lab.user(role="admin"), lab.user()
+    made = [u["client"].ok("POST", "/vfolders", json={"name": f"x{i}"}) for i in range(3)]
+    made.append(admin["client"].ok("POST", "/vfolders", json={"name": "team",
+                                                              "project": lab.project["id"]}))
+    for f in made:
+        _upload(u["client"], f["id"], "data", b"z" * 1000)
+    for f in made:
+        assert os.path.isfile(os.path.join(folder_dir(api_hub, f), "data"))
+        admin["client"].ok("DELETE", f"/vfolders/{f['id']}")
+    left = [t for t in tree(api_hub) if t.split("/")[2] in {f["id"] for f in made}]
+    assert left == []
+    with api_hub.sm() as s:
+        assert s.query(VFolder).filter(VFolder.id.in_([f["id"] for f in made])).count() == 0

@@ -338,6 +338,7 @@ class SessionsHandler(APIBase):
             batch_timeout=body.get("batch_timeout"),
             starts_at=_parse_time("starts_at", body.get("starts_at")),
             dependencies=body.get("dependencies", []),
+            mounts=body.get("mounts", []),
         )
         self.reply(await self.manager.db_read(admin.get_session, self.principal, sid), 201)
 
@@ -450,9 +451,8 @@ class VFolderMkdirHandler(APIBase):
         body = self.body("VFolderMkdir")
         path = vfolders.check_path(body["path"], allow_root=False)
         where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
-        await vfolders.mkdir(self.manager, where, path, parents=body.get("parents", False),
-                             exist_ok=body.get("exist_ok", False))
-        self.reply({"path": path, "size": 0}, 201)
+        await vfolders.mkdir(self.manager, where, path, parents=body.get("parents", False))
+        self.reply({"path": path}, 201)
 
 
 class VFolderRenameHandler(APIBase):
@@ -463,7 +463,7 @@ class VFolderRenameHandler(APIBase):
         dst = vfolders.check_path(body["new_path"], "new_path", allow_root=False)
         where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
         await vfolders.rename(self.manager, where, src, dst)
-        self.reply({"path": dst, "size": 0})
+        self.reply({"path": dst})
 
 
 # Largest upload accepted in one request; the quota scope's limit applies as well.
@@ -479,11 +479,21 @@ class VFolderUploadHandler(APIBase):
 
     _queue: asyncio.Queue | None = None
     _task: asyncio.Task | None = None
+    _refused: Exception | None = None
 
     async def prepare(self):
-        await super().prepare()
+        # A refusal is answered after the body is read: answering first would make the
+        # hub drop the connection, and the proxy in front may already be reusing it.
         if self.request.method != "PUT":
+            await super().prepare()
             return
+        try:
+            await self._start()
+        except (BackendAIError, web.HTTPError) as e:
+            self._refused = e
+
+    async def _start(self):
+        await super().prepare()
         q, _, _ = self.query(params=_params("put", "/vfolders/{id}/upload"))
         self._path = vfolders.check_path(q["path"], allow_root=False)
         where = await self.manager.db_read(vfolders.file_access, self.principal,
@@ -510,6 +520,8 @@ class VFolderUploadHandler(APIBase):
             put.cancel()
 
     async def put(self, fid):
+        if self._refused is not None:
+            raise self._refused
         if not self._task.done():
             put = asyncio.ensure_future(self._queue.put(_END))
             await asyncio.wait([put, self._task], return_when=asyncio.FIRST_COMPLETED)

@@ -240,6 +240,9 @@ SCHEMAS: dict[str, dict] = {
         "dependencies": {"type": "array", "items": {"type": "string"}},
         "created_at": TIME, "terminated_at": {"type": ["string", "null"]},
         "kernels": {"type": "array", "items": _ref("Kernel")},
+        "vfolder_mounts": {"type": "array", "items": _out({
+            "id": {"type": "string"}, "name": {"type": "string"}, "host": {"type": "string"},
+            "permission": {"type": "string"}, "target": {"type": "string"}})},
     }),
     "SessionCreate": _obj({
         "name": NAME,
@@ -258,6 +261,8 @@ SCHEMAS: dict[str, dict] = {
         "batch_timeout": _nullable(_int(1)),
         "starts_at": _nullable(TIME),
         "dependencies": {"type": "array", "maxItems": 64, "items": ID},
+        "mounts": {"type": "array", "maxItems": 64, "items": _str(64, minLength=1),
+                   "description": "vfolders (names or ids) mounted at /home/work/<name>"},
     }, ["name", "image", "startup_command"]),
     "SessionLogs": _out({
         "session_id": {"type": "string"}, "status": {"type": "string"},
@@ -317,14 +322,17 @@ SCHEMAS: dict[str, dict] = {
         "path": {"type": "string"},
         "items": {"type": "array", "items": _out({
             "name": {"type": "string"}, "type": {"enum": ["file", "dir", "symlink", "other"]},
-            "size": {"type": "integer"}, "mtime": {"type": ["string", "null"]}})},
+            "size": {"type": "integer"},
+            "mtime": {"type": "number", "description": "seconds since the epoch"}})},
     }),
-    "VFolderMkdir": _obj({"path": FILE_PATH, "parents": BOOL,
-                          "exist_ok": BOOL}, ["path"]),
+    "VFolderMkdir": _obj({"path": FILE_PATH, "parents": {
+        **BOOL, "description": "also the missing directories above it, and an existing "
+        "directory is no error (mkdir -p)"}}, ["path"]),
     "VFolderRename": _obj({"path": FILE_PATH,
                            "new_path": {**FILE_PATH, "description": "where it goes, relative "
                                         "to the folder's root"}}, ["path", "new_path"]),
     "VFolderFileDone": _out({"path": {"type": "string"}, "size": {"type": "integer"}}),
+    "VFolderPath": _out({"path": {"type": "string"}}),
     "VFolderHosts": _out({
         "default": {"type": "string"},
         "allowed": {"type": "array", "items": {"type": "string"},
@@ -474,9 +482,9 @@ ROUTES += [
     ("get", "/vfolders/{id}/download", "downloadVFolderFile", "Read a file (streamed)", None,
      None, 200, None),
     ("post", "/vfolders/{id}/mkdir", "mkdirVFolder", "Make a directory (rw or wd)", None,
-     "VFolderMkdir", 201, "VFolderFileDone"),
+     "VFolderMkdir", 201, "VFolderPath"),
     ("post", "/vfolders/{id}/rename", "renameVFolderFile", "Move or rename a file or directory "
-     "(rw or wd)", None, "VFolderRename", 200, "VFolderFileDone"),
+     "(rw or wd)", None, "VFolderRename", 200, "VFolderPath"),
 ]
 # Query parameters of operations that are not lists: (method, path) -> {name: (schema, required)}.
 PARAMS: dict[tuple[str, str], dict[str, tuple[dict, bool]]] = {

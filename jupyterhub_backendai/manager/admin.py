@@ -37,6 +37,8 @@ from ..models import (
     Session,
     User,
     UserResourcePolicy,
+    VFolder,
+    VFolderPermissionRow,
     project_members,
 )
 from . import access, tenancy
@@ -253,6 +255,10 @@ def session_out(s: Session) -> dict:
             }
             for k in s.kernels
         ],
+        "vfolder_mounts": [
+            {k: m.get(k) for k in ("id", "name", "host", "permission", "target")}
+            for m in s.vfolder_mounts or []
+        ],
     }
 
 
@@ -407,6 +413,9 @@ def delete_project(db, p: Principal, pid: str) -> str:
     access.require(access.can_manage_domain_objects(p, proj.domain_name), "delete projects")
     if db.scalar(select(func.count()).select_from(Session).where(Session.project_id == pid)):
         raise Conflict(f"project {pid!r} has sessions; deactivate it instead")
+    if db.scalar(select(func.count()).select_from(VFolder).where(VFolder.project_id == pid)):
+        # (the rows would go with it, the directories on the storage would not)
+        raise Conflict(f"project {pid!r} has vfolders; delete them first")
     group = hub_group(proj)
     proj.members.clear()
     db.delete(proj)
@@ -579,8 +588,13 @@ def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
         raise Conflict("you cannot delete yourself")
     if db.scalar(select(func.count()).select_from(Session).where(Session.user_id == uid)):
         raise Conflict(f"user {uid!r} has sessions; set status 'deleted' or 'inactive' instead")
+    if db.scalar(select(func.count()).select_from(VFolder).where(VFolder.user_id == uid)):
+        raise Conflict(f"user {uid!r} has vfolders; delete them first (or set status "
+                       "'deleted' or 'inactive')")
     name = user.username
     groups = sorted(hub_group(pr) for pr in user.projects)
+    for share in db.scalars(select(VFolderPermissionRow).where(VFolderPermissionRow.user_id == uid)):
+        db.delete(share)
     user.projects = []
     for kp in list(user.keypairs):
         db.delete(kp)

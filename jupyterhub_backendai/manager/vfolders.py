@@ -370,7 +370,7 @@ async def create(manager, p: Principal, body: dict) -> dict:
         raise Conflict(f"a vfolder named {body.get('name')!r} exists in that scope") from None
     f = out["folder"]
     try:
-        if out["quota_bytes"] and hasattr(manager.storage, "set_quota_scope"):
+        if out["quota_bytes"]:
             await manager.storage.set_quota_scope(f["host"], f["quota_scope_id"], out["quota_bytes"])
         await manager.storage.create_folder(f["host"], f["quota_scope_id"], f["id"])
     except Exception as e:
@@ -585,6 +585,8 @@ def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
         raise Forbidden(f"you have no access to the files of vfolder {f.name!r} (only its "
                         "owner, the users it is shared with and project members have)")
     allowed, host_perm = FILE_OPS[op]
+    if op != "list" and op != "download" and p.role == UserRole.MONITOR:
+        raise Forbidden("your role may not change files (monitors read)")
     owner = f.ownership_type == VFolderOwnership.USER and f.user_id == user.id
     if perm not in allowed and not (op == "delete" and owner):
         need = "wd" if op == "delete" else "rw or wd"
@@ -593,7 +595,15 @@ def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
             db, user, f.host, db.get(Project, f.project_id) if f.project_id else None, kp):
         raise Forbidden(f"you may not {op} files on host {f.host!r}: {host_perm!r} is not in the "
                         "allowed_vfolder_hosts of your domain, projects or keypair policy")
-    return {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id, "name": f.name}
+    out = {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id, "name": f.name}
+    if op == "upload":
+        if f.ownership_type == VFolderOwnership.USER:
+            owner_user = db.get(User, f.user_id)
+            out["quota_bytes"] = _limits(db, UserResourcePolicy, owner_user.resource_policy)[1]
+        else:
+            proj = db.get(Project, f.project_id)
+            out["quota_bytes"] = _limits(db, ProjectResourcePolicy, proj.resource_policy)[1]
+    return out
 
 
 # The storage side of the file operations (``where`` comes from :func:`file_access`).
@@ -606,13 +616,13 @@ async def list_files(manager, where: dict, path: str) -> dict:
 
 
 async def delete_files(manager, where: dict, path: str, recursive: bool) -> None:
-    await manager.storage.delete_files(where["host"], where["quota_scope_id"], where["id"], path,
-                                       recursive=recursive)
+    await manager.storage.delete(where["host"], where["quota_scope_id"], where["id"], path,
+                                 recursive=recursive)
 
 
-async def mkdir(manager, where: dict, path: str, *, parents: bool, exist_ok: bool) -> None:
+async def mkdir(manager, where: dict, path: str, *, parents: bool) -> None:
     await manager.storage.mkdir(where["host"], where["quota_scope_id"], where["id"], path,
-                                parents=parents, exist_ok=exist_ok)
+                                parents=parents)
 
 
 async def rename(manager, where: dict, src: str, dst: str) -> None:
@@ -620,7 +630,12 @@ async def rename(manager, where: dict, src: str, dst: str) -> None:
 
 
 async def upload(manager, where: dict, path: str, chunks) -> int:
-    """Write ``chunks`` (an async iterator of bytes) to ``path``; returns the size."""
+    """Write ``chunks`` (an async iterator of bytes) to ``path``; returns the size.
+
+    The scope's limit is set from the resource policy as it is now (a policy
+    changed since the folder was made applies from the next upload on)."""
+    await manager.storage.set_quota_scope(where["host"], where["quota_scope_id"],
+                                          where.get("quota_bytes") or None)
     out = await manager.storage.upload(where["host"], where["quota_scope_id"], where["id"], path,
                                        chunks)
     return out["size"] if isinstance(out, dict) else int(out)
