@@ -86,9 +86,16 @@ def _bootstrap(args: argparse.Namespace) -> Any:
     if args.cmd == "create-superadmin":
         return create_superadmin(args.db, args.email, args.password)
     if args.cmd == "fixture":
-        from .manager.fixtures import populate_file
+        from .manager.fixtures import populate_file, storage_from
 
-        return populate_file(args.db, args.file)
+        volumes = {}
+        for pair in args.storage_volume or ():
+            name, eq, path = pair.partition("=")
+            if not eq or not name or not path:
+                raise _UsageError(f"--storage-volume {pair!r}: expected NAME=PATH")
+            volumes[name] = os.path.abspath(path)
+        storage, host = storage_from(volumes, args.config)
+        return populate_file(args.db, args.file, storage, args.default_vfolder_host or host)
     sm = _session(args.db)
     with sm.begin() as s:
         if args.cmd == "db-upgrade":
@@ -426,8 +433,20 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--email", required=True)
     fx = sub.add_parser("fixture", help="[bootstrap] load records from a JSON fixture")
     fx_sub = fx.add_subparsers(dest="fixture_cmd", required=True)
-    fxp = fx_sub.add_parser("populate", help="create the records of a fixture file")
+    fxp = fx_sub.add_parser(
+        "populate", help="create the records of a fixture file",
+        description="Create what a fixture file describes and the record lacks. Its vfolders "
+        "are made on the storage volumes the hub will use: give them with --storage-volume "
+        "(as in c.BackendAIManager.storage_volumes) or --config (the hub's configuration "
+        "file); by default the hub's default, ./backendai-vfroot/volume1.")
     fxp.add_argument("file")
+    fxp.add_argument("--storage-volume", action="append", metavar="NAME=PATH",
+                     help="a vfs volume of the hub's storage proxy 'local' (repeatable)")
+    fxp.add_argument("--config", metavar="FILE",
+                     help="JupyterHub configuration file to read BackendAIManager.storage_volumes, "
+                     "storage_proxies and default_vfolder_host from")
+    fxp.add_argument("--default-vfolder-host", metavar="HOST",
+                     help="host of vfolders that name none (default: local:volume1)")
 
     # API client.
     def api_cmd(name: str, help: str) -> argparse.ArgumentParser:

@@ -66,7 +66,14 @@ def _session(db_url):
     return engine, make_sessionmaker(engine)
 
 
-def test_demo_fixture_creates_the_demo_record(db_url):
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run where a default storage volume (./backendai-vfroot) may be made."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_demo_fixture_creates_the_demo_record(db_url, in_tmp):
     out = populate_file(db_url, DEMO)
     assert out["created"]["users"] == ["admin@demo.example", "alice@demo.example", "bob@demo.example"]
     engine, sm = _session(db_url)
@@ -90,7 +97,7 @@ def test_demo_fixture_creates_the_demo_record(db_url):
         engine.dispose()
 
 
-def test_loading_twice_leaves_what_exists(db_url):
+def test_loading_twice_leaves_what_exists(db_url, in_tmp):
     populate_file(db_url, DEMO)
     engine, sm = _session(db_url)
     try:
@@ -223,6 +230,140 @@ def test_command_line(tmp_path):
     assert "broken.json is not valid JSON" in r.stderr
     r = subprocess.run([*cmd, str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert r.returncode == 2 and "cannot read" in r.stderr and "missing.json" in r.stderr
-    r = subprocess.run([*cmd, DEMO], capture_output=True, text=True)
+    r = subprocess.run([*cmd, DEMO], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["created"]["keypair_resource_policies"] == ["demo"]
+
+
+# -- vfolders -------------------------------------------------------------------------
+
+VF_DOC = {
+    "domains": [{"name": "lab"}],
+    "projects": [{"name": "ml", "domain": "lab"}],
+    "users": [
+        {"email": "carol@lab.example", "password": "carol-pass-1", "domain": "lab",
+         "projects": ["ml"]},
+        {"email": "dan@lab.example", "password": "dan-pass-12", "domain": "lab", "projects": []},
+    ],
+    "vfolders": [
+        {"name": "team", "project": "ml", "domain": "lab", "permission": "ro",
+         "files": {"README.md": "# Team\n", "data/raw/x.csv": "a,b\n1,2\n"}},
+        {"name": "carol-notes", "owner": "carol@lab.example",
+         "shares": [{"email": "dan@lab.example", "permission": "rw"}],
+         "files": {"todo.txt": "write tests\n"}},
+    ],
+}
+
+
+def _storage(root):
+    from jupyterhub_backendai.manager.fixtures import storage_from
+
+    storage, _host = storage_from({"volume1": str(root)})
+    return storage
+
+
+def _dirs(root) -> list[str]:
+    """Every file and directory under a volume, relative to it (quota files aside)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + [f for f in filenames if not f.startswith(".quota")]:
+            out.append(os.path.relpath(os.path.join(dirpath, n), root))
+    return sorted(out)
+
+
+def test_vfolders_with_files_and_shares(sm, tmp_path):
+    from jupyterhub_backendai.models import VFolder, VFolderPermissionRow
+
+    root = tmp_path / "vol"
+    with sm.begin() as s:
+        out = populate(s, VF_DOC, _storage(root))
+    assert len(out["created"]["vfolders"]) == 2
+    with sm() as s:
+        team = s.scalar(select(VFolder).where(VFolder.name == "team"))
+        notes = s.scalar(select(VFolder).where(VFolder.name == "carol-notes"))
+        ml = s.scalar(select(Project).where(Project.name == "ml"))
+        carol = tenancy.find_user(s, "carol@lab.example")
+        dan = tenancy.find_user(s, "dan@lab.example")
+        assert (team.ownership_type, team.project_id, team.permission, team.status, team.host) == (
+            "project", ml.id, "ro", "ready", "local:volume1")
+        assert (notes.ownership_type, notes.user_id, notes.permission) == ("user", carol.id, "rw")
+        share = s.get(VFolderPermissionRow, (notes.id, dan.id))
+        assert share.permission == "rw"
+        team_dir = root / "project" / ml.id / team.id
+        notes_dir = root / "user" / carol.id / notes.id
+    assert (team_dir / "README.md").read_text() == "# Team\n"
+    assert (team_dir / "data" / "raw" / "x.csv").read_text() == "a,b\n1,2\n"
+    assert (notes_dir / "todo.txt").read_text() == "write tests\n"
+    # A second load leaves the folders and their files as they are.
+    (notes_dir / "todo.txt").write_text("changed by carol")
+    before = _dirs(root)
+    with sm.begin() as s:
+        again = populate(s, VF_DOC, _storage(root))
+    assert again["created"]["vfolders"] == [] and len(again["existing"]["vfolders"]) == 2
+    assert _dirs(root) == before
+    assert (notes_dir / "todo.txt").read_text() == "changed by carol"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["vfolders"][1].update(owner="nobody@lab.example"), "no user 'nobody@lab.example'"),
+    (lambda d: d["vfolders"][1]["shares"].append({"email": "admin@example.com"}),
+     "no user 'admin@example.com' in domain 'lab'"),
+    (lambda d: d["vfolders"][0].update(files={"../escape": "x"}), "'..'"),
+    (lambda d: d["vfolders"][0].update(host="nfs:volume1"), "unknown vfolder host 'nfs:volume1'"),
+    (lambda d: d["vfolders"][0].update(owner="carol@lab.example"), "either 'owner'"),
+    (lambda d: d["vfolders"][0].update(name="../x"), "invalid vfolder name"),
+    (lambda d: d["vfolders"][0].update(shares=[{"email": "dan@lab.example"}]), "membership"),
+    # The storage refuses: "a" is a file, so "a/b" cannot be made (after the first folder).
+    (lambda d: d["vfolders"][1].update(files={"a": "x", "a/b": "y"}), "the storage refused"),
+])
+def test_bad_vfolder_leaves_nothing_in_the_record_or_on_the_storage(sm, tmp_path, change, message):
+    from jupyterhub_backendai.models import VFolder
+
+    doc = copy.deepcopy(VF_DOC)
+    change(doc)
+    root = tmp_path / "vol"
+    storage = _storage(root)
+    with sm.begin() as s:
+        before = _counts(s)
+        with pytest.raises(FixtureError) as err:
+            populate(s, doc, storage)
+    assert message in err.value.detail, err.value.detail
+    with sm() as s:
+        assert _counts(s) == before
+        assert s.scalar(select(func.count()).select_from(VFolder)) == 0
+    assert [d for d in _dirs(root) if d.count("/") >= 2] == []  # no folder directory
+
+
+def test_vfolders_need_a_storage(sm):
+    with sm.begin() as s, pytest.raises(FixtureError, match="need a storage"):
+        populate(s, VF_DOC)
+
+
+def test_cli_populates_folders_on_the_given_volume(tmp_path):
+    """``backendai-admin fixture populate --storage-volume``: where the hub's volume is."""
+    db = f"sqlite:///{tmp_path}/cli.sqlite"
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps(VF_DOC))
+    exe = os.path.join(os.path.dirname(sys.executable), "backendai-admin")
+    r = subprocess.run([exe, "--db", db, "fixture", "populate", str(doc), "--storage-volume",
+                        f"volume1={tmp_path}/vol"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["created"]["vfolders"]) == 2
+    f = next(x for x in out["folders"] if x["quota_scope_id"].startswith("project:"))
+    kind, sid = f["quota_scope_id"].split(":")
+    assert (tmp_path / "vol" / kind / sid / f["id"] / "README.md").read_text() == "# Team\n"
+    # The hub's configuration file names the volume just as well.
+    conf = tmp_path / "hub_config.py"
+    conf.write_text("c = get_config()\n"
+                    f"c.BackendAIManager.storage_volumes = {{'volume1': {{'path': '{tmp_path}/vol2'}}}}\n")
+    db2 = f"sqlite:///{tmp_path}/cli2.sqlite"
+    r = subprocess.run([exe, "--db", db2, "fixture", "populate", str(doc), "--config", str(conf)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len([d for d in _dirs(tmp_path / "vol2") if d.count("/") == 2]) == 2
+    assert not (tmp_path / "backendai-vfroot").exists()
+    r = subprocess.run([exe, "--db", db, "fixture", "populate", str(doc), "--storage-volume", "x"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "NAME=PATH" in r.stderr

@@ -16,7 +16,11 @@ harmless. A document is a JSON object with any of these lists, created in this o
                      "projects": ["demo-project"], "keypair_resource_policy": "demo"}],
       "keypairs":  [{"user": "alice@demo.example", "access_key": "AKIA...",
                      "secret_key": "...", "resource_policy": "demo"}],
-      "resource_groups": [{"name": "gpu", "allowed_domains": ["demo"]}]
+      "resource_groups": [{"name": "gpu", "allowed_domains": ["demo"]}],
+      "vfolders": [{"name": "shared", "project": "demo-project", "domain": "demo",
+                    "permission": "rw", "files": {"README.md": "# Shared notes\n"}},
+                   {"name": "alice-data", "owner": "alice@demo.example",
+                    "shares": [{"email": "bob@demo.example", "permission": "ro"}]}]
     }
 
 Each entry is created, or left exactly as it is when a row with the same key exists
@@ -25,9 +29,20 @@ loading never overwrites what an operator changed since. Passwords are given in
 plain text and hashed as every other password is (``tenancy.create_user``); every
 user gets a default keypair with the named keypair resource policy.
 
+A vfolder belongs to a user (``owner``: an email) or to a project (``project``: its
+name in ``domain``, default ``default``); ``host`` defaults to the storage's default
+host (``local:volume1``), ``permission`` (project folders only) to ``rw``. It is
+created on the storage that :func:`populate` is given (the CLI builds it from the
+hub's ``BackendAIManager.storage_volumes``; see ``backendai-admin fixture populate
+--help``), with its ``files`` (relative path -> text) and its ``shares`` (users of
+the owner's domain). Count and size limits of the resource policies are not
+applied to fixtures; an existing folder (same owner or project, same name) is left
+as it is, files included.
+
 Everything is validated, and an error names the entry (``users[1]
 (bob@demo.example): ...``). :func:`populate_file` loads a file in one transaction, so
-a bad document leaves nothing behind.
+a bad document leaves nothing behind; the folders it made on the storage are removed
+again when the transaction does not commit.
 """
 
 from __future__ import annotations
@@ -45,7 +60,7 @@ from sqlalchemy.orm import Session as DBSession
 
 from ..common.errors import BackendAIError, InvalidRequest
 from ..common.slots import MEM, ResourceSlot, parse_decimal, parse_size
-from ..common.types import UserRole
+from ..common.types import UserRole, VFolderOwnership, VFolderPermission, VFolderStatus
 from ..models import (
     Domain,
     Keypair,
@@ -54,8 +69,10 @@ from ..models import (
     ProjectResourcePolicy,
     ResourceGroup,
     UserResourcePolicy,
+    VFolder,
+    VFolderPermissionRow,
 )
-from . import tenancy
+from . import tenancy, vfolders
 
 SLOT_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*$")
 ACCESS_KEY_RE = re.compile(r"^[A-Za-z0-9]{4,20}$")
@@ -161,6 +178,44 @@ def _one_of(*choices: str):
         return v
 
     return check
+
+
+def _files(v):
+    """``{"relative/path": "text"}``: paths inside the folder, text contents."""
+    if not isinstance(v, Mapping):
+        raise ValueError(f"must be an object of path: text, not {v!r}")
+    out = {}
+    for path, text in v.items():
+        try:
+            norm = vfolders.check_path(path, allow_root=False)
+        except InvalidRequest as e:
+            raise ValueError(e.detail) from None
+        if not isinstance(text, str):
+            raise ValueError(f"{path!r}: the content must be a string")
+        out[norm] = text
+    return out
+
+
+_PERMISSION = _one_of(*VFolderPermission)
+
+
+def _shares(v):
+    if not isinstance(v, list):
+        raise ValueError(f"must be a list, not {v!r}")
+    out = []
+    for i, sh in enumerate(v):
+        if not isinstance(sh, Mapping) or set(sh) - {"email", "permission"} or "email" not in sh:
+            raise ValueError(f"[{i}] must be {{\"email\", \"permission\"?}}, not {sh!r}")
+        out.append({"email": _str(128, allow_empty=False)(sh["email"]),
+                    "permission": _PERMISSION(sh.get("permission", VFolderPermission.READ_ONLY))})
+    return out
+
+
+def _vfolder_name(v):
+    try:
+        return vfolders.check_name(v)
+    except InvalidRequest as e:
+        raise ValueError(e.detail) from None
 
 
 @dataclass(frozen=True)
@@ -271,6 +326,21 @@ KINDS: dict[str, _Kind] = {
         },
         lambda e: str(e.get("name")),
     ),
+    "vfolders": _Kind(
+        {
+            "name": (_vfolder_name, True),
+            "owner": (_str(128, allow_empty=False), False),
+            "project": (_name, False),
+            "domain": (_name, False),
+            "host": (_str(128, allow_empty=False), False),
+            "permission": (_PERMISSION, False),
+            "usage_mode": (_one_of(*vfolders.USAGE_MODES), False),
+            "shares": (_shares, False),
+            "files": (_files, False),
+        },
+        lambda e: (f"{e.get('owner')}/{e.get('name')}" if e.get("owner") is not None else
+                   f"{e.get('domain', tenancy.DEFAULT)}/{e.get('project')}/{e.get('name')}"),
+    ),
 }
 
 
@@ -307,6 +377,8 @@ class _Loader:
         self.db = db
         self.created: dict[str, list[str]] = {k: [] for k in KINDS}
         self.existing: dict[str, list[str]] = {k: [] for k in KINDS}
+        # Folders whose rows were made: their directories and files come after.
+        self.folders: list[dict] = []
 
     def _need(self, label: str, model, key, what: str):
         row = self.db.get(model, key)
@@ -412,6 +484,64 @@ class _Loader:
         self.db.flush()
         self._done("keypairs", v["access_key"], True)
 
+    def vfolder(self, label: str, v: dict, default_host: str, known_hosts: list[str]) -> None:
+        if ("owner" in v) == ("project" in v):
+            raise FixtureError(f"fixture: {label}: give either 'owner' (an email) or 'project'")
+        host = v.get("host", default_host)
+        if host not in known_hosts:
+            raise FixtureError(f"fixture: {label}: unknown vfolder host {host!r} "
+                               f"(the storage has: {', '.join(known_hosts) or 'none'})")
+        if "owner" in v:
+            for k in ("domain", "permission"):
+                if k in v:
+                    raise FixtureError(f"fixture: {label}: {k!r} is for project folders")
+            owner = tenancy.find_user(self.db, v["owner"])
+            if owner is None:
+                raise FixtureError(f"fixture: {label}: no user {v['owner']!r}")
+            scope, domain, project = vfolders.quota_scope_of_user(owner.id), owner.domain_name, None
+        else:
+            if v.get("shares"):
+                raise FixtureError(f"fixture: {label}: project folders are shared through "
+                                   "project membership, not 'shares'")
+            domain = v.get("domain", tenancy.DEFAULT)
+            project = self.db.scalar(select(Project).where(Project.domain_name == domain,
+                                                           Project.name == v["project"]))
+            if project is None:
+                raise FixtureError(f"fixture: {label}: no project {v['project']!r} in domain "
+                                   f"{domain!r}")
+            owner, scope = None, vfolders.quota_scope_of_project(project.id)
+        key = f"{scope}/{v['name']}"
+        if self.db.scalar(select(VFolder.id).where(VFolder.quota_scope_id == scope,
+                                                   VFolder.name == v["name"])):
+            self._done("vfolders", key, False)
+            return
+        f = VFolder(
+            name=v["name"], host=host, quota_scope_id=scope,
+            ownership_type=VFolderOwnership.USER if owner else VFolderOwnership.PROJECT,
+            user_id=owner.id if owner else None, project_id=project.id if project else None,
+            domain_name=domain, creator=owner.email if owner else "fixture",
+            usage_mode=v.get("usage_mode", "general"),
+            permission=v.get("permission", VFolderPermission.READ_WRITE),
+            status=VFolderStatus.READY,
+        )
+        self.db.add(f)
+        self.db.flush()
+        for sh in v.get("shares", []):
+            user = tenancy.find_user(self.db, sh["email"])
+            if user is None or user.domain_name != domain:
+                raise FixtureError(f"fixture: {label}: shares: no user {sh['email']!r} in "
+                                   f"domain {domain!r}")
+            if user.id == f.user_id:
+                raise FixtureError(f"fixture: {label}: shares: the owner cannot be a sharee")
+            if self.db.get(VFolderPermissionRow, (f.id, user.id)) is not None:
+                raise FixtureError(f"fixture: {label}: shares: {sh['email']!r} twice")
+            self.db.add(VFolderPermissionRow(vfolder_id=f.id, user_id=user.id,
+                                             permission=sh["permission"]))
+        self.db.flush()
+        self.folders.append({"host": host, "quota_scope_id": scope, "id": f.id,
+                             "files": v.get("files", {}), "label": label})
+        self._done("vfolders", key, True)
+
     def resource_group(self, label: str, v: dict) -> None:
         for d in v.get("allowed_domains", []):
             self._need(label, Domain, d, "domain")
@@ -426,13 +556,57 @@ _SIMPLE = {
 }
 
 
-def populate(db_session: DBSession, data: Mapping) -> dict:
+def _run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+async def _make_folders(storage, folders: list[dict]) -> None:
+    """Directories and files of new folders; on any failure, remove every one of them."""
+    done = []
+    try:
+        for f in folders:
+            done.append(f)
+            await storage.create_folder(f["host"], f["quota_scope_id"], f["id"])
+            for path, text in sorted(f["files"].items()):
+                if "/" in path:
+                    await storage.mkdir(f["host"], f["quota_scope_id"], f["id"],
+                                        path.rsplit("/", 1)[0], parents=True)
+
+                async def chunks(data=text.encode("utf-8")):
+                    yield data
+
+                await storage.upload(f["host"], f["quota_scope_id"], f["id"], path, chunks())
+    except BaseException as e:
+        await remove_folders(storage, done)
+        if isinstance(e, BackendAIError):
+            raise FixtureError(f"fixture: {f['label']}: the storage refused: {e.detail}") from None
+        raise
+
+
+async def remove_folders(storage, folders: list[dict]) -> None:
+    for f in folders:
+        try:
+            await storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
+        except Exception:
+            pass
+
+
+def populate(db_session: DBSession, data: Mapping, storage=None,
+             default_host: str = tenancy.DEFAULT_VFOLDER_HOST) -> dict:
     """Create what ``data`` describes and is not in the record yet; return what happened.
 
     Runs inside the caller's transaction, in a savepoint: on error (a
     :class:`FixtureError`, 400, naming the entry) nothing of ``data`` stays in the
     session, whatever the caller does next. The returned ``{"created": {kind:
     [keys]}, "existing": {kind: [keys]}}`` says what was made and what was left.
+
+    ``storage`` (a :class:`~..storageproxy.client.StorageRegistry`) is needed for
+    ``vfolders``: their directories and files are made on it once the rows are
+    written (and removed again if that fails). The new folders are listed under
+    ``"folders"`` in the result, so that a caller whose commit fails can remove
+    them (:func:`remove_folders`), as :func:`populate_file` does.
     """
     if not isinstance(data, Mapping):
         raise FixtureError(f"fixture: the document must be a JSON object, not {type(data).__name__}")
@@ -458,6 +632,9 @@ def populate(db_session: DBSession, data: Mapping) -> dict:
             seen[key] = idx
             checked[kind].append((label, values))
 
+    if checked["vfolders"] and storage is None:
+        raise FixtureError("fixture: 'vfolders' need a storage to create them on")
+    known_hosts = _run(storage.hosts()) if checked["vfolders"] else []
     loader = _Loader(db_session)
     with db_session.begin_nested():
         for kind in KINDS:
@@ -472,7 +649,13 @@ def populate(db_session: DBSession, data: Mapping) -> dict:
                     loader.keypair(label, values)
                 elif kind == "resource_groups":
                     loader.resource_group(label, values)
-    return {"created": loader.created, "existing": loader.existing}
+                elif kind == "vfolders":
+                    loader.vfolder(label, values, default_host, known_hosts)
+        if loader.folders:
+            _run(_make_folders(storage, loader.folders))
+    return {"created": loader.created, "existing": loader.existing,
+            "folders": [{k: f[k] for k in ("host", "quota_scope_id", "id")}
+                        for f in loader.folders]}
 
 
 def load_document(path: str) -> dict:
@@ -486,21 +669,72 @@ def load_document(path: str) -> dict:
         raise FixtureError(f"fixture: {path} is not valid JSON: {e}") from None
 
 
-def populate_file(db_url: str, path: str) -> dict:
+def storage_from(volumes: dict | None = None, config_file: str | None = None):
+    """The storage a hub would use, for ``vfolders`` of a fixture made before it runs:
+    (storage registry, default vfolder host).
+
+    ``volumes`` ({name: path} or {name: {"backend": "vfs", "path": ...}}) wins; else
+    ``config_file`` (a JupyterHub configuration file; its
+    ``c.BackendAIManager.storage_volumes``, ``storage_proxies`` and
+    ``default_vfolder_host``); else the manager's defaults (one vfs volume
+    ``volume1`` under ``./backendai-vfroot``, as a hub started here would have).
+    """
+    import os
+
+    from ..storageproxy.client import make_storage_registry
+
+    proxies: dict = {}
+    default_host = tenancy.DEFAULT_VFOLDER_HOST
+    conf_volumes = None
+    if config_file:
+        from traitlets.config.loader import PyFileConfigLoader
+
+        loader = PyFileConfigLoader(os.path.basename(config_file),
+                                    path=os.path.dirname(os.path.abspath(config_file)))
+        try:
+            cfg = loader.load_config().get("BackendAIManager", {})
+        except Exception as e:
+            raise FixtureError(f"fixture: cannot load {config_file}: {e}") from None
+        conf_volumes = dict(cfg.get("storage_volumes", {})) or None
+        proxies = dict(cfg.get("storage_proxies", {}))
+        default_host = cfg.get("default_vfolder_host", default_host)
+    if volumes:
+        conf_volumes = {name: v if isinstance(v, Mapping) else {"backend": "vfs", "path": v}
+                        for name, v in volumes.items()}
+    if conf_volumes is None:
+        # = BackendAIManager.storage_volumes' default (manager/core.py)
+        conf_volumes = {"volume1": {"backend": "vfs",
+                                    "path": os.path.abspath("backendai-vfroot/volume1")}}
+    try:
+        return make_storage_registry(proxies, conf_volumes), default_host
+    except (ValueError, KeyError, OSError) as e:
+        raise FixtureError(f"fixture: bad storage configuration: {e}") from None
+
+
+def populate_file(db_url: str, path: str, storage=None,
+                  default_host: str = tenancy.DEFAULT_VFOLDER_HOST) -> dict:
     """Migrate the database at ``db_url`` and load the fixture file ``path`` into it.
 
     The default rows and the whole document go in one transaction: a bad document
-    leaves the record as it was.
+    leaves the record as it was, and the storage without the folders it made.
     """
     from ..models.db import make_engine, make_sessionmaker, upgrade
 
     data = load_document(path)
+    if storage is None and isinstance(data, Mapping) and data.get("vfolders"):
+        storage, default_host = storage_from()
     engine = make_engine(db_url)
+    out = None
     try:
         upgrade(engine)
         with make_sessionmaker(engine).begin() as s:
-            tenancy.ensure_defaults(s)
-            return populate(s, data)
+            tenancy.ensure_defaults(s, default_host)
+            out = populate(s, data, storage, default_host)
+        return out
+    except BaseException:
+        if out is not None and out["folders"]:  # the commit failed after the storage work
+            _run(remove_folders(storage, out["folders"]))
+        raise
     finally:
         engine.dispose()
 
