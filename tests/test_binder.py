@@ -44,11 +44,15 @@ Steps, and how each one differs from what repo2docker and mybinder.org do:
    ``?urlpath=lab``); click the "Backend.AI Hub" launcher tile (it opens a new tab,
    like a person's click); the hub's login page; log in as alice (a demo user whose
    keypair has the ``demo`` resource policy: 1 CPU in all); the spawn form
-   (image ``local/python``, 0.5 CPU, 256m); the session's JupyterLab; a notebook;
-   the cell ``1+1`` shows ``2``. A second named session through the hub's spawn
+   (image ``local/python``, 0.5 CPU, 256m) with the demo project's vfolder
+   ``shared`` ticked; the session's JupyterLab; a notebook; the cell ``1+1`` shows
+   ``2``, the next one reads ``shared/README.md`` and writes ``shared/from-alice.txt``.
+   A second named session through the hub's spawn
    page starts too; a third waits PENDING and its progress page says "quota
    exceeded" (the agent itself has room for four); the demo's processes then use
-   less than Binder's 2 GB. Then alice logs out, the demo
+   less than Binder's 2 GB. Then alice logs out, bob logs in, starts a session
+   with ``shared`` ticked and his JupyterLab's contents API serves alice's file from
+   it; bob logs out, the demo
    superadmin logs in, and the admin console (``/hub/admin``) lists alice's three
    servers, the third one pending.
 6. Clean up: the server's process group, the sessions and the hub's proxy by the
@@ -77,6 +81,11 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--no-first-run",
 ]
+
+
+# The demo project's shared vfolder in the spawn form, and the first line of its README.
+SHARED_LABEL = "shared (project demo-project, read-write)"
+SHARED_README_LINE = "The demo project's shared folder"
 
 
 def _demo_accounts() -> dict:
@@ -155,6 +164,8 @@ def test_binder_demo(binder, tmp_path):
             expect(hub.locator("#backendai-image")).to_have_value("local/python")
             expect(hub.locator("#backendai-cpu")).to_have_value("0.5")
             expect(hub.locator("#backendai-mem")).to_have_value("256m")
+            # The demo project's shared vfolder (postBuild's fixture made it).
+            hub.get_by_label(SHARED_LABEL).check()
             hub.click("button[type=submit]")
             hub.wait_for_url(re.compile(re.escape(hub_url) + r"user/alice/lab"), timeout=180_000)
             mark("session")
@@ -187,6 +198,17 @@ def test_binder_demo(binder, tmp_path):
             expect(result).to_have_text("2", timeout=120_000)
             mark("1+1")
 
+            # The shared folder, at shared/ beside the notebook: read its README, leave a file.
+            editor = hub.locator(".jp-NotebookPanel .jp-Cell .cm-content").nth(1)
+            editor.click()
+            hub.keyboard.type(
+                'open("shared/from-alice.txt", "w").write("hello from alice"); '
+                'print(open("shared/README.md").read())')
+            hub.keyboard.press("Shift+Enter")
+            readme = hub.locator(".jp-NotebookPanel .jp-OutputArea-output").nth(1)
+            expect(readme).to_contain_text(SHARED_README_LINE, timeout=60_000)
+            mark("shared")
+
             # A second session fits alice's quota (1 CPU: two of 0.5).
             hub.goto(f"{hub_url}hub/spawn/alice/second")
             hub.click("button[type=submit]")
@@ -212,6 +234,30 @@ def test_binder_demo(binder, tmp_path):
             # the demo superadmin, in the same window (on Binder, a new window would not
             # be logged in to the visitor's Binder server).
             hub.goto(f"{hub_url}hub/logout")
+
+            # bob, in the same project, mounts the same folder and finds alice's file.
+            hub.goto(f"{hub_url}hub/login")
+            _login(hub, accounts["bob"])
+            hub.wait_for_url(re.compile(r"/backendai-hub/hub/spawn"))
+            hub.get_by_label(SHARED_LABEL).check()
+            hub.click("button[type=submit]")
+            hub.wait_for_url(re.compile(re.escape(hub_url) + r"user/bob/lab"), timeout=180_000)
+            hub.locator("#jp-main-dock-panel").wait_for(timeout=120_000)
+            # What bob's JupyterLab shows in shared/ (its file browser's API).
+            seen = hub.evaluate(
+                """async (prefix) => {
+                    // As JupyterLab asks: with the server's _xsrf cookie as a header.
+                    const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1] || '';
+                    const r = await fetch(prefix + 'api/contents/shared/from-alice.txt?content=1',
+                                          {headers: {'X-XSRFToken': decodeURIComponent(xsrf)}});
+                    return [r.status, r.ok ? (await r.json()).content : await r.text()];
+                }""",
+                f"{binder.prefix}backendai-hub/user/bob/",
+            )
+            assert seen == [200, "hello from alice"], seen
+            mark("bob")
+            hub.goto(f"{hub_url}hub/logout")
+
             hub.goto(f"{hub_url}hub/login")
             _login(hub, accounts["admin"])
             hub.wait_for_url(re.compile(re.escape(hub_url) + r"hub/(spawn|home)"))
@@ -267,6 +313,11 @@ def test_binder_server_proxy_entry(monkeypatch, tmp_path):
     assert env["BACKENDAI_AGENT_BACKEND"] == "local"
     assert env["BACKENDAI_STATE_DIR"] == str(tmp_path / ".backendai-demo" / "state")
     assert env["BACKENDAI_CHP"].startswith(str(tmp_path / ".backendai-demo" / "node"))
+    # vfolders live in the demo's folder of the user's home (postBuild fills it too).
+    (volumes,) = [json.loads(a.split("=", 1)[1]) for a in cmd
+                  if a.startswith("--BackendAIManager.storage_volumes=")]
+    assert volumes == {"volume1": {"backend": "vfs",
+                                   "path": str(tmp_path / ".backendai-demo" / "vfroot" / "volume1")}}
 
     # The sizes the walkthrough promises: the agent has room for four default
     # sessions, the "demo" keypair policy for two, so the third waits on the quota.
