@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
 import urllib.error
@@ -157,25 +158,45 @@ class ApiClient:
             url += ("&" if "?" in url else "?") + urllib.parse.urlencode(params)
         return url
 
-    def request(self, method: str, path: str, *, query: dict | None = None,
-                body: Any = None) -> Any:
-        """Send one request; returns the decoded JSON body (None for an empty one)."""
+    def _send(self, method: str, path: str, query: dict | None, data: Any,
+              content_type: str, sink: Any = None) -> bytes:
+        """One signed request; the response body (or, with ``sink``, written to it)."""
         url = self.url(path, query)
-        headers = signing.sign_request(method, url, self.access_key, self.secret_key)
+        headers = signing.sign_request(method, url, self.access_key, self.secret_key,
+                                       content_type=content_type)
         # Send exactly the host[:port] that was signed.
         headers["Host"] = urllib.parse.urlsplit(url).netloc
         headers["Accept"] = "application/json"
-        data = None if body is None else json.dumps(body).encode()
+        if hasattr(data, "read"):  # a file, streamed
+            headers["Content-Length"] = str(os.fstat(data.fileno()).st_size)
         req = urllib.request.Request(url, data=data, method=method.upper(), headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                if sink is None:
+                    return resp.read()
+                while chunk := resp.read(1 << 20):
+                    sink.write(chunk)
+                return b""
         except urllib.error.HTTPError as e:
             raise _problem(e) from None
         except urllib.error.URLError as e:
             raise ApiError(None, f"cannot reach {self.base}", str(e.reason)) from None
         except (TimeoutError, ConnectionError) as e:
             raise ApiError(None, f"cannot reach {self.base}", str(e)) from None
+
+    def upload(self, path: str, query: dict, file: Any) -> Any:
+        """PUT a file's bytes (streamed from the open binary ``file``)."""
+        return json.loads(self._send("PUT", path, query, file, "application/octet-stream"))
+
+    def download(self, path: str, query: dict, sink: Any) -> None:
+        """GET bytes into the writable binary ``sink``."""
+        self._send("GET", path, query, None, signing.DEFAULT_CONTENT_TYPE, sink)
+
+    def request(self, method: str, path: str, *, query: dict | None = None,
+                body: Any = None) -> Any:
+        """Send one request; returns the decoded JSON body (None for an empty one)."""
+        data = None if body is None else json.dumps(body).encode()
+        raw = self._send(method, path, query, data, signing.DEFAULT_CONTENT_TYPE)
         if not raw:
             return None
         try:
@@ -231,6 +252,7 @@ ENTITIES: dict[str, tuple[str, str]] = {
     "resource-groups": ("/resource-groups", "name"),
     "agents": ("/agents", "id"),
     "sessions": ("/sessions", "id"),
+    "vfolders": ("/vfolders", "id"),
 }
 # What the API lets one do with each entity (agents are read-only; sessions are created
 # and deleted, not changed); tests/test_cli.py checks this table against the document.
@@ -253,6 +275,19 @@ FILTERS: dict[str, tuple[str, ...]] = {
     "resource-groups": ("is_active",),
     "agents": ("resource_group", "status"),
     "sessions": ("status", "user_id", "project_id", "type"),
+    "vfolders": ("name", "host", "ownership_type", "project_id", "user_id", "status"),
+}
+# Folder commands beyond the entity's CRUD: action -> (help, positional arguments).
+VFOLDER_ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "shares": ("users a folder is shared with", ("id",)),
+    "share": ("share a user folder with a user of its domain", ("id", "email")),
+    "unshare": ("unshare (or leave) a folder", ("id", "user")),
+    "files": ("list a directory of a folder", ("id",)),
+    "upload": ("upload a local file (streamed)", ("id", "local")),
+    "download": ("download a file (streamed)", ("id", "remote")),
+    "mkdir": ("make a directory", ("id", "remote")),
+    "rename": ("move or rename a file or directory", ("id", "remote", "new_path")),
+    "rm": ("delete a file or directory", ("id", "remote")),
 }
 
 def parse_fields(pairs: list[str], data: str | None) -> dict:
@@ -320,6 +355,8 @@ def _run_api(args: argparse.Namespace) -> Any:
         return client.request("GET", "/scheduler")
     if cmd == "openapi":
         return client.request("GET", "/openapi.json")
+    if cmd == "vfolder-hosts":
+        return client.request("GET", "/vfolder-hosts")
     if cmd == "api":
         body = parse_fields(args.fields, args.data) if (args.fields or args.data) else None
         query = dict(p.split("=", 1) for p in args.query or () if "=" in p)
@@ -356,7 +393,62 @@ def _run_api(args: argparse.Namespace) -> Any:
         return {"project_id": args.id, "removed": users}
     if action == "logs":
         return client.request("GET", f"{path}/{ident}/logs")
+    if cmd == "vfolders":
+        return _vfolder_action(client, args, f"{path}/{ident}")
     raise AssertionError(action)
+
+
+def _vfolder_action(client: ApiClient, args: argparse.Namespace, base: str) -> Any:
+    action = args.action
+    if action == "shares":
+        return client.request("GET", f"{base}/shares",
+                              query={"offset": args.offset, "limit": args.limit})
+    if action == "share":
+        return client.request("POST", f"{base}/shares",
+                              body={"email": args.email, "permission": args.permission})
+    if action == "unshare":
+        client.request("DELETE", f"{base}/shares/{_quote(args.user)}")
+        return {"vfolder": args.id, "unshared": args.user}
+    if action == "files":
+        return client.request("GET", f"{base}/files", query={"path": args.path or None})
+    if action == "upload":
+        remote = args.path or os.path.basename(args.local)
+        try:
+            f = open(args.local, "rb")  # noqa: SIM115 - closed below, after the request
+        except OSError as e:
+            raise _UsageError(f"cannot read {args.local}: {e.strerror}") from None
+        with f:
+            return client.upload(f"{base}/upload", {"path": remote}, f)
+    if action == "download":
+        out = args.output or os.path.basename(args.remote.rstrip("/"))
+        if out == "-":
+            client.download(f"{base}/download", {"path": args.remote}, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            raise _Done()
+        tmp = out + ".part"
+        try:
+            with open(tmp, "wb") as f:
+                client.download(f"{base}/download", {"path": args.remote}, f)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return {"path": args.remote, "saved_to": out, "size": os.path.getsize(out)}
+    if action == "mkdir":
+        return client.request("POST", f"{base}/mkdir",
+                              body={"path": args.remote, "parents": args.parents})
+    if action == "rename":
+        return client.request("POST", f"{base}/rename",
+                              body={"path": args.remote, "new_path": args.new_path})
+    if action == "rm":
+        client.request("DELETE", f"{base}/files",
+                       query={"path": args.remote, "recursive": args.recursive})
+        return {"vfolder": args.id, "deleted": args.remote}
+    raise AssertionError(action)
+
+
+class _Done(Exception):
+    """The command wrote its output itself (bytes to stdout)."""
 
 
 def _resolve(client: ApiClient, entity: str, ident: str) -> str:
@@ -366,6 +458,13 @@ def _resolve(client: ApiClient, entity: str, ident: str) -> str:
         if len(found) != 1:
             raise ApiError(404, "Not found", f"no user with email {ident!r} visible to this keypair")
         return _quote(found[0]["id"])
+    if entity == "vfolders" and not re.fullmatch(r"[0-9a-f]{32}", ident):
+        found = client.request("GET", "/vfolders", query={"name": ident, "limit": 3})["items"]
+        if len(found) != 1:
+            raise ApiError(404 if not found else 400, "Not found" if not found else "Ambiguous",
+                           f"{len(found) or 'no'} vfolders named {ident!r} visible to this "
+                           "keypair" + ("; use the id" if found else ""))
+        return found[0]["id"]
     return _quote(ident)
 
 
@@ -457,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_cmd("whoami", "who the keypair belongs to")
     api_cmd("scheduler", "the scheduler's state")
     api_cmd("openapi", "the API's OpenAPI document")
+    api_cmd("vfolder-hosts", "storage hosts the keypair may use for vfolders, and for what")
     raw = api_cmd("api", "any request: METHOD PATH [FIELD ...]")
     raw.add_argument("method", type=str.upper,
                      choices=["GET", "POST", "PUT", "PATCH", "DELETE"])
@@ -506,6 +606,29 @@ def build_parser() -> argparse.ArgumentParser:
                 _api_options(a, suppress=True)
                 a.add_argument("id", metavar="PROJECT_ID")
                 a.add_argument("users", nargs="+", metavar="USER")
+        if name == "vfolders":
+            for act, (text, positional) in VFOLDER_ACTIONS.items():
+                a = acts.add_parser(act, help=text)
+                _api_options(a, suppress=True)
+                for arg in positional:
+                    a.add_argument(arg, metavar={"id": "VFOLDER (id or name)", "remote": "PATH"}
+                                   .get(arg, arg.upper()))
+                if act == "shares":
+                    a.add_argument("--offset", type=int, default=0)
+                    a.add_argument("--limit", type=int, default=100)
+                if act == "share":
+                    a.add_argument("--permission", choices=["ro", "rw", "wd"], default="ro")
+                if act == "files":
+                    a.add_argument("path", nargs="?", default="", metavar="PATH")
+                if act == "upload":
+                    a.add_argument("--path", help="where in the folder (default: the file's name)")
+                if act == "download":
+                    a.add_argument("-o", "--output", help="local file (default: the file's name; "
+                                   "- for stdout)")
+                if act == "mkdir":
+                    a.add_argument("-p", "--parents", action="store_true")
+                if act == "rm":
+                    a.add_argument("-r", "--recursive", action="store_true")
         if name == "sessions":
             lg = acts.add_parser("logs", help="a session's kernel logs")
             _api_options(lg, suppress=True)
@@ -520,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
             out = _bootstrap(args)
         else:
             out = _run_api(args)
+    except _Done:
+        return 0
     except BackendAIError as e:
         print(f"backendai-admin: {e.detail}", file=sys.stderr)
         return EXIT_USAGE

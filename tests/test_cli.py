@@ -269,3 +269,61 @@ def test_batch_session_through_the_cli(admin, hub):
     assert "hello-from-cli" in "".join(k["logs"] or "" for k in logs["kernels"])
     mine = admin.ok("sessions", "list", "--status", "TERMINATED", "--all")
     assert sid in [s["id"] for s in mine["items"]]
+
+
+def test_vfolders_and_their_files_through_the_cli(admin, hub, tmp_path):
+    """Folder CRUD, sharing and streamed file transfer, by folder name or id."""
+    dom = "v" + uuid.uuid4().hex[:8]
+    admin.ok("domains", "create", f"name={dom}",
+             'allowed_vfolder_hosts:={"local:volume1": ["create-vfolder", "upload-file", '
+             '"download-file", "invite-others", "mount-in-session"]}')
+    owner = admin.ok("users", "create", f"email=o@{dom}.example", "password=owner-pass-1",
+                     f"username=o{dom}", f"domain_name={dom}")
+    peer = admin.ok("users", "create", f"email=p@{dom}.example", "password=peer-pass-12",
+                    f"username=p{dom}", f"domain_name={dom}")
+    keys = (owner["keypair"]["access_key"], owner["keypair"]["secret_key"])
+    hosts = admin.ok("vfolder-hosts", keys=keys)
+    assert "create-vfolder" in hosts["hosts"]["local:volume1"]["permissions"]
+    f = admin.ok("vfolders", "create", "name=results", keys=keys)
+    assert (f["name"], f["user_id"], f["status"]) == ("results", owner["id"], "ready")
+    assert admin.ok("vfolders", "list", "--name", "results", keys=keys)["total"] == 1
+    assert admin.ok("vfolders", "get", "results", keys=keys)["id"] == f["id"]  # by name
+
+    blob = os.urandom(3 * 2**20 + 7)
+    local = tmp_path / "blob.bin"
+    local.write_bytes(blob)
+    assert admin.ok("vfolders", "mkdir", "results", "in/side", "-p", keys=keys) == {
+        "path": "in/side"}
+    up = admin.ok("vfolders", "upload", f["id"], str(local), "--path", "in/side/b.bin", keys=keys)
+    assert up == {"path": "in/side/b.bin", "size": len(blob)}
+    ls = admin.ok("vfolders", "files", "results", "in/side", keys=keys)
+    assert [(e["name"], e["size"]) for e in ls["items"]] == [("b.bin", len(blob))]
+    out = tmp_path / "back.bin"
+    got = admin.ok("vfolders", "download", "results", "in/side/b.bin", "-o", str(out), keys=keys)
+    assert got["size"] == len(blob) and out.read_bytes() == blob
+
+    share = admin.ok("vfolders", "share", "results", peer["email"], "--permission", "ro", keys=keys)
+    assert (share["user_id"], share["permission"]) == (peer["id"], "ro")
+    peer_keys = (peer["keypair"]["access_key"], peer["keypair"]["secret_key"])
+    rc, err = admin("vfolders", "upload", f["id"], str(local), keys=peer_keys)
+    assert rc == cli.EXIT_API_ERROR and "403" in err and "ro" in err
+    rc, err = admin("vfolders", "download", f["id"], "nope.bin", "-o", str(tmp_path / "n"),
+                    keys=peer_keys)
+    assert rc == cli.EXIT_API_ERROR and "404" in err and not (tmp_path / "n").exists()
+    assert not (tmp_path / "n.part").exists()
+    assert admin.ok("vfolders", "shares", "results", keys=keys)["items"][0]["user_id"] == peer["id"]
+    admin.ok("vfolders", "unshare", "results", peer["email"], keys=keys)
+    rc, err = admin("vfolders", "get", f["id"], keys=peer_keys)
+    assert rc == cli.EXIT_API_ERROR and "404" in err
+
+    assert admin.ok("vfolders", "rename", "results", "in/side/b.bin", "top.bin", keys=keys) == {
+        "path": "top.bin"}
+    admin.ok("vfolders", "rm", "results", "in", "-r", keys=keys)
+    assert [e["name"] for e in admin.ok("vfolders", "files", "results", keys=keys)["items"]] == [
+        "top.bin"]
+    assert admin.ok("vfolders", "delete", "results", keys=keys) == {"deleted": "results"}
+    kind, sid = f["quota_scope_id"].split(":")
+    assert not os.path.exists(os.path.join(hub.dir, "backendai-vfroot", "volume1", kind, sid,
+                                           f["id"]))
+    rc, err = admin("vfolders", "get", "results", keys=keys)
+    assert rc == cli.EXIT_API_ERROR and "no vfolders named 'results'" in err
