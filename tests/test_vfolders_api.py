@@ -349,3 +349,43 @@ def test_deleting_every_folder_leaves_nothing_on_the_volume(lab, api_hub):
     assert left == []
     with api_hub.sm() as s:
         assert s.query(VFolder).filter(VFolder.id.in_([f["id"] for f in made])).count() == 0
+
+
+def test_storage_failure_leaves_no_row(lab, api_hub):
+    u = lab.user()
+    c = u["client"]
+    # Something on the volume is in the way of the user's scope directory.
+    blocker = os.path.join(volume_root(api_hub), "user", u["id"])
+    os.makedirs(os.path.dirname(blocker), exist_ok=True)
+    with open(blocker, "w") as fh:
+        fh.write("in the way")
+    try:
+        before = snapshot(api_hub)
+        r = c("POST", "/vfolders", json={"name": "doomed"})
+        assert r.status_code == 503 and "storage" in r.json()["detail"], r.text
+        assert snapshot(api_hub) == before
+        assert c.ok("GET", "/vfolders")["items"] == []
+    finally:
+        os.unlink(blocker)
+    assert c.ok("POST", "/vfolders", json={"name": "doomed"})["status"] == "ready"
+
+
+def test_session_mounts_through_the_api(lab, api_hub):
+    """POST /sessions mounts folders by name; the folder cannot go while the session lives."""
+    u = lab.user()
+    c = u["client"]
+    f = c.ok("POST", "/vfolders", json={"name": "work-data"})
+    body = {"name": f"s-{uid()}", "image": "local/python", "startup_command": "true",
+            "starts_at": "2100-01-01T00:00:00+00:00", "resources": {"cpu": "0.1", "mem": "64m"}}
+    r = c("POST", "/sessions", json={**body, "mounts": ["no-such-folder"]})
+    assert r.status_code == 400 and "no-such-folder" in r.json()["detail"], r.text
+    sess = c.ok("POST", "/sessions", json={**body, "mounts": ["work-data"]})
+    assert [(m["id"], m["name"], m["permission"], m["target"]) for m in sess["vfolder_mounts"]] == [
+        (f["id"], "work-data", "rw", "/home/work/work-data")]
+    assert c.ok("GET", f"/sessions/{sess['id']}")["vfolder_mounts"] == sess["vfolder_mounts"]
+    r = c("DELETE", f"/vfolders/{f['id']}")
+    assert r.status_code == 409 and sess["id"] in r.json()["detail"], r.text
+    assert os.path.isdir(folder_dir(api_hub, f))
+    c.ok("DELETE", f"/sessions/{sess['id']}")
+    c.ok("DELETE", f"/vfolders/{f['id']}")
+    assert not os.path.exists(folder_dir(api_hub, f))

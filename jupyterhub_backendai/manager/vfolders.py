@@ -360,9 +360,22 @@ def _storage_error(e: Exception, what: str) -> BackendAIError:
     return BackendAIError(f"the storage could not {what}: {e}", status_code=503)
 
 
+async def _volumes(manager) -> dict[str, dict]:
+    """Every host the storage proxies serve now, with its volume's info; an unreachable
+    proxy's hosts are left out (a folder cannot be made there anyway)."""
+    volumes = {}
+    for proxy, client in manager.storage.clients.items():
+        try:
+            for v in await client.volumes():
+                volumes[f"{proxy}:{v['name']}"] = v
+        except Exception:
+            continue
+    return volumes
+
+
 async def create(manager, p: Principal, body: dict) -> dict:
     """Create a folder: its row, then its directory; nothing stays when either fails."""
-    known = await manager.storage.hosts()
+    known = sorted(await _volumes(manager))
     try:
         out = await manager.db(begin_create, p, body, manager.default_vfolder_host, known)
     except IntegrityError:
@@ -546,14 +559,8 @@ def host_view(db: DBSession, p: Principal, volumes: dict[str, dict], default_hos
 
 
 async def hosts(manager, p: Principal) -> dict:
-    volumes = {}
-    for proxy, client in manager.storage.clients.items():
-        try:
-            for v in await client.volumes():
-                volumes[f"{proxy}:{v['name']}"] = v
-        except Exception:  # an unreachable proxy's hosts are left out, not a 500
-            continue
-    return await manager.db_read(host_view, p, volumes, manager.default_vfolder_host)
+    return await manager.db_read(host_view, p, await _volumes(manager),
+                                 manager.default_vfolder_host)
 
 
 # -- files ---------------------------------------------------------------------------
