@@ -508,6 +508,8 @@ async def test_wrong_or_missing_token_is_401(daemon):
         scope = f"user:{uuid.uuid4().hex}"
         with pytest.raises(Unauthorized):
             await client.create_folder("volume1", scope, uuid.uuid4().hex)
+        with pytest.raises(Unauthorized):  # refused before a byte is written
+            await client.upload("volume1", scope, uuid.uuid4().hex, "f", stream(b"x" * 3_000_000))
     finally:
         await client.close()
     assert not os.path.exists(os.path.join(daemon.volumes["volume1"]["path"], "user", scope[5:]))

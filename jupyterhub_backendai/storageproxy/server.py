@@ -43,10 +43,13 @@ def problems(method):
 
 
 class _Handler(web.RequestHandler):
-    def prepare(self):
+    def authorized(self) -> bool:
         token = self.settings["token"]
         got = self.request.headers.get("Authorization", "")
-        if not token or not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+        return bool(token) and hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
+
+    def prepare(self):
+        if not self.authorized():
             self.problem(Unauthorized("missing or wrong storage proxy token"))
 
     @property
@@ -198,19 +201,27 @@ class RenameHandler(_Handler):
 
 @web.stream_request_body
 class ContentHandler(_Handler):
-    """PUT streams the request body into :class:`Upload` (1 MiB per write, in a
-    thread); GET streams a file out, waiting for the socket after each chunk."""
+    """PUT streams the request body into :class:`Upload`, 1 MiB per write in a
+    thread, receiving the next MiB while the previous one is written; GET streams a
+    file out, reading the next chunk while the socket takes the previous one."""
 
     upload: Upload | None = None
     error: BackendAIError | None = None
+    _pending: asyncio.Future | None = None
 
     async def prepare(self):
-        super().prepare()
-        if self._finished or self.request.method != "PUT":
+        if self.request.method != "PUT":
+            super().prepare()
             return
-        self.request.connection.set_max_body_size(self.settings["max_upload_bytes"])
         self._buf: list[bytes] = []
         self._buffered = 0
+        if not self.authorized():
+            # Like every refusal of an upload, answered once the body has arrived
+            # (tornado's default bound, 100 MB, still applies to it): a client still
+            # sending would otherwise see a reset instead of the error.
+            self.error = Unauthorized("missing or wrong storage proxy token")
+            return
+        self.request.connection.set_max_body_size(self.settings["max_upload_bytes"])
         volume, scope, folder = self.path_args
         try:
             vol = self.storage.volume(volume)
@@ -220,8 +231,6 @@ class ContentHandler(_Handler):
             if self.request.connection.stream.closed():
                 self.upload.abort()  # the client left while the file was being opened
         except BackendAIError as e:
-            # Answered once the body has arrived: a client still sending would
-            # otherwise see a reset instead of this error.
             self.error = e
 
     async def data_received(self, chunk: bytes):
@@ -230,18 +239,28 @@ class ContentHandler(_Handler):
         self._buf.append(chunk)
         self._buffered += len(chunk)
         if self._buffered >= CHUNK_SIZE:
-            await self._flush_buffer()
+            await self._write_received()
 
-    async def _flush_buffer(self):
+    async def _write_received(self):
+        """Start writing what is buffered once the previous write is done (the
+        body keeps arriving meanwhile; at most two MiB are held)."""
         data, self._buf, self._buffered = b"".join(self._buf), [], 0
-        try:
-            await asyncio.to_thread(self.upload.write, data)
-        except BackendAIError as e:
-            self.error = e
+        await self._settle()
+        if self.error is None:
+            self._pending = asyncio.ensure_future(asyncio.to_thread(self.upload.write, data))
+
+    async def _settle(self):
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                await pending
+            except BackendAIError as e:
+                self.error = e
 
     async def put(self, volume, scope, folder):
         if self.error is None and self._buf:
-            await self._flush_buffer()
+            await self._write_received()
+        await self._settle()
         if self.error is not None:
             self.problem(self.error)
             return
@@ -252,13 +271,18 @@ class ContentHandler(_Handler):
             return
         self.write_json(result, 201)
 
-    def on_finish(self):
+    def _drop(self):
+        if self._pending is not None:  # a write still running fails once aborted; unread
+            self._pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._pending = None
         if self.upload is not None:
-            self.upload.abort()  # no-op after a commit
+            self.upload.abort()  # no-op after a commit; waits for a write in flight
+
+    def on_finish(self):
+        self._drop()
 
     def on_connection_close(self):
-        if self.upload is not None:
-            self.upload.abort()
+        self._drop()
         super().on_connection_close()  # fails the body future, so the handler ends
 
     @problems
@@ -268,11 +292,13 @@ class ContentHandler(_Handler):
         try:
             self.set_header("Content-Type", "application/octet-stream")
             self.set_header("Content-Length", str(size))
-            while chunk := await asyncio.to_thread(chunks.read):
+            nxt = asyncio.ensure_future(asyncio.to_thread(chunks.read))
+            while chunk := await nxt:
+                nxt = asyncio.ensure_future(asyncio.to_thread(chunks.read))
                 self.write(chunk)
                 await self.flush()
         except Exception:
-            return  # the client went away; its side sees a short body
+            return  # the client went away (its side sees a short body), or the file failed
         finally:
             chunks.close()
         self.finish()
