@@ -305,6 +305,17 @@ BAD_BODIES = [
     ("/user-resource-policies", {"name": "u1", "max_vfolder_count": True}, "max_vfolder_count"),
     ("/resource-groups", {"name": "g1", "allowed_projects": ["nope"]}, "allowed_projects"),
     ("/keypairs", {"user_id": "nope"}, "nope"),
+    ("/vfolders", {"name": 5}, "name"),
+    ("/vfolders", {"name": "-dash"}, "name"),
+    ("/vfolders", {"name": "v1", "permission": "all"}, "permission"),
+    ("/vfolders", {"name": "v2", "usage_mode": "fun"}, "usage_mode"),
+    ("/vfolders", {"name": "v3", "host": "nowhere"}, "host"),
+    ("/vfolders", {"name": "v4", "project": "no-such-project"}, "project"),
+    ("/vfolders", {"name": "v5", "owner": "someone"}, "owner"),
+    ("/sessions", {"name": "s1", "image": "local/python", "startup_command": "true",
+                   "mounts": "data"}, "mounts"),
+    ("/sessions", {"name": "s2", "image": "local/python", "startup_command": "true",
+                   "mounts": ["x"] * 65}, "mounts"),
 ]
 
 

@@ -417,6 +417,17 @@ def _body(world: World, spec_body, role: str):
     return spec_body() if callable(spec_body) else spec_body
 
 
+def volume_files(hub) -> list[tuple[str, int]]:
+    """Every entry on the hub's storage volume, with its size."""
+    root = os.path.join(hub.dir, "backendai-vfroot", "volume1")
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            out.append((os.path.relpath(p, root), os.lstat(p).st_size if n in filenames else 0))
+    return sorted(out)
+
+
 def test_isolation_matrix(world):
     failures = []
     calls = 0
@@ -427,7 +438,7 @@ def test_isolation_matrix(world):
                 query = params.pop("_query", None)
                 url = path.format(**params)
                 body = _body(world, spec_body, role)
-                before = snapshot(world.hub) if status >= 400 else None
+                before = (snapshot(world.hub), volume_files(world.hub)) if status >= 400 else None
                 if isinstance(body, bytes):
                     r = world.clients[role](method.upper(), url, data=body, params=query,
                                             headers={"Content-Type": "application/octet-stream"})
@@ -443,8 +454,9 @@ def test_isolation_matrix(world):
                         failures.append(f"{where}: error is not problem+json")
                     if r.json()["status"] != status or not r.json()["detail"]:
                         failures.append(f"{where}: bad problem body {r.text}")
-                    if snapshot(world.hub) != before:
-                        failures.append(f"{where}: refused ({status}) but the record changed")
+                    if (snapshot(world.hub), volume_files(world.hub)) != before:
+                        failures.append(f"{where}: refused ({status}) but the record or the "
+                                        "storage changed")
     assert calls > 350
     assert not failures, f"{len(failures)} of {calls} calls wrong:\n" + "\n".join(failures)
 

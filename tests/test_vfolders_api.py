@@ -389,3 +389,34 @@ def test_session_mounts_through_the_api(lab, api_hub):
     c.ok("DELETE", f"/sessions/{sess['id']}")
     c.ok("DELETE", f"/vfolders/{f['id']}")
     assert not os.path.exists(folder_dir(api_hub, f))
+
+
+def test_an_interrupted_upload_leaves_nothing(lab, api_hub):
+    """The client goes away mid-body: no file, no temporary file, the old file intact."""
+    import socket
+    import time
+    import urllib.parse
+
+    c = lab.user()["client"]
+    f = c.ok("POST", "/vfolders", json={"name": "flaky"})
+    assert _upload(c, f["id"], "keep.bin", b"old").status_code == 201
+    url = urllib.parse.urlsplit(api_hub.base)
+    target = f"{api_world.PREFIX}/vfolders/{f['id']}/upload?path=keep.bin"
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.sendall((f"PUT {target} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                      f"Authorization: token {c.token}\r\n"
+                      "Content-Type: application/octet-stream\r\n"
+                      f"Content-Length: {50 * 2**20}\r\n\r\n").encode())
+        sock.sendall(b"n" * (4 * 2**20))
+        # Wait (bounded) until the hub has started writing, then hang up.
+        where = folder_dir(api_hub, f)
+        deadline = time.monotonic() + 30
+        while not [n for n in os.listdir(where) if n.startswith(".upload-")]:
+            assert time.monotonic() < deadline, "the upload never started"
+            time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    while sorted(os.listdir(where)) != ["keep.bin"]:
+        assert time.monotonic() < deadline, os.listdir(where)
+        time.sleep(0.05)
+    r = c("GET", f"/vfolders/{f['id']}/download", params={"path": "keep.bin"})
+    assert r.content == b"old"

@@ -546,9 +546,12 @@ class VFolderDownloadHandler(APIBase):
         self.set_header("Content-Length", str(size))
         self.set_header("Content-Disposition",
                         f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}")
-        async for chunk in chunks:
-            self.write(chunk)
-            await self.flush()
+        try:
+            async for chunk in chunks:
+                self.write(chunk)
+                await self.flush()  # raises when the client went away
+        finally:
+            await chunks.aclose()  # the storage's open file, whatever happened
         self.finish()
 
 
