@@ -62,6 +62,7 @@ Steps, and how each one differs from what repo2docker and mybinder.org do:
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -133,6 +134,11 @@ def test_binder_demo(binder, tmp_path):
     out = binder.post_build()
     for email, password in accounts.values():
         assert f"{email} / {password}" in out, out
+    assert "Vfolder 'shared' of project demo-project (rw for its members)" in out, out
+    # The shared folder, on the volume the hub will serve, made by the notebook user.
+    (readme,) = glob.glob(os.path.join(binder.home, ".backendai-demo", "vfroot", "volume1",
+                                       "project", "*", "*", "README.md"))
+    assert os.stat(os.path.dirname(readme)).st_uid == binder.user.pw_uid
     # Made by the notebook user, not root.
     record = os.path.join(binder.state_dir, "backendai.sqlite")
     assert os.stat(record).st_uid == binder.user.pw_uid
