@@ -146,6 +146,20 @@ def test_count_limit_of_the_user_resource_policy(lab, api_hub):
     assert (snapshot(api_hub), tree(api_hub)) == before
 
 
+def test_count_limit_of_the_project_resource_policy(lab, api_hub):
+    pol = lab.sa.ok("POST", "/project-resource-policies", json={"name": f"one-{uid()}",
+                                                                "max_vfolder_count": 1})
+    lab.sa.ok("PATCH", f"/projects/{lab.project['id']}", json={"resource_policy": pol["name"]})
+    admin = lab.user(role="admin")
+    admin["client"].ok("POST", "/vfolders", json={"name": "a", "project": lab.project["id"]})
+    before = snapshot(api_hub), tree(api_hub)
+    r = admin["client"]("POST", "/vfolders", json={"name": "b", "project": lab.project["id"]})
+    assert r.status_code == 412 and pol["name"] in r.json()["detail"], r.text
+    assert (snapshot(api_hub), tree(api_hub)) == before
+    # The admin's own folders are another scope, under another policy.
+    admin["client"].ok("POST", "/vfolders", json={"name": "b"})
+
+
 def test_share_read_only(lab, api_hub):
     owner, peer, stranger = lab.user(), lab.user(projects=[]), lab.user(projects=[])
     f = owner["client"].ok("POST", "/vfolders", json={"name": "shared"})
