@@ -84,16 +84,23 @@ async def make_folder(mgr, name: str, *, owner: str | None = None, project: str 
     return fid, await mgr.storage.mount_path(HOST, scope, fid)
 
 
-def make_hub_folder(hub, username: str, name: str) -> tuple[str, str]:
-    """A ready vfolder of ``username`` in a running hub's record and on its storage
-    volume (the hub's default, ./backendai-vfroot/volume1 in its folder); returns (id, path)."""
+def make_hub_folder(hub, username: str | None, name: str, project: str | None = None) -> tuple[str, str]:
+    """A ready vfolder of ``username`` (or of ``project``, a name) in a running hub's
+    record and on its storage volume (the hub's default, ./backendai-vfroot/volume1 in
+    its folder); returns (id, path)."""
     engine = make_engine(hub.db_url)
     try:
         with make_sessionmaker(engine).begin() as s:
-            user = s.scalar(select(User).where(User.username == username))
-            folder = VFolder(name=name, host="local:volume1", quota_scope_id=quota_scope_of_user(user.id),
-                             ownership_type="user", user_id=user.id, domain_name=user.domain_name,
-                             creator=user.email, permission="rw", status="ready")
+            if project is not None:
+                proj = s.scalar(select(Project).where(Project.name == project))
+                folder = VFolder(name=name, host=HOST, quota_scope_id=quota_scope_of_project(proj.id),
+                                 ownership_type="project", project_id=proj.id,
+                                 domain_name=proj.domain_name, permission="rw", status="ready")
+            else:
+                user = s.scalar(select(User).where(User.username == username))
+                folder = VFolder(name=name, host=HOST, quota_scope_id=quota_scope_of_user(user.id),
+                                 ownership_type="user", user_id=user.id, domain_name=user.domain_name,
+                                 creator=user.email, permission="rw", status="ready")
             s.add(folder)
             s.flush()
             fid, scope = folder.id, folder.quota_scope_id
@@ -336,32 +343,43 @@ def test_spawner_form_and_api_mount_folders(make_hub, db_url):
     hub = make_hub(db_url=db_url, backend="local")
     notes, notes_path = make_hub_folder(hub, "admin", "notes")
     data, _ = make_hub_folder(hub, "admin", "data")
+    engine = make_engine(hub.db_url)
+    with make_sessionmaker(engine).begin() as db:  # admin in a second project, which has a folder
+        other = Project(name="other", domain_name="default")
+        db.add(other)
+        admin = db.scalar(select(User).where(User.username == "admin"))
+        admin.projects.append(other)
+    team, _ = make_hub_folder(hub, None, "team", project="other")
     s = hub.login()
     form = s.get(hub.base + "/hub/spawn").text
-    for fid in (notes, data):
+    for fid in (notes, data, team):
         assert f'type="checkbox" name="mounts" value="{fid}"' in form, form
+    # A project's folders show only while that project is chosen.
+    assert '<div class="form-check" data-project="other">' in form, form
+    assert 'team <span class="text-muted small">(project other, read-write)</span>' in form
 
-    for mounts, reason in [
-        (["nope"], "no vfolder 'nope' that you can mount"),
-        ("notes", "mounts must be a list of vfolder names or ids"),
-        (["notes", notes], "vfolder 'notes' is requested twice"),
+    for options, reason in [
+        ({"mounts": ["nope"]}, "no vfolder 'nope' that you can mount"),
+        ({"mounts": "notes"}, "mounts must be a list of vfolder names or ids"),
+        ({"mounts": ["notes", notes]}, "vfolder 'notes' is requested twice"),
+        ({"mounts": ["team"], "project": "default"},
+         "no vfolder 'team' that you can mount in project 'default'"),
     ]:
-        r = hub.spawn("admin", "bad", {"mounts": mounts})
-        assert r.status_code == 400 and reason in r.json()["message"], (mounts, r.text)
-    engine = make_engine(hub.db_url)
+        r = hub.spawn("admin", "bad", options)
+        assert r.status_code == 400 and reason in r.json()["message"], (options, r.text)
     try:
         with make_sessionmaker(engine)() as db:
             assert db.scalar(select(func.count()).select_from(Session)) == 0
 
         # The form posts one "mounts" value per ticked box.
         r = s.post(hub.base + "/hub/spawn/admin/withmounts",
-                   data={"image": hub.image, "cpu": "0.5", "mem": "256m", "mounts": [notes, data],
-                         "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+                   data={"image": hub.image, "cpu": "0.5", "mem": "256m", "project": "other",
+                         "mounts": [notes, data, team], "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
         assert r.status_code == 200, r.text[-2000:]
         hub.wait_ready("admin", "withmounts")
         with make_sessionmaker(engine)() as db:
             sess = db.scalar(select(Session).where(Session.name == "withmounts"))
-            assert [m["name"] for m in sess.vfolder_mounts] == ["notes", "data"]
+            assert [m["name"] for m in sess.vfolder_mounts] == ["notes", "data", "team"]
         home = os.path.join(hub.env["BACKENDAI_STATE_DIR"], "agent", "home", "admin")
         assert os.path.realpath(os.path.join(home, "notes")) == notes_path
         hub.stop_server("admin", "withmounts")
