@@ -1,6 +1,6 @@
 """Storage proxy throughput: upload and download through the HTTP daemon vs. a local copy.
 
-    python benchmarks/storage.py [--size-mb 256] [--rounds 3]
+    python benchmarks/storage.py [--size-mb 256] [--rounds 5]
 
 It starts a real ``backendai-storage-proxy`` (tests/test_storage_proxy.py's
 StorageDaemon: a subprocess on a free loopback port, random token, a volume in a
@@ -8,7 +8,7 @@ temp dir) and, on one file of random bytes written once:
 
   upload:   HTTPStorageClient.upload of the file, read in 1 MiB chunks, streamed
             over HTTP (chunked) into the daemon, which writes a temp file and
-            renames it into the folder
+            renames it into the folder (a new name each round, deleted after)
   download: HTTPStorageClient.download of it, each chunk written to a local file
   copy:     shutil.copyfile of the same file to another path of the same file
             system (what ``cp`` does; the baseline, measured in the same run)
@@ -68,13 +68,14 @@ async def bench(size_mb: int, rounds: int, work: str) -> dict:
         await client.create_folder("volume1", scope, folder)
         for r in range(rounds):
             t = time.perf_counter()
-            out = await client.upload("volume1", scope, folder, "big.bin", file_chunks(src))
+            name = f"big-{r}.bin"  # a new file each round: the same work as the first
+            out = await client.upload("volume1", scope, folder, name, file_chunks(src))
             results["upload"].append(size / 1e6 / (time.perf_counter() - t))
             assert out["size"] == size, out
 
             dst = os.path.join(work, "downloaded.bin")
             t = time.perf_counter()
-            got, chunks = await client.download("volume1", scope, folder, "big.bin")
+            got, chunks = await client.download("volume1", scope, folder, name)
             with open(dst, "wb", buffering=0) as f:
                 async for chunk in chunks:
                     await asyncio.to_thread(f.write, chunk)
@@ -83,6 +84,7 @@ async def bench(size_mb: int, rounds: int, work: str) -> dict:
             if r == 0:
                 assert filecmp.cmp(src, dst, shallow=False), "download differs from the upload"
             os.unlink(dst)
+            await client.delete("volume1", scope, folder, name)
 
             cp = os.path.join(work, "copy.bin")
             t = time.perf_counter()
@@ -103,7 +105,7 @@ async def bench(size_mb: int, rounds: int, work: str) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=int, default=256, help="file size in MiB (default 256)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bai-storage-bench-")
     try:

@@ -333,7 +333,6 @@ class StorageProxyApp(Application):
     listen_host = Unicode("127.0.0.1", help="Address the storage API listens on.").tag(config=True)
     listen_port = Integer(6021, help="Port the storage API listens on.").tag(config=True)
     token = Unicode(
-        os.environ.get("BACKENDAI_STORAGE_TOKEN", ""),
         help="""Shared secret the manager presents as a Bearer token (env
         BACKENDAI_STORAGE_TOKEN); the manager's storage_proxies entry carries the same.""",
     ).tag(config=True)
@@ -349,6 +348,11 @@ class StorageProxyApp(Application):
         help="""Refuse an upload body larger than this (0: no limit besides the
         quota scopes).""",
     ).tag(config=True)
+
+    @default("token")
+    def _token_default(self):
+        # read when needed, so that --help-all does not print the secret as the default
+        return os.environ.get("BACKENDAI_STORAGE_TOKEN", "")
 
     @default("volumes")
     def _volumes_default(self):
