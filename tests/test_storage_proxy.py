@@ -321,6 +321,44 @@ async def test_failed_upload_keeps_the_old_file(env):
     assert sorted(os.listdir(env.path)) == ["a.txt"]
 
 
+async def test_readers_see_the_old_file_until_the_upload_completes(env):
+    await env.upload("f", stream(b"old"))
+    halfway = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def slow():
+        yield b"new" * 500_000
+        halfway.set()
+        await go_on.wait()
+        yield b"end"
+
+    task = asyncio.ensure_future(env.upload("f", slow()))
+    await halfway.wait()
+    await wait_until(lambda: env.leftovers() != [])  # the new bytes are on disk, aside
+    assert await read_all(env, "f") == b"old"
+    go_on.set()
+    assert (await task)["size"] == 1_500_003
+    assert await read_all(env, "f") == b"new" * 500_000 + b"end"
+    assert env.leftovers() == []
+
+
+async def test_concurrent_uploads_to_one_path_leave_one_whole_file(env):
+    a, b = os.urandom(3_000_000), os.urandom(3_000_000)
+    await asyncio.gather(env.upload("f", stream(a)), env.upload("f", stream(b)))
+    assert await read_all(env, "f") in (a, b)
+    assert os.listdir(env.path) == ["f"]
+
+
+async def test_created_entries_belong_to_the_kernel_user_when_root(env):
+    await env.mkdir("d/e", parents=True)
+    await env.mkdir("d/x")
+    await env.upload("d/e/f", stream(b"x"))
+    owner = (1000, 1000) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    for rel in ("", "d", "d/e", "d/x", "d/e/f"):
+        st = os.lstat(os.path.join(env.path, rel))
+        assert (st.st_uid, st.st_gid) == owner, rel
+
+
 async def test_upload_into_missing_directory_or_onto_a_directory(env):
     with pytest.raises(NotFound) as e:
         await env.upload("nodir/f", stream(b"x"))
@@ -532,6 +570,16 @@ async def test_daemon_refuses_to_start_without_token(tmp_path):
         env=env, capture_output=True, text=True, timeout=30,
     )
     assert r.returncode != 0 and "token" in r.stderr
+
+
+async def test_daemon_refuses_an_unknown_backend(tmp_path):
+    conf = tmp_path / "bad.py"
+    conf.write_text(f"c.StorageProxyApp.volumes = {{'v': {{'backend': 'xfs', 'path': '{tmp_path}'}}}}\n")
+    r = subprocess.run(
+        [BIN, "--config", str(conf), "--port", str(free_port())],
+        env=dict(os.environ, BACKENDAI_STORAGE_TOKEN="t"), capture_output=True, text=True, timeout=30,
+    )
+    assert r.returncode != 0 and "unknown backend 'xfs'" in r.stderr
 
 
 async def test_registry_hosts_and_pass_through_over_both(daemon, tmp_path):
