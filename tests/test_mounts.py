@@ -386,3 +386,43 @@ def test_spawner_form_and_api_mount_folders(make_hub, db_url):
         assert not os.path.lexists(os.path.join(home, "notes"))
     finally:
         engine.dispose()
+
+
+def test_the_permission_at_start_decides(db_url, docker_image, tmp_path):
+    """Between enqueue and start: a share narrowed to ro mounts read-only, a share
+    withdrawn fails the start with the reason."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", retries=0,
+                                   configure=_storage(tmp_path)) as mgr:
+            alice = await make_user(mgr)
+            bob = await make_user(mgr, "bob@example.com")
+            narrowed, _ = await make_folder(mgr, "narrowed", owner=bob, share={alice: "rw"})
+            withdrawn, _ = await make_folder(mgr, "withdrawn", owner=bob, share={alice: "rw"})
+            later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
+            ro_sid = await mgr.enqueue(
+                username=alice, name="narrowed", image=docker_image, slots=SLOTS, environ={},
+                service_prefix="/", session_type="batch", startup_command="sleep 300",
+                mounts=["narrowed"], starts_at=later)
+            gone_sid = await mgr.enqueue(
+                username=alice, name="withdrawn", image=docker_image, slots=SLOTS, environ={},
+                service_prefix="/", session_type="batch", startup_command="sleep 300",
+                mounts=["withdrawn"], starts_at=later)
+
+            def change(s):
+                alice_id = s.scalar(select(User.id).where(User.username == alice))
+                s.get(VFolderPermissionRow, (narrowed, alice_id)).permission = "ro"
+                s.delete(s.get(VFolderPermissionRow, (withdrawn, alice_id)))
+
+            await mgr.db(change)
+            sess = await wait_status(mgr, ro_sid, ("RUNNING", *DEAD))
+            assert sess.status == "RUNNING", sess.status_info
+            (mount,) = _docker_mounts(sess.kernels[0].container_id)
+            assert (mount["Destination"], mount["RW"]) == ("/home/work/narrowed", False)
+            sess = await wait_status(mgr, gone_sid, DEAD)
+            assert (sess.status, sess.status_info) == (
+                "ERROR", "failed to start: vfolder 'withdrawn' may no longer be mounted by its user")
+            await mgr.destroy_session(ro_sid)
+            await assert_nothing_left(mgr)
+
+    asyncio.run(run())

@@ -60,6 +60,7 @@ from ..storageproxy.client import make_storage_registry
 from . import mounts as vfmounts
 from . import tenancy
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
+from .vfolders import mount_permission
 
 # Why sessions failed to start, by a fixed set of reasons (bounded label values).
 START_FAILURES = Counter(
@@ -750,24 +751,28 @@ class BackendAIManager(SingletonConfigurable):
         """The session's vfolders as the agents mount them (``spec["mounts"]``).
 
         Checked again at each start: a folder deleted (or being deleted) since the
-        session was queued, or a storage proxy that does not answer, fails the start
-        with the reason, and the start is retried like any other failure.
+        session was queued, one its user may no longer mount, or a storage proxy that
+        does not answer fails the start with the reason, and the start is retried
+        like any other failure. The mode follows the user's permission at start.
         """
         if not sess.vfolder_mounts:
             return []
 
         def states(s):
-            return {f.id: f.status for f in s.scalars(
+            user = s.get(User, sess.user_id)
+            return {f.id: (f.status, mount_permission(s, user, f)) for f in s.scalars(
                 select(VFolder).where(VFolder.id.in_([m["id"] for m in sess.vfolder_mounts])))}
 
         found = await self.db_read(states)
         out = []
         for m in sess.vfolder_mounts:
-            status = found.get(m["id"])
+            status, permission = found.get(m["id"], (None, None))
             if status is None:
                 raise VFolderUnavailable(f"vfolder {m['name']!r} was deleted")
             if status != VFolderStatus.READY:
                 raise VFolderUnavailable(f"vfolder {m['name']!r} is {status}")
+            if permission is None:  # unshared, or the user left the project, since enqueue
+                raise VFolderUnavailable(f"vfolder {m['name']!r} may no longer be mounted by its user")
             try:
                 source = await self.storage.mount_path(m["host"], m["quota_scope_id"], m["id"])
             except BackendAIError as e:
@@ -776,8 +781,9 @@ class BackendAIManager(SingletonConfigurable):
             except OSError as e:
                 raise VFolderUnavailable(
                     f"vfolder {m['name']!r} on {m['host']} is unreachable: {e}") from None
+            # The permission of now: a share narrowed to ro since enqueue mounts ro.
             out.append({"source": source, "target": m["target"],
-                        "mode": "ro" if m["permission"] == "ro" else "rw"})
+                        "mode": "ro" if permission == "ro" else "rw"})
         return out
 
     def _kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str,
