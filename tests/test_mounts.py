@@ -42,6 +42,7 @@ from .inproc import (
     running_manager,
     wait_status,
 )
+from .test_storage_proxy import StorageDaemon
 
 HOST = "local:volume1"
 SLOTS = ResourceSlot(cpu="0.5", mem=256 * 2**20)
@@ -56,20 +57,21 @@ def _storage(tmp_path):
 
 
 async def make_folder(mgr, name: str, *, owner: str | None = None, project: str | None = None,
-                      permission: str = "rw", share: dict | None = None) -> tuple[str, str]:
+                      permission: str = "rw", share: dict | None = None,
+                      host: str = HOST) -> tuple[str, str]:
     """A ready vfolder of user ``owner`` or of ``project`` (name), optionally shared
     ``{username: permission}``; returns (id, its directory on the volume)."""
 
     def work(s):
         if project is not None:
             proj = s.scalar(select(Project).where(Project.name == project))
-            folder = VFolder(name=name, host=HOST, quota_scope_id=quota_scope_of_project(proj.id),
+            folder = VFolder(name=name, host=host, quota_scope_id=quota_scope_of_project(proj.id),
                              ownership_type="project", project_id=proj.id,
                              domain_name=proj.domain_name, permission=permission,
                              status=VFolderStatus.READY)
         else:
             user = s.scalar(select(User).where(User.username == owner))
-            folder = VFolder(name=name, host=HOST, quota_scope_id=quota_scope_of_user(user.id),
+            folder = VFolder(name=name, host=host, quota_scope_id=quota_scope_of_user(user.id),
                              ownership_type="user", user_id=user.id, domain_name=user.domain_name,
                              creator=user.email, permission=permission, status=VFolderStatus.READY)
         s.add(folder)
@@ -80,8 +82,8 @@ async def make_folder(mgr, name: str, *, owner: str | None = None, project: str 
         return folder.id, folder.quota_scope_id
 
     fid, scope = await mgr.db(work)
-    await mgr.storage.create_folder(HOST, scope, fid)
-    return fid, await mgr.storage.mount_path(HOST, scope, fid)
+    await mgr.storage.create_folder(host, scope, fid)
+    return fid, await mgr.storage.mount_path(host, scope, fid)
 
 
 def make_hub_folder(hub, username: str | None, name: str, project: str | None = None) -> tuple[str, str]:
@@ -424,5 +426,51 @@ def test_the_permission_at_start_decides(db_url, docker_image, tmp_path):
                 "ERROR", "failed to start: vfolder 'withdrawn' may no longer be mounted by its user")
             await mgr.destroy_session(ro_sid)
             await assert_nothing_left(mgr)
+
+    asyncio.run(run())
+
+
+def test_a_folder_on_a_storage_proxy_daemon(db_url, backend, tmp_path):
+    """A folder of a ``backendai-storage-proxy`` daemon (HTTP, its own volume): made
+    through it, mounted and written in a session; with the daemon gone, a start fails
+    with the reason and leaves nothing."""
+
+    async def run():
+        (tmp_path / "storage").mkdir()
+        daemon = StorageDaemon(tmp_path / "storage")
+        daemon.start()
+
+        def configure(c):
+            _storage(tmp_path)(c)
+            c.BackendAIManager.storage_proxies = {"remote": {"url": daemon.url, "token": daemon.token}}
+
+        try:
+            async with running_manager(db_url, tmp_path, backend, retries=0,
+                                       configure=configure) as mgr:
+                alice = await make_user(mgr)
+
+                def allow(s):
+                    d = s.get(Domain, "default")
+                    d.allowed_vfolder_hosts = {**d.allowed_vfolder_hosts,
+                                               "remote:volume1": ["mount-in-session"]}
+
+                await mgr.db(allow)
+                fid, path = await make_folder(mgr, "far", owner=alice, host="remote:volume1")
+                assert path.startswith(daemon.volumes["volume1"]["path"] + os.sep)
+                sess, logs = await run_batch(mgr, backend, alice, "echo over-http > far/out.txt",
+                                             ["far"], "remote")
+                assert sess.status == "TERMINATED", (sess.status_info, logs)
+                with open(os.path.join(path, "out.txt")) as f:
+                    assert f.read() == "over-http\n"
+
+                daemon.stop()
+                sess, _ = await run_batch(mgr, backend, alice, "true", ["far"], "unreachable")
+                assert sess.status == "ERROR"
+                assert sess.status_info.startswith(
+                    f"failed to start: vfolder 'far' on remote:volume1 is unreachable: "
+                    f"storage proxy at {daemon.url} failed"), sess.status_info
+                await assert_nothing_left(mgr)
+        finally:
+            daemon.stop()
 
     asyncio.run(run())
