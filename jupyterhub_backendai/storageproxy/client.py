@@ -292,15 +292,26 @@ class HTTPStorageClient(StorageClient):
         if not isinstance(path, str):
             raise InvalidRequest(f"a path must be a string, not {type(path).__name__}")
 
+        source_error: Exception | None = None
+
         async def body():
-            async for chunk in chunks:
-                yield chunk
+            nonlocal source_error
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except Exception as e:
+                source_error = e
+                raise
 
         try:
             async with self._http().put(url, params={"path": path}, data=body()) as resp:
                 await self._raise_for(resp)
                 return await resp.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError) as e:
+            if source_error is not None:
+                # the caller's chunks failed: the same error as in the hub (the daemon
+                # sees the request break off and drops the temp file)
+                raise source_error from None
             raise self._unreachable(e) from None
 
     async def download(self, volume, quota_scope_id, folder_id, path):
