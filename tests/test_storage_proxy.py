@@ -433,6 +433,19 @@ async def test_list_mkdir_rename_delete(env):
         await env.delete("")  # the folder itself
 
 
+async def test_names_are_kept_exactly(env):
+    names = [" spaced out ", "ü€.txt", "q?x#y%20z&path=..", "tab\there", "-"]
+    for n in names:
+        await env.upload(n, stream(n.encode()))
+    assert sorted(os.listdir(env.path)) == sorted(names)
+    assert [e["name"] for e in await env.list_files("")] == sorted(names)
+    for n in names:
+        assert await read_all(env, n) == n.encode()
+    await env.rename(" spaced out ", "  ")
+    await env.delete("  ")
+    assert "  " not in os.listdir(env.path)
+
+
 BAD_PATHS = ["../x", "a/../../x", "..", "/etc/passwd", "a\x00b"]
 
 
@@ -556,10 +569,16 @@ async def test_wrong_or_missing_token_is_401(daemon):
             assert r.headers["Content-Type"] == "application/problem+json"
             body = await r.json(content_type=None)
             assert body["status"] == 401 and body["error"] == "Unauthorized"
-        async with s.get(
-            daemon.url + "/v1/nothing", headers={"Authorization": f"Bearer {daemon.token}"}
-        ) as r:
+        auth = {"Authorization": f"Bearer {daemon.token}"}
+        async with s.get(daemon.url + "/v1/nothing", headers=auth) as r:
             assert r.status == 404 and (await r.json(content_type=None))["error"] == "NotFound"
+        url = f"{daemon.url}/v1/volumes/volume1/folders/user:{'a' * 32}/..%2F..%2Fetc/usage"
+        async with s.get(url, headers=auth) as r:
+            assert r.status == 400
+            assert r.headers["Content-Type"] == "application/problem+json"
+            body = await r.json(content_type=None)
+            assert body["error"] == "InvalidRequest" and body["status"] == 400
+            assert body["detail"] == "invalid folder id '../../etc'"
 
 
 async def test_unreachable_daemon_is_502():
