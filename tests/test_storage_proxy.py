@@ -304,6 +304,30 @@ async def test_download_equals_upload_streamed(env):
     assert env.leftovers() == []
 
 
+def open_fds_on(pid: int, path: str) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == path
+        except OSError:
+            pass
+    return n
+
+
+async def test_abandoned_download_closes_the_file(env, request):
+    data = os.urandom(8 * 1024 * 1024)
+    await env.upload("big", stream(data))
+    pid = request.getfixturevalue("daemon").proc.pid if env.kind == "http" else os.getpid()
+    target = os.path.join(env.path, "big")
+    size, chunks = await env.download("big")
+    first = await chunks.__anext__()
+    assert size == len(data) and data.startswith(first) and len(first) < size
+    assert open_fds_on(pid, target) == 1
+    await chunks.aclose()
+    await wait_until(lambda: open_fds_on(pid, target) == 0)
+    assert await read_all(env, "big") == data  # and the proxy still serves it
+
+
 async def test_failed_upload_keeps_the_old_file(env):
     await env.upload("a.txt", stream(b"old contents"))
 
