@@ -15,7 +15,7 @@ import os
 import signal
 
 from tornado import web
-from traitlets import Integer, Unicode
+from traitlets import Integer, Unicode, default
 from traitlets.config import Application
 
 from ..common.errors import BackendAIError
@@ -126,9 +126,13 @@ class AgentApp(Application):
         help="Redis URL of the event bus shared with the managers.",
     ).tag(config=True)
     token = Unicode(
-        os.environ.get("BACKENDAI_AGENT_TOKEN", ""),
         help="Shared secret the manager presents (env BACKENDAI_AGENT_TOKEN).",
     ).tag(config=True)
+
+    @default("token")
+    def _token_default(self):
+        # Read when first used, not at import: `--help-all` must not print the secret.
+        return os.environ.get("BACKENDAI_AGENT_TOKEN", "")
     aliases = {
         "config": "AgentApp.config_file",
         "port": "AgentApp.listen_port",
