@@ -54,6 +54,9 @@ async def running_manager(db_url: str, tmp_path, backend: str, *, slots=None, re
         c.BackendAIManager.schedule_interval = 0.2
         c.BackendAIManager.status_poll_interval = 0.05
         c.BackendAIManager.start_retries = retries
+        # The in-hub storage proxy's volume, out of the checkout.
+        c.BackendAIManager.storage_volumes = {
+            "volume1": {"backend": "vfs", "path": str(tmp_path / "vfroot" / "volume1")}}
         agent_config(c, tmp_path, backend, slots=slots or {"cpu": 4, "mem": "8g"}, name="a")
         if configure:
             configure(c)

@@ -34,6 +34,10 @@ c.BackendAIManager.db_url = os.environ.get(
     "BACKENDAI_DB_URL", "sqlite:///" + os.path.join(state, "backendai.sqlite")
 )
 c.Agent.state_dir = os.path.join(state, "agent")
+# Vfolders of the in-hub storage proxy "local" (docs/storage.md).
+c.BackendAIManager.storage_volumes = {
+    "volume1": {"backend": "vfs", "path": os.path.join(state, "vfroot", "volume1")}
+}
 c.Agent.backend = os.environ.get("BACKENDAI_AGENT_BACKEND", "auto")
 if os.environ.get("BACKENDAI_AGENT_ID"):
     c.Agent.agent_id = os.environ["BACKENDAI_AGENT_ID"]
