@@ -9,12 +9,15 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 
 
 def free_port() -> int:
@@ -35,6 +38,17 @@ def wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = No
     raise TimeoutError(f"port {port} did not open in {timeout} s")
 
 
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 15 s; waits for the exit."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Service:
     def __init__(self, name: str):
         self.name = name
@@ -43,13 +57,7 @@ class Service:
         self.port = free_port()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -135,3 +143,60 @@ class Etcd(Service):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_port(self.port, proc=self.proc)
+
+
+STORAGE_PROXY_BIN = os.path.join(os.path.dirname(sys.executable), "backendai-storage-proxy")
+
+
+class StorageDaemon:
+    """A ``backendai-storage-proxy`` subprocess serving ``volume1`` and ``volume2``
+    under ``root``, configured through a config file; stopped by its PID."""
+
+    def __init__(self, root: str):
+        self.root = str(root)
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.volumes = {
+            name: {"backend": "vfs", "path": os.path.join(self.root, name)}
+            for name in ("volume1", "volume2")
+        }
+        self.config = os.path.join(self.root, "storage_config.py")
+        self.log = os.path.join(self.root, "storage-proxy.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> None:
+        with open(self.config, "w") as f:
+            f.write(f"c.StorageProxyApp.volumes = {self.volumes!r}\n")
+            f.write(f"c.StorageProxyApp.listen_port = {self.port}\n")
+        env = dict(os.environ, BACKENDAI_STORAGE_TOKEN=self.token)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [STORAGE_PROXY_BIN, "--config", self.config], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while True:  # ready when the API answers, not merely when the port opens
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"storage proxy exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                req = urllib.request.Request(
+                    self.url + "/v1/volumes", headers={"Authorization": f"Bearer {self.token}"}
+                )
+                with urllib.request.urlopen(req, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"storage proxy not ready in {timeout} s: {self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        stop_process(self.proc)

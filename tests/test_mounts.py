@@ -42,7 +42,7 @@ from .inproc import (
     running_manager,
     wait_status,
 )
-from .test_storage_proxy import StorageDaemon
+from .services import StorageDaemon
 
 HOST = "local:volume1"
 SLOTS = ResourceSlot(cpu="0.5", mem=256 * 2**20)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -37,71 +34,7 @@ from jupyterhub_backendai.storageproxy.client import (
 )
 from jupyterhub_backendai.storageproxy.volumes import make_volumes
 
-from .services import free_port
-
-BIN = os.path.join(os.path.dirname(sys.executable), "backendai-storage-proxy")
-
-
-class StorageDaemon:
-    """A ``backendai-storage-proxy`` subprocess serving ``volume1`` and ``volume2``
-    under ``root``, configured through a config file; stopped by its PID."""
-
-    def __init__(self, root: str):
-        self.root = str(root)
-        self.port = free_port()
-        self.token = secrets.token_hex(16)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.volumes = {
-            name: {"backend": "vfs", "path": os.path.join(self.root, name)}
-            for name in ("volume1", "volume2")
-        }
-        self.config = os.path.join(self.root, "storage_config.py")
-        self.log = os.path.join(self.root, "storage-proxy.log")
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 30) -> None:
-        with open(self.config, "w") as f:
-            f.write(f"c.StorageProxyApp.volumes = {self.volumes!r}\n")
-            f.write(f"c.StorageProxyApp.listen_port = {self.port}\n")
-        env = dict(os.environ, BACKENDAI_STORAGE_TOKEN=self.token)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [BIN, "--config", self.config], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + timeout
-        while True:  # ready when the API answers, not merely when the port opens
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"storage proxy exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                import urllib.request
-
-                req = urllib.request.Request(
-                    self.url + "/v1/volumes", headers={"Authorization": f"Bearer {self.token}"}
-                )
-                with urllib.request.urlopen(req, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"storage proxy not ready in {timeout} s: {self.tail()}")
-            time.sleep(0.05)
-
-    def tail(self) -> str:
-        try:
-            with open(self.log, errors="replace") as f:
-                return f.read()[-2000:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from .services import STORAGE_PROXY_BIN, StorageDaemon, free_port
 
 
 @pytest.fixture(scope="module")
@@ -618,7 +551,7 @@ async def test_unreachable_daemon_is_502():
 async def test_daemon_refuses_to_start_without_token(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "BACKENDAI_STORAGE_TOKEN"}
     r = subprocess.run(
-        [BIN, f"--StorageProxyApp.volumes={{'v': {{'path': '{tmp_path}'}}}}", "--port", str(free_port())],
+        [STORAGE_PROXY_BIN, f"--StorageProxyApp.volumes={{'v': {{'path': '{tmp_path}'}}}}", "--port", str(free_port())],
         env=env, capture_output=True, text=True, timeout=30,
     )
     assert r.returncode != 0 and "token" in r.stderr
@@ -628,7 +561,7 @@ async def test_daemon_refuses_an_unknown_backend(tmp_path):
     conf = tmp_path / "bad.py"
     conf.write_text(f"c.StorageProxyApp.volumes = {{'v': {{'backend': 'xfs', 'path': '{tmp_path}'}}}}\n")
     r = subprocess.run(
-        [BIN, "--config", str(conf), "--port", str(free_port())],
+        [STORAGE_PROXY_BIN, "--config", str(conf), "--port", str(free_port())],
         env=dict(os.environ, BACKENDAI_STORAGE_TOKEN="t"), capture_output=True, text=True, timeout=30,
     )
     assert r.returncode != 0 and "unknown backend 'xfs'" in r.stderr
