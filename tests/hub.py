@@ -147,6 +147,12 @@ class Hub:
         raise TimeoutError(f"server {user}/{server} did not stop")
 
     @property
+    def volume_path(self) -> str:
+        """The in-hub storage proxy's volume "volume1" (the packaged config keeps it in
+        the state directory)."""
+        return os.path.join(self.env["BACKENDAI_STATE_DIR"], "vfroot", "volume1")
+
+    @property
     def agent_id(self) -> str:
         return self.env["BACKENDAI_AGENT_ID"]
 

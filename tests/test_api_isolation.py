@@ -91,7 +91,7 @@ class World:
                 s.add(VFolderPermissionRow(vfolder_id=f.id, user_id=share[0]["id"],
                                            permission=share[1]))
             fid, scope = f.id, f.quota_scope_id
-        path = os.path.join(self.hub.dir, "backendai-vfroot", "volume1", *scope.split(":"), fid)
+        path = os.path.join(self.hub.volume_path, *scope.split(":"), fid)
         os.makedirs(path)
         if file:
             with open(os.path.join(path, file), "w") as fh:
@@ -419,7 +419,7 @@ def _body(world: World, spec_body, role: str):
 
 def volume_files(hub) -> list[tuple[str, int]]:
     """Every entry on the hub's storage volume, with its size."""
-    root = os.path.join(hub.dir, "backendai-vfroot", "volume1")
+    root = hub.volume_path
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         for n in dirnames + filenames:

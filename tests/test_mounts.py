@@ -88,8 +88,7 @@ async def make_folder(mgr, name: str, *, owner: str | None = None, project: str 
 
 def make_hub_folder(hub, username: str | None, name: str, project: str | None = None) -> tuple[str, str]:
     """A ready vfolder of ``username`` (or of ``project``, a name) in a running hub's
-    record and on its storage volume (the hub's default, ./backendai-vfroot/volume1 in
-    its folder); returns (id, path)."""
+    record and on its storage volume (``hub.volume_path``); returns (id, path)."""
     engine = make_engine(hub.db_url)
     try:
         with make_sessionmaker(engine).begin() as s:
@@ -108,7 +107,7 @@ def make_hub_folder(hub, username: str | None, name: str, project: str | None = 
             fid, scope = folder.id, folder.quota_scope_id
     finally:
         engine.dispose()
-    volume = VFSVolume("volume1", os.path.join(hub.dir, "backendai-vfroot", "volume1"))
+    volume = VFSVolume("volume1", hub.volume_path)
     volume.create_folder(scope, fid)
     return fid, volume.folder_path(scope, fid)
 

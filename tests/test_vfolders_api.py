@@ -26,8 +26,7 @@ def uid() -> str:
 
 
 def volume_root(hub) -> str:
-    # The hub runs in its directory and keeps the default volume: ./backendai-vfroot/volume1.
-    return os.path.join(hub.dir, "backendai-vfroot", "volume1")
+    return hub.volume_path
 
 
 def folder_dir(hub, f: dict) -> str:
@@ -198,7 +197,11 @@ def test_delete_while_mounted_is_refused(lab, api_hub):
     c = u["client"]
     f = c.ok("POST", "/vfolders", json={"name": "busy"})
     kp = lab.sa.ok("GET", "/keypairs", params={"user_id": u["id"]})["items"][0]
-    sid = park_session(api_hub, {**u, "keypair": kp}, group="default")
+    # A group without agents: the session stays PENDING (in "default" the scheduler
+    # would place and run it while the test compares the record before and after).
+    r = lab.sa("POST", "/resource-groups", json={"name": "vf-parked"})
+    assert r.status_code in (201, 409), r.text
+    sid = park_session(api_hub, {**u, "keypair": kp}, group="vf-parked")
     with api_hub.sm.begin() as s:
         s.get(Session, sid).vfolder_mounts = [{"id": f["id"], "name": "busy"}]
     before = snapshot(api_hub), tree(api_hub)
