@@ -128,6 +128,8 @@ class BackendAISpawner(Spawner):
     ).tag(config=True)
 
     session_id = None
+    # The last activity time passed to the manager (see poll).
+    _reported_activity = None
     _image = None
     _slots = None
     _project = None
@@ -369,7 +371,24 @@ class BackendAISpawner(Spawner):
         if sess.status in DEAD_STATUSES:
             code = sess.kernels[0].exit_code if sess.kernels else None
             return code if code not in (None, 0) else 1
+        await self._report_activity()
         return None
+
+    async def _report_activity(self) -> None:
+        """Tell the manager the newest activity the hub knows of this server (its
+        activity reports and proxy traffic), for the keypair policy's idle_timeout.
+        Only when it moved since the last report: most polls write nothing."""
+        orm = self.orm_spawner
+        last = getattr(orm, "last_activity", None) if orm is not None else None
+        if last is None or (self._reported_activity is not None and last <= self._reported_activity):
+            return
+        try:
+            await self.manager.record_activity(self.session_id, last)
+        except Exception:
+            # A missed report only delays the idle check; the next poll tries again.
+            self.log.warning("could not record activity of session %s", self.session_id, exc_info=True)
+            return
+        self._reported_activity = last
 
     async def stop(self, now=False):
         if not self.session_id:
@@ -390,6 +409,7 @@ class BackendAISpawner(Spawner):
     def clear_state(self):
         super().clear_state()
         self.session_id = None
+        self._reported_activity = None
 
 
 def _whole_number(name: str, value) -> int:

@@ -16,7 +16,7 @@ from decimal import Decimal
 from urllib.parse import urlsplit
 
 from prometheus_client import Counter
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import selectinload
 from traitlets import Bool, Dict, Float, Integer, Unicode, default
 from traitlets.config import SingletonConfigurable
@@ -43,7 +43,17 @@ from ..common.types import (
     VFolderOwnership,
     VFolderStatus,
 )
-from ..models import Agent, Kernel, Project, ResourceGroup, Session, User, VFolder
+from ..models import (
+    Agent,
+    Kernel,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    ResourceGroup,
+    Session,
+    User,
+    VFolder,
+)
 from ..models.base import utcnow
 from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
 from ..scheduler import (
@@ -130,6 +140,17 @@ class BackendAIManager(SingletonConfigurable):
         its slots released and the reason in its status; after that it ends in
         ERROR with the reason.""",
     ).tag(config=True)
+    lifetime_check_interval = Float(
+        10.0,
+        help="""Seconds between checks of the keypair policies' idle_timeout and
+        max_session_lifetime (done in the scheduler loop, so at most as often as
+        it runs: see schedule_interval). A session past either is ended with the
+        reason in its status_info: an idle interactive session TERMINATED, a
+        session past its lifetime TERMINATED (interactive) or ERROR/FAILURE
+        (batch, as a batch timeout). Idleness counts from the newest activity the
+        hub reported for the user's server (Session.last_activity), or from
+        RUNNING when there was none; batch sessions are never idle.""",
+    ).tag(config=True)
 
     storage_proxies = Dict(
         help="""Storage proxy daemons (cluster mode) by name:
@@ -170,6 +191,8 @@ class BackendAIManager(SingletonConfigurable):
         self._batch_timers: dict[str, asyncio.Task] = {}
         self._bg: set[asyncio.Task] = set()
         self._expiring: set[str] = set()  # batch sessions being ended for their timeout
+        self._ending: set[str] = set()  # sessions being ended for their keypair policy's limits
+        self._lifetime_checked = 0.0  # loop time of the last idle/lifetime sweep
         self._destroying: dict[str, asyncio.Future] = {}  # session id -> its destroy in flight
         self._loop_task: asyncio.Task | None = None
         self._started: asyncio.Future | None = None
@@ -391,6 +414,7 @@ class BackendAIManager(SingletonConfigurable):
             await self.db(_touch_agent, agent_id)
         await asyncio.to_thread(lost_agents, self.sm, self.agent_lost_timeout)
         await self._expire_batches()
+        await self._enforce_lifetimes()
         groups = await self.db(
             lambda s: list(s.scalars(select(ResourceGroup.name).where(ResourceGroup.is_active)))
         )
@@ -940,6 +964,55 @@ class BackendAIManager(SingletonConfigurable):
             self._bg.add(task)
             task.add_done_callback(lambda t, sid=sid: (self._bg.discard(t), self._expiring.discard(sid)))
 
+    # -- keypair policy limits: idle_timeout, max_session_lifetime --------------------
+
+    async def record_activity(self, sid: str, when: dt.datetime) -> bool:
+        """Note activity of session ``sid`` at ``when`` (naive means UTC).
+
+        Only ever moves ``last_activity`` forward: a late or repeated report of
+        older activity changes nothing. True when the record moved.
+        """
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+
+        def work(s):
+            return s.execute(
+                update(Session)
+                .where(
+                    Session.id == sid,
+                    or_(Session.last_activity.is_(None), Session.last_activity < when),
+                )
+                .values(last_activity=when)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+
+        return bool(await self.db(work))
+
+    async def _enforce_lifetimes(self, force: bool = False) -> list[str]:
+        """End RUNNING sessions past their keypair policy's max_session_lifetime, and
+        interactive ones idle longer than its idle_timeout; at most every
+        ``lifetime_check_interval`` seconds unless ``force``. Returns the ids being ended.
+
+        Another manager may find the same sessions: ``destroy_session`` of a session
+        already dead does nothing, so each is ended once.
+        """
+        loop_now = asyncio.get_running_loop().time()
+        if not force and loop_now - self._lifetime_checked < self.lifetime_check_interval:
+            return []
+        self._lifetime_checked = loop_now
+        found = await self.db_read(_past_policy_limits, utcnow())
+        ending = []
+        for sid, status, info, result in found:
+            if sid in self._ending or sid in self._destroying:
+                continue
+            self._ending.add(sid)
+            ending.append(sid)
+            self.log.info("ending session %s: %s", sid, info)
+            task = asyncio.create_task(self.destroy_session(sid, status, info, result=result))
+            self._bg.add(task)
+            task.add_done_callback(lambda t, sid=sid: (self._bg.discard(t), self._ending.discard(sid)))
+        return ending
+
     async def session_logs(self, sid: str, kernel_idx: int = 0) -> str:
         """A kernel's output (the main one by default): live from its agent while it
         runs, else what was kept when it ended ("" when nothing was)."""
@@ -1283,6 +1356,51 @@ def _end_of_kernel(session_type: str, role: str, hostname: str, code: int | None
     if code == 0:
         return SessionStatus.TERMINATED, SUCCESS, "kernel exited with code 0"
     return SessionStatus.ERROR, FAILURE, f"kernel exited with code {code}"
+
+
+def _past_policy_limits(s, now: dt.datetime) -> list[tuple[str, str, str, str]]:
+    """(session id, status, reason, result) of each RUNNING session past its keypair
+    policy's max_session_lifetime or idle_timeout, found by one query.
+
+    The query keeps only sessions whose policy sets a limit that applies to them;
+    the times come from the JSON status history, compared here (the same on
+    SQLite and PostgreSQL).
+    """
+    policy = KeypairResourcePolicy
+    rows = s.execute(
+        select(
+            Session.id, Session.session_type, Session.status_history, Session.last_activity,
+            policy.max_session_lifetime, policy.idle_timeout,
+        )
+        .join(Keypair, Keypair.access_key == Session.access_key)
+        .join(policy, policy.name == Keypair.resource_policy)
+        .where(
+            Session.status == SessionStatus.RUNNING,
+            or_(
+                policy.max_session_lifetime > 0,
+                (policy.idle_timeout > 0) & (Session.session_type != BATCH),
+            ),
+        )
+    )
+    out = []
+    for sid, stype, history, last_activity, lifetime, idle in rows:
+        since = (history or {}).get(SessionStatus.RUNNING)
+        if not since:
+            continue
+        running_since = dt.datetime.fromisoformat(since)
+        if lifetime and running_since + dt.timedelta(seconds=lifetime) <= now:
+            info = f"reached max_session_lifetime ({lifetime} s, keypair policy)"
+            if stype == BATCH:
+                out.append((sid, SessionStatus.ERROR, info, FAILURE))
+            else:
+                out.append((sid, SessionStatus.TERMINATED, info, SUCCESS))
+            continue
+        if idle and stype != BATCH:
+            active = max(running_since, last_activity) if last_activity else running_since
+            if active + dt.timedelta(seconds=idle) <= now:
+                info = f"idle for more than {idle} s (keypair policy idle_timeout)"
+                out.append((sid, SessionStatus.TERMINATED, info, SUCCESS))
+    return out
 
 
 def _lock_session(s, sid: str) -> Session | None:

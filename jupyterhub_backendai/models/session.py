@@ -59,6 +59,9 @@ class Session(Base):
     result: Mapped[str] = mapped_column(String(16), default="UNDEFINED")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     terminated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Newest activity known (the hub's record of the user's server): the keypair
+    # policy's idle_timeout counts from here, or from RUNNING when never set.
+    last_activity: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     kernels: Mapped[list[Kernel]] = relationship(
         back_populates="session", order_by="Kernel.cluster_idx"
