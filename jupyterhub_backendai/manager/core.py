@@ -149,7 +149,10 @@ class BackendAIManager(SingletonConfigurable):
         session past its lifetime TERMINATED (interactive) or ERROR/FAILURE
         (batch, as a batch timeout). Idleness counts from the newest activity the
         hub reported for the user's server (Session.last_activity), or from
-        RUNNING when there was none; batch sessions are never idle.""",
+        RUNNING when there was none; batch sessions are never idle. Activity
+        reaches the manager up to c.JupyterHub.last_activity_interval (300 s)
+        plus c.Spawner.poll_interval (30 s) late: keep idle_timeout well above
+        both, or lower them.""",
     ).tag(config=True)
 
     storage_proxies = Dict(
