@@ -23,7 +23,7 @@ ADMIN_PASSWORD = "admin-pass-123"
 
 class Hub:
     def __init__(self, *, db_url: str, backend: str, slots: dict | None = None, extra_env=None,
-                 config: str | None = None):
+                 config: str | None = None, extra_args: list[str] | tuple = ()):
         self.dir = tempfile.mkdtemp(prefix="bai-hub-")
         self.port = free_port()
         self.api_port = free_port()
@@ -49,6 +49,8 @@ class Hub:
         if backend == "local":
             self.env["BACKENDAI_HUB_API_IP"] = "127.0.0.1"
         self.config = config
+        # Command-line options for the hub (they win over the packaged config file).
+        self.extra_args = list(extra_args)
         self.db_url = db_url
         self.backend = backend
         self.image = KERNEL_IMAGE if backend == "docker" else "local/python"
@@ -57,7 +59,7 @@ class Hub:
 
     def start(self) -> Hub:
         log = open(os.path.join(self.dir, "hub.log"), "ab")
-        args = [sys.executable, "-m", "jupyterhub_backendai.launcher"]
+        args = [sys.executable, "-m", "jupyterhub_backendai.launcher", *self.extra_args]
         if self.config:
             args += ["-f", self.config]
         self.proc = subprocess.Popen(args, env=self.env, cwd=self.dir, stdout=log, stderr=log,

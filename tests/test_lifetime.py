@@ -11,7 +11,6 @@ import asyncio
 import datetime as dt
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -27,7 +26,6 @@ from jupyterhub_backendai.models.db import make_engine
 from .conftest import _kill_local_kernels
 from .hub import Hub
 from .inproc import DEAD, assert_nothing_left, image_for, make_user, running_manager, wait_status
-from .services import wait_port
 
 SLOTS = ResourceSlot(cpu="0.5", mem=512 * 2**20)
 
@@ -262,32 +260,12 @@ def test_two_managers_end_a_session_once(db_url, tmp_path):
     asyncio.run(run())
 
 
-class ActivityHub(Hub):
-    """The packaged hub with activity noticed within a second and polls every second
-    (command-line options, which the packaged config file leaves in force)."""
-
-    ARGS = ["--JupyterHub.last_activity_interval=1", "--Spawner.poll_interval=1"]
-
-    def start(self) -> ActivityHub:
-        log = open(os.path.join(self.dir, "hub.log"), "ab")
-        args = [sys.executable, "-m", "jupyterhub_backendai.launcher", *self.ARGS]
-        self.proc = subprocess.Popen(args, env=self.env, cwd=self.dir, stdout=log, stderr=log,
-                                     start_new_session=True)
-        wait_port(self.port, timeout=60, proc=self.proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.base + "/hub/api/", timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("hub did not answer\n" + self.log())
-
-
 @pytest.fixture
 def activity_hub(db_url):
-    hub = ActivityHub(db_url=db_url, backend="local")
+    # Activity noticed within a second and polls every second (command-line options,
+    # which the packaged config file leaves in force).
+    hub = Hub(db_url=db_url, backend="local",
+              extra_args=["--JupyterHub.last_activity_interval=1", "--Spawner.poll_interval=1"])
     try:
         yield hub.start()
     finally:
