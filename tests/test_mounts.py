@@ -48,14 +48,6 @@ HOST = "local:volume1"
 SLOTS = ResourceSlot(cpu="0.5", mem=256 * 2**20)
 
 
-def _storage(tmp_path):
-    def configure(c):
-        c.BackendAIManager.storage_volumes = {
-            "volume1": {"backend": "vfs", "path": str(tmp_path / "vfroot" / "volume1")}
-        }
-    return configure
-
-
 async def make_folder(mgr, name: str, *, owner: str | None = None, project: str | None = None,
                       permission: str = "rw", share: dict | None = None,
                       host: str = HOST) -> tuple[str, str]:
@@ -133,7 +125,7 @@ def _docker_mounts(container_id: str) -> list[dict]:
 
 def test_rw_folder_written_in_session_appears_on_volume(db_url, backend, tmp_path):
     async def run():
-        async with running_manager(db_url, tmp_path, backend, configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, backend) as mgr:
             alice = await make_user(mgr)
             fid, path = await make_folder(mgr, "data", owner=alice)
             sess, logs = await run_batch(
@@ -160,7 +152,7 @@ def test_rw_folder_written_in_session_appears_on_volume(db_url, backend, tmp_pat
 
 def test_shared_ro_folder_readable_not_writable(db_url, backend, tmp_path):
     async def run():
-        async with running_manager(db_url, tmp_path, backend, configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, backend) as mgr:
             alice = await make_user(mgr)
             bob = await make_user(mgr, "bob@example.com")
             fid, path = await make_folder(mgr, "notes", owner=bob, share={alice: "ro"})
@@ -186,7 +178,7 @@ def test_docker_bind_mounts_are_read_only_for_ro(db_url, docker_image, tmp_path)
     """The container's mounts as Docker reports them: rw and ro binds of the volume's folders."""
 
     async def run():
-        async with running_manager(db_url, tmp_path, "docker", configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, "docker") as mgr:
             alice = await make_user(mgr)
             bob = await make_user(mgr, "bob@example.com")
             own, own_path = await make_folder(mgr, "mine", owner=alice)
@@ -210,7 +202,7 @@ def test_docker_bind_mounts_are_read_only_for_ro(db_url, docker_image, tmp_path)
 
 def test_two_users_see_the_same_project_folder(db_url, backend, tmp_path):
     async def run():
-        async with running_manager(db_url, tmp_path, backend, configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, backend) as mgr:
             alice = await make_user(mgr)
             bob = await make_user(mgr, "bob@example.com")
             fid, path = await make_folder(mgr, "team", project="default")
@@ -229,7 +221,7 @@ def test_two_users_see_the_same_project_folder(db_url, backend, tmp_path):
 
 def test_folders_the_user_may_not_mount_are_refused(db_url, backend, tmp_path):
     async def run():
-        async with running_manager(db_url, tmp_path, backend, configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, backend) as mgr:
             alice = await make_user(mgr)
             carol = await make_user(mgr, "carol@example.com")
             private, _ = await make_folder(mgr, "secret", owner=carol)
@@ -262,7 +254,7 @@ def test_folders_the_user_may_not_mount_are_refused(db_url, backend, tmp_path):
 
 def test_every_kernel_of_a_multi_kernel_session_has_the_mount(db_url, backend, tmp_path):
     async def run():
-        async with running_manager(db_url, tmp_path, backend, configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, backend) as mgr:
             alice = await make_user(mgr, max_containers=2)
             fid, path = await make_folder(mgr, "data", owner=alice)
             with open(os.path.join(path, "input.txt"), "w") as f:
@@ -296,8 +288,7 @@ def test_every_kernel_of_a_multi_kernel_session_has_the_mount(db_url, backend, t
 
 def test_a_folder_deleted_before_the_start_fails_it(db_url, backend, tmp_path):
     async def run():
-        async with running_manager(db_url, tmp_path, backend, retries=0,
-                                   configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, backend, retries=0) as mgr:
             alice = await make_user(mgr)
             fid, _ = await make_folder(mgr, "data", owner=alice)
             # Queued now, placed later: the folder goes in between.
@@ -319,7 +310,7 @@ def test_check_mounts_matches_enqueue(db_url, tmp_path):
     """What the spawner asks before creating anything: the same resolution as enqueue."""
 
     async def run():
-        async with running_manager(db_url, tmp_path, "local", configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, "local") as mgr:
             alice = await make_user(mgr)
             fid, _ = await make_folder(mgr, "mine", owner=alice)
             pid, _ = await make_folder(mgr, "team", project="default", permission="ro")
@@ -394,8 +385,7 @@ def test_the_permission_at_start_decides(db_url, docker_image, tmp_path):
     withdrawn fails the start with the reason."""
 
     async def run():
-        async with running_manager(db_url, tmp_path, "docker", retries=0,
-                                   configure=_storage(tmp_path)) as mgr:
+        async with running_manager(db_url, tmp_path, "docker", retries=0) as mgr:
             alice = await make_user(mgr)
             bob = await make_user(mgr, "bob@example.com")
             narrowed, _ = await make_folder(mgr, "narrowed", owner=bob, share={alice: "rw"})
@@ -440,7 +430,6 @@ def test_a_folder_on_a_storage_proxy_daemon(db_url, backend, tmp_path):
         daemon.start()
 
         def configure(c):
-            _storage(tmp_path)(c)
             c.BackendAIManager.storage_proxies = {"remote": {"url": daemon.url, "token": daemon.token}}
 
         try:
