@@ -14,7 +14,9 @@ memory, write, commit), and ``check_consistency`` at the end.
 
 ``--db postgres`` starts a throwaway PostgreSQL (tests/services.py); any other
 value is the SQLAlchemy URL of an empty database. The last line is
-``agents=<n> pending=<n> placed=<n> seconds=<f> placements_per_s=<f>``.
+``agents=<n> pending=<n> placed=<n> seconds=<f> placements_per_s=<f> waiting=<n>
+idle_loop_s=<f>`` (idle_loop_s: the median cost of the loop's pass once the queue
+cannot move, which is skipped as nothing changed).
 """
 
 from __future__ import annotations
@@ -134,6 +136,15 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         placed += len(got)
         if not got:
             break
+    # The scheduler loop keeps calling while the queue cannot move: those passes are
+    # skipped (nothing changed). Their cost, as the manager's loop pays it each interval:
+    idle = []
+    for _ in range(5):
+        t = time.perf_counter()
+        assert dispatcher.schedule_pass(sm, "default") == []
+        idle.append(time.perf_counter() - t)
+        assert dispatcher.LAST_PASS["skipped"], "an idle pass was not skipped"
+    idle.sort()
     problems = dispatcher.check_consistency(sm)
     engine.dispose()
     seconds = sum(p["total_s"] for p in passes)
@@ -147,7 +158,8 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         decide_us_per_placement=1e6 * decide / placed if placed else 0.0,
         decide_us_per_session=1e6 * sum(p["decide_s"] for p in passes) / considered
         if considered else 0.0,
-        first_pass=passes[0], last_pass=passes[-1],
+        first_pass=passes[0], last_pass=passes[-1], idle_loop_s=idle[len(idle) // 2],
+        waiting=pending - placed,
     )
     if verbose:
         for i, p in enumerate(passes):
@@ -158,6 +170,8 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         print(f"  setup {setup_s:.1f}s; decide {out['decide_us_per_placement']:.1f} us per "
               f"placement, {out['decide_us_per_session']:.1f} us per session considered; "
               f"consistency: {'ok' if not problems else problems[:3]}")
+        print(f"  idle loop (skipped pass) with {pending - placed} waiting: "
+              f"median {out['idle_loop_s']:.4f}s, max {idle[-1]:.4f}s")
     return out
 
 
@@ -271,7 +285,8 @@ def main() -> None:
     finally:
         dbs.close()
     print(f"agents={last['agents']} pending={last['pending']} placed={last['placed']} "
-          f"seconds={last['seconds']:.3f} placements_per_s={last['placements_per_s']:.1f}")
+          f"seconds={last['seconds']:.3f} placements_per_s={last['placements_per_s']:.1f} "
+          f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f}")
 
 
 if __name__ == "__main__":

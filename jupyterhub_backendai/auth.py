@@ -3,19 +3,23 @@
 Only active users of active domains log in; an inactive account gets a 403 with
 a message that says so, rather than a generic failure. Superadmins become
 JupyterHub admins and projects become JupyterHub groups named
-``<domain>.<project>`` (``manage_groups``; project names are unique per domain only).
+``<domain>:<project>`` (``manage_groups``; project names are unique per domain only).
 """
 
 from __future__ import annotations
 
-from jupyterhub.auth import Authenticator
-from tornado import web
-from traitlets import default
+import secrets
 
+from jupyterhub.auth import Authenticator
+from sqlalchemy import select
+from tornado import web
+from traitlets import Unicode, default
+
+from .common.errors import BackendAIError
 from .common.types import UserRole, UserStatus
 from .manager import tenancy
 from .manager.core import BackendAIManager
-from .models import Domain
+from .models import Domain, User
 
 
 class BackendAIAuthenticator(Authenticator):
@@ -36,44 +40,181 @@ class BackendAIAuthenticator(Authenticator):
         super().__init__(**kw)
         # Start the manager with the hub, so that it reconciles before the hub polls servers.
         self.manager.ensure_started()
+        # Our templates (navigation link, /hub/backendai/ pages) before JupyterHub's own.
+        from .pages import add_template_path
+
+        add_template_path(self.parent)
 
     def get_handlers(self, app):
-        """The admin REST API under ``<base_url>hub/api/backendai/`` (docs/api.md)."""
+        """The admin REST API under ``<base_url>hub/api/backendai/`` (docs/api.md) and
+        the pages under ``<base_url>hub/backendai/`` (jupyterhub_backendai.pages)."""
+        from . import pages
         from .api import get_handlers
 
-        return super().get_handlers(app) + get_handlers()
+        return super().get_handlers(app) + get_handlers() + pages.get_handlers()
 
     @property
     def manager(self) -> BackendAIManager:
         return BackendAIManager.instance(config=self.config)
 
+    # -- the record decides, on every request (deactivation takes effect at once) ---------
+
+    @default("auth_refresh_age")
+    def _auth_refresh_age_default(self):
+        # How old the hub's idea of a user may get before refresh_user runs again. The
+        # admin API also revokes tokens and cookies when it deactivates someone; this
+        # catches changes made behind the hub's back (backendai-admin, SQL).
+        return 60
+
+    @default("auth_refresh_strict")
+    def _auth_refresh_strict_default(self):
+        # A token-authenticated request of a user whose refresh failed is refused too.
+        return True
+
+    @default("refresh_pre_spawn")
+    def _refresh_pre_spawn_default(self):
+        # Every spawn (the form and JupyterHub's REST API) re-checks the record first.
+        return True
+
+    async def refresh_user(self, user, handler=None):
+        """The user's current record: False (log in again; tokens refused) when the
+        Backend.AI user is gone, not active, or in an inactive domain; otherwise their
+        admin flag and project groups as the record has them now."""
+        await self.manager.ready()
+        name = user.name
+
+        def check(s):
+            u = s.scalar(select(User).where(User.username == name))
+            if u is None or u.status != UserStatus.ACTIVE:
+                return None
+            domain = s.get(Domain, u.domain_name)
+            if domain is None or not domain.is_active:
+                return None
+            return {
+                "name": name,
+                "admin": u.role == UserRole.SUPERADMIN,
+                "groups": sorted(hub_group(p.domain_name, p.name) for p in u.projects
+                                 if p.is_active),
+            }
+
+        found = await self.manager.db_read(check)
+        if found is None:
+            self.log.warning("%s: no active Backend.AI user (or domain) any more", name)
+            return False
+        return found
+
+    added_user_email_domain = Unicode(
+        "localhost",
+        config=True,
+        help="""Users added through JupyterHub's admin page (or its REST API, POST
+        /hub/api/users) become Backend.AI users of the default domain and project with
+        the email address ``<name>@<added_user_email_domain>`` and no password: they
+        log in once an admin sets one (``backendai-admin reset-password`` or PATCH
+        /hub/api/backendai/users/<id>).""",
+    )
+
+    async def add_user(self, user):
+        """JupyterHub's "Add Users": make a real Backend.AI user (default domain and
+        project, no usable password until one is set). A user the record already knows
+        (JupyterHub calls this after every first login) is left as it is; so is every
+        hub account at hub start (JupyterHub calls this for all of them): only a user
+        added while the hub runs is created."""
+        super().add_user(user)
+        app = self.parent
+        started = getattr(app, "_start_future", None)
+        if started is not None and not started.done():
+            return
+        await self.manager.ready()
+        name = user.name
+        email = f"{name}@{self.added_user_email_domain}"
+
+        def make(s):
+            if s.scalar(select(User).where(User.username == name)):
+                return False
+            if not tenancy.USERNAME_RE.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a valid Backend.AI user name (lowercase letters, digits, "
+                    "'.', '_', '-')")
+            if s.scalar(select(User).where(User.email == email)):
+                raise ValueError(f"a Backend.AI user with email {email!r} exists")
+            u, _kp, _secret = tenancy.create_user(
+                s, email=email, password=secrets.token_urlsafe(16), username=name)
+            u.password = NO_PASSWORD  # no bcrypt hash: nothing logs in until one is set
+            u.need_password_change = True
+            return True
+
+        try:
+            made = await self.manager.db(make)
+        except BackendAIError as e:
+            raise ValueError(e.detail) from None
+        if made:
+            self.log.info("made Backend.AI user %r (default domain and project, no password) "
+                          "for JupyterHub's Add Users", name)
+
+    # -- login (manager/login.py: throttling, hashing on its own pool, no enumeration) --
+
+    @property
+    def login_guard(self):
+        guard = getattr(self, "_login_guard", None)
+        if guard is None:
+            from .manager.login import LoginGuard
+
+            guard = self._login_guard = LoginGuard(parent=self, config=self.config)
+        return guard
+
     async def authenticate(self, handler, data):
+        """Email or username and password. Throttled per account and per client address
+        (429 with Retry-After); the record is read first, then the password is checked
+        on the login pool (an unknown name against a dummy hash: the same work)."""
+        from .manager.login import client_address
+
         login = (data.get("username") or "").strip()
         password = data.get("password") or ""
         if not login or not password:
             return None
+        guard = self.login_guard
+        address = client_address(handler) if handler is not None else ""
+        guard.check_address(address)
         await self.manager.ready()
 
-        def check(s):
+        def find(s):
             user = tenancy.find_user(s, login)
-            if user is None or not tenancy.check_password(password, user.password):
+            if user is None:
                 return None
             domain = s.get(Domain, user.domain_name)
             return {
+                "hash": user.password,
+                "id": user.id,
                 "name": user.username,
                 "status": user.status,
                 "domain_active": bool(domain and domain.is_active),
                 "admin": user.role == UserRole.SUPERADMIN,
-                "groups": sorted(f"{p.domain_name}.{p.name}" for p in user.projects if p.is_active),
+                "groups": sorted(hub_group(p.domain_name, p.name) for p in user.projects
+                                 if p.is_active),
                 "auth_state": {"email": user.email, "role": user.role, "domain": user.domain_name},
             }
 
-        found = await self.manager.db(check)
-        if found is None:
-            self.log.warning("failed login for %r", login)
+        found = await self.manager.db_read(find)
+        key = guard.account_key(login, found and found.pop("id"))
+        guard.check_account(key, login, address)
+        hashed = found.pop("hash") if found is not None else None
+        if not await guard.check_password(password, hashed) or found is None:
+            guard.failed(key, address)
+            self.log.warning("failed login for %r from %s", login, address)
             return None
+        guard.succeeded(key)
         if found.pop("status") != UserStatus.ACTIVE:
             raise web.HTTPError(403, "This account is not active. Ask your administrator to activate it.")
         if not found.pop("domain_active"):
             raise web.HTTPError(403, "This account's domain is not active.")
         return found
+
+
+#: Stored instead of a password hash: bcrypt rejects it, so no password matches.
+NO_PASSWORD = "!"
+
+
+def hub_group(domain: str, project: str) -> str:
+    """The JupyterHub group of a project: ``<domain>:<project>`` (':' is in neither
+    name's alphabet, so domain ``x.y`` + project ``z`` and ``x`` + ``y.z`` differ)."""
+    return f"{domain}:{project}"

@@ -3,9 +3,14 @@
 Two kinds of commands:
 
 - **Bootstrap** (``db-upgrade``, ``create-superadmin``, ``create-domain``,
-  ``create-project``, ``create-user``, ``create-keypair``, ``fixture populate``):
-  direct database operations (``--db``) for before any hub runs: a fresh
-  install, an image build (Binder's postBuild), a restore.
+  ``create-project``, ``create-user``, ``create-keypair``, ``reset-password``,
+  ``fixture populate``): direct database operations for before any hub runs (a
+  fresh install, an image build, a restore) or when nobody can log in any more.
+  They use the hub's database, found as the hub finds it: ``--db``, else
+  ``BACKENDAI_DB_URL``, else ``backendai.sqlite`` in ``BACKENDAI_STATE_DIR``
+  (default ``./backendai-state``). Only ``db-upgrade`` creates or migrates a
+  database; the others refuse, naming the place they looked, when there is no
+  migrated database there.
 - **API client** (``whoami``, ``domains``, ``projects``, ``users``, ``keypairs``,
   the resource policies, ``resource-groups``, ``agents``, ``sessions``,
   ``scheduler``, ``api``): HTTP requests to a running hub's admin API, signed
@@ -18,7 +23,10 @@ Two kinds of commands:
 Output is JSON on stdout. Errors go to stderr as ``backendai-admin: <status>
 <title>: <detail>`` (the API's problem document) with a non-zero exit status.
 Fields for create/update are given as ``key=value`` (a string) or
-``key:=<json>`` (a number, boolean, list, object), or whole with ``--data``.
+``key:=<json>`` (a number, boolean, list, object), or whole with ``--data``;
+``<command> create --help`` lists them, from the API's own schema. Every
+command takes names or ids alike: a project by id, name or ``DOMAIN/NAME``, a
+user by id, email or username, a session or a vfolder by id or name.
 """
 
 from __future__ import annotations
@@ -44,6 +52,95 @@ EXIT_USAGE = 2
 
 # -- bootstrap: direct database operations --------------------------------------------
 
+DEFAULT_STATE_DIR = "backendai-state"
+
+
+def state_dir(environ: Any = None) -> str:
+    """The hub's state directory: ``BACKENDAI_STATE_DIR``, else ``./backendai-state``
+    (absolute), as the packaged configuration and ``backendai-hub`` use it."""
+    environ = os.environ if environ is None else environ
+    return os.path.abspath(environ.get("BACKENDAI_STATE_DIR") or DEFAULT_STATE_DIR)
+
+
+def hub_db_url(environ: Any = None) -> str:
+    """The hub's database URL, by the packaged configuration's rule:
+    ``BACKENDAI_DB_URL``, else ``sqlite:///<state dir>/backendai.sqlite``."""
+    environ = os.environ if environ is None else environ
+    return environ.get("BACKENDAI_DB_URL") or "sqlite:///" + os.path.join(
+        state_dir(environ), "backendai.sqlite")
+
+
+def find_db(given: str | None, environ: Any = None) -> tuple[str, str]:
+    """(database URL, where it came from) for the bootstrap commands."""
+    environ = os.environ if environ is None else environ
+    if given:
+        return given, "--db"
+    if environ.get("BACKENDAI_DB_URL"):
+        return environ["BACKENDAI_DB_URL"], "BACKENDAI_DB_URL"
+    where = ("BACKENDAI_STATE_DIR" if environ.get("BACKENDAI_STATE_DIR")
+             else f"the default state directory ./{DEFAULT_STATE_DIR}")
+    return hub_db_url(environ), where
+
+
+class NoDatabase(Exception):
+    """There is no migrated database where the command looked."""
+
+
+def _shown(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a malformed URL is shown as given
+        return url
+
+
+def check_database(url: str, source: str = "--db") -> None:
+    """Refuse (NoDatabase) unless ``url`` holds a database migrated to this version.
+
+    Nothing is created: an SQLite file that does not exist is not opened.
+    """
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from .models.db import VERSION_TABLE, alembic_config
+
+    hint = ("run `backendai-admin db-upgrade` there first, or point at the hub's database "
+            "with --db, BACKENDAI_DB_URL or BACKENDAI_STATE_DIR")
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise NoDatabase(f"{url!r} (from {source}) is not a database URL") from None
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database or ""
+        if not path or path == ":memory:" or "mode=memory" in url:
+            raise NoDatabase(f"{url} (from {source}) is an in-memory database: it holds nothing")
+        path = os.path.abspath(path)
+        if not os.path.isfile(path):
+            raise NoDatabase(f"no database at {path} (from {source}: {url}); {hint}")
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(
+                conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    except SQLAlchemyError as e:
+        raise NoDatabase(f"cannot open the database {_shown(url)} (from {source}): "
+                         f"{str(e.orig if hasattr(e, 'orig') and e.orig else e).strip()}; "
+                         f"{hint}") from None
+    finally:
+        engine.dispose()
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    if current is None:
+        raise NoDatabase(f"the database {_shown(url)} (from {source}) is not a migrated "
+                         f"Backend.AI database (no schema version); {hint}")
+    if current != head:
+        raise NoDatabase(f"the database {_shown(url)} (from {source}) is at schema version "
+                         f"{current}, this version needs {head}: run `backendai-admin "
+                         "db-upgrade` (the hub does so when it starts)")
+
 
 def _session(url: str):
     from .manager import tenancy
@@ -58,7 +155,11 @@ def _session(url: str):
 
 
 def create_superadmin(url: str, email: str, password: str | None, *, exist_ok: bool = True) -> dict:
-    """Create the first superadmin; returns what to show the operator (password only if generated)."""
+    """Create the first superadmin; returns what to show the operator (password only if generated).
+
+    Migrates (and so may create) the database: for ``backendai-hub``, which sets up
+    the hub's own database; the ``create-superadmin`` command checks first.
+    """
     from .manager import tenancy
 
     sm = _session(url)
@@ -81,11 +182,42 @@ def create_superadmin(url: str, email: str, password: str | None, *, exist_ok: b
         return out
 
 
+def reset_password(s, login: str, password: str | None) -> dict:
+    """Give the user ``login`` (email or username) a new password; generated when None."""
+    from .manager import tenancy
+
+    user = tenancy.find_user(s, login)
+    if user is None:
+        raise _UsageError(f"no user with email or username {login!r}")
+    generated = password is None
+    password = password or secrets.token_urlsafe(12)
+    if len(password) < 8:
+        raise _UsageError("the password must be at least 8 characters")
+    if len(password.encode()) > 72:
+        raise _UsageError("the password must be at most 72 bytes (bcrypt's limit)")
+    user.password = tenancy.hash_password(password)
+    out = {"email": user.email, "username": user.username, "password_reset": True}
+    if generated:
+        out["password"] = password
+    return out
+
+
 def _bootstrap(args: argparse.Namespace) -> Any:
     from .manager import tenancy
 
+    url, source = find_db(args.db)
+    if args.cmd == "db-upgrade":
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)), mode=0o700,
+                        exist_ok=True)
+        _session(url).kw["bind"].dispose()
+        return {"upgraded": True, "database": _shown(url), "from": source}
+    check_database(url, source)
     if args.cmd == "create-superadmin":
-        return create_superadmin(args.db, args.email, args.password)
+        return create_superadmin(url, args.email, args.password)
     if args.cmd == "fixture":
         from .manager.fixtures import populate_file, storage_from
 
@@ -96,35 +228,38 @@ def _bootstrap(args: argparse.Namespace) -> Any:
                 raise _UsageError(f"--storage-volume {pair!r}: expected NAME=PATH")
             volumes[name] = os.path.abspath(path)
         storage, host = storage_from(volumes, args.config)
-        return populate_file(args.db, args.file, storage, args.default_vfolder_host or host)
-    sm = _session(args.db)
-    with sm.begin() as s:
-        if args.cmd == "db-upgrade":
-            return {"upgraded": True}
-        if args.cmd == "create-domain":
-            return {"domain": tenancy.create_domain(s, args.name).name}
-        if args.cmd == "create-project":
-            pj = tenancy.create_project(s, args.domain, args.name)
-            return {"project": pj.name, "id": pj.id, "domain": pj.domain_name}
-        if args.cmd == "create-user":
-            user, kp, secret = tenancy.create_user(
-                s, email=args.email, password=args.password, username=args.username,
-                role=args.role, domain=args.domain, status=args.status,
-                projects=args.projects,
-            )
-            return {"username": user.username, "email": user.email,
-                    "access_key": kp.access_key, "secret_key": secret}
-        if args.cmd == "create-keypair":
-            user = tenancy.find_user(s, args.email)
-            if user is None:
-                raise SystemExit(f"no user {args.email}")
-            kp, secret = tenancy.create_keypair(s, user)
-            return {"access_key": kp.access_key, "secret_key": secret}
+        return populate_file(url, args.file, storage, args.default_vfolder_host or host)
+    sm = _session(url)
+    try:
+        with sm.begin() as s:
+            if args.cmd == "create-domain":
+                return {"domain": tenancy.create_domain(s, args.name).name}
+            if args.cmd == "create-project":
+                pj = tenancy.create_project(s, args.domain, args.name)
+                return {"project": pj.name, "id": pj.id, "domain": pj.domain_name}
+            if args.cmd == "create-user":
+                user, kp, secret = tenancy.create_user(
+                    s, email=args.email, password=args.password, username=args.username,
+                    role=args.role, domain=args.domain, status=args.status,
+                    projects=args.projects,
+                )
+                return {"username": user.username, "email": user.email,
+                        "access_key": kp.access_key, "secret_key": secret}
+            if args.cmd == "create-keypair":
+                user = tenancy.find_user(s, args.email)
+                if user is None:
+                    raise _UsageError(f"no user with email or username {args.email!r}")
+                kp, secret = tenancy.create_keypair(s, user)
+                return {"access_key": kp.access_key, "secret_key": secret}
+            if args.cmd == "reset-password":
+                return reset_password(s, args.user, args.password)
+    finally:
+        sm.kw["bind"].dispose()
     raise AssertionError(args.cmd)
 
 
 BOOTSTRAP = {"db-upgrade", "create-superadmin", "create-domain", "create-project",
-             "create-user", "create-keypair", "fixture"}
+             "create-user", "create-keypair", "reset-password", "fixture"}
 
 
 # -- the API client ------------------------------------------------------------------
@@ -162,8 +297,11 @@ class ApiClient:
               content_type: str, sink: Any = None) -> bytes:
         """One signed request; the response body (or, with ``sink``, written to it)."""
         url = self.url(path, query)
+        # The body's hash is signed too (X-BackendAI-Content-SHA256), so captured headers
+        # cannot carry another body; streamed uploads cannot be hashed before sending.
         headers = signing.sign_request(method, url, self.access_key, self.secret_key,
-                                       content_type=content_type)
+                                       content_type=content_type,
+                                       body=None if hasattr(data, "read") else (data or b""))
         # Send exactly the host[:port] that was signed.
         headers["Host"] = urllib.parse.urlsplit(url).netloc
         headers["Accept"] = "application/json"
@@ -254,6 +392,13 @@ ENTITIES: dict[str, tuple[str, str]] = {
     "sessions": ("/sessions", "id"),
     "vfolders": ("/vfolders", "id"),
 }
+# How a command names one item (a name is looked up with a list call: _resolve).
+IDENTIFIED_BY = {
+    "projects": "id, name, or DOMAIN/NAME where names repeat across domains",
+    "users": "id, email or username",
+    "sessions": "id or name",
+    "vfolders": "id or name",
+}
 # What the API lets one do with each entity (agents are read-only; sessions are created
 # and deleted, not changed); tests/test_cli.py checks this table against the document.
 ACTIONS: dict[str, tuple[str, ...]] = {
@@ -326,11 +471,13 @@ def _quote(ident: str) -> str:
     return urllib.parse.quote(ident, safe="")
 
 
-def _list_query(args: argparse.Namespace) -> dict:
+def _list_query(args: argparse.Namespace, client: ApiClient | None = None) -> dict:
     query: dict = {"offset": args.offset, "limit": args.limit}
     for name in FILTERS[args.cmd]:
         value = getattr(args, name, None)
         if value is not None:
+            if client is not None and name in FILTER_ENTITY:
+                value = _resolve(client, FILTER_ENTITY[name], value)
             query[name] = value
     for pair in args.filter or ():
         key, eq, value = pair.partition("=")
@@ -364,7 +511,7 @@ def _run_api(args: argparse.Namespace) -> Any:
     path, _ident = ENTITIES[cmd]
     action = args.action
     if action == "list":
-        query = _list_query(args)
+        query = _list_query(args, client)
         if args.all:
             query.pop("offset", None)
             query.pop("limit", None)
@@ -374,9 +521,11 @@ def _run_api(args: argparse.Namespace) -> Any:
     if action == "get":
         return client.request("GET", f"{path}/{ident}")
     if action == "create":
-        return client.request("POST", path, body=parse_fields(args.fields, args.data))
+        return client.request("POST", path,
+                              body=resolve_body(client, parse_fields(args.fields, args.data)))
     if action == "update":
-        return client.request("PATCH", f"{path}/{ident}", body=parse_fields(args.fields, args.data))
+        return client.request("PATCH", f"{path}/{ident}",
+                              body=resolve_body(client, parse_fields(args.fields, args.data)))
     if action == "delete":
         client.request("DELETE", f"{path}/{ident}")
         return {"deleted": args.id}
@@ -390,7 +539,7 @@ def _run_api(args: argparse.Namespace) -> Any:
         users = [_resolve(client, "users", u) for u in args.users]
         for uid in users:
             client.request("DELETE", f"{path}/{ident}/members/{uid}")
-        return {"project_id": args.id, "removed": users}
+        return {"project_id": ident, "removed": users}
     if action == "logs":
         return client.request("GET", f"{path}/{ident}/logs")
     if cmd == "vfolders":
@@ -451,21 +600,63 @@ class _Done(Exception):
     """The command wrote its output itself (bytes to stdout)."""
 
 
+ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def _one(entity: str, what: str, found: list, hint: str = "use the id") -> dict:
+    if not found:
+        raise ApiError(404, "Not found", f"no {entity} {what} visible to this keypair")
+    if len(found) > 1:
+        raise ApiError(400, "Ambiguous", f"{len(found)} {entity} {what} are visible to this "
+                       f"keypair; {hint}")
+    return found[0]
+
+
 def _resolve(client: ApiClient, entity: str, ident: str) -> str:
-    """The path segment for ``ident``; a user may also be named by email (looked up)."""
-    if entity == "users" and "@" in ident:
-        found = client.request("GET", "/users", query={"email": ident, "limit": 2})["items"]
-        if len(found) != 1:
-            raise ApiError(404, "Not found", f"no user with email {ident!r} visible to this keypair")
-        return _quote(found[0]["id"])
-    if entity == "vfolders" and not re.fullmatch(r"[0-9a-f]{32}", ident):
+    """The path segment for ``ident``: an id as it is, a name looked up with a list call
+    (the API identifies projects, users, sessions and vfolders by id only)."""
+    if entity in ("projects", "users", "sessions", "vfolders") and ID_RE.fullmatch(ident):
+        return ident
+    if entity == "projects":
+        domain, slash, name = ident.rpartition("/")
+        query = {"name": name, **({"domain": domain} if slash else {})}
+        found = client.list_all("/projects", query)["items"]
+        where = sorted({p["domain_name"] for p in found})
+        return _one("projects", f"named {name!r}" + (f" in domain {domain!r}" if slash else ""),
+                    found, "name one as DOMAIN/NAME (domains: " + ", ".join(
+                        f"{d}/{name}" for d in where) + ") or give its id")["id"]
+    if entity == "users":
+        if "@" in ident:
+            found = client.request("GET", "/users", query={"email": ident, "limit": 2})["items"]
+            return _one("users", f"with email {ident!r}", found)["id"]
+        found = [u for u in client.list_all("/users")["items"] if u["username"] == ident]
+        return _one("users", f"with username {ident!r}", found)["id"]
+    if entity == "sessions":
+        found = [x for x in client.list_all("/sessions")["items"] if x["name"] == ident]
+        return _one("sessions", f"named {ident!r}", found)["id"]
+    if entity == "vfolders":
         found = client.request("GET", "/vfolders", query={"name": ident, "limit": 3})["items"]
-        if len(found) != 1:
-            raise ApiError(404 if not found else 400, "Not found" if not found else "Ambiguous",
-                           f"{len(found) or 'no'} vfolders named {ident!r} visible to this "
-                           "keypair" + ("; use the id" if found else ""))
-        return found[0]["id"]
+        return _one("vfolders", f"named {ident!r}", found)["id"]
     return _quote(ident)
+
+
+# List filters that take an id; given a name, it is looked up like a positional one.
+FILTER_ENTITY = {"user_id": "users", "project_id": "projects", "project": "projects"}
+# Body fields that take ids (one or a list), looked up the same way.
+BODY_ENTITY = {"user_id": "users", "project_ids": "projects", "allowed_projects": "projects",
+               "dependencies": "sessions"}
+
+
+def resolve_body(client: ApiClient, body: dict) -> dict:
+    """``body`` with names in id fields replaced by the ids they name."""
+    out = dict(body)
+    for key, entity in BODY_ENTITY.items():
+        value = out.get(key)
+        if isinstance(value, str):
+            out[key] = _resolve(client, entity, value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            out[key] = [_resolve(client, entity, v) for v in value]
+    return out
 
 
 class _UsageError(Exception):
@@ -473,6 +664,115 @@ class _UsageError(Exception):
 
 
 # -- the parser ----------------------------------------------------------------------
+
+
+_DOC: dict | None = None
+
+
+def _openapi() -> dict:
+    """The API's OpenAPI document (the schemas its requests are validated against)."""
+    global _DOC
+    if _DOC is None:
+        import yaml
+
+        path = os.path.join(os.path.dirname(__file__), "api", "openapi.yaml")
+        with open(path) as f:
+            _DOC = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return _DOC
+
+
+def type_text(schema: dict) -> str:
+    """A schema in words: type, bounds, choices."""
+    if "$ref" in schema:
+        return type_text(_openapi()["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
+    if "anyOf" in schema:
+        return " or ".join(type_text(x) for x in schema["anyOf"])
+    if "enum" in schema:
+        return "one of " + ", ".join(str(x) for x in schema["enum"])
+    t = schema.get("type")
+    if isinstance(t, list):
+        return " or ".join(type_text({**schema, "type": x}) for x in t)
+    if t == "null":
+        return "null"
+    if t == "string":
+        lo, hi = schema.get("minLength"), schema.get("maxLength")
+        out = "string"
+        if lo and hi:
+            out += f" of {lo} to {hi} characters"
+        elif hi:
+            out += f" of at most {hi} characters"
+        if "pattern" in schema:
+            # The document says each pattern in words (x-message); never the regex.
+            out += ": " + schema.get("x-message", "in the form the API documents")
+        if "format" in schema:
+            out += f" ({schema['format']})"
+        return out
+    if t in ("integer", "number"):
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        out = t
+        if lo is not None and hi is not None and hi < 2**31 - 1:
+            out += f" from {lo} to {hi}"
+        elif lo is not None:
+            out += f" >= {lo}"
+        return out
+    if t == "boolean":
+        return "boolean (true or false)"
+    if t == "array":
+        out = "list of " + (type_text(schema["items"]) if "items" in schema else "values")
+        if "maxItems" in schema:
+            out += f" (at most {schema['maxItems']})"
+        return out
+    if t == "object":
+        if "properties" in schema:
+            return "object with keys " + ", ".join(schema["properties"])
+        if "propertyNames" in schema and "enum" in schema["propertyNames"]:
+            return "object with keys from " + ", ".join(schema["propertyNames"]["enum"])
+        return "object"
+    return "any JSON value"
+
+
+def request_schema(path: str, method: str) -> str | None:
+    """The name of the schema that validates the body of ``method path``."""
+    paths = _openapi()["paths"]
+    if path.endswith("/{}"):  # one item of a collection, whatever its parameter's name
+        base = path[:-3]
+        path = next((p for p in paths if p.startswith(base + "/{")
+                     and p.count("/") == base.count("/") + 1), path)
+    op = paths.get(path, {}).get(method, {})
+    ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+    return ref["$ref"].rsplit("/", 1)[1] if ref and "$ref" in ref else None
+
+
+def fields_help(schema_name: str) -> str:
+    """The fields of a request body, from the API's schema: name, type, meaning."""
+    schema = _openapi()["components"]["schemas"][schema_name]
+    required = set(schema.get("required", ()))
+    lines = [f"fields (schema {schema_name} of the API; FIELD is key=value for a string, "
+             "key:=JSON for a number, boolean, list, object or null):"]
+    for name, sub in schema.get("properties", {}).items():
+        kind = type_text(sub)
+        lines.append(f"  {name}{' (required)' if name in required else ''}: {kind}")
+        meaning = sub.get("description")
+        if meaning:
+            lines.append(f"      {meaning}")
+    if schema.get("additionalProperties") is False:
+        lines.append("  (no other fields)")
+    return "\n".join(lines) + "\n"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose help may end with a request body's fields."""
+
+    body_schema: tuple[str, str] | None = None  # (path, method) in the OpenAPI document
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if self.body_schema:
+            name = request_schema(*self.body_schema)
+            if name:
+                text += "\n" + fields_help(name)
+        return text
+
 
 
 def _api_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -491,45 +791,68 @@ def _api_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                    help="seconds to wait for the hub (default 60)")
 
 
-def _fields_options(parser: argparse.ArgumentParser) -> None:
+def _fields_options(parser: argparse.ArgumentParser, body: tuple[str, str] | None = None) -> None:
     parser.add_argument("fields", nargs="*", metavar="FIELD",
-                        help="key=value (string) or key:=json (number, boolean, list, object)")
+                        help="key=value (string) or key:=json (number, boolean, list, object)"
+                        + ("; the fields are listed below" if body else ""))
+    if body:
+        parser.body_schema = body
     parser.add_argument("--data", help="the whole body as a JSON object, or @file.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="backendai-admin", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--db",
-        default=os.environ.get("BACKENDAI_DB_URL", "sqlite:///backendai.sqlite"),
-        help="database URL for bootstrap commands (env BACKENDAI_DB_URL)",
+        "--db", default=None, metavar="URL",
+        help="the hub's database, for bootstrap commands (default: env BACKENDAI_DB_URL, "
+        "else sqlite:///$BACKENDAI_STATE_DIR/backendai.sqlite, the state directory "
+        "defaulting to ./backendai-state: where the hub keeps it)",
     )
     _api_options(p, suppress=False)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     # Bootstrap (database).
-    sub.add_parser("db-upgrade", help="[bootstrap] create or migrate the schema")
+    sub.add_parser("db-upgrade", help="[bootstrap] create or migrate the schema (the only "
+                   "command that creates a database)")
     sa = sub.add_parser("create-superadmin", help="[bootstrap] create the first superadmin")
-    sa.add_argument("--email", default=os.environ.get("BACKENDAI_ADMIN_EMAIL", "admin@example.com"))
-    sa.add_argument("--password", default=os.environ.get("BACKENDAI_ADMIN_PASSWORD"))
+    sa.add_argument("--email", default=os.environ.get("BACKENDAI_ADMIN_EMAIL", "admin@example.com"),
+                    help="string: the superadmin's email, its login (env BACKENDAI_ADMIN_EMAIL)")
+    sa.add_argument("--password", default=os.environ.get("BACKENDAI_ADMIN_PASSWORD"),
+                    help="string, 8 to 72 bytes (env BACKENDAI_ADMIN_PASSWORD; default: "
+                    "generated and printed once)")
     d = sub.add_parser("create-domain", help="[bootstrap] create a domain")
-    d.add_argument("name")
+    d.add_argument("name", help="string: the domain's name (letters, digits, '.', '_', '-')")
     pr = sub.add_parser("create-project", help="[bootstrap] create a project in a domain")
-    pr.add_argument("name")
-    pr.add_argument("--domain", default="default")
+    pr.add_argument("name", help="string: the project's name, unique in its domain")
+    pr.add_argument("--domain", default="default", help="string: the domain (default: default)")
     u = sub.add_parser("create-user", help="[bootstrap] create a user with a default keypair")
-    u.add_argument("--email", required=True)
-    u.add_argument("--password", required=True)
-    u.add_argument("--username")
-    u.add_argument("--role", default="user")
-    u.add_argument("--domain", default="default")
-    u.add_argument("--status", default="active")
-    u.add_argument("--project", action="append", dest="projects")
+    u.add_argument("--email", required=True, help="string: the user's email, a login")
+    u.add_argument("--password", required=True, help="string, 8 to 72 bytes")
+    u.add_argument("--username", help="string: lowercase letters, digits, '.', '_', '-' "
+                   "(default: the email's part before '@'); the JupyterHub user's name, a login")
+    u.add_argument("--role", default="user", choices=["superadmin", "admin", "user", "monitor"],
+                   help="what the user may do (default: user)")
+    u.add_argument("--domain", default="default", help="string: the user's domain (default: default)")
+    u.add_argument("--status", default="active",
+                   choices=["active", "inactive", "deleted", "before-verification"],
+                   help="only active users log in (default: active)")
+    u.add_argument("--project", action="append", dest="projects", metavar="NAME",
+                   help="string: a project of the domain to join, by name (repeatable; "
+                   "default: the domain's project 'default')")
     k = sub.add_parser("create-keypair", help="[bootstrap] create another keypair for a user")
-    k.add_argument("--email", required=True)
+    k.add_argument("--email", required=True, metavar="EMAIL_OR_USERNAME",
+                   help="string: the user, by email or username")
+    rp = sub.add_parser(
+        "reset-password", help="[bootstrap] set a user's password (e.g. a lost superadmin's)",
+        description="Set a new password for a user, directly in the hub's database: for when "
+        "nobody who could change it can log in. Without --password one is generated and "
+        "printed once.")
+    rp.add_argument("user", metavar="EMAIL_OR_USERNAME", help="string: the user, by email or "
+                    "username")
+    rp.add_argument("--password", help="string, 8 to 72 bytes (default: generated, printed once)")
     fx = sub.add_parser("fixture", help="[bootstrap] load records from a JSON fixture")
     fx_sub = fx.add_subparsers(dest="fixture_cmd", required=True)
     fxp = fx_sub.add_parser(
@@ -565,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="query parameter (repeatable)")
     _fields_options(raw)
 
-    for name, (_path, ident) in ENTITIES.items():
+    for name, (path, ident) in ENTITIES.items():
         offered = ACTIONS[name]
         ep = api_cmd(name, f"{', '.join(offered)} {name}")
         acts = ep.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -579,33 +902,35 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"filter: {f}" + (" (true or false)" if f.startswith("is_") else ""))
         ls.add_argument("--filter", action="append", metavar="KEY=VALUE",
                         help="any other filter the API offers (repeatable)")
-        by = ident + (" or email" if name == "users" else "")
+        by = IDENTIFIED_BY.get(name, ident)
+        metavar = name.rstrip("s").upper().replace("-", "_")
         for act, text in (("get", "show one"), ("delete", "delete one")):
             if act not in offered:
                 continue
             a = acts.add_parser(act, help=f"{text} (by {by})")
             _api_options(a, suppress=True)
-            a.add_argument("id", metavar=ident.upper().replace(" ", "_"))
+            a.add_argument("id", metavar=metavar, help=f"the {name.rstrip('s')}: {by}")
         if "create" in offered:
-            c = acts.add_parser("create", help="create one from fields")
+            c = acts.add_parser("create", help="create one from fields (listed by --help)")
             _api_options(c, suppress=True)
-            _fields_options(c)
+            _fields_options(c, (path, "post"))
         if "update" in offered:
-            up = acts.add_parser("update", help="change fields of one")
+            up = acts.add_parser("update", help="change fields of one (listed by --help)")
             _api_options(up, suppress=True)
-            up.add_argument("id", metavar=ident.upper().replace(" ", "_"))
-            _fields_options(up)
+            up.add_argument("id", metavar=metavar, help=f"the {name.rstrip('s')}: {by}")
+            _fields_options(up, (path + "/{}", "patch"))
         if name == "projects":
             m = acts.add_parser("members", help="list a project's members")
             _api_options(m, suppress=True)
-            m.add_argument("id", metavar="PROJECT_ID")
+            m.add_argument("id", metavar="PROJECT", help=f"the project: {by}")
             m.add_argument("--offset", type=int, default=0)
             m.add_argument("--limit", type=int, default=100)
             for act in ("add-members", "remove-members"):
-                a = acts.add_parser(act, help=f"{act.split('-')[0]} users (by id or email)")
+                a = acts.add_parser(act, help=f"{act.split('-')[0]} users ({IDENTIFIED_BY['users']})")
                 _api_options(a, suppress=True)
-                a.add_argument("id", metavar="PROJECT_ID")
-                a.add_argument("users", nargs="+", metavar="USER")
+                a.add_argument("id", metavar="PROJECT", help=f"the project: {by}")
+                a.add_argument("users", nargs="+", metavar="USER",
+                               help=f"a user: {IDENTIFIED_BY['users']}")
         if name == "vfolders":
             for act, (text, positional) in VFOLDER_ACTIONS.items():
                 a = acts.add_parser(act, help=text)
@@ -647,6 +972,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BackendAIError as e:
         print(f"backendai-admin: {e.detail}", file=sys.stderr)
+        return EXIT_USAGE
+    except NoDatabase as e:
+        print(f"backendai-admin: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ApiError as e:
         print(f"backendai-admin: {e}", file=sys.stderr)

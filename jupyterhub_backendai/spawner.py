@@ -11,96 +11,27 @@ hub's ``start_timeout`` runs out, which stops and removes it.
 from __future__ import annotations
 
 import asyncio
-import html
 import time
 
 from jupyterhub.spawner import Spawner, SpawnException
-from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Integer, List, Unicode, default
+from traitlets import Bool, Integer, List, TraitError, Unicode, default, validate
 
+from . import pages
 from .common.errors import BackendAIError, InvalidRequest
-from .common.slots import CPU, CUDA, MEM, format_size
+from .common.slots import CPU, CUDA, MEM, format_slots
 from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
 from .manager.core import BackendAIManager
-
-_FORM = """
-<div class="backendai-form">
-  <div class="form-group mb-3">
-    <label for="backendai-image" class="form-label">Image</label>
-    <select class="form-select form-control" id="backendai-image" name="image">{image_options}</select>
-  </div>
-  <div class="row">
-    <div class="form-group mb-3 col-sm-4">
-      <label for="backendai-cpu" class="form-label">CPU cores</label>
-      <input class="form-control" id="backendai-cpu" name="cpu" type="number" min="0.1" step="0.1" value="{cpu}">
-    </div>
-    <div class="form-group mb-3 col-sm-4">
-      <label for="backendai-mem" class="form-label">Memory</label>
-      <input class="form-control" id="backendai-mem" name="mem" type="text" value="{mem}" pattern="[0-9.]+[kmgtKMGT]?">
-    </div>
-    <div class="form-group mb-3 col-sm-4">
-      <label for="backendai-gpu" class="form-label">GPUs</label>
-      <input class="form-control" id="backendai-gpu" name="gpu" type="number" min="0" step="1" value="{gpu}">
-    </div>
-  </div>
-  <div class="row">
-    <div class="form-group mb-3 col-sm-4">
-      <label for="backendai-cluster-size" class="form-label">Kernels (containers)</label>
-      <input class="form-control" id="backendai-cluster-size" name="cluster_size" type="number" min="1" step="1" value="1">
-    </div>
-    <div class="form-group mb-3 col-sm-8">
-      <label for="backendai-cluster-mode" class="form-label">Placement of the kernels</label>
-      <select class="form-select form-control" id="backendai-cluster-mode" name="cluster_mode">
-        <option value="single-node">all on one node</option>
-        <option value="multi-node">one per node</option>
-      </select>
-    </div>
-  </div>
-  {project_field}
-  {mounts_field}
-  <p class="text-muted small">Free on the largest agent now: {free}</p>
-</div>
-"""
-
-_MOUNTS_FIELD = """
-  <fieldset class="form-group mb-3" id="backendai-mounts">
-    <legend class="form-label fs-6">Virtual folders (mounted at /home/work/&lt;name&gt;)</legend>
-    {boxes}
-  </fieldset>
-  <script>
-  (function () {{
-    // A project's folders can only be mounted in that project's sessions.
-    var select = document.getElementById("backendai-project");
-    if (!select) return;
-    function sync() {{
-      document.querySelectorAll("#backendai-mounts [data-project]").forEach(function (row) {{
-        var other = row.dataset.project !== select.value;
-        row.hidden = other;
-        row.querySelector("input").disabled = other;
-      }});
-    }}
-    select.addEventListener("change", sync);
-    sync();
-  }})();
-  </script>
-"""
-
-_MOUNT_BOX = """
-    <div class="form-check"{project_attr}>
-      <input class="form-check-input" type="checkbox" name="mounts" value="{id}" id="backendai-mount-{id}">
-      <label class="form-check-label" for="backendai-mount-{id}">{name} <span class="text-muted small">({owner}, {permission})</span></label>
-    </div>"""
-
-_PROJECT_FIELD = """
-  <div class="form-group mb-3">
-    <label for="backendai-project" class="form-label">Project</label>
-    <select class="form-select form-control" id="backendai-project" name="project">{options}</select>
-  </div>
-"""
-
+from .pages import presets as _presets
 
 _PERMISSION_WORDS = {"ro": "read only", "rw": "read-write", "wd": "read-write-delete"}
+_FORM_FIELDS = ("preset", "image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode")
+
+# What each user last submitted in the form, until the form is shown again: a refused
+# submission re-renders the form (jupyterhub/handlers/pages.py SpawnHandler._post) with
+# these values instead of the defaults. Keyed by user name, because JupyterHub renders
+# the default server's form (user.spawner) even for a named server's refused POST.
+_SUBMITTED: dict[str, dict] = {}
 
 
 class BackendAISpawner(Spawner):
@@ -126,10 +57,54 @@ class BackendAISpawner(Spawner):
     ready_timeout = Integer(
         120, help="Seconds to wait for the started Jupyter server to answer HTTP."
     ).tag(config=True)
+    home_folder = Unicode(
+        ".home",
+        help="""Name of each user's home folder: a vfolder of the user on the default
+        vfolder host (c.BackendAIManager.default_vfolder_host), made at their first
+        server start, mounted at /home/work itself so that notebooks, files and
+        `pip install --user` packages survive stop and start. It counts like any
+        other folder of the user (quota scope, max_vfolder_count of their resource
+        policy, the host's create-vfolder and mount-in-session permissions); a user
+        who may not have one gets a plain-words error at spawn. All servers of a
+        user share it (the same directory: concurrent writes to one file, last
+        writer wins). The default begins with '.', Backend.AI's mark of a folder
+        mounted into every session: API (batch) sessions see it at
+        /home/work/.home. Empty: no home folder; /home/work is then the image's and
+        is lost at stop (the user's other '.'-folders are still mounted).""",
+    ).tag(config=True)
+    presets = List(
+        help="""Named bundles of image, resources and folders offered in the spawn form,
+        shaped like KubeSpawner's ``profile_list``: a list of dicts with
+        ``display_name``, ``slug`` (the name a request uses: ``{"preset": "<slug>"}``),
+        optional ``description``, ``default`` (preselected; a request that names no
+        preset and sets no image or resources gets it), ``resource_groups`` and
+        ``projects`` (offered only in these resource groups / for sessions of these
+        projects; missing or empty: everywhere) and ``user_options`` (what the preset
+        fixes: image, cpu, mem, gpu, cluster_size, cluster_mode, project, and mounts:
+        folder names mounted besides those the user ticks). Checked again on the
+        server: a slug that does not exist or is not offered to the user's project or
+        resource group is refused with a 400. On the command line: JSON,
+        ``--BackendAISpawner.presets='[{"slug": ...}]'``. See docs/pages.md.""",
+    ).tag(config=True)
+    presets_allow_custom = Bool(
+        True,
+        help="""Whether the form offers "Custom" (CPU, memory and GPUs typed by the user,
+        within the quota and the resource group's agents) besides the presets. False:
+        only presets (requests that set image or resources themselves are refused).""",
+    ).tag(config=True)
+
+    @validate("presets")
+    def _check_presets(self, proposal):
+        try:
+            return _presets.check_presets(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"BackendAISpawner.presets: {e}") from None
 
     session_id = None
     # The last activity time passed to the manager (see poll).
     _reported_activity = None
+    # Whether JupyterHub has taken this server over (its first poll() after start()).
+    _handed_over = False
     _image = None
     _slots = None
     _project = None
@@ -157,43 +132,48 @@ class BackendAISpawner(Spawner):
         return await self.manager.list_images(self.resource_group)
 
     async def _render_form(self, spawner) -> str:
+        # A refused submission's values (shown once), else the defaults.
+        chosen = _SUBMITTED.pop(self.user.name, None) or {}
         await self.manager.ready()
         images = await self._image_choices()
-        opts = "".join(
-            f'<option value="{html.escape(i)}">{html.escape(i)}</option>' for i in images
-        )
-        free = await self.manager.db(_largest_free, self.resource_group)
+        group = await self.manager.db_read(_group_facts, self.resource_group)
         projects = await self.manager.user_projects(self.user.name)
-        project_field = ""
-        if len(projects) > 1:  # one project needs no choice
-            project_field = _PROJECT_FIELD.format(
-                options="".join(
-                    f'<option value="{html.escape(name)}">{html.escape(name)}</option>'
-                    for name in projects
-                )
-            )
         folders = await self.manager.mountable_folders(self.user.name)
-        mounts_field = ""
-        if folders:
-            mounts_field = _MOUNTS_FIELD.format(boxes="".join(
-                _MOUNT_BOX.format(
-                    id=html.escape(f["id"]),
-                    name=html.escape(f["name"]),
-                    owner=html.escape(f["owner"]),
-                    permission=_PERMISSION_WORDS.get(f["permission"], html.escape(f["permission"])),
-                    project_attr=(f' data-project="{html.escape(f["project"])}"'
-                                  if f["project"] is not None and len(projects) > 1 else ""),
-                )
-                for f in folders
-            ))
-        return _FORM.format(
-            image_options=opts,
-            project_field=project_field,
-            mounts_field=mounts_field,
-            cpu=html.escape(self.default_cpu),
-            mem=html.escape(self.default_mem),
-            gpu=self.default_gpu,
-            free=html.escape(free),
+        quota = await self.manager.db_read(_presets.quota_left, self.user.name)
+        offered = _presets.offered(self.presets, self.resource_group, projects)
+        defaults = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu,
+                    "image": images[0] if images else ""}
+        # The user's '.'-folders and the home folder go into every session: not a choice.
+        always = [f for f in folders if f["project"] is None and f["owner"] == self.user.name
+                  and f["name"].startswith(".")]
+        home = self.home_folder or None
+        return await pages.render(
+            "backendai/spawn_form.html",
+            images=images,
+            chosen_image=chosen.get("image"),
+            cpu=chosen.get("cpu", self.default_cpu),
+            mem=chosen.get("mem", self.default_mem),
+            gpu=chosen.get("gpu", self.default_gpu),
+            cluster_size=chosen.get("cluster_size", "1"),
+            cluster_mode=chosen.get("cluster_mode", "single-node"),
+            project=chosen.get("project"),
+            mounts=set(chosen.get("mounts", ())),
+            gpu_offered=group["gpu"],
+            local_backend=group["local"],
+            free=group["free"],
+            projects=projects,
+            folders=[f for f in folders if f not in always],
+            always_mounted=always,
+            home_folder=home,
+            home_made=any(f["name"] == home for f in always),
+            permission_words=_PERMISSION_WORDS,
+            presets=[{**p, "summary": _presets.summary(p, defaults)} for p in offered],
+            allow_custom=self.presets_allow_custom or not offered,
+            chosen_preset=chosen.get("preset") or _presets.default_slug(
+                offered, self.presets_allow_custom),
+            quota={name: {"text": _presets.quota_words(q, group["gpu"]),
+                          "cpu_max": q["limit"][CPU], "gpu_max": q["limit"][CUDA]}
+                   for name, q in quota.items()},
         )
 
     @default("options_from_form")
@@ -201,19 +181,29 @@ class BackendAISpawner(Spawner):
         return self._parse_form
 
     def _parse_form(self, formdata: dict) -> dict:
+        # Kept for the form shown again if this submission is refused (see _SUBMITTED).
+        _SUBMITTED[self.user.name] = {
+            **{k: v[0] for k in _FORM_FIELDS
+               if isinstance(v := formdata.get(k), list) and v and isinstance(v[0], str)},
+            "mounts": [m for m in formdata.get("mounts") or () if isinstance(m, str)],
+        }
         opts = {}
         mounts = formdata.get("mounts")
         if mounts is not None:
             if not isinstance(mounts, list) or not all(isinstance(v, str) for v in mounts):
-                raise web.HTTPError(400, "form field 'mounts' must be a list of vfolders")
+                raise _user_error("form field 'mounts' must be a list of vfolders")
             opts["mounts"] = [v.strip() for v in mounts if v.strip()]
-        for key in ("image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode"):
+        for key in _FORM_FIELDS:
             values = formdata.get(key)
             if values is None:
                 continue
             if not isinstance(values, list) or len(values) != 1 or not isinstance(values[0], str):
-                raise web.HTTPError(400, f"form field {key!r} must have exactly one value")
+                raise _user_error(f"form field {key!r} must have exactly one value")
             opts[key] = values[0].strip()
+        # A browser without scripts submits the custom fields too: a preset fixes them.
+        if opts.get("preset", _presets.CUSTOM) != _presets.CUSTOM:
+            for key in _presets.FIXED_KEYS:
+                opts.pop(key, None)
         return opts
 
     @default("apply_user_options")
@@ -224,7 +214,8 @@ class BackendAISpawner(Spawner):
         """Validate the request before anything is created: a bad one gets a 400."""
         opts = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu}
         if not isinstance(user_options, dict):
-            raise web.HTTPError(400, "user_options must be an object")
+            raise _user_error("user_options must be an object")
+        user_options = await self._preset_options(user_options)
         opts.update({k: v for k, v in user_options.items() if v not in (None, "")})
         if "image" not in opts:
             choices = await self._image_choices()
@@ -257,13 +248,50 @@ class BackendAISpawner(Spawner):
             )
             # Names or ids of vfolders; enqueue checks them again when it creates the session.
             await self.manager.check_mounts(self.user.name, project, mounts)
+            # A request beyond the quota's limits would wait forever: refused now.
+            quota = await self.manager.db_read(_presets.quota_left, self.user.name)
+            q = quota.get(project) or next(iter(quota.values()), None)
+            over = q and _presets.quota_excess(q, slots, cluster_size)
+            if over:
+                raise InvalidRequest(over)
         except BackendAIError as e:
-            raise web.HTTPError(e.status_code, e.detail) from None
+            raise _user_error(e.detail, status_code=e.status_code) from None
         self._image, self._slots, self._project = image, slots, project
         self._mounts = list(mounts)
         self._cluster = (cluster_size, cluster_mode)
+        _SUBMITTED.pop(self.user.name, None)  # accepted: the next form starts from the defaults
         self.mem_limit = int(slots[MEM])
         self.cpu_limit = float(slots[CPU])
+
+    async def _preset_options(self, user_options: dict) -> dict:
+        """The request with its preset (``{"preset": slug}``) applied: the preset's
+        image, resources and folders; the default preset for a request that names none
+        and sets no image or resources; ``custom`` or no presets: as given."""
+        if not isinstance(user_options, dict):
+            raise _user_error("user_options must be an object")
+        opts = dict(user_options)
+        slug = opts.pop("preset", None)
+        if not self.presets:
+            if slug not in (None, "", _presets.CUSTOM):
+                raise _user_error(f"there is no preset {slug!r} (no presets are configured here)")
+            return opts
+        projects = await self.manager.user_projects(self.user.name)
+        offered = _presets.offered(self.presets, self.resource_group, projects)
+        if slug in (None, ""):
+            if any(opts.get(k) not in (None, "") for k in _presets.FIXED_KEYS):
+                slug = _presets.CUSTOM
+            else:
+                slug = _presets.default_slug(offered, self.presets_allow_custom)
+        if slug == _presets.CUSTOM:
+            if not self.presets_allow_custom and offered:
+                raise _user_error("custom resources are not offered here; choose a preset: "
+                                  + ", ".join(p["slug"] for p in offered))
+            return opts
+        try:
+            fixed, _ = _presets.resolve(self.presets, slug, self.resource_group, projects, opts)
+        except BackendAIError as e:
+            raise _user_error(e.detail, status_code=e.status_code) from None
+        return fixed
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -274,10 +302,22 @@ class BackendAISpawner(Spawner):
         env["BACKENDAI_SESSION_NAME"] = self.session_name
         return env
 
+    def _start_budget(self) -> float:
+        """Seconds start() may take: a little less than ``start_timeout``, so that a
+        session still waiting (e.g. PENDING on a quota) fails with its reason before
+        JupyterHub cancels start() and reports a bare timeout."""
+        timeout = float(self.start_timeout)
+        return timeout - min(10.0, max(1.0, timeout * 0.1))
+
     async def start(self):
+        deadline = time.monotonic() + self._start_budget()
         await self.manager.ready()
         if self._slots is None:  # started without apply_user_options (older hubs)
             await self._apply_options(self, self.user_options or {})
+        # JupyterHub starts this server, so it knows no session of it: one left by a
+        # start that a stopped hub never finished is ended first (else 409).
+        await self.manager.end_abandoned(self.user.name, self.session_name)
+        lease = self.manager.spawner_wait_lease
         try:
             self.session_id = await self.manager.enqueue(
                 username=self.user.name,
@@ -291,28 +331,71 @@ class BackendAISpawner(Spawner):
                 cluster_size=self._cluster[0],
                 cluster_mode=self._cluster[1],
                 mounts=self._mounts,
+                home_folder=self.home_folder or None,
+                awaited_for=lease,
             )
         except BackendAIError as e:
-            raise SpawnException(e.detail, reason="invalid_request", status_code=e.status_code) from None
-        sess = None
-        async for sess in self.manager.watch(self.session_id):
-            if sess.status == SessionStatus.RUNNING:
-                break
+            raise _user_error(e.detail, status_code=e.status_code) from None
+        self._handed_over = False
+        renewer = asyncio.ensure_future(self._renew_wait(self.session_id, lease))
+        try:
+            url = await self._until_ready(deadline)
+        finally:
+            renewer.cancel()
+        # Until JupyterHub's first poll() the session counts as awaited (a hub killed
+        # before it saved the server forgets it): long enough for that poll.
+        await self.manager.await_session(self.session_id, lease + 2 * self.poll_interval + 30)
+        return url
+
+    async def _renew_wait(self, sid: str, lease: float) -> None:
+        """Tell the manager, while start() runs, that JupyterHub still waits on ``sid``."""
+        while True:
+            await asyncio.sleep(max(lease / 3, 0.5))
+            try:
+                await self.manager.await_session(sid, lease)
+            except Exception:
+                self.log.warning("could not renew the wait on session %s", sid, exc_info=True)
+
+    async def _until_ready(self, deadline: float) -> str:
+        last: list = [None]
+
+        async def until_running():
+            async for sess in self.manager.watch(self.session_id):
+                last[0] = sess
+                if sess.status == SessionStatus.RUNNING:
+                    return
+
+        try:
+            await asyncio.wait_for(until_running(), timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            sess = await self.manager.get_session(self.session_id) or last[0]
+            state = _state_words(sess) if sess is not None else "gone"
+            raise _user_error(
+                f"The server did not start within {self.start_timeout} s; its session is still "
+                f"{state}",
+                reason="timeout",
+                status_code=500,
+            ) from None
+        sess = last[0]
         if sess is None or sess.status != SessionStatus.RUNNING:
             info = sess.status_info if sess else "session vanished"
-            raise SpawnException(
+            raise _user_error(
                 f"The session could not start: {info}", reason="session_failed", status_code=500
             )
         port = sess.kernels[0].service_ports[0]
         host = sess.kernels[0].kernel_host
         url = f"http://{host}:{port['host_port']}"
-        await self._wait_http(url + self.server.base_url + "api")
+        await self._wait_http(url + self.server.base_url + "api", deadline)
         return url
 
-    async def _wait_http(self, url: str) -> None:
+    async def _wait_http(self, url: str, start_deadline: float) -> None:
+        """Until the server answers HTTP. The session's end wakes this at once (a manager
+        event); the record is re-read only then, or every ``status_poll_interval``."""
         client = AsyncHTTPClient()
-        deadline = time.monotonic() + self.ready_timeout
+        ready_deadline = time.monotonic() + self.ready_timeout
         delay = 0.02
+        checked = time.monotonic()
+        changed = True
         while True:
             try:
                 await client.fetch(url, request_timeout=2, follow_redirects=False)
@@ -324,40 +407,52 @@ class BackendAISpawner(Spawner):
                     return
             except (OSError, TimeoutError):
                 pass
-            sess = await self.manager.get_session(self.session_id)
-            if sess is None or sess.status in DEAD_STATUSES:
-                raise SpawnException(
-                    f"The session stopped while starting: {sess.status_info if sess else ''}",
+            if changed or time.monotonic() - checked >= self.manager.status_poll_interval:
+                checked = time.monotonic()
+                sess = await self.manager.get_session(self.session_id)
+            else:
+                sess = True
+            if sess is None or (sess is not True and sess.status in DEAD_STATUSES):
+                raise _user_error(
+                    f"The session stopped while starting: {sess.status_info if sess else 'gone'}",
                     reason="session_failed",
                     status_code=500,
                 )
-            if time.monotonic() > deadline:
-                raise SpawnException(
-                    f"The server in the session did not answer within {self.ready_timeout} s",
+            now = time.monotonic()
+            if now > ready_deadline or now > start_deadline:
+                waited = self.ready_timeout if now > ready_deadline else self.start_timeout
+                raise _user_error(
+                    f"The session runs, but the Jupyter server in it did not answer within {waited} s",
                     reason="timeout",
                     status_code=500,
                 )
-            await asyncio.sleep(delay)
+            changed = await self.manager.wait_change(self.session_id, delay)
             delay = min(delay * 1.5, 0.25)
 
     async def progress(self):
-        """Stream the session's states; a page that connects late first sees the states
-        already passed, then the live ones, each with the scheduler's reason (e.g. a
-        quota exceeded) while PENDING."""
+        """Stream the session's states, each with the scheduler's reason while PENDING
+        (e.g. a quota exceeded). A page that connects late first gets the states
+        already passed (from the session's status_history), then the live ones."""
         while self.session_id is None:
             await asyncio.sleep(0.05)
         first = True
+        shown: set[SessionStatus] = set()
         async for sess in self.manager.watch(self.session_id):
             status = SessionStatus(sess.status)
             if first:
                 first = False
-                for past in _passed_states(status, sess.status_history or {}):
+                if await self.manager.db_read(_session_is_local, self.session_id):
+                    yield {"message": _UNISOLATED}
+            # States passed before this page connected, or between two polls.
+            for past in _passed_states(status, sess.status_history or {}):
+                if past not in shown:
+                    shown.add(past)
                     yield {"progress": PROGRESS[past], "message": past.value.lower()}
+            shown.add(status)
             if status in DEAD_STATUSES:
-                yield {"progress": 100, "message": f"{status.value}: {sess.status_info}"}
+                yield {"progress": 100, "message": _state_words(sess)}
                 return
-            msg = f"{status.value.lower()}: {sess.status_info}" if sess.status_info else status.value.lower()
-            yield {"progress": PROGRESS.get(status, 0), "message": msg}
+            yield {"progress": PROGRESS.get(status, 0), "message": _state_words(sess)}
             if status == SessionStatus.RUNNING:
                 return
 
@@ -371,6 +466,10 @@ class BackendAISpawner(Spawner):
         if sess.status in DEAD_STATUSES:
             code = sess.kernels[0].exit_code if sess.kernels else None
             return code if code not in (None, 0) else 1
+        if not self._handed_over and sess.awaited_until is not None:
+            # JupyterHub polls what it knows: the server is its own now.
+            await self.manager.await_session(self.session_id, None)
+        self._handed_over = True
         await self._report_activity()
         return None
 
@@ -412,6 +511,32 @@ class BackendAISpawner(Spawner):
         self._reported_activity = None
 
 
+_UNISOLATED = (
+    "unisolated: for demos only (the local backend runs this server as a plain process on the "
+    "hub's machine, without a container)"
+)
+
+
+def _user_error(message: str, *, reason: str = "invalid_request", status_code: int = 400) -> SpawnException:
+    """A SpawnException whose text is exactly ``message`` wherever JupyterHub shows it:
+    the form, the API's JSON, the progress stream's "Spawn failed: ..." and the
+    spawn-pending page (they read ``jupyterhub_message``, else ``str(exc)``, which
+    would be "400 SpawnException(reason=...): ...")."""
+    e = SpawnException(message, reason=reason, status_code=status_code)
+    e.jupyterhub_message = message
+    return e
+
+
+def _state_words(sess) -> str:
+    """``pending: quota exceeded: ...``, or just ``running`` when the reason only repeats
+    the state."""
+    word = str(sess.status).lower()
+    info = (sess.status_info or "").strip()
+    if not info or info.lower() == word:
+        return word
+    return f"{word}: {info}"
+
+
 def _whole_number(name: str, value) -> int:
     """A whole number from the form (text) or the API (number); InvalidRequest otherwise."""
     if isinstance(value, bool):
@@ -433,19 +558,43 @@ def _passed_states(current: SessionStatus, history: dict) -> list[SessionStatus]
     ]
 
 
-def _largest_free(s, resource_group: str) -> str:
+def _group_facts(s, resource_group: str) -> dict:
+    """What the form shows of a resource group: free room on its largest live agent (in
+    human units), whether it has GPUs, whether any agent is on the local backend."""
     from sqlalchemy import select
 
     from .models import Agent
 
     best = None
+    gpu = local = False
     for a in s.scalars(select(Agent).where(Agent.resource_group == resource_group, Agent.status == "ALIVE")):
+        gpu = gpu or bool(a.available_slots.get(CUDA, 0))
+        local = local or a.backend == "local"
         free = a.available_slots - a.occupied_slots
         if best is None or (free.get(CPU, 0), free.get(MEM, 0)) > (best.get(CPU, 0), best.get(MEM, 0)):
             best = free
     if best is None:
-        return "no agent"
-    parts = [f"{best.get(CPU, 0)} CPU", f"{format_size(best.get(MEM, 0))} memory"]
-    if best.get(CUDA):
-        parts.append(f"{best[CUDA]} GPU")
-    return ", ".join(parts)
+        text = "no agent is running in this resource group"
+    else:
+        shown = {CPU: best.get(CPU, 0), MEM: best.get(MEM, 0)}
+        if gpu:
+            shown[CUDA] = best.get(CUDA, 0)
+        text = format_slots(shown)
+    return {"free": text, "gpu": gpu, "local": local}
+
+
+def _session_is_local(s, session_id: str) -> bool:
+    """Whether a kernel of the session runs on an agent of the local backend."""
+    from sqlalchemy import select
+
+    from .models import Agent, Kernel, Session
+
+    backends = s.scalars(
+        select(Agent.backend).join(Kernel, Kernel.agent_id == Agent.id).where(Kernel.session_id == session_id)
+    ).all()
+    if not backends:  # not placed yet: the agents it may land on
+        sess = s.get(Session, session_id)
+        if sess is not None:
+            backends = s.scalars(select(Agent.backend).where(
+                Agent.resource_group == sess.resource_group, Agent.status == "ALIVE")).all()
+    return "local" in backends

@@ -34,6 +34,7 @@ fi
 echo "[install] python packages (requirements/ci.txt)"
 uv pip install -q --python .venv/bin/python -r requirements/ci.txt
 uv pip install -q --python .venv/bin/python --no-deps -e .
+bash scripts/install-backendai-clients.sh  # the official backend.ai CLI (tests/test_backendai_client.py)
 
 echo "[install] configurable-http-proxy (npm ci)"
 if [ ! -x node_modules/.bin/configurable-http-proxy ]; then

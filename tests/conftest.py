@@ -17,6 +17,13 @@ from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgra
 from .hub import Hub
 from .services import Etcd, Postgres, Redis
 
+# Tests run as root here and keep hubs, agents and volumes in private temporary
+# directories (0700) that an unprivileged kernel user cannot enter: local-backend
+# kernels keep running as root in them (the agent logs UNSAFE). The tests of the
+# safe default (kernels as uid 1000) turn this off for their own hubs
+# (tests/test_attacks_agent.py).
+os.environ.setdefault("BACKENDAI_UNSAFE_LOCAL_KERNELS_AS_ROOT", "1")
+
 
 @pytest.fixture(scope="session")
 def postgres():
@@ -88,6 +95,25 @@ def containers_of(agent_id: str) -> list[str]:
     return out
 
 
+def shutdown_hub(hub: Hub) -> None:
+    """Stop every server of a test hub, then the hub; remove what its agent left behind
+    (containers, session networks) and its directory."""
+    from .inproc import remove_session_networks
+
+    try:
+        for u in hub.api("GET", "/users").json():
+            for name in list(u.get("servers", {})):
+                hub.stop_server(u["name"], name)
+    except Exception:
+        pass  # the hub may already be gone; the clean-up below still runs
+    hub.close()
+    left = containers_of(hub.agent_id)
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+    remove_session_networks(hub.agent_id)
+    shutil.rmtree(hub.dir, ignore_errors=True)
+
+
 @pytest.fixture
 def make_hub(request):
     hubs: list[Hub] = []
@@ -113,6 +139,9 @@ def make_hub(request):
             left = containers_of(hub.agent_id)
             if left:
                 subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+            from .inproc import remove_session_networks
+
+            remove_session_networks(hub.agent_id)
         else:
             state = os.path.join(hub.env["BACKENDAI_STATE_DIR"], "agent", "local-kernels")
             _kill_local_kernels(state)

@@ -150,6 +150,20 @@ def remove_containers(agent_id: str) -> None:
     left = containers_of(agent_id)
     if left:
         subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+    remove_session_networks(agent_id)
+
+
+def remove_session_networks(agent_id: str) -> None:
+    """Session networks an agent made (the product removes them with their last
+    kernel; a test that removes containers behind its back leaves them)."""
+    r = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", "label=ai.backend.network=session",
+         "--filter", f"label=ai.backend.agent-id={agent_id}"],
+        capture_output=True, text=True,
+    )
+    nets = r.stdout.split() if r.returncode == 0 else []
+    if nets:
+        subprocess.run(["docker", "network", "rm", *nets], capture_output=True)
 
 
 def local_kernels(agent: LocalAgent) -> list[str]:

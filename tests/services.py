@@ -152,8 +152,9 @@ class StorageDaemon:
     """A ``backendai-storage-proxy`` subprocess serving ``volume1`` and ``volume2``
     under ``root``, configured through a config file; stopped by its PID."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, extra_config: str = ""):
         self.root = str(root)
+        self.extra_config = extra_config  # more config-file lines
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -169,6 +170,7 @@ class StorageDaemon:
         with open(self.config, "w") as f:
             f.write(f"c.StorageProxyApp.volumes = {self.volumes!r}\n")
             f.write(f"c.StorageProxyApp.listen_port = {self.port}\n")
+            f.write(self.extra_config)
         env = dict(os.environ, BACKENDAI_STORAGE_TOKEN=self.token)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

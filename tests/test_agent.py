@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import zlib
 
 from traitlets.config import Config
 
@@ -61,7 +62,9 @@ def test_capacity_ports_and_gpu_mapping(tmp_path):
         assert a["service_ports"][0]["host_port"] != b["service_ports"][0]["host_port"]
         home = os.path.join(agent.local_work_root, "alice")
         env_a = await _wait_file(os.path.join(home, "env-a"))
-        assert "CUDA_VISIBLE_DEVICES=1,2" in env_a
+        # Devices reach the kernel by UUID (CUDA accepts UUIDs); the indices are for people.
+        assert "CUDA_VISIBLE_DEVICES=GPU-b,GPU-c\n" in env_a
+        assert "BACKENDAI_CUDA_DEVICES=1,2\n" in env_a
         port = a["service_ports"][0]["host_port"]
         assert f"JUPYTERHUB_SERVICE_URL=http://127.0.0.1:{port}/user/alice/a/" in env_a
         try:
@@ -75,11 +78,13 @@ def test_capacity_ports_and_gpu_mapping(tmp_path):
         await agent.stop()
         again = _agent(tmp_path)
         await again.start()
-        assert sorted(again._device_owner) == [0, 1, 2]
+        assert again.gpus.busy_indices() == [0, 1, 2]
+        assert again.gpus.owners() == {"GPU-a": b["kernel_id"], "GPU-b": a["kernel_id"],
+                                       "GPU-c": a["kernel_id"]}
         await again.destroy_kernel(a["kernel_id"])
         await again.destroy_kernel(b["kernel_id"])
         assert await again.list_kernels() == []
-        assert again._device_owner == {} and again._used_ports == set()
+        assert again.gpus.owners() == {} and again._used_ports == set()
         await again.stop()
 
     asyncio.run(run())
@@ -97,7 +102,8 @@ def test_mounts_are_checked_before_anything_starts(tmp_path):
         agent = _agent(tmp_path)
         await agent.start()
         bad = [
-            ([{"source": str(src), "target": "/home/work"}], "mount target must be"),
+            ([{"source": str(src), "target": "/home"}], "mount target must be"),
+            ([{"source": str(src), "target": "/home/work/"}], "one folder directly under"),
             ([{"source": str(src), "target": "/tmp/x"}], "mount target must be /home/work/<name>"),
             ([{"source": str(src), "target": "/home/work/a/b"}], "one folder directly under"),
             ([{"source": str(src), "target": "/home/work/.."}], "one folder directly under"),
@@ -178,5 +184,251 @@ def test_local_backend_links_vfolders_while_a_kernel_uses_them(tmp_path):
             await asyncio.sleep(0.05)
         assert not os.path.lexists(link)
         await agent.stop()
+
+    asyncio.run(run())
+
+
+def test_local_backend_home_folder_is_the_working_directory(tmp_path):
+    """Local backend: a folder mounted at /home/work itself (the user's home folder) is
+    the kernel's working directory and HOME; the other folders are linked into it, and
+    the links go when the kernel ends (the home's files stay)."""
+    home = tmp_path / "vol" / "home"
+    home.mkdir(parents=True)
+    data = tmp_path / "vol" / "data"
+    data.mkdir()
+    mounts = [{"source": str(home), "target": "/home/work", "mode": "rw"},
+              {"source": str(data), "target": "/home/work/.data", "mode": "rw"}]
+
+    async def run():
+        agent = _agent(tmp_path)
+        await agent.start()
+        k = await agent.create_kernel(dict(_spec("h", 0), mounts=mounts))
+        env = await _wait_file(str(home / "env-h"))
+        assert f"HOME={home}\n" in env
+        assert os.readlink(home / ".data") == str(data)
+        assert not os.path.exists(os.path.join(agent.local_work_root, "alice", "env-h"))
+        await agent.destroy_kernel(k["kernel_id"])
+        assert not os.path.lexists(home / ".data")
+        assert sorted(os.listdir(home)) == ["env-h"]
+        await agent.stop()
+
+    asyncio.run(run())
+
+
+# -- CPU burst while an interactive kernel's server starts (Docker) -----------------------
+
+BURST_IMAGE = "backendai-test/cpu-burst:latest"
+
+
+CPU_MAX = """#!/bin/sh
+# The container's CPU limit as "<quota> <period>" (cgroup v2, or v1's two files).
+if [ -f /sys/fs/cgroup/cpu.max ]; then cat /sys/fs/cgroup/cpu.max
+else echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)"
+fi
+"""
+
+
+def _burst_image(tmp_path, cmd: str) -> str:
+    """The kernel image with another command: it records the CPU limit it started under,
+    then (in ``cmd``) serves HTTP on the Jupyter port after a second, or never."""
+    import subprocess
+
+    tag = f"{BURST_IMAGE.rsplit(':', 1)[0]}:{zlib.crc32(cmd.encode())}"
+    d = tmp_path / "img"
+    d.mkdir(exist_ok=True)
+    (d / "cpu-max").write_text(CPU_MAX)
+    (d / "start").write_text(f"#!/bin/sh\ncpu-max > /tmp/startup-cpu.max\n{cmd}\n")
+    for f in ("cpu-max", "start"):
+        (d / f).chmod(0o755)
+    (d / "Dockerfile").write_text(
+        "FROM backendai/python-kernel:latest\n"
+        "COPY cpu-max start /usr/local/bin/\n"
+        'CMD ["start"]\n'
+    )
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True, capture_output=True)
+    return tag
+
+
+def _docker_agent(tmp_path, agent_id: str, **cfg) -> Agent:
+    c = Config()
+    c.Agent.backend = "docker"
+    c.Agent.agent_id = agent_id
+    c.Agent.state_dir = str(tmp_path / "agent")
+    c.Agent.port_range = (41060, 41070)
+    c.Agent.slots = {"cpu": 2, "mem": "8g"}
+    for k, v in cfg.items():
+        setattr(c.Agent, k, v)
+    return Agent(InProcessEventBus(), config=c)
+
+
+async def _cpu(container_id: str) -> tuple[int, str, str]:
+    """(NanoCpus from docker inspect, cpu.max now, cpu.max at the server's start)."""
+    import json
+    import subprocess
+
+    def sh(*args: str) -> str:
+        return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+    info = json.loads(sh("docker", "inspect", container_id))[0]
+    now = sh("docker", "exec", container_id, "cpu-max")
+    at_start = sh("docker", "exec", container_id, "cat", "/tmp/startup-cpu.max")
+    return info["HostConfig"]["NanoCpus"], now, at_start
+
+
+def _interactive(name: str, image: str, cpu: str = "0.5") -> dict:
+    return {
+        "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": image,
+        "slots": {"cpu": cpu, "mem": str(2**30)}, "kernel_type": "interactive",
+        "environ": {"BACKENDAI_SESSION_NAME": name}, "service_prefix": f"/user/alice/{name}/",
+    }
+
+
+def test_a_kernel_starts_with_a_cpu_burst_and_is_handed_over_at_its_limit(tmp_path):
+    image = _burst_image(tmp_path, "sleep 1; exec python3 -m http.server 8888")
+    agent_id = "i-burst-" + new_id()[:8]
+
+    async def run():
+        agent = _docker_agent(tmp_path, agent_id, startup_cpus=2.0, startup_cpu_timeout=60.0)
+        await agent.start()
+        k = await agent.create_kernel(_interactive("b", image))
+        try:
+            nano, now, at_start = await _cpu(k["container_id"])
+            assert at_start == "200000 100000"  # 2 cores while the server started
+            assert nano == 500_000_000  # exactly the requested 0.5 CPU once it answered
+            assert now == "50000 100000"
+            # An agent that died mid-start left a burst: its successor ends it.
+            async with __import__("aiodocker").Docker() as docker:
+                await docker._query_json(
+                    f"containers/{k['container_id']}/update", method="POST",
+                    data='{"NanoCpus": 2000000000}', headers={"Content-Type": "application/json"})
+            await agent.stop()
+            again = _docker_agent(tmp_path, agent_id, startup_cpus=2.0)
+            await again.start()
+            assert (await _cpu(k["container_id"]))[0] == 500_000_000
+            await again.destroy_kernel(k["kernel_id"])
+            await again.stop()
+        finally:
+            import subprocess
+
+            subprocess.run(["docker", "rm", "-f", k["container_id"]], capture_output=True)
+
+    asyncio.run(run())
+
+
+def test_a_kernel_whose_server_never_answers_gets_its_limit_after_the_bound(tmp_path):
+    image = _burst_image(tmp_path, "exec sleep infinity")
+
+    async def run():
+        agent = _docker_agent(tmp_path, "i-burst-" + new_id()[:8], startup_cpus=2.0,
+                              startup_cpu_timeout=1.5)
+        await agent.start()
+        k = await agent.create_kernel(_interactive("n", image, cpu="0.25"))
+        try:
+            nano, now, at_start = await _cpu(k["container_id"])
+            assert at_start == "200000 100000"
+            assert nano == 250_000_000
+            assert now == "25000 100000"
+        finally:
+            await agent.destroy_kernel(k["kernel_id"])
+            await agent.stop()
+
+    asyncio.run(run())
+
+
+def test_no_burst_when_disabled_or_not_interactive(tmp_path):
+    image = _burst_image(tmp_path, "exec python3 -m http.server 8888")
+
+    async def run():
+        agent = _docker_agent(tmp_path, "i-burst-" + new_id()[:8], startup_cpus=0.0)
+        await agent.start()
+        k = await agent.create_kernel(_interactive("z", image))
+        idle = await agent.create_kernel(dict(_interactive("i", image), kernel_type="idle"))
+        try:
+            assert (await _cpu(k["container_id"]))[0] == 500_000_000
+            assert (await _cpu(k["container_id"]))[2] == "50000 100000"
+            import aiodocker
+
+            async with aiodocker.Docker() as docker:
+                info = await docker.containers.container(idle["container_id"]).show()
+            assert info["HostConfig"]["NanoCpus"] == 500_000_000
+        finally:
+            await agent.destroy_kernel(k["kernel_id"])
+            await agent.destroy_kernel(idle["kernel_id"])
+            await agent.stop()
+
+    asyncio.run(run())
+
+
+# -- live statistics in Redis ----------------------------------------------------------------
+
+
+def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
+    import json
+
+    import redis.asyncio as aioredis
+
+    from jupyterhub_backendai.agent.stats import read_stats, stats_key
+    from jupyterhub_backendai.common.events import RedisEventBus
+
+    agent_id = "i-stats-" + new_id()[:8]
+
+    async def run():
+        bus = RedisEventBus(redis_server.url)
+        c = Config()
+        c.Agent.backend = "docker"
+        c.Agent.agent_id = agent_id
+        c.Agent.state_dir = str(tmp_path / "agent")
+        c.Agent.port_range = (41080, 41090)
+        c.Agent.slots = {"cpu": 4, "mem": "8g"}
+        c.Agent.heartbeat_interval = 3600.0  # heartbeats by hand below
+        agent = Agent(bus, config=c)
+        r = aioredis.from_url(redis_server.url)
+        await agent.start()
+        try:
+            spec = {
+                "kernel_id": new_id(), "session_id": new_id(), "owner": "alice",
+                "image": "backendai/python-kernel:latest", "kernel_type": "batch",
+                # Busy for a while: a CPU figure above zero, some memory.
+                "command": "python3 -c 'import time; x = bytearray(64 << 20); t = time.time()\n"
+                           "while time.time() - t < 60: pass'",
+                "slots": {"cpu": "1", "mem": str(2**30)}, "environ": {},
+                "service_prefix": "/x/",
+            }
+            k = await agent.create_kernel(spec)
+            kid = k["kernel_id"]
+            await agent.heartbeat()
+            first = (await read_stats(r, [agent_id]))[agent_id]
+            assert first["kernels"][kid]["cpu_pct"] is None  # one sample: no rate yet
+            await agent.heartbeat()
+            got = await read_stats(r)  # by SCAN: every agent with statistics
+            st = got[agent_id]
+            ks = st["kernels"][kid]
+            assert ks["cpu_pct"] is not None and ks["cpu_pct"] > 0
+            assert ks["mem_bytes"] > 0
+            assert ks["mem_limit_bytes"] == 2**30
+            assert ks["gpu_util_pct"] is None  # no GPU here
+            assert st["available_slots"] == {"cpu": "4", "mem": str(8 * 2**30)}
+            assert st["occupied_slots"] == {"cpu": "1", "mem": str(2**30)}
+            assert st["free_slots"] == {"cpu": "3", "mem": str(7 * 2**30)}
+            ttl = await r.pttl(stats_key(agent_id))
+            assert 0 < ttl <= 3 * 3600 * 1000
+            raw = await r.hgetall(stats_key(agent_id))
+            assert json.loads(raw[b"kernels"])[kid]["mem_bytes"] == ks["mem_bytes"]
+            # A restarted agent knows its kernels' slots again (from the container).
+            await agent.stop()
+            assert await r.exists(stats_key(agent_id)) == 0  # a stopped agent has none
+            agent = Agent(bus, config=c)
+            await agent.start()
+            await agent.heartbeat()
+            st = (await read_stats(r, [agent_id]))[agent_id]
+            assert st["occupied_slots"] == {"cpu": "1", "mem": str(2**30)}
+            await agent.destroy_kernel(kid)
+            await agent.heartbeat()
+            st = (await read_stats(r, [agent_id]))[agent_id]
+            assert st["kernels"] == {} and st["free_slots"] == st["available_slots"]
+        finally:
+            await agent.stop()
+            await bus.close()
+            await r.aclose()
 
     asyncio.run(run())

@@ -69,12 +69,12 @@ def test_project_crud_mirrors_hub_groups(sa, api_hub):
     p = sa.ok("POST", "/projects", json={"name": "ml", "domain_name": dom,
                                          "total_resource_slots": {"cuda.device": 2}})
     assert p["domain_name"] == dom and p["total_resource_slots"] == {"cuda.device": "2"}
-    assert hub_api(api_hub, "GET", f"/groups/{dom}.ml").status_code == 200
+    assert hub_api(api_hub, "GET", f"/groups/{dom}:ml").status_code == 200
     problem(sa("POST", "/projects", json={"name": "ml", "domain_name": dom}), 409, "exists")
     u = new_user(sa, domain=dom, projects=[])
     added = sa.ok("POST", f"/projects/{p['id']}/members", 200, json={"user_ids": [u["id"]]})
     assert added["added"] == [u["username"]] and u["id"] in added["user_ids"]
-    assert hub_api(api_hub, "GET", f"/groups/{dom}.ml").json()["users"] == [u["username"]]
+    assert hub_api(api_hub, "GET", f"/groups/{dom}:ml").json()["users"] == [u["username"]]
     members = sa.ok("GET", f"/projects/{p['id']}/members")
     assert [m["id"] for m in members["items"]] == [u["id"]] and members["total"] == 1
     # Members come from the project's domain only.
@@ -82,15 +82,15 @@ def test_project_crud_mirrors_hub_groups(sa, api_hub):
                json={"user_ids": [sa.ok("GET", "/whoami")["user"]["id"]]}), 400, "domain")
     renamed = sa.ok("PATCH", f"/projects/{p['id']}", json={"name": "ml2", "description": "d"})
     assert renamed["name"] == "ml2" and renamed["description"] == "d"
-    assert hub_api(api_hub, "GET", f"/groups/{dom}.ml").status_code == 404
-    assert hub_api(api_hub, "GET", f"/groups/{dom}.ml2").json()["users"] == [u["username"]]
+    assert hub_api(api_hub, "GET", f"/groups/{dom}:ml").status_code == 404
+    assert hub_api(api_hub, "GET", f"/groups/{dom}:ml2").json()["users"] == [u["username"]]
     sa.ok("DELETE", f"/projects/{p['id']}/members/{u['id']}")
-    assert hub_api(api_hub, "GET", f"/groups/{dom}.ml2").json()["users"] == []
+    assert hub_api(api_hub, "GET", f"/groups/{dom}:ml2").json()["users"] == []
     problem(sa("DELETE", f"/projects/{p['id']}/members/{u['id']}"), 404, "not a member")
     assert sa.ok("GET", "/projects", params={"domain": dom, "name": "ml2"})["total"] == 1
     sa.ok("DELETE", f"/projects/{p['id']}")
     problem(sa("GET", f"/projects/{p['id']}"), 404)
-    assert hub_api(api_hub, "GET", f"/groups/{dom}.ml2").status_code == 404
+    assert hub_api(api_hub, "GET", f"/groups/{dom}:ml2").status_code == 404
 
 
 def test_user_crud_roles_follow_hub_admin(sa, api_hub):
@@ -123,11 +123,12 @@ def test_user_crud_roles_follow_hub_admin(sa, api_hub):
                                                                         "limit": 500})["items"]]
     problem(sa("PATCH", f"/users/{sa.ok('GET', '/whoami')['user']['id']}",
                json={"role": "user"}), 409, "your own")
-    assert "default.default" in hub_api(api_hub, "GET", f"/users/{name}").json()["groups"]
+    assert "default:default" in hub_api(api_hub, "GET", f"/users/{name}").json()["groups"]
     sa.ok("DELETE", f"/users/{u['id']}")
     problem(sa("GET", f"/users/{u['id']}"), 404)
     assert sa.ok("GET", "/keypairs", params={"user_id": u["id"]})["total"] == 0
-    assert hub_api(api_hub, "GET", f"/users/{name}").json()["groups"] == []
+    # Identity by id: the hub's account goes with the user (groups, tokens, cookies).
+    assert hub_api(api_hub, "GET", f"/users/{name}").status_code == 404
 
 
 def test_keypair_secret_is_shown_once(sa, api_hub):
@@ -151,6 +152,10 @@ def test_keypair_secret_is_shown_once(sa, api_hub):
     assert c.ok("GET", "/keypairs", params={"is_active": "true"})["total"] == 2
     problem(sa("PATCH", f"/keypairs/{kp['access_key']}", json={"resource_policy": "nope"}),
             400, "resource_policy")
+    # The main keypair stays until another one is made the main keypair.
+    problem(c("DELETE", f"/keypairs/{kp['access_key']}"), 409, "main keypair")
+    first = next(a for a in kps if a != kp["access_key"])
+    sa.ok("PATCH", f"/keypairs/{first}", json={"is_default": True})
     c.ok("DELETE", f"/keypairs/{kp['access_key']}")
     problem(c("GET", f"/keypairs/{kp['access_key']}"), 404)
 

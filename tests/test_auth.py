@@ -22,7 +22,7 @@ def test_login_by_email_and_username(hub):
         s = hub.login(login, "alice-pass-1")
         assert s.last_login.url.endswith("/hub/spawn"), (login, s.last_login.status_code)
     user = hub.api("GET", "/users/alice").json()
-    assert user["admin"] is False and "default.default" in user["groups"]
+    assert user["admin"] is False and "default:default" in user["groups"]
     assert hub.api("GET", "/users/admin").json()["admin"] is True
 
 

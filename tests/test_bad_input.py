@@ -1,6 +1,11 @@
-"""Bad requests get a clear 4xx and leave nothing behind: no session, no slots, no container."""
+"""Bad requests get a clear 4xx in plain words (what is wrong and what is allowed, never
+a regular expression) and leave nothing behind: no session, no slots, no container."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
 
 import pytest
 from sqlalchemy import func, select
@@ -9,28 +14,56 @@ from jupyterhub_backendai.models import Agent, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .conftest import containers_of
+from .hub import Hub
 
+pytestmark = pytest.mark.docker
+
+# The agent's capacity is set, so that the "more than ..." messages are exact.
+SLOTS = {"cpu": 2, "mem": "4g"}
+
+# (options, the exact message) or (options, ("startswith", prefix)).
 CASES = [
-    ({"image": "no-such/image:1"}, "unknown image"),
-    ({"cpu": "-1"}, "cpu must be positive"),
-    ({"cpu": "0"}, "cpu must be positive"),
-    ({"cpu": "abc"}, "cpu must be a number"),
-    ({"cpu": "nan"}, "finite"),
-    ({"cpu": "100000"}, "exceeds what any agent has"),
-    ({"mem": "-5g"}, "invalid size"),
-    ({"mem": "1"}, "at least 64m"),
-    ({"mem": "99999t"}, "exceeds what any agent has"),
-    ({"gpu": "1.5"}, "whole number"),
-    ({"gpu": "4"}, "exceeds what any agent has"),
-    ({"cpu": "0.1"}, "needs at least cpu=0.25"),
-    ({"bogus": "1"}, "unknown option"),
-    ({"cpu": ["1", "2"]}, "must be a number"),
+    ({"image": "no-such/image:1"}, ("startswith", "unknown image 'no-such/image:1'")),
+    ({"cpu": "-1"}, "cpu must be positive, not -1"),
+    ({"cpu": "0"}, "cpu must be positive, not 0"),
+    ({"cpu": "abc"}, "cpu must be a number, not 'abc'"),
+    ({"cpu": "nan"}, "cpu must be a finite number, not 'nan'"),
+    ({"cpu": "100000"}, "CPU: 100000 cores is more than the 2 cores this resource group offers"),
+    ({"mem": "-5g"}, "mem must be a size like 512m, 2g or 1.5 GiB, not '-5g'"),
+    ({"mem": "lots"}, "mem must be a size like 512m, 2g or 1.5 GiB, not 'lots'"),
+    ({"mem": "1"}, "mem must be at least 64m (64 MiB), not 1 byte"),
+    ({"mem": "99999t"}, "Memory: 99999 TiB is more than the 4 GiB this resource group offers"),
+    ({"cpu": "3", "mem": "5g"}, "CPU: 3 cores is more than the 2 cores this resource group offers; "
+                                "Memory: 5 GiB is more than the 4 GiB this resource group offers"),
+    ({"gpu": "1.5"}, "gpu must be a whole number >= 0, not 1.5"),
+    ({"gpu": "4"}, "GPUs: this resource group has none (4 GPUs requested)"),
+    ({"cpu": "0.1"}, ("startswith", "image ")),  # the image's minimum, checked below
+    ({"bogus": "1"}, "unknown option(s): bogus"),
+    ({"cpu": ["1", "2"]}, "cpu must be a number, not ['1', '2']"),
 ]
+REGEX_MARKS = ("^", "$", "(?", "\\d", "[0-9", ".*", "+)")
 
 
-@pytest.fixture
-def hub(make_hub, db_url, docker_image):
-    return make_hub(db_url=db_url, backend="docker")
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def hub(request, tmp_path_factory, docker_image):
+    """One Docker-backend hub per database for the module (nothing here starts a server
+    that stays)."""
+    if request.param == "sqlite":
+        db_url = f"sqlite:///{tmp_path_factory.mktemp('bad-input')}/backendai.sqlite"
+    else:
+        db_url = request.getfixturevalue("postgres").new_database("t_" + uuid.uuid4().hex[:12])
+    h = Hub(db_url=db_url, backend="docker", slots=SLOTS).start()
+    yield h
+    try:
+        for u in h.api("GET", "/users").json():
+            for name in list(u.get("servers", {})):
+                h.stop_server(u["name"], name)
+    finally:
+        h.close()
+        left = containers_of(h.agent_id)
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+        shutil.rmtree(h.dir, ignore_errors=True)
 
 
 def _nothing_left(hub):
@@ -45,11 +78,28 @@ def _nothing_left(hub):
     assert hub.server_model("admin", "bad") is None or not hub.server_model("admin", "bad")["ready"]
 
 
+def _image_minimum_cpu(hub) -> str:
+    r = subprocess.run(["docker", "image", "inspect", "-f",
+                        '{{index .Config.Labels "ai.backend.resource.min.cpu"}}', hub.image],
+                       capture_output=True, text=True, check=True)
+    return r.stdout.strip()
+
+
 def test_bad_options_through_api(hub):
-    for options, message in CASES:
+    for options, expected in CASES:
         r = hub.spawn("admin", "bad", options)
         assert r.status_code == 400, (options, r.status_code, r.text)
-        assert message in r.json()["message"], (options, r.json())
+        message = r.json()["message"]
+        if isinstance(expected, tuple):
+            assert message.startswith(expected[1]), (options, message)
+        else:
+            assert message == expected, (options, message)
+        assert "HTTP 400" not in message and "SpawnException" not in message, message
+        assert not any(mark in message for mark in REGEX_MARKS), message
+    minimum = _image_minimum_cpu(hub)
+    assert minimum == "0.25"
+    r = hub.spawn("admin", "bad", {"cpu": "0.1"})
+    assert r.json()["message"] == f"image {hub.image} needs at least 0.25 cores and 256 MiB memory"
     _nothing_left(hub)
 
 
@@ -57,20 +107,32 @@ def test_malformed_form(hub):
     s = hub.login()
     xsrf = s.cookies.get("_xsrf")
     for form, message in [
-        ({"image": hub.image, "cpu": "lots", "mem": "1g"}, "cpu must be a number"),
-        ({"image": hub.image, "cpu": ["1", "2"], "mem": "1g"}, "exactly one value"),
-        ({"image": "<script>x</script>", "cpu": "1", "mem": "1g"}, "unknown image"),
+        ({"image": hub.image, "cpu": "lots", "mem": "1g"}, "cpu must be a number, not &#39;lots&#39;"),
+        ({"image": hub.image, "cpu": ["1", "2"], "mem": "1g"},
+         "form field &#39;cpu&#39; must have exactly one value"),
+        ({"image": hub.image, "cpu": "1", "mem": "-5g"},
+         "mem must be a size like 512m, 2g or 1.5 GiB, not &#39;-5g&#39;"),
+        ({"image": hub.image, "cpu": "1", "mem": "9g"},
+         "Memory: 9 GiB is more than the 4 GiB this resource group offers"),
+        ({"image": "<script>x</script>", "cpu": "1", "mem": "1g"},
+         "unknown image &#39;&lt;script&gt;x&lt;/script&gt;&#39;"),
     ]:
         r = s.post(hub.base + "/hub/spawn/admin/bad", data={**form, "_xsrf": xsrf})
         assert r.status_code == 400, (form, r.status_code)
         assert message in r.text, (form, r.text[-2000:])
         assert "<script>x</script>" not in r.text
+        assert "HTTP 400" not in r.text and "SpawnException" not in r.text
+        assert "Please match the requested format" not in r.text
     _nothing_left(hub)
 
 
-def test_form_offers_kernel_images(hub):
+def test_form_offers_kernel_images_in_human_units(hub):
     s = hub.login()
     r = s.get(hub.base + "/hub/spawn")
     assert r.status_code == 200
     assert f'<option value="{hub.image}">' in r.text
-    assert 'name="cpu"' in r.text and 'name="mem"' in r.text and 'name="gpu"' in r.text
+    assert 'name="cpu"' in r.text and 'name="mem"' in r.text
+    assert 'name="gpu"' not in r.text  # the group has no GPU slots
+    assert "pattern=" not in r.text  # no regex for the browser to quote back
+    assert "Free on the largest agent now: 2 cores, 4 GiB memory" in r.text
+    assert "unisolated" not in r.text  # Docker: no local-backend notice

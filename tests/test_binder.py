@@ -228,7 +228,10 @@ def test_binder_demo(binder, tmp_path):
             expect(hub.locator("#progress-message")).to_contain_text(
                 "quota exceeded", timeout=60_000)
             message = hub.locator("#progress-message").inner_text()
-            assert message.startswith("pending: quota exceeded: keypair"), message
+            assert message == (
+                "pending: quota exceeded: your keypair's resource policy allows 1 core in total; "
+                "1 core is in use and this session asks for 0.5 more "
+                "(keypair policy 'demo', total_resource_slots)"), message
             mark("quota")
             # mybinder.org gives a container 2 GB: the whole demo, with two sessions
             # and a kernel running, must fit (the browser is the visitor's, not counted).

@@ -231,7 +231,7 @@ def test_bootstrap_commands_work_without_a_hub(tmp_path, capsys):
         out, err = capsys.readouterr()
         return rc, (json.loads(out) if rc == 0 else err)
 
-    assert run("db-upgrade") == (0, {"upgraded": True})
+    assert run("db-upgrade") == (0, {"upgraded": True, "database": db, "from": "--db"})
     assert run("create-domain", "lab")[1] == {"domain": "lab"}
     rc, out = run("create-project", "vision", "--domain", "lab")
     assert rc == 0 and out["domain"] == "lab"
@@ -326,3 +326,255 @@ def test_vfolders_and_their_files_through_the_cli(admin, hub, tmp_path):
     assert not os.path.exists(os.path.join(hub.volume_path, kind, sid, f["id"]))
     rc, err = admin("vfolders", "get", "results", keys=keys)
     assert rc == cli.EXIT_API_ERROR and "no vfolders named 'results'" in err
+
+
+# -- issue 9: the hub's database, names or ids, reset-password, --help ----------------
+
+
+def _admin_exe(*argv, env, cwd):
+    exe = os.path.join(os.path.dirname(sys.executable), "backendai-admin")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BACKENDAI_")}
+    return subprocess.run([exe, *argv], env={**clean, **env}, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _domains(db_url: str) -> set[str]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as c:
+            return {r[0] for r in c.execute(text("select name from domains"))}
+    finally:
+        engine.dispose()
+
+
+def test_bootstrap_finds_the_hubs_database_and_never_makes_a_stray_one(tmp_path):
+    state, elsewhere, empty = tmp_path / "state", tmp_path / "elsewhere", tmp_path / "empty"
+    for d in (elsewhere, empty):
+        d.mkdir()
+    env = {"BACKENDAI_STATE_DIR": str(state)}
+    hub_db = f"sqlite:///{state}/backendai.sqlite"
+
+    # No database yet where the hub keeps it: refused, naming the path, nothing made.
+    r = _admin_exe("create-domain", "lab", env=env, cwd=elsewhere)
+    assert r.returncode == cli.EXIT_USAGE
+    assert r.stderr == (
+        f"backendai-admin: no database at {state}/backendai.sqlite (from BACKENDAI_STATE_DIR: "
+        f"{hub_db}); run `backendai-admin db-upgrade` there first, or point at the hub's "
+        "database with --db, BACKENDAI_DB_URL or BACKENDAI_STATE_DIR\n")
+    assert not state.exists() and os.listdir(elsewhere) == []
+
+    # db-upgrade makes it there; the other commands then use it, from any directory.
+    r = _admin_exe("db-upgrade", env=env, cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"upgraded": True, "database": hub_db,
+                                    "from": "BACKENDAI_STATE_DIR"}
+    r = _admin_exe("create-domain", "lab", env=env, cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert "lab" in _domains(hub_db)
+    assert os.listdir(elsewhere) == []
+
+    # BACKENDAI_DB_URL wins over the state directory, --db over both.
+    other = f"sqlite:///{tmp_path}/other.sqlite"
+    r = _admin_exe("create-domain", "lab2", env={**env, "BACKENDAI_DB_URL": other}, cwd=elsewhere)
+    assert r.returncode == cli.EXIT_USAGE
+    assert f"no database at {tmp_path}/other.sqlite (from BACKENDAI_DB_URL" in r.stderr
+    assert not os.path.exists(f"{tmp_path}/other.sqlite")
+    r = _admin_exe("--db", hub_db, "create-domain", "lab3",
+                   env={**env, "BACKENDAI_DB_URL": other}, cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert {"lab", "lab3"} <= _domains(hub_db)
+
+    # Nothing set at all: the default ./backendai-state, which is not there: refused.
+    for argv in (("create-user", "--email", "x@example.com", "--password", "x-pass-123"),
+                 ("create-superadmin",), ("reset-password", "admin"),
+                 ("create-keypair", "--email", "admin")):
+        r = _admin_exe(*argv, env={}, cwd=empty)
+        assert r.returncode == cli.EXIT_USAGE, (argv, r.stdout)
+        assert r.stderr.startswith(f"backendai-admin: no database at {empty}/backendai-state/"
+                                   "backendai.sqlite (from the default state directory "
+                                   "./backendai-state"), argv
+        assert os.listdir(empty) == [], argv
+
+    # A file that is not a migrated database is left as it is.
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"")
+    r = _admin_exe("--db", f"sqlite:///{junk}", "create-domain", "x", env={}, cwd=empty)
+    assert r.returncode == cli.EXIT_USAGE
+    assert "is not a migrated Backend.AI database (no schema version)" in r.stderr
+    assert junk.read_bytes() == b""
+
+
+def test_the_launcher_and_the_cli_agree_on_the_database(tmp_path):
+    env = {"BACKENDAI_STATE_DIR": str(tmp_path / "s")}
+    assert cli.find_db(None, env) == (f"sqlite:///{tmp_path}/s/backendai.sqlite",
+                                      "BACKENDAI_STATE_DIR")
+    assert cli.hub_db_url(env) == f"sqlite:///{tmp_path}/s/backendai.sqlite"
+    assert cli.hub_db_url({**env, "BACKENDAI_DB_URL": "postgresql://h/db"}) == "postgresql://h/db"
+    assert cli.hub_db_url({}) == "sqlite:///" + os.path.abspath("backendai-state/backendai.sqlite")
+
+
+def test_reset_password_then_log_in_with_it(hub, capsys):
+    name = "r" + uuid.uuid4().hex[:8]
+    Admin(hub, capsys).ok("users", "create", f"email={name}@example.com", "password=old-pass-123",
+                          f"username={name}")
+
+    def reset(*argv):
+        capsys.readouterr()
+        rc = cli.main(["--db", hub.db_url, "reset-password", *argv])
+        out, err = capsys.readouterr()
+        return rc, (json.loads(out) if rc == 0 else err.strip())
+
+    rc, out = reset(name)  # by username; the password is generated and shown once
+    assert rc == 0 and set(out) == {"email", "username", "password_reset", "password"}
+    assert (out["email"], out["username"]) == (f"{name}@example.com", name)
+    generated = out["password"]
+    assert len(generated) >= 12
+    assert hub.login(f"{name}@example.com", generated).last_login.url.endswith("/hub/spawn")
+    assert hub.login(name, "old-pass-123").last_login.url.endswith("/hub/login")
+
+    rc, out = reset(f"{name}@example.com", "--password", "chosen-pass-1")  # by email
+    assert rc == 0 and out == {"email": f"{name}@example.com", "username": name,
+                               "password_reset": True}
+    assert hub.login(name, "chosen-pass-1").last_login.url.endswith("/hub/spawn")
+    assert hub.login(name, generated).last_login.url.endswith("/hub/login")
+
+    assert reset("nobody-" + name) == (cli.EXIT_USAGE, "backendai-admin: no user with email or "
+                                       f"username 'nobody-{name}'")
+    assert reset(name, "--password", "short") == (
+        cli.EXIT_USAGE, "backendai-admin: the password must be at least 8 characters")
+    assert hub.login(name, "chosen-pass-1").last_login.url.endswith("/hub/spawn")
+
+
+def test_every_command_takes_names_or_ids(admin):
+    tag = uuid.uuid4().hex[:6]
+    d1, d2, rs = f"n1{tag}", f"n2{tag}", f"research{tag}"
+    projects = {}
+    for dom in (d1, d2):
+        admin.ok("domains", "create", f"name={dom}")
+        projects[dom] = admin.ok("projects", "create", f"name={rs}", f"domain_name={dom}")["id"]
+    # project_ids by DOMAIN/NAME in a create's fields.
+    carol = admin.ok("users", "create", f"email=carol{tag}@example.com", "password=carol-pass-1",
+                     f"username=carol{tag}", f"domain_name={d1}",
+                     f'project_ids:=["{d1}/{rs}"]')
+    assert carol["project_ids"] == [projects[d1]]
+    dave = admin.ok("users", "create", f"email=dave{tag}@example.com", "password=dave-pass-12",
+                    f"username=dave{tag}", f"domain_name={d1}")
+
+    # The project by a name that two domains have: refused, saying how to name it.
+    rc, err = admin("projects", "add-members", rs, f"dave{tag}")
+    assert rc == cli.EXIT_API_ERROR
+    assert err == (f"backendai-admin: 400 Ambiguous: 2 projects named '{rs}' are visible to "
+                   f"this keypair; name one as DOMAIN/NAME (domains: {d1}/{rs}, {d2}/{rs}) or "
+                   "give its id")
+    # By DOMAIN/NAME, users by username, email or id alike.
+    out = admin.ok("projects", "add-members", f"{d1}/{rs}", f"dave{tag}")
+    assert out["project_id"] == projects[d1] and out["added"] == [f"dave{tag}"]
+    members = admin.ok("projects", "members", f"{d1}/{rs}")
+    assert sorted(m["id"] for m in members["items"]) == sorted([carol["id"], dave["id"]])
+    assert admin.ok("projects", "get", f"{d2}/{rs}")["id"] == projects[d2]
+    assert admin.ok("projects", "get", projects[d2])["domain_name"] == d2
+    admin.ok("projects", "remove-members", f"{d1}/{rs}", f"dave{tag}@example.com")
+    assert admin.ok("projects", "members", projects[d1])["total"] == 1
+    assert admin.ok("users", "get", f"dave{tag}")["id"] == dave["id"]
+    assert admin.ok("users", "update", f"dave{tag}", "full_name=Dave")["full_name"] == "Dave"
+    assert admin.ok("users", "list", "--project", f"{d1}/{rs}")["total"] == 1
+    kps = admin.ok("keypairs", "list", "--user-id", f"carol{tag}")
+    assert [k["user_id"] for k in kps["items"]] == [carol["id"]]
+    kp = admin.ok("keypairs", "create", f"user_id=dave{tag}@example.com")
+    assert kp["user_id"] == dave["id"]
+    # A unique name needs no domain.
+    admin.ok("projects", "create", f"name=solo{tag}", f"domain_name={d2}")
+    assert admin.ok("projects", "get", f"solo{tag}")["domain_name"] == d2
+    # Names that match nothing: a 404 that says what was looked for.
+    rc, err = admin("projects", "get", f"{d1}/nothing")
+    assert (rc, err) == (cli.EXIT_API_ERROR, "backendai-admin: 404 Not found: no projects "
+                         f"named 'nothing' in domain '{d1}' visible to this keypair")
+    rc, err = admin("users", "get", f"ghost{tag}")
+    assert (rc, err) == (cli.EXIT_API_ERROR, "backendai-admin: 404 Not found: no users with "
+                         f"username 'ghost{tag}' visible to this keypair")
+
+
+def _help(capsys, *argv) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_each_commands_fields_from_the_api_schema(capsys):
+    out = _help(capsys, "users", "create")
+    assert "fields (schema UserCreate of the API;" in out
+    assert "  email (required): string of 3 to 128 characters\n" in out
+    assert "  password (required): string of 8 to 72 characters\n" in out
+    assert "  role: one of superadmin, admin, user, monitor\n" in out
+    assert "  project_ids: list of string of at most 32 characters (at most 500)\n" in out
+    assert "      what the user may do: superadmin (everything)" in out
+    out = _help(capsys, "keypair-resource-policies", "update")
+    assert "fields (schema KeypairResourcePolicyUpdate of the API;" in out
+    assert "  max_concurrent_sessions: integer >= 0\n" in out
+    assert "  max_priority: integer from 0 to 100\n" in out
+    # Every create and update lists exactly the properties of the schema the API validates
+    # its body against.
+    path = os.path.join(os.path.dirname(cli.__file__), "api", "openapi.yaml")
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    for entity, actions in cli.ACTIONS.items():
+        for action in {"create", "update"} & set(actions):
+            out = _help(capsys, entity, action)
+            name = out.split("fields (schema ", 1)[1].split(" ", 1)[0]
+            props = doc["components"]["schemas"][name]["properties"]
+            listed = [line.split(":")[0].split(" (")[0].strip() for line in
+                      out.split("fields (schema ", 1)[1].splitlines()[1:]
+                      if line.startswith("  ") and not line.startswith("      ")
+                      and not line.startswith("  (")]
+            assert listed == list(props), (entity, action)
+    # Bootstrap commands say their types too.
+    out = " ".join(_help(capsys, "reset-password").split())  # whatever the terminal's width
+    assert "EMAIL_OR_USERNAME string: the user, by email or username" in out
+    assert "--password PASSWORD string, 8 to 72 bytes (default: generated, printed once)" in out
+
+
+def test_api_client_signs_the_body_hash():
+    """The project's own CLI always signs its body (X-BackendAI-Content-SHA256), so its
+    captured headers cannot be reused with another body. A local HTTP server records
+    what the client sends; the hub's side of the check is in test_attacks_api.py."""
+    import hashlib
+    import http.server
+    import threading
+
+    from jupyterhub_backendai.cli import ApiClient
+    from jupyterhub_backendai.common import signing
+
+    seen = {}
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.update(headers=dict(self.headers), body=body)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = ApiClient(f"http://127.0.0.1:{srv.server_port}", "AKTEST", "s3cret")
+        client.request("POST", "users", body={"email": "x@example.com"})
+    finally:
+        srv.shutdown()
+    headers = {k.lower(): v for k, v in seen["headers"].items()}
+    assert headers["x-backendai-content-sha256"] == hashlib.sha256(seen["body"]).hexdigest()
+    # The hash is part of what was signed: the request verifies with it, not with another.
+    path = "/hub/api/backendai/users"
+    signing.verify_request("POST", path, headers, "s3cret", body=seen["body"])
+    from jupyterhub_backendai.common.errors import Unauthorized
+
+    with pytest.raises(Unauthorized):
+        signing.verify_request("POST", path, headers, "s3cret", body=b'{"email": "y@example.com"}')

@@ -371,8 +371,13 @@ def test_spawner_form_and_api_mount_folders(make_hub, db_url):
         hub.wait_ready("admin", "withmounts")
         with make_sessionmaker(engine)() as db:
             sess = db.scalar(select(Session).where(Session.name == "withmounts"))
-            assert [m["name"] for m in sess.vfolder_mounts] == ["notes", "data", "team"]
-        home = os.path.join(hub.env["BACKENDAI_STATE_DIR"], "agent", "home", "admin")
+            # The user's home folder first (made at this first start), then the ticked ones.
+            assert [(m["name"], m["target"]) for m in sess.vfolder_mounts] == [
+                (".home", "/home/work"), ("notes", "/home/work/notes"),
+                ("data", "/home/work/data"), ("team", "/home/work/team")]
+            h = sess.vfolder_mounts[0]
+        # The local backend's working folder is the home folder; the others are links in it.
+        home = os.path.join(hub.volume_path, *h["quota_scope_id"].split(":"), h["id"])
         assert os.path.realpath(os.path.join(home, "notes")) == notes_path
         hub.stop_server("admin", "withmounts")
         assert not os.path.lexists(os.path.join(home, "notes"))

@@ -65,10 +65,12 @@ def test_project_quota_holds_third_session_until_one_ends(make_hub, db_url, dock
         r = hub.spawn("admin", "three")
         assert r.status_code == 202, r.text
         msgs = _progress_until(hub, "three", "quota exceeded")
-        assert any(m.startswith("pending: quota exceeded: project total_resource_slots") for m in msgs), msgs
+        reason = ("quota exceeded: your project allows 1 core in total; 1 core is in use and this "
+                  "session asks for 0.5 more (project 'default', total_resource_slots)")
+        assert "pending: " + reason in msgs, msgs
         third = _session(sm, "three")
         assert third.status == "PENDING"
-        assert "quota exceeded: project total_resource_slots (cpu 1 of 1 in use" in third.status_info
+        assert third.status_info == reason
         model = hub.server_model("admin", "three")
         assert model["pending"] == "spawn" and not model["ready"]
         assert len(containers_of(hub.agent_id)) == 2
@@ -143,7 +145,9 @@ def test_project_choice_decides_which_quota_applies(make_hub, tmp_path):
         hub.wait_ready("admin", "two")
         assert hub.spawn("admin", "three").status_code == 202
         msgs = _progress_until(hub, "three", "quota exceeded")
-        assert any("quota exceeded: project" in m for m in msgs), msgs
+        assert "pending: quota exceeded: your project allows 0.5 cores in total; 0.5 cores are in " \
+               "use and this session asks for 0.5 more (project 'default', total_resource_slots)" \
+               in msgs, msgs
         with sm() as s:
             names = {p.id: p.name for p in s.scalars(select(Project))}
         assert names[_session(sm, "two").project_id] == "research"

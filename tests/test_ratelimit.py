@@ -17,8 +17,11 @@ import requests
 
 from jupyterhub_backendai.manager.ratelimit import (
     InProcessRateLimiter,
+    InProcessSignatureMemory,
     RedisRateLimiter,
+    RedisSignatureMemory,
     make_rate_limiter,
+    make_signature_memory,
 )
 
 from .test_signing import API, hub_for, signed
@@ -179,11 +182,15 @@ def test_http_concurrent_clients_on_redis_share_the_limit(redis_hub):
     assert codes.count(429) == 14, codes
 
 
-def test_token_requests_are_not_keypair_limited(hub):
+def test_token_requests_count_against_the_main_keypair(hub):
+    # The superadmin's main keypair is the one made with it (hub.admin_keys).
+    before = signed(hub, "GET", "/whoami", *hub.admin_keys)
     r = requests.get(hub.base + API + "/whoami",
                      headers={"Authorization": f"token {hub.admin_token}"})
     assert r.status_code == 200, r.text
-    assert "X-RateLimit-Limit" not in r.headers
+    assert r.headers["X-RateLimit-Limit"] == before.headers["X-RateLimit-Limit"]
+    assert (int(r.headers["X-RateLimit-Remaining"])
+            == int(before.headers["X-RateLimit-Remaining"]) - 1)
 
 
 def test_in_process_memory_is_bounded_by_the_limit():
@@ -216,3 +223,64 @@ async def test_redis_outage_admits_rather_than_taking_the_api_down():
             await strict.hit("AK", 1)
     finally:
         await strict.close()
+
+
+# -- replay protection: remembered signatures ---------------------------------------------
+
+
+async def test_in_process_signature_memory_refuses_a_second_use_until_expiry():
+    clock = Clock()
+    mem = InProcessSignatureMemory(clock=clock)
+    assert await mem.first_use("a" * 64, 10)
+    assert not await mem.first_use("a" * 64, 10)
+    assert await mem.first_use("b" * 64, 20)
+    clock.now += 10  # a's date has left the window: it could not be accepted anyway
+    assert len(mem) == 2
+    assert await mem.first_use("c" * 64, 5)
+    assert len(mem) == 2  # a was pruned
+    assert not await mem.first_use("b" * 64, 20)
+    clock.now += 100
+    assert await mem.first_use("d" * 64, 5)
+    assert len(mem) == 1  # memory holds only what could still be replayed
+
+
+async def test_redis_signature_memory_is_shared_by_hubs(redis_server):
+    assert isinstance(make_signature_memory(None), InProcessSignatureMemory)
+    a = RedisSignatureMemory(redis_server.url)
+    b = RedisSignatureMemory(redis_server.url)
+    sig = uuid.uuid4().hex * 2
+    try:
+        assert await a.first_use(sig, 30)
+        assert not await b.first_use(sig, 30)  # replayed to another hub of the cluster
+        assert not await a.first_use(sig, 30)
+        assert 0 < await a.redis.pttl(a.prefix + sig) <= 30000  # forgotten after the window
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_redis_outage_still_refuses_replays_to_the_same_hub():
+    from tests.services import free_port
+
+    mem = RedisSignatureMemory(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        assert await mem.first_use("e" * 64, 30)
+        assert not await mem.first_use("e" * 64, 30)
+    finally:
+        await mem.close()
+
+
+def test_http_replay_refused_across_a_redis_cluster(redis_hub, redis_server):
+    from jupyterhub_backendai.common import signing
+
+    url = redis_hub.base + API + "/whoami"
+    h = signing.sign_request("GET", url, *redis_hub.admin_keys)
+    assert requests.get(url, headers=h, timeout=60).status_code == 200
+    r = requests.get(url, headers=h, timeout=60)
+    assert r.status_code == 401 and "a replay" in r.json()["detail"]
+    import redis
+
+    sig = h["Authorization"].rsplit(":", 1)[1]
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.exists("backendai.signature:" + sig) == 1
+    client.close()

@@ -118,7 +118,11 @@ def test_keypair_max_concurrent_sessions(w, sm):
     for n in ("s1", "s2", "s3"):
         w.enqueue("alice", n)
     assert len(schedule_pass(sm, "default")) == 2
-    assert w.info("s3") == "quota exceeded: keypair max_concurrent_sessions (2 of 2 in use)"
+    assert w.info("s3") == (
+        "quota exceeded: your keypair's resource policy allows 2 sessions at a time and 2 are "
+        "already running or starting; this one waits until one ends "
+        "(keypair policy 'two', max_concurrent_sessions)"
+    )
     w.finish("s1")
     assert w.names(schedule_pass(sm, "default")) == ["s3"]
 
@@ -131,7 +135,8 @@ def test_keypair_total_resource_slots(w, sm):
         w.enqueue("alice", n, cpu=1)
     assert len(schedule_pass(sm, "default")) == 2
     assert w.info("s3") == (
-        "quota exceeded: keypair total_resource_slots (cpu 2 of 2 in use, 1 requested)"
+        "quota exceeded: your keypair's resource policy allows 2 cores in total; 2 cores are in "
+        "use and this session asks for 1 more (keypair policy 'small', total_resource_slots)"
     )
 
 
@@ -144,8 +149,8 @@ def test_default_for_unspecified_decides_missing_slots(w, sm, default_for_unspec
     assert len(schedule_pass(sm, "default")) == placed
     if not placed:
         assert w.info("gpu") == (
-            "quota exceeded: keypair total_resource_slots "
-            "(cuda.device 0 of 0 in use, 1 requested)"
+            "quota exceeded: your keypair's resource policy allows 0 GPUs in total; 0 GPUs are "
+            "in use and this session asks for 1 more (keypair policy 'p', total_resource_slots)"
         )
 
 
@@ -160,8 +165,42 @@ def test_user_quota_spans_keypairs_at_the_tightest_policy(w, sm):
     w.enqueue("alice", "k1-again")
     assert w.names(schedule_pass(sm, "default")) == ["k1", "k2"]
     assert w.info("k1-again") == (
-        "quota exceeded: user total_resource_slots (cpu 2 of 2 in use, 1 requested)"
+        "quota exceeded: all your sessions together may use 2 cores in total; 2 cores are in "
+        "use and this session asks for 1 more "
+        "(user limit from keypair policy 'two', total_resource_slots)"
     )
+
+
+def test_user_concurrency_spans_keypairs_in_plain_words(w, sm):
+    w.policy("five", max_concurrent_sessions=5)
+    w.policy("one", max_concurrent_sessions=1)
+    w.agent("a1", cpu=8, mem="64g")
+    w.user("alice", policy="five")
+    w.keypair("alice", policy="one")
+    w.enqueue("alice", "k1")
+    w.enqueue("alice", "k2")
+    assert w.names(schedule_pass(sm, "default")) == ["k1"]
+    assert w.info("k2") == (
+        "quota exceeded: you may have 1 session at a time across all your keypairs and 1 is "
+        "already running or starting; this one waits until one ends "
+        "(user limit from keypair policy 'one', max_concurrent_sessions)"
+    )
+    assert scheduler_stats(sm)["default"]["reasons"] == {"concurrency": 1}
+
+
+def test_memory_quota_in_human_units(w, sm):
+    w.policy("small", total=slots(cpu=8, mem="2g"))
+    w.agent("a1", cpu=8, mem="64g")
+    one_user(w, "small")
+    w.enqueue("alice", "m1", mem="1536m")
+    w.enqueue("alice", "m2", mem="1536m")
+    assert w.names(schedule_pass(sm, "default")) == ["m1"]
+    assert w.info("m2") == (
+        "quota exceeded: your keypair's resource policy allows 2 GiB of memory in total; "
+        "1.5 GiB of memory is in use and this session asks for 1.5 GiB more "
+        "(keypair policy 'small', total_resource_slots)"
+    )
+    assert scheduler_stats(sm)["default"]["reasons"] == {"quota_keypair": 1}
 
 
 def test_project_quota_counts_every_member_and_every_group(w, sm):
@@ -176,7 +215,8 @@ def test_project_quota_counts_every_member_and_every_group(w, sm):
     w.enqueue("u1", "too-much", project="team")
     assert w.names(schedule_pass(sm, "default")) == ["here"]
     assert w.info("too-much") == (
-        "quota exceeded: project total_resource_slots (cpu 2 of 2 in use, 1 requested)"
+        "quota exceeded: your project allows 2 cores in total; 2 cores are in use and this "
+        "session asks for 1 more (project 'team', total_resource_slots)"
     )
 
 
@@ -188,7 +228,8 @@ def test_domain_quota(w, sm):
     w.enqueue("alice", "s2")
     assert w.names(schedule_pass(sm, "default")) == ["s1"]
     assert w.info("s2") == (
-        "quota exceeded: domain total_resource_slots (cpu 1 of 1 in use, 1 requested)"
+        "quota exceeded: your domain allows 1 core in total; 1 core is in use and this "
+        "session asks for 1 more (domain 'default', total_resource_slots)"
     )
 
 
@@ -198,7 +239,8 @@ def test_max_containers_per_session_holds_back_a_cluster(w, sm):
     w.enqueue("alice", "cluster", cluster_size=2)
     assert schedule_pass(sm, "default") == []
     assert w.info("cluster") == (
-        "quota exceeded: keypair max_containers_per_session (2 requested, limit 1)"
+        "quota exceeded: your keypair's resource policy allows at most 1 container per "
+        "session; this session asks for 2 (keypair policy 'default', max_containers_per_session)"
     )
 
 
@@ -611,7 +653,10 @@ def test_check_consistency_applies_limited_keypairs_to_slots_a_limit_leaves_out(
     w.enqueue("strict", "no-mem", cpu=1, mem="1g")
     placed = w.names(schedule_pass(sm, "default"))
     assert placed == ["free-mem"]  # the validator refuses memory to the LIMITED keypair
-    assert w.info("no-mem").startswith("quota exceeded: project total_resource_slots (mem")
+    assert w.info("no-mem") == (
+        "quota exceeded: your project allows 0 bytes of memory in total; 1 GiB of memory is "
+        "in use and this session asks for 1 GiB more (project 'default', total_resource_slots)"
+    )
     assert check_consistency(sm) == []
     # Placed behind the scheduler's back: the checker must report it.
     with sm.begin() as s:

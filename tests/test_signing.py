@@ -75,6 +75,41 @@ def test_body_is_not_signed_only_the_empty_hash():
                           host="h:1")
 
 
+def test_signed_body_adds_an_eighth_line_and_a_header():
+    date = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    body = b'{"role": "user"}'
+    h = signing.sign_request("PATCH", "http://h:1/x", "AK", "SK", date=date, body=body)
+    digest = hashlib.sha256(body).hexdigest()
+    assert h["X-BackendAI-Content-SHA256"] == digest
+    k_day = hmac.new(b"SK", b"20260102", hashlib.sha256).digest()
+    k = hmac.new(k_day, b"h:1", hashlib.sha256).digest()
+    msg = (f"PATCH\n/x\n{h['Date']}\nhost:h:1\ncontent-type:application/json\n"
+           f"x-backendai-version:{VERSION}\n{EMPTY_SHA256}\nx-backendai-content-sha256:{digest}")
+    assert h["Authorization"].rsplit(":", 1)[1] == hmac.new(k, msg.encode(), hashlib.sha256).hexdigest()
+    # The server accepts exactly that body, and refuses another one or a stripped header.
+    headers = {**h, "Host": "h:1"}
+    now = date + dt.timedelta(seconds=1)
+    signing.verify_request("PATCH", "/x", headers, "SK", now=now, body=body)
+    with pytest.raises(Unauthorized, match="does not match its signed hash"):
+        signing.verify_request("PATCH", "/x", headers, "SK", now=now, body=b'{"role": "superadmin"}')
+    stripped = {k: v for k, v in headers.items() if k != "X-BackendAI-Content-SHA256"}
+    with pytest.raises(Unauthorized, match="signature mismatch"):
+        signing.verify_request("PATCH", "/x", stripped, "SK", now=now, body=body)
+    with pytest.raises(Unauthorized, match="64 hex digits"):
+        signing.verify_request("PATCH", "/x", {**headers, "X-BackendAI-Content-SHA256": "zz"},
+                               "SK", now=now, body=body)
+
+
+def test_a_file_body_is_hashed_and_put_back():
+    import io
+
+    f = io.BytesIO(b"skip-these:" + b"payload")
+    f.seek(11)
+    assert signing.body_sha256(f) == hashlib.sha256(b"payload").hexdigest()
+    assert f.tell() == 11
+    assert signing.body_sha256("é") == hashlib.sha256("é".encode()).hexdigest()
+
+
 @pytest.mark.parametrize("raw_date, day", [
     ("Sat, 14 Mar 2026 23:59:30 GMT", "20260314"),        # RFC 1123 (the Date header)
     ("2026-03-14T23:59:30Z", "20260314"),                 # ISO 8601

@@ -9,6 +9,7 @@ from a ``--config`` file). Both must answer the same results and the same errors
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import subprocess
 import tempfile
@@ -608,3 +609,143 @@ async def test_registry_hosts_and_pass_through_over_both(daemon, tmp_path):
             registry.resolve("elsewhere:volume1")
     finally:
         await registry.close()
+
+
+# -- trees of any depth (issue 10, row 11) --------------------------------------
+
+
+def make_deep_tree(top: str, depth: int, leaf: bytes) -> None:
+    """What a kernel can do in its mounted folder: ``depth`` nested directories
+    ``d/d/d/...`` made one at a time relative to the last (openat), a file at the bottom."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        wfd = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(wfd, leaf)
+        os.close(wfd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("depth", [1500, 5000])
+async def test_a_deep_tree_breaks_neither_usage_nor_upload_nor_delete(env, depth):
+    """The walks (usage, quota check, recursive delete, folder delete) use no recursion:
+    a tree deeper than Python's recursion limit and the open-files limit of a walk that
+    keeps every level open is counted and deleted like any other."""
+    make_deep_tree(env.path, depth, b"12345")
+    assert await env.folder_usage() == {"used_bytes": 5, "file_count": 1}
+    assert (await env.client.scope_usage("volume1", env.scope))["used_bytes"] == 5
+    # An upload checks the scope's usage against its limit first.
+    await env.client.set_quota_scope("volume1", env.scope, 1000)
+    assert (await env.upload("top.txt", stream(b"abc")))["size"] == 3
+    assert (await env.client.quota_scope("volume1", env.scope))["used_bytes"] == 8
+    names = {e["name"]: e["type"] for e in await env.list_files("")}
+    assert names == {"d": "dir", "top.txt": "file"}
+    # Deleting the tree recursively leaves the rest of the folder.
+    await env.delete("d", recursive=True)
+    assert sorted(os.listdir(env.path)) == ["top.txt"]
+    assert await env.folder_usage() == {"used_bytes": 3, "file_count": 1}
+    # Deleting the whole folder with such a tree in it.
+    make_deep_tree(env.path, depth, b"x")
+    await env.delete_folder()
+    assert not os.path.exists(env.path)
+
+
+async def test_deep_tree_delete_removes_links_not_their_targets(env, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    make_deep_tree(env.path, 50, b"x")
+    bottom = os.path.join(env.path, *["d"] * 50)
+    os.symlink(str(outside), os.path.join(bottom, "link"))
+    await env.delete("d", recursive=True)
+    assert os.listdir(env.path) == []
+    assert (outside / "keep").read_text() == "keep"
+
+
+# -- modes and secrets (issue 10, row 13) ---------------------------------------
+
+
+async def test_folders_and_their_directories_are_private_to_the_kernel_user(env):
+    await env.mkdir("a/b", parents=True)
+    await env.mkdir("c")
+    for rel in ("", "a", "a/b", "c"):
+        assert stat_mode(os.path.join(env.path, rel)) == 0o700, rel
+
+
+def stat_mode(path: str) -> int:
+    return os.lstat(path).st_mode & 0o7777
+
+
+def test_help_all_prints_no_secret():
+    """Secrets given in the environment are read when used, never shown as defaults."""
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    r = subprocess.run(
+        [STORAGE_PROXY_BIN, "--help-all"],
+        env=dict(os.environ, BACKENDAI_STORAGE_TOKEN=secret), capture_output=True, text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "StorageProxyApp.token" in r.stdout
+    assert secret not in r.stdout + r.stderr
+
+
+# -- direct transfers on the daemon's client port (cluster mode) ----------------------
+
+
+def test_daemon_serves_tus_and_downloads_on_its_client_port(tmp_path):
+    """Clients upload (tus) and download straight to the daemon, authorized only by
+    a token signed with the secret the daemon shares with the manager; the node API's
+    mutual TLS/token is not needed, a forged token is refused."""
+    import requests
+    from tusclient import client as tus_client
+
+    from jupyterhub_backendai.storageproxy.transfer import (
+        TransferTokens,
+        download_claims,
+        upload_claims,
+    )
+
+    secret = uuid.uuid4().hex
+    cport = free_port()
+    d = StorageDaemon(tmp_path, extra_config=(
+        f"c.StorageProxyApp.client_port = {cport}\n"
+        "c.StorageProxyApp.client_host = '127.0.0.1'\n"
+        f"c.TransferTokens.secret = {secret!r}\n"))
+    d.start()
+    try:
+        scope, fid = f"user:{uuid.uuid4().hex}", uuid.uuid4().hex
+        client = HTTPStorageClient(d.url, d.token)
+        try:
+            asyncio.run(client.create_folder("volume1", scope, fid))
+        finally:
+            asyncio.run(client.close())
+        folder = os.path.join(d.volumes["volume1"]["path"], "user", scope[5:], fid)
+        tokens = TransferTokens(secret=secret)
+        data = os.urandom(3 * 2**20 + 17)
+        base = f"http://127.0.0.1:{cport}"
+        url = f"{base}/upload?token=" + tokens.sign(
+            upload_claims("volume1", scope, fid, "x.bin", len(data)))
+        up = tus_client.TusClient(url).uploader(file_stream=io.BytesIO(data), chunk_size=2**20)
+        up.upload(stop_at=2**20)
+        assert os.listdir(folder) == []
+        up.upload()
+        with open(os.path.join(folder, "x.bin"), "rb") as fh:
+            assert fh.read() == data
+        durl = f"{base}/download?token=" + tokens.sign(
+            download_claims("volume1", scope, fid, "x.bin"))
+        r = requests.get(durl, headers={"Range": "bytes=5-9"}, timeout=30)
+        assert (r.status_code, r.content) == (206, data[5:10])
+        assert requests.get(durl, timeout=30).content == data
+        forged = TransferTokens(secret="not-the-secret").sign(
+            download_claims("volume1", scope, fid, "x.bin"))
+        r = requests.get(f"{base}/download?token={forged}", timeout=30)
+        assert r.status_code == 401 and "signature" in r.json()["title"]
+        r = requests.get(f"{base}/v1/volumes", timeout=30)  # the node API is not here
+        assert r.status_code == 404
+    finally:
+        d.stop()

@@ -97,7 +97,8 @@ def test_bad_names_hosts_and_duplicates(lab, api_hub):
     c = lab.user()["client"]
     before = snapshot(api_hub), tree(api_hub)
     for body, status, word in [
-        ({"name": ".hidden"}, 400, "name"),
+        ({"name": "..hidden"}, 400, "name"),
+        ({"name": ".-x"}, 400, "name"),
         ({"name": "a/b"}, 400, "name"),
         ({"name": "x", "host": "nowhere:volume1"}, 400, "unknown vfolder host"),
         ({"name": "x", "host": "local:nope"}, 400, "unknown vfolder host"),

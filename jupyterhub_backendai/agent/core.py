@@ -11,6 +11,7 @@ import asyncio
 import os
 import platform
 import socket
+import time
 from decimal import Decimal
 
 from traitlets import Bool, Dict, Float, Integer, List, Tuple, Unicode, default
@@ -22,7 +23,15 @@ from ..common.events import EventBus
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
 from .backends.base import BATCH, INTERACTIVE, KERNEL_TYPES, Backend, ImageInfo, KernelRecord
 from .resources import hostinfo
-from .resources.cuda import DeviceSource, NVMLDeviceSource, StaticDeviceSource
+from .resources.cuda import (
+    DeviceSource,
+    GPUTopology,
+    NVMLDeviceSource,
+    StaticDeviceSource,
+    host_cpus,
+)
+from .resources.gpu_alloc import GPUAllocator, mig_request
+from .stats import cpu_percent, stats_key, write_stats
 
 
 class Agent(LoggingConfigurable):
@@ -39,8 +48,18 @@ class Agent(LoggingConfigurable):
     )
     backend = Unicode(
         "auto",
-        help="""How kernels run: 'docker', 'local' (unisolated processes) or 'auto'
-        (Docker when an engine answers, local processes otherwise).""",
+        help="""How kernels run: 'docker', 'local' (UNISOLATED processes) or 'auto':
+        Docker when an engine answers; local processes only when no engine is
+        configured (no `docker_url`, no DOCKER_HOST, no /var/run/docker.sock) and the
+        agent does not run as root. An engine that is configured but does not answer
+        is waited for (`docker_wait`), then the agent refuses to start: it never
+        falls back to unisolated kernels silently.""",
+    ).tag(config=True)
+    docker_wait = Float(
+        30.0,
+        help="""Backend 'auto': seconds to wait for a configured Docker engine that does
+        not answer yet (e.g. started at the same time as the hub) before giving up
+        with an error.""",
     ).tag(config=True)
     docker_url = Unicode(
         None, allow_none=True, help="Docker engine URL (default: DOCKER_HOST or the local socket)."
@@ -51,9 +70,46 @@ class Agent(LoggingConfigurable):
         Default: a bridge network of the agent's own, with service ports published
         on `bind_host`.""",
     ).tag(config=True)
-    network = Unicode("backendai", help="Docker bridge network the agent creates and uses.").tag(
-        config=True
-    )
+    network = Unicode(
+        "backendai",
+        help="""Docker bridge network the agent creates (inter-container traffic off).
+        No kernel joins it: its gateway is the host address where kernels reach the
+        hub's API (the hub inside which the agent runs listens there too).""",
+    ).tag(config=True)
+    session_subnets = Unicode(
+        "172.30.0.0/16",
+        help="""Docker backend: address pool of the sessions' networks. Every session
+        gets a bridge network of its own (its kernels reach each other by name, never
+        another session's kernels), with a subnet of `session_subnet_prefix` from this
+        pool. Pick a range that no network of the site uses.""",
+    ).tag(config=True)
+    session_subnet_prefix = Integer(
+        26,
+        help="""Docker backend: size of a session network's subnet (/26: 61 kernels per
+        session, 1024 sessions per /16 pool).""",
+    ).tag(config=True)
+    startup_cpus = Float(
+        2.0,
+        help="""Docker backend: CPU cores an interactive kernel may use while its server
+        starts (the import of jupyterhub-singleuser takes ~3.5 s at 0.5 CPU, ~1.5 s at
+        2), when more than it asked for. The kernel's own CPU limit (NanoCpus) is applied
+        with a container update as soon as its server answers HTTP, before the agent
+        reports the kernel started, so the user never gets a server with more than it
+        asked for. 0: no burst, the limit applies from the first instruction.""",
+    ).tag(config=True)
+    startup_cpu_timeout = Float(
+        30.0,
+        help="""Docker backend: the longest an interactive kernel keeps `startup_cpus`
+        when its server does not answer (a broken or hanging image): after this many
+        seconds its own CPU limit is applied anyway.""",
+    ).tag(config=True)
+    hub_api_on_gateway = Bool(
+        True,
+        help="""When the agent runs inside the hub, with the Docker backend on bridge
+        networks, and the hub's API listens on loopback only (JupyterHub.hub_ip):
+        also listen on the agent network's gateway, the address where kernels reach
+        the hub. The API then listens on loopback and that gateway, nowhere else.""",
+    ).tag(config=True)
     bind_host = Unicode(
         "127.0.0.1",
         help="""Host address that service ports are published on. The hub's proxy must
@@ -96,6 +152,24 @@ class Agent(LoggingConfigurable):
     local_image = Unicode("local/python", help="Local backend: the one image name it offers.").tag(
         config=True
     )
+    local_kernel_user = Unicode(
+        "1000:1000",
+        help="""Local backend, agent running as root: the unprivileged user kernels run
+        as, "uid:gid" or a user name (default 1000:1000, the kernel image's user and
+        the owner of vfolders). It must be able to enter the working folders
+        (`local_work_root`) and the volumes; kernels are refused otherwise. Never
+        root. An agent that is not root runs kernels as its own user.""",
+    ).tag(config=True)
+    unsafe_local_kernels_as_root = Bool(
+        help="""UNSAFE. Local backend, agent running as root: run kernels as root too,
+        able to read and change everything the hub has (its databases, every user's
+        secret keys and files). For throw-away test machines only. Default: the
+        environment variable BACKENDAI_UNSAFE_LOCAL_KERNELS_AS_ROOT=1, else off.""",
+    ).tag(config=True)
+
+    @default("unsafe_local_kernels_as_root")
+    def _unsafe_root_default(self):
+        return os.environ.get("BACKENDAI_UNSAFE_LOCAL_KERNELS_AS_ROOT", "") in ("1", "true", "yes")
     heartbeat_interval = Float(10.0, help="Seconds between heartbeats.").tag(config=True)
     log_tail_bytes = Integer(
         64 * 1024,
@@ -116,12 +190,21 @@ class Agent(LoggingConfigurable):
             else NVMLDeviceSource()
         )
         self.devices = []
+        # GPUs: what NVML found and which kernel owns which (gpu-topology).
+        self.topology = GPUTopology()
+        self.gpus = GPUAllocator(self.topology)
         self.capacity = ResourceSlot()
         self._used_ports: set[int] = set()
-        self._device_owner: dict[int, str] = {}
         self._kernel_ports: dict[str, list[int]] = {}
         self._lock = asyncio.Lock()
+        #: kernel id -> the slots it asked for (free slots in the statistics).
+        self._kernel_slots: dict[str, ResourceSlot] = {}
+        #: kernel id -> (wall seconds, CPU ns) of the last sample (CPU percent).
+        self._cpu_samples: dict[str, tuple[float, int]] = {}
+        #: The statistics of the last heartbeat (:mod:`.stats`), also without Redis.
+        self.last_stats: dict = {}
         self._hb_task: asyncio.Task | None = None
+        self._hub_listen_task: asyncio.Task | None = None
         # Where managers reach this agent's API; empty when it runs inside the hub.
         self.addr = ""
 
@@ -129,9 +212,14 @@ class Agent(LoggingConfigurable):
 
     async def start(self) -> None:
         self.impl = await self._make_backend()
-        self.devices = self.device_source.devices()
+        self.topology = self.device_source.topology()
+        self.devices = self.topology.devices
+        self.gpus = GPUAllocator(self.topology, host_cpus=host_cpus())
         self.capacity = self._detect_capacity()
         await self.impl.init(self._on_kernel_exit)
+        gateway = getattr(self.impl, "gateway", None)
+        if gateway and self.hub_api_on_gateway:
+            self._hub_listen_task = asyncio.create_task(serve_hub_api_on(gateway, self.log))
         for rec in await self.impl.list_kernels():
             self._adopt(rec)
         self.log.info(
@@ -144,8 +232,55 @@ class Agent(LoggingConfigurable):
     async def stop(self) -> None:
         if self._hb_task:
             self._hb_task.cancel()
+        redis = getattr(self.event_bus, "redis", None)
+        if redis is not None:
+            try:  # a stopped agent has no live statistics
+                await redis.delete(stats_key(self.agent_id))
+            except Exception:
+                self.log.warning("could not remove this agent's statistics from Redis")
+        if self._hub_listen_task:
+            self._hub_listen_task.cancel()
         if self.impl:
             await self.impl.close()
+
+    def docker_configured(self) -> str | None:
+        """Where a Docker engine is expected (a configured URL, DOCKER_HOST, or the
+        local socket that exists), None when nothing says there is one."""
+        if self.docker_url:
+            return self.docker_url
+        if os.environ.get("DOCKER_HOST"):
+            return os.environ["DOCKER_HOST"]
+        if os.path.exists(DOCKER_SOCKET):
+            return "unix://" + DOCKER_SOCKET
+        return None
+
+    async def _auto_backend(self) -> str:
+        from .backends.docker import DockerBackend
+
+        engine = self.docker_configured()
+        deadline = asyncio.get_running_loop().time() + self.docker_wait
+        while engine:
+            if await DockerBackend.available(self.docker_url):
+                return "docker"
+            if asyncio.get_running_loop().time() >= deadline:
+                raise AgentError(
+                    f"the Docker engine at {engine} does not answer (waited "
+                    f"{self.docker_wait:g} s). Refusing to fall back to local processes, "
+                    "which would run kernels unisolated beside the hub's data: start the "
+                    "engine, or choose a backend with c.Agent.backend ('docker', or "
+                    "'local' for unisolated kernels)."
+                )
+            self.log.warning("Docker engine at %s does not answer yet; waiting", engine)
+            await asyncio.sleep(1)
+        if os.geteuid() == 0:
+            raise AgentError(
+                "no Docker engine is configured (no Agent.docker_url, no DOCKER_HOST, no "
+                f"{DOCKER_SOCKET}) and the agent runs as root: refusing to run kernels as "
+                "local processes (unisolated) automatically. Install Docker, or set "
+                "c.Agent.backend = 'local' to choose unisolated kernels (they run as "
+                "Agent.local_kernel_user)."
+            )
+        return "local"
 
     async def _make_backend(self) -> Backend:
         from .backends.docker import DockerBackend
@@ -153,7 +288,7 @@ class Agent(LoggingConfigurable):
 
         kind = self.backend
         if kind == "auto":
-            kind = "docker" if await DockerBackend.available(self.docker_url) else "local"
+            kind = await self._auto_backend()
             self.log.info("agent backend: %s (auto)", kind)
         if kind == "docker":
             return DockerBackend(
@@ -163,8 +298,25 @@ class Agent(LoggingConfigurable):
                 bind_host=self.bind_host,
                 docker_url=self.docker_url,
                 extra_host_config=self.extra_host_config,
+                session_subnets=self.session_subnets,
+                session_prefix=self.session_subnet_prefix,
+                startup_cpus=self.startup_cpus,
+                startup_cpu_timeout=self.startup_cpu_timeout,
             )
         if kind == "local":
+            run_as = None
+            if os.geteuid() == 0:
+                if self.unsafe_local_kernels_as_root:
+                    self.log.warning(
+                        "UNSAFE: local backend kernels run as root "
+                        "(Agent.unsafe_local_kernels_as_root): every user's code can read "
+                        "and change the hub's databases, keys and everyone's files")
+                else:
+                    run_as = _parse_user(self.local_kernel_user)
+            self.log.warning(
+                "local backend: kernels are NOT isolated (no container, no limits; they "
+                "run as uid %s and see this machine's files and network)",
+                run_as[0] if run_as else os.geteuid())
             return LocalBackend(
                 self.agent_id,
                 state_dir=self.state_dir,
@@ -172,14 +324,14 @@ class Agent(LoggingConfigurable):
                 cmd=list(self.local_cmd) or None,
                 bind_host=self.bind_host,
                 image_name=self.local_image,
+                run_as=run_as,
             )
         raise ValueError(f"unknown agent backend {kind!r}")
 
     def _detect_capacity(self) -> ResourceSlot:
         mem = hostinfo.total_memory() - parse_size(self.reserved_mem)
         cap = ResourceSlot({CPU: hostinfo.cpu_count(), MEM: max(mem, Decimal(0))})
-        if self.devices:
-            cap[CUDA] = Decimal(len(self.devices))
+        cap.update(self.gpus.capacity())  # cuda.device (whole GPUs), cuda.mig-<profile>
         for k, v in self.slots.items():
             cap[k] = parse_size(v) if k == MEM else Decimal(str(v))
         return cap
@@ -197,7 +349,58 @@ class Agent(LoggingConfigurable):
         }
 
     async def heartbeat(self) -> None:
-        await self.event_bus.publish("agent_heartbeat", self.info())
+        await self.event_bus.publish("agent_heartbeat", dict(self.info(), ts=time.time()))
+        try:
+            stats = await self.collect_stats()
+            redis = getattr(self.event_bus, "redis", None)
+            if redis is not None:
+                await write_stats(redis, self.agent_id, stats, ttl=3 * self.heartbeat_interval)
+        except Exception:
+            self.log.exception("live statistics failed")
+
+    def _gpu_utilisation(self) -> dict[str, float]:
+        """Utilisation (percent) by device UUID, from NVML; {} without a real GPU."""
+        util = getattr(self.device_source, "utilization", None)
+        if util is None or self.device_source.fake:
+            return {}
+        try:
+            return util()
+        except Exception:
+            return {}
+
+    async def collect_stats(self) -> dict:
+        """Live statistics (:mod:`.stats`): free slots and per-kernel usage."""
+        raw = await self.impl.kernel_stats()
+        now = time.time()
+        occupied = ResourceSlot()
+        for slots in self._kernel_slots.values():
+            occupied = occupied + slots
+        gpu = self._gpu_utilisation()
+        kernels = {}
+        for kid in sorted(set(raw) | set(self._kernel_slots)):
+            r = raw.get(kid)
+            if r is None:
+                continue
+            sample = (now, r["cpu_ns"])
+            uuids = self.gpus.owned(kid)
+            utils = [gpu[u] for u in uuids if u in gpu]
+            kernels[kid] = {
+                "cpu_pct": cpu_percent(self._cpu_samples.get(kid), sample),
+                "mem_bytes": r["mem_bytes"],
+                "mem_limit_bytes": r["mem_limit_bytes"],
+                "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
+            }
+            self._cpu_samples[kid] = sample
+        for kid in set(self._cpu_samples) - set(raw):
+            del self._cpu_samples[kid]
+        self.last_stats = {
+            "ts": now,
+            "available_slots": self.capacity.to_json(),
+            "occupied_slots": occupied.nonzero().to_json(),
+            "free_slots": (self.capacity - occupied).to_json(),
+            "kernels": kernels,
+        }
+        return self.last_stats
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -213,14 +416,16 @@ class Agent(LoggingConfigurable):
         ports = [p["host_port"] for p in rec.service_ports if p.get("host_port")]
         self._kernel_ports[rec.kernel_id] = ports
         self._used_ports.update(ports)
-        for d in rec.cuda_devices:
-            self._device_owner[d] = rec.kernel_id
+        # Devices by UUID (older records: indices), so none is handed out twice.
+        self.gpus.adopt(rec.kernel_id, rec.cuda_uuids or rec.cuda_devices)
+        if rec.alive:
+            self._kernel_slots[rec.kernel_id] = ResourceSlot.from_json(rec.slots or {})
 
     def _release(self, kernel_id: str) -> None:
         for p in self._kernel_ports.pop(kernel_id, []):
             self._used_ports.discard(p)
-        for d in [d for d, k in self._device_owner.items() if k == kernel_id]:
-            del self._device_owner[d]
+        self.gpus.release(kernel_id)
+        self._kernel_slots.pop(kernel_id, None)
 
     def _take_ports(self, n: int) -> list[int]:
         lo, hi = self.port_range
@@ -234,20 +439,6 @@ class Agent(LoggingConfigurable):
         if len(got) < n:
             raise AgentError(f"no free host port left in {lo}-{hi}")
         return got
-
-    def _take_devices(self, n: int) -> list[int]:
-        free = [d.index for d in self.devices if d.index not in self._device_owner]
-        if len(free) < n:
-            raise AgentError(f"only {len(free)} free CUDA devices, {n} requested")
-        # Prefer devices on one NUMA node when possible.
-        by_node: dict = {}
-        for d in self.devices:
-            if d.index in free:
-                by_node.setdefault(d.numa_node, []).append(d.index)
-        for idxs in sorted(by_node.values(), key=len):
-            if len(idxs) >= n:
-                return sorted(idxs)[:n]
-        return sorted(free)[:n]
 
     async def image_info(self, name: str) -> ImageInfo:
         return await self.impl.inspect_image(name)
@@ -272,15 +463,20 @@ class Agent(LoggingConfigurable):
         n_gpu = int(slots.get(CUDA, 0))
         if n_gpu != slots.get(CUDA, 0):
             raise InvalidRequest("cuda.device must be a whole number of devices")
-        # Only a kernel that serves Jupyter needs host ports.
-        n_ports = len(image.service_ports) if kernel_type == INTERACTIVE else 0
+        n_mig = mig_request(slots)
+        # Only a kernel that serves Jupyter needs a host port, and only one: its Jupyter
+        # server (the first service port) proxies every other app of the image.
+        n_ports = 1 if kernel_type == INTERACTIVE and image.service_ports else 0
         async with self._lock:
             ports = self._take_ports(n_ports)
-            devices = self._take_devices(n_gpu) if n_gpu else []
+            # All or nothing: raises with nothing taken when the devices are not free.
+            gpu = self.gpus.take(spec["kernel_id"], n_gpu, n_mig, cpu=slots.get(CPU))
+            devices = gpu.indices
             self._kernel_ports[spec["kernel_id"]] = ports
             self._used_ports.update(ports)
-            for d in devices:
-                self._device_owner[d] = spec["kernel_id"]
+            self._kernel_slots[spec["kernel_id"]] = slots
+        # Backends hand devices to the kernel by UUID; cpuset: the CPUs next to them.
+        spec = dict(spec, cuda_uuids=gpu.uuids, cpuset=gpu.cpuset)
         try:
             rec = await self.impl.create_kernel(
                 spec, image, ports, devices, fake_devices=self.device_source.fake
@@ -320,13 +516,60 @@ class Agent(LoggingConfigurable):
         )
 
 
+DOCKER_SOCKET = "/var/run/docker.sock"
+# (gateway, port) pairs the hub's API listens on in this process (agents share them).
+_HUB_LISTENING: set[tuple[str, int]] = set()
+
+
+async def serve_hub_api_on(address: str, log) -> None:
+    """Inside a hub whose API listens on loopback only: make it listen on ``address``
+    (the agent network's gateway) too, once the hub's HTTP server exists. Kernels
+    reach the API there; it listens nowhere else. Outside a hub, or when the hub's
+    API listens on another address (the operator's choice), nothing is done."""
+    import sys
+    from urllib.parse import urlsplit
+
+    from tornado.netutil import bind_sockets
+
+    app_mod = sys.modules.get("jupyterhub.app")
+    if app_mod is None or not app_mod.JupyterHub.initialized():
+        return
+    hub = app_mod.JupyterHub.instance()
+    if hub.hub_bind_url:
+        bind = urlsplit(hub.hub_bind_url)
+        if bind.scheme not in ("http", "https"):
+            return  # a unix socket: nothing to add
+        host, port = bind.hostname, bind.port
+    else:
+        host, port = hub.hub_ip, hub.hub_port
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return
+    key = (address, port)
+    if key in _HUB_LISTENING:
+        return
+    _HUB_LISTENING.add(key)
+    # The hub makes its HTTP server in start(), after the manager (and this agent) began.
+    while getattr(hub, "http_server", None) is None:
+        await asyncio.sleep(0.05)
+    try:
+        hub.http_server.add_sockets(bind_sockets(port, address=address))
+    except OSError as e:
+        _HUB_LISTENING.discard(key)
+        log.error("the hub's API could not listen on %s:%s, kernels will not reach it: %s",
+                  address, port, e)
+        return
+    log.info("hub API also listening on %s:%s (the agent network's gateway, for kernels)",
+             address, port)
+
+
 MOUNT_ROOT = "/home/work"
 MOUNT_MODES = ("ro", "rw")
 
 
 def check_mounts(mounts) -> list[dict]:
     """Check a kernel's ``mounts``: ``[{"source": a directory on this node, "target":
-    "/home/work/<name>", "mode": "ro" | "rw"}]``; raise InvalidRequest otherwise.
+    "/home/work/<name>" (or "/home/work" itself: the user's home folder), "mode": "ro" |
+    "rw"}]``; raise InvalidRequest otherwise.
 
     A target is one path component under /home/work (what the backends can
     place: a bind mount, or a link in the local backend's working folder), and
@@ -343,10 +586,12 @@ def check_mounts(mounts) -> list[dict]:
         source, target, mode = m.get("source"), m.get("target"), m.get("mode", "rw")
         if mode not in MOUNT_MODES:
             raise InvalidRequest(f"mount mode must be ro or rw, not {mode!r}")
-        if not isinstance(target, str) or not target.startswith(MOUNT_ROOT + "/"):
+        if target == MOUNT_ROOT:
+            pass  # the user's home folder: /home/work itself
+        elif not isinstance(target, str) or not target.startswith(MOUNT_ROOT + "/"):
             raise InvalidRequest(f"mount target must be {MOUNT_ROOT}/<name>, not {target!r}")
-        name = target[len(MOUNT_ROOT) + 1:]
-        if not name or "/" in name or name in (".", "..") or "\0" in name:
+        elif not (name := target[len(MOUNT_ROOT) + 1:]) or "/" in name or name in (".", "..") \
+                or "\0" in name:
             raise InvalidRequest(
                 f"mount target must be one folder directly under {MOUNT_ROOT}, not {target!r}")
         if target in targets:
@@ -358,6 +603,29 @@ def check_mounts(mounts) -> list[dict]:
         targets.add(target)
         out.append({"source": os.path.normpath(source), "target": target, "mode": mode})
     return out
+
+
+def _parse_user(spec: str) -> tuple[int, int]:
+    """"uid:gid", "uid" or a user name -> (uid, gid); root is refused."""
+    import pwd
+
+    spec = spec.strip()
+    try:
+        if spec.replace(":", "").isdigit():
+            uid, _, gid = spec.partition(":")
+            ids = (int(uid), int(gid or uid))
+        else:
+            pw = pwd.getpwnam(spec)
+            ids = (pw.pw_uid, pw.pw_gid)
+    except (KeyError, ValueError):
+        raise AgentError(
+            f"Agent.local_kernel_user {spec!r} is neither uid:gid nor a user of this machine"
+        ) from None
+    if 0 in ids:
+        raise AgentError(
+            f"Agent.local_kernel_user {spec!r} is root: local kernels never run as root "
+            "(see Agent.unsafe_local_kernels_as_root)")
+    return ids
 
 
 def _port_free(host: str, port: int) -> bool:

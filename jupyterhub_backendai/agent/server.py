@@ -1,59 +1,51 @@
 """``backendai-agent``: the agent as its own daemon (cluster mode).
 
-It serves a small JSON API for the manager (create/destroy/list kernels, images),
-authenticated with a shared token, and publishes heartbeats and kernel events on
-the Redis event bus.
+It serves a small JSON API for the manager (create/destroy/list kernels, images)
+on the nodes' shared base (``common/httpbase.py``: mutual TLS with the cluster CA,
+problem+json errors; a shared token only in the deprecated mode without TLS),
+publishes heartbeats and kernel events on the Redis event bus and, with etcd,
+registers itself under a lease (``common/etcdreg.py``) so that the hubs learn
+that it joined, and that it left when the lease expires.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
 import signal
 
 from tornado import web
-from traitlets import Integer, Unicode, default
+from traitlets import Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from ..common.errors import BackendAIError
+from ..common.errors import BackendAIError, InvalidRequest, NotFound
+from ..common.etcdreg import AgentRegistration
 from ..common.events import make_event_bus
+from ..common.httpbase import NodeAuth, NodeHandler, NotFoundHandler, TLSFiles, listen
 from .core import Agent
 
 
-class _Handler(web.RequestHandler):
-    def prepare(self):
-        token = self.settings["token"]
-        got = self.request.headers.get("Authorization", "")
-        if not token or not hmac.compare_digest(got, f"Bearer {token}"):
-            raise web.HTTPError(401)
-
+class _Handler(NodeHandler):
     @property
     def agent(self) -> Agent:
         return self.settings["agent"]
 
-    def write_json(self, data, status=200):
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
-
-    def write_error(self, status_code, **kw):
-        exc = kw.get("exc_info", (None, None))[1]
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"type": type(exc).__name__, "detail": str(exc) if exc else ""}))
-
     def body(self):
-        return json.loads(self.request.body or b"{}")
+        try:
+            data = json.loads(self.request.body or b"{}")
+        except ValueError as e:
+            raise InvalidRequest(f"the body is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        return data
 
     async def _guard(self, coro):
         try:
             return await coro
         except BackendAIError as e:
-            self.set_status(e.status_code)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"type": type(e).__name__, "detail": e.detail}))
+            self.problem(e)
             return None
 
 
@@ -78,7 +70,7 @@ class KernelLogsHandler(_Handler):
     async def get(self, kernel_id):
         logs = await self._guard(self.agent.kernel_logs(kernel_id))
         if logs is None and not self._finished:
-            self.write_json({"type": "NotFound", "detail": f"no kernel {kernel_id}"}, 404)
+            self.problem(NotFound(f"no kernel {kernel_id}"))
         elif logs is not None:
             self.write_json({"logs": logs})
 
@@ -100,7 +92,9 @@ class InfoHandler(_Handler):
         self.write_json(self.agent.info())
 
 
-def make_app(agent: Agent, token: str) -> web.Application:
+def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
+    if isinstance(auth, str):
+        auth = NodeAuth(token=auth)
     return web.Application(
         [
             (r"/v1/info", InfoHandler),
@@ -110,8 +104,9 @@ def make_app(agent: Agent, token: str) -> web.Application:
             (r"/v1/images", ImagesHandler),
             (r"/v1/images/inspect", ImageInspectHandler),
         ],
+        default_handler_class=NotFoundHandler,
         agent=agent,
-        token=token,
+        auth=auth,
     )
 
 
@@ -122,11 +117,52 @@ class AgentApp(Application):
     listen_host = Unicode("127.0.0.1", help="Address the agent API listens on.").tag(config=True)
     listen_port = Integer(6001, help="Port the agent API listens on.").tag(config=True)
     redis_url = Unicode(
-        os.environ.get("BACKENDAI_REDIS_URL", ""),
-        help="Redis URL of the event bus shared with the managers.",
+        help="""Redis URL of the event bus shared with the managers (env
+        BACKENDAI_REDIS_URL; it may hold a password).""",
     ).tag(config=True)
+
+    @default("redis_url")
+    def _redis_url_default(self):
+        # Read when first used, not at import: `--help-all` must not print a password.
+        return os.environ.get("BACKENDAI_REDIS_URL", "")
+
     token = Unicode(
-        help="Shared secret the manager presents (env BACKENDAI_AGENT_TOKEN).",
+        help="""DEPRECATED (use tls): shared secret the manager presents (env
+        BACKENDAI_AGENT_TOKEN). Ignored when tls is set.""",
+    ).tag(config=True)
+    tls = Dict(
+        help="""Mutual TLS with the cluster CA: {"cert": ".../agent1.crt", "key":
+        ".../agent1.key", "ca": ".../cluster-ca.crt"} (made by `python -m
+        jupyterhub_backendai.common.certs`). The API is then HTTPS and only callers
+        with a certificate of that CA named in allowed_clients are served.""",
+    ).tag(config=True)
+    allowed_clients = List(
+        Unicode(), ["hub"],
+        help="Common names of the client certificates that may call (with tls).",
+    ).tag(config=True)
+    advertise_addr = Unicode(
+        "",
+        help="""URL the managers reach this agent's API at (registered in etcd and
+        sent in heartbeats). Default: http(s)://<listen_host>:<listen_port>.""",
+    ).tag(config=True)
+    etcd_url = Unicode(
+        help="""etcd endpoint (http://host:port) to register this agent in, under a
+        lease (env BACKENDAI_ETCD_URL). Empty: no registration; the managers learn
+        of the agent from its heartbeats only.""",
+    ).tag(config=True)
+
+    @default("etcd_url")
+    def _etcd_url_default(self):
+        return os.environ.get("BACKENDAI_ETCD_URL", "")
+
+    etcd_prefix = Unicode(
+        "/backendai", help="Key prefix of this cluster in etcd (docs/cluster.md)."
+    ).tag(config=True)
+    etcd_lease_ttl = Float(
+        10.0,
+        help="""Seconds the agent's etcd registration outlives the agent: it is
+        refreshed every third of this; once the agent dies, the managers see it
+        leave within this time.""",
     ).tag(config=True)
 
     @default("token")
@@ -138,6 +174,7 @@ class AgentApp(Application):
         "port": "AgentApp.listen_port",
         "host": "AgentApp.listen_host",
         "redis": "AgentApp.redis_url",
+        "etcd": "AgentApp.etcd_url",
         "backend": "Agent.backend",
         "id": "Agent.agent_id",
         "resource-group": "Agent.resource_group",
@@ -151,23 +188,46 @@ class AgentApp(Application):
             self.load_config_file(self.config_file)
 
     async def run(self):
-        if not self.token:
-            raise SystemExit("backendai-agent: set a token (BACKENDAI_AGENT_TOKEN or --AgentApp.token)")
+        try:
+            tls = TLSFiles.from_config(self.tls)
+        except ValueError as e:
+            raise SystemExit(f"backendai-agent: {e}") from None
+        if tls is None and not self.token:
+            raise SystemExit(
+                "backendai-agent: set tls (cert, key, ca; see docs/cluster.md) or, "
+                "deprecated, a token (BACKENDAI_AGENT_TOKEN or --AgentApp.token)"
+            )
         if not self.redis_url:
             raise SystemExit("backendai-agent: set the event bus (--redis or BACKENDAI_REDIS_URL)")
+        auth = NodeAuth(tls=tls, token=self.token, allowed_clients=set(self.allowed_clients))
         bus = make_event_bus(self.redis_url)
         agent = Agent(bus, parent=self)
-        addr = f"http://{self.listen_host}:{self.listen_port}"
+        scheme = "https" if tls else "http"
+        addr = self.advertise_addr or f"{scheme}://{self.listen_host}:{self.listen_port}"
         agent.addr = addr
-        app = make_app(agent, self.token)
-        server = app.listen(self.listen_port, self.listen_host)
+        app = make_app(agent, auth)
+        server = listen(app, self.listen_port, self.listen_host, auth)
         await agent.start()
+        registration = None
+        if self.etcd_url:
+
+            async def describe():
+                info = agent.info()
+                info["images"] = sorted(i.name for i in await agent.list_images())
+                return info
+
+            registration = AgentRegistration(
+                self.etcd_url, self.etcd_prefix, agent.agent_id, describe, ttl=self.etcd_lease_ttl
+            )
+            await registration.start()
         self.log.info("backendai-agent %s listening on %s", agent.agent_id, addr)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        if registration is not None:
+            await registration.stop()  # leave at once, not after the lease's TTL
         server.stop()
         await agent.stop()
         await bus.close()

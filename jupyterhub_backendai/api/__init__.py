@@ -12,4 +12,8 @@ def get_handlers() -> list[tuple]:
     """Routes for ``Authenticator.get_handlers`` (JupyterHub prefixes them with ``/hub``)."""
     from .handlers import routes
 
-    return routes()
+    table = routes()
+    # Backend.AI's own routes (compat/), before the catch-all 404 that routes() ends with.
+    from .compat import routes as compat_routes
+
+    return table[:-1] + compat_routes() + table[-1:]

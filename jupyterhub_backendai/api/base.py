@@ -14,10 +14,12 @@ error leaves as ``application/problem+json``.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import sys
 from http.client import responses
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -25,6 +27,8 @@ from jsonschema.validators import extend
 from jupyterhub import orm, roles
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
+from traitlets import Integer, List, Unicode
+from traitlets.config import Configurable
 
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest, NotFound, Unauthorized
 from ..manager import access
@@ -36,6 +40,10 @@ WRITE_SCOPE = "custom:backendai:write"
 PROBLEM = "application/problem+json"
 # Query parameters JupyterHub itself reads (XSRF token for cookie clients).
 HUB_PARAMS = {"_xsrf"}
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Bounds of a JSON body: bytes, and nesting of arrays and objects.
+MAX_JSON_BYTES = 1 << 20
+MAX_JSON_DEPTH = 32
 _UINT = re.compile(r"^[0-9]{1,10}$")
 
 # JSON Schema's "integer" accepts 5.0; ours does not (columns are integers).
@@ -56,8 +64,189 @@ def document() -> dict:
     return _DOC
 
 
+class ClientAddress(Configurable):
+    """Where a request comes from: the socket's peer, or what a trusted proxy says.
+
+    JupyterHub runs tornado with ``xheaders``, so ``request.remote_ip`` is whatever a
+    client writes into ``X-Real-Ip`` or ``X-Forwarded-For``. :func:`client_address`
+    ignores that: it starts from the socket's peer address and reads
+    ``X-Forwarded-For`` only when that peer is one of ``trusted_proxies``, and then
+    only the ``trusted_proxy_hops`` entries the proxies themselves appended (a proxy
+    appends the address it was connected from to what the client sent, so the entries
+    further left are the client's own words). ``X-Real-Ip`` is never read.
+    """
+
+    trusted_proxies = List(
+        Unicode(),
+        default_value=["127.0.0.1/32", "::1/128"],
+        help="""Addresses or networks (CIDR) of the proxies in front of the hub whose
+        X-Forwarded-For header is believed. The default is loopback, where the packaged
+        configurable-http-proxy connects from (JupyterHub.hub_connect_ip). Any other
+        program on this host that can reach the hub's port directly can therefore name
+        any client address; do not list networks whose hosts you do not control.
+        An empty list: only socket addresses count.""",
+    ).tag(config=True)
+    trusted_proxy_hops = Integer(
+        1,
+        help="""How many X-Forwarded-For entries, counted from the right, were appended by
+        trusted proxies: 1 for configurable-http-proxy alone (it appends the address of
+        whoever connected to it), 2 for a reverse proxy (nginx, a load balancer) in front
+        of it that appends one entry too. The client address is that entry; anything to
+        its left was written by the client and is ignored.""",
+    ).tag(config=True)
+
+    def networks(self) -> list:
+        nets = getattr(self, "_nets", None)
+        if nets is None or nets[0] != self.trusted_proxies:
+            parsed = []
+            for item in self.trusted_proxies:
+                try:
+                    parsed.append(ipaddress.ip_network(item.strip(), strict=False))
+                except ValueError:
+                    raise ValueError(
+                        f"ClientAddress.trusted_proxies: {item!r} is not an address or network"
+                    ) from None
+            nets = self._nets = (list(self.trusted_proxies), parsed)
+        return nets[1]
+
+    def trusted(self, ip: str) -> bool:
+        addr = _ip(ip)
+        return addr is not None and any(addr in net for net in self.networks())
+
+    def resolve(self, peer: str, forwarded: list[str]) -> str:
+        """The client address of a request from socket peer ``peer`` with these
+        X-Forwarded-For values (each header line, in order)."""
+        if not forwarded or not self.trusted(peer):
+            return peer
+        hops = [h.strip() for line in forwarded for h in line.split(",") if h.strip()]
+        if not hops:
+            return peer
+        n = max(1, self.trusted_proxy_hops)
+        entry = hops[-n] if len(hops) >= n else hops[0]
+        addr = _ip(entry)
+        # A proxy writes an address; anything else is not an address we can check.
+        return str(addr) if addr is not None else peer
+
+
+_CLIENT_ADDRESS: tuple[object, ClientAddress] | None = None
+
+
+def _ip(text: str | None):
+    try:
+        addr = ipaddress.ip_address((text or "").strip().strip("[]"))
+    except ValueError:
+        return None
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return mapped or addr
+
+
+def client_address_settings(config=None) -> ClientAddress:
+    """The :class:`ClientAddress` settings of ``config`` (the hub's), made once."""
+    global _CLIENT_ADDRESS
+    if _CLIENT_ADDRESS is None or _CLIENT_ADDRESS[0] is not config:
+        _CLIENT_ADDRESS = (config, ClientAddress(config=config) if config is not None
+                           else ClientAddress())
+    return _CLIENT_ADDRESS[1]
+
+
+def peer_address(request) -> str:
+    """The socket peer of a tornado request (not what X-Real-Ip/X-Forwarded-For say)."""
+    ctx = getattr(getattr(request, "connection", None), "context", None)
+    raw = getattr(ctx, "_orig_remote_ip", None) or getattr(ctx, "remote_ip", None)
+    if raw is None:
+        raw = request.remote_ip
+    addr = _ip(raw)
+    return str(addr) if addr is not None else str(raw or "")
+
+
+def client_address(handler) -> str:
+    """The address of the client that sent ``handler``'s request, as a string.
+
+    The socket's peer, unless that peer is a trusted proxy
+    (``c.ClientAddress.trusted_proxies``), in which case the X-Forwarded-For entry
+    its proxies appended (``c.ClientAddress.trusted_proxy_hops``). Used for
+    ``allowed_client_ip`` and for login throttling; never trusts ``X-Real-Ip``.
+    """
+    request = handler.request
+    settings = client_address_settings(getattr(handler, "settings", {}).get("config"))
+    return settings.resolve(peer_address(request),
+                            request.headers.get_list("X-Forwarded-For"))
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _depth(value) -> int:
+    """Nesting depth of arrays and objects (iterative: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        elif not isinstance(v, list):
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_JSON_DEPTH:
+            return d
+        stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def parse_json_body(raw: bytes) -> object:
+    """A request body as JSON, within :data:`MAX_JSON_BYTES` and :data:`MAX_JSON_DEPTH`;
+    anything else is an :class:`InvalidRequest` (400) in plain words."""
+    if len(raw) > MAX_JSON_BYTES:
+        raise InvalidRequest(
+            f"the body is {len(raw)} bytes; a JSON body may have at most {MAX_JSON_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        data = None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InvalidRequest(f"malformed JSON body: {e}") from None
+    else:
+        if _depth(data) <= MAX_JSON_DEPTH:
+            return data
+    raise InvalidRequest(
+        f"the JSON body is nested too deeply: at most {MAX_JSON_DEPTH} levels of "
+        "arrays and objects are accepted")
+
+
+# Plain words for the formats of the API's schemas (patterns carry their own x-message).
+_FORMAT_WORDS = {
+    "date-time": "must be a date and time such as 2026-01-31T12:00:00Z",
+    "date": "must be a date such as 2026-01-31",
+    "email": "must be an email address",
+    "uri": "must be a URL",
+}
+
+
+def schema_error_words(err) -> str:
+    """A jsonschema error as a sentence for the caller: a pattern or format is described
+    (from the schema's ``x-message``, the table of formats, or its ``description``), never quoted."""
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator in ("pattern", "format"):
+        words = schema.get("x-message")
+        if not words and err.validator == "format":
+            words = _FORMAT_WORDS.get(str(err.validator_value))
+        if not words and schema.get("description"):
+            words = f"must be {schema['description']}"
+        return words or "is not in the accepted form"
+    if err.validator == "type":
+        wanted = err.validator_value
+        names = {"string": "a string", "integer": "a whole number", "number": "a number",
+                 "boolean": "true or false", "object": "an object", "array": "a list",
+                 "null": "null"}
+        if isinstance(wanted, list):
+            return "must be " + " or ".join(names.get(w, w) for w in wanted)
+        return "must be " + names.get(wanted, str(wanted))
+    if err.validator == "maxLength":
+        return f"must be at most {err.validator_value} characters long"
+    if err.validator == "minLength":
+        return ("must not be empty" if err.validator_value == 1
+                else f"must be at least {err.validator_value} characters long")
+    return err.message
 
 
 def _check_text(value, path: str = "") -> None:
@@ -99,6 +288,39 @@ class APIBase(APIHandler):
     def signed(self) -> bool:
         return self.request.headers.get("Authorization", "").startswith("BackendAI ")
 
+    def check_hub_page_origin(self) -> None:
+        """A change authenticated by the login cookie must come from the hub's own pages.
+
+        Servers may share the hub's origin (no ``subdomain_host``): a page a user serves
+        from their server is then same-origin with the hub, can read the ``_xsrf``
+        cookie and send it. So beyond JupyterHub's XSRF check: a browser that sends
+        Fetch metadata must say ``Sec-Fetch-Site: same-origin``, and its ``Referer``
+        must be a page under ``<base_url>hub/`` (not ``/user/...``) on this host. A
+        browser cannot forge either header. Clients that send neither (scripts with a
+        session cookie, old browsers) are left to the XSRF check.
+        """
+        headers = self.request.headers
+        site = headers.get("Sec-Fetch-Site")
+        referer = headers.get("Referer")
+        if site is not None and site != "same-origin":
+            raise Forbidden(
+                f"a change made with the login cookie must come from the hub's own pages; "
+                f"this request came from a {site} page")
+        if site is None and referer is None:
+            return
+        hub_pages = self.hub.base_url
+        if referer is None:
+            raise Forbidden(
+                "a change made with the login cookie must come from the hub's own pages "
+                f"(under {hub_pages}); this request names no page (no Referer)")
+        ref = urlsplit(referer)
+        if ref.netloc != self.request.host or not (ref.path or "/").startswith(hub_pages):
+            raise Forbidden(
+                "a change made with the login cookie must come from the hub's own pages "
+                f"(under {hub_pages}); this request came from {ref.path or '/'!r}"
+                + ("" if ref.netloc == self.request.host else f" on {ref.netloc!r}")
+                + ". Use an API token or a keypair for other clients")
+
     def check_xsrf_cookie(self):
         if self.signed:
             # A signature is not ambient authority: no cross-site forgery possible.
@@ -131,7 +353,13 @@ class APIBase(APIHandler):
                 "no credentials: send 'Authorization: token <JupyterHub API token>', "
                 "a Backend.AI keypair signature, or log in"
             )
-        needed = READ_SCOPE if method in ("GET", "HEAD", "OPTIONS") else WRITE_SCOPE
+        if method not in SAFE_METHODS and not getattr(self, "_token_authenticated", False):
+            self.check_hub_page_origin()
+        from . import keypair_auth
+
+        # allowed_client_ip, and the rate limit of the user's main keypair.
+        await keypair_auth.authenticate_hub_user(self.manager, self, user.name)
+        needed = READ_SCOPE if method in SAFE_METHODS else WRITE_SCOPE
         if needed not in self.expanded_scopes:
             raise Forbidden(f"these credentials lack the scope {needed!r}")
         self.principal = await self.manager.db_read(access.load_principal, username=user.name)
@@ -180,10 +408,7 @@ class APIBase(APIHandler):
         raw = self.request.body
         if not raw or not raw.strip():
             raise InvalidRequest("a JSON object body is required")
-        try:
-            data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError) as e:
-            raise InvalidRequest(f"malformed JSON body: {e}") from None
+        data = parse_json_body(raw)
         if not isinstance(data, dict):
             raise InvalidRequest("the body must be a JSON object")
         _check_text(data)
@@ -201,7 +426,7 @@ class APIBase(APIHandler):
         err = best_match(_Validator(schema).iter_errors(data))
         if err is not None:
             where = ".".join(str(x) for x in err.absolute_path) or "body"
-            raise InvalidRequest(f"{where}: {err.message}")
+            raise InvalidRequest(f"{where}: {schema_error_words(err)}")
         return data
 
     def query(self, filters: dict | None = None,

@@ -13,13 +13,41 @@ import datetime as dt
 import json
 import urllib.parse
 
+from jupyterhub.utils import new_token
 from tornado import web
 
 from ..common.errors import BackendAIError, InvalidRequest
-from ..common.types import SessionStatus, UserRole
+from ..common.types import SessionStatus, UserRole, UserStatus
 from ..manager import admin, vfolders
 from . import spec
 from .base import APIBase, document
+
+
+class CutOff:
+    """What a deactivation or a deletion ends at once, after its transaction committed:
+    the live sessions (their reason recorded), the hub servers, the tokens and cookies."""
+
+    async def end_sessions(self: APIBase, sids: list[str], reason: str) -> None:
+        for sid in sids:
+            await self.manager.destroy_session(sid, SessionStatus.TERMINATED, reason)
+
+    async def end_hub_access(self: APIBase, usernames: list[str]) -> None:
+        """Stop the users' servers; revoke their tokens; a new cookie id makes every
+        cookie of theirs invalid (JupyterHub's cookies carry it)."""
+        for name in usernames:
+            user = self.find_user(name)
+            if user is None:
+                continue
+            for spawner in list(user.spawners.values()):
+                if spawner.active or spawner.ready:
+                    try:
+                        await self.stop_single_user(user, spawner.name)
+                    except Exception:
+                        self.log.exception("could not stop %s's server %r", name, spawner.name)
+            for token in list(user.orm_user.api_tokens):
+                self.db.delete(token)
+            user.orm_user.cookie_id = new_token()
+            self.db.commit()
 
 
 def _filters(path: str) -> dict:
@@ -60,7 +88,7 @@ class DomainsHandler(APIBase):
         self.reply(await self.manager.db(admin.create_domain, self.principal, body), 201)
 
 
-class DomainHandler(APIBase):
+class DomainHandler(APIBase, CutOff):
     async def get(self, name):
         self.query()
         self.reply(await self.manager.db_read(admin.get_domain, self.principal, name))
@@ -68,7 +96,12 @@ class DomainHandler(APIBase):
     async def patch(self, name):
         self.query()
         body = self.body("DomainUpdate")
-        self.reply(await self.manager.db(admin.update_domain, self.principal, name, body))
+        out = await self.manager.db(admin.update_domain, self.principal, name, body)
+        if body.get("is_active") is False:
+            sids, names = await self.manager.db_read(admin.cut_off, domain=name)
+            await self.end_sessions(sids, f"ended: the domain {name!r} was deactivated")
+            await self.end_hub_access(names)
+        self.reply(out)
 
     async def delete(self, name):
         self.query()
@@ -88,11 +121,11 @@ class ProjectsHandler(APIBase):
         self.query()
         body = self.body("ProjectCreate")
         out = await self.manager.db(admin.create_project, self.principal, body)
-        self.hub_groups(add={f"{out['domain_name']}.{out['name']}": []})
+        self.hub_groups(add={admin.group_name(out["domain_name"], out["name"]): []})
         self.reply(out, 201)
 
 
-class ProjectHandler(APIBase):
+class ProjectHandler(APIBase, CutOff):
     async def get(self, pid):
         self.query()
         self.reply(await self.manager.db_read(admin.get_project, self.principal, pid))
@@ -101,7 +134,10 @@ class ProjectHandler(APIBase):
         self.query()
         body = self.body("ProjectUpdate")
         out, old_group = await self.manager.db(admin.update_project, self.principal, pid, body)
-        self.hub_groups(rename=(old_group, f"{out['domain_name']}.{out['name']}"))
+        self.hub_groups(rename=(old_group, admin.group_name(out["domain_name"], out["name"])))
+        if body.get("is_active") is False:
+            sids, _ = await self.manager.db_read(admin.cut_off, project=pid)
+            await self.end_sessions(sids, f"ended: the project {out['name']!r} was deactivated")
         self.reply(out)
 
     async def delete(self, pid):
@@ -147,7 +183,7 @@ class UsersHandler(APIBase):
         self.reply(out, 201)
 
 
-class UserHandler(APIBase):
+class UserHandler(APIBase, CutOff):
     async def get(self, uid):
         self.query()
         self.reply(await self.manager.db_read(admin.get_user, self.principal, uid))
@@ -156,6 +192,11 @@ class UserHandler(APIBase):
         self.query()
         body = self.body("UserUpdate")
         out, old_groups = await self.manager.db(admin.update_user, self.principal, uid, body)
+        if out["status"] != UserStatus.ACTIVE and "status" in body:
+            sids, names = await self.manager.db_read(admin.cut_off, user=uid)
+            await self.end_sessions(sids, f"ended: the account {out['username']!r} is "
+                                          f"{out['status']}")
+            await self.end_hub_access(names)
         if "role" in body:
             self.hub_admin(out["username"], out["role"] == UserRole.SUPERADMIN)
         if "project_ids" in body or "domain_name" in body:
@@ -168,9 +209,14 @@ class UserHandler(APIBase):
 
     async def delete(self, uid):
         self.query()
-        username, groups = await self.manager.db(admin.delete_user, self.principal, uid)
-        self.hub_admin(username, False)
-        self.hub_groups(remove={g: [username] for g in groups})
+        username, _groups = await self.manager.db(admin.delete_user, self.principal, uid)
+        # Identity by id: the hub's account goes too (servers, tokens, cookies), so a new
+        # user of the same name, in any domain, starts with nothing.
+        await self.end_hub_access([username])
+        user = self.find_user(username)
+        if user is not None:
+            await user.delete_spawners()
+            self.users.delete(user)
         self.reply(None, 204)
 
 
@@ -364,6 +410,57 @@ class SessionLogsHandler(APIBase):
             for idx, k in enumerate(out["kernels"]):
                 k["logs"] = await self.manager.session_logs(sid, kernel_idx=idx)
         self.reply(out)
+
+
+def _service_ports(db, p, sid: str) -> dict:
+    """What :class:`SessionServicePortsHandler` needs from the record (visibility as for
+    ``GET /sessions/{id}``)."""
+    from ..models import User
+
+    s = admin._get_session(db, p, sid)
+    owner = db.get(User, s.user_id)
+    main = next((k for k in s.kernels if k.cluster_role == "main"), None)
+    return {
+        "session_id": s.id,
+        "status": s.status,
+        "type": s.session_type,
+        "username": owner.username if owner else None,
+        "service_prefix": s.service_prefix,
+        "ports": list(main.service_ports or []) if main is not None else [],
+    }
+
+
+class SessionServicePortsHandler(APIBase):
+    """``GET /sessions/{id}/service-ports``: the apps of a session's Jupyter server (the
+    image's ``ai.backend.service-ports``) with the URLs they answer at, behind the hub's
+    login: ``<server>/<name>/`` through jupyter-server-proxy in the kernel; the first
+    port is the Jupyter server itself. On the user's own origin in subdomain mode."""
+
+    async def get(self, sid):
+        self.query()
+        rec = await self.manager.db_read(_service_ports, self.principal, sid)
+        server_url = None
+        if rec["type"] != "batch" and rec["username"]:
+            origin = f"{self.request.protocol}://{self.request.host}"
+            if self.subdomain_host:
+                orm_user = self.find_user(rec["username"])
+                if orm_user is not None:
+                    origin = self.users[orm_user].host
+            server_url = origin + rec["service_prefix"]
+        ports = []
+        for idx, sp in enumerate(rec["ports"]):
+            url = None
+            if server_url and sp.get("protocol") == "http":
+                url = server_url if idx == 0 else f"{server_url}{sp['name']}/"
+            ports.append({"name": sp.get("name"), "protocol": sp.get("protocol"),
+                          "container_port": sp.get("container_port"), "url": url})
+        self.reply({
+            "session_id": rec["session_id"],
+            "status": rec["status"],
+            "server_url": server_url,
+            "adhoc_url_template": server_url + "proxy/{port}/" if server_url else None,
+            "service_ports": ports,
+        })
 
 
 # -- vfolders ------------------------------------------------------------------
@@ -587,6 +684,7 @@ def routes() -> list[tuple]:
         ("/sessions", SessionsHandler),
         (f"/sessions/{SEG}", SessionHandler),
         (f"/sessions/{SEG}/logs", SessionLogsHandler),
+        (f"/sessions/{SEG}/service-ports", SessionServicePortsHandler),
         ("/vfolder-hosts", VFolderHostsHandler),
         ("/vfolders", VFoldersHandler),
         (f"/vfolders/{SEG}", VFolderHandler),

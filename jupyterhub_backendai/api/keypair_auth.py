@@ -3,9 +3,16 @@
 The API's base handler calls :func:`authenticate` for a request whose
 ``Authorization`` header starts with ``BackendAI``. It answers who signed it (a
 :class:`KeypairPrincipal`) or raises :class:`Unauthorized` with the reason
-(malformed header, date outside ±15 minutes, unknown key, wrong signature,
-inactive keypair, user or domain) or :class:`TooManyRequests` past the keypair's
-rate limit. Either way the ``X-RateLimit-*`` headers of a counted request are
+(malformed header, date outside ±15 minutes, unknown key, wrong signature, a
+body that is not the signed one, a signature already used once (a replay),
+inactive keypair, user or domain, a client address outside the user's
+``allowed_client_ip``) or :class:`TooManyRequests` past the keypair's rate limit.
+
+Requests authenticated by JupyterHub (a token or the login cookie) go through
+:func:`authenticate_hub_user`: the same ``allowed_client_ip`` check, and they
+count against the rate limit of the user's *main keypair* (``User.main_access_key``
+when the model has it, else the user's oldest active keypair, default ones
+first), so that neither tokens nor newly minted keypairs escape the limit. Either way the ``X-RateLimit-*`` headers of a counted request are
 set on the handler, and also kept in ``handler.sticky_headers`` for the API's
 error writer, which re-applies them after tornado's ``send_error`` cleared the
 handler's headers (a 429 must carry them).
@@ -40,9 +47,9 @@ from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable, LoggingConfigurable
 
 from ..common import signing
-from ..common.errors import TooManyRequests, Unauthorized
+from ..common.errors import InvalidRequest, TooManyRequests, Unauthorized
 from ..common.types import UserStatus
-from ..manager.ratelimit import RateLimitResult, get_rate_limiter
+from ..manager.ratelimit import RateLimitResult, get_rate_limiter, get_signature_memory
 from ..models import Domain, Keypair, Project, User, project_members
 
 log = logging.getLogger(__name__)
@@ -200,16 +207,48 @@ class KeypairAuth(LoggingConfigurable):
 
     # -- the check ---------------------------------------------------------------
 
+    async def _count(self, handler: Any, access_key: str, limit: int, whose: str) -> None:
+        """Count the request against ``access_key``'s window; 429 past ``limit``."""
+        if limit <= 0:
+            return
+        limiter = get_rate_limiter(self.manager, self.rate_limit_window,
+                                   self.rate_limit_fail_open)
+        result = await limiter.hit(access_key, limit)
+        setattr(handler, _HANDLER_ATTR, result)
+        headers = ratelimit_headers(handler)
+        for name, value in headers.items():
+            handler.set_header(name, value)
+        # The API's error writer puts these back after tornado clears headers (429s).
+        handler.sticky_headers = {**(getattr(handler, "sticky_headers", None) or {}),
+                                  **headers}
+        if not result.allowed:
+            raise TooManyRequests(
+                f"{whose} made {limit} requests in the last {int(self.rate_limit_window)} s "
+                f"(the rate limit of keypair {access_key}); retry in "
+                f"{max(1, int(result.reset + 0.999))} s"
+            )
+
     async def authenticate(self, handler: Any) -> KeypairPrincipal:
+        from .base import client_address
+
         request = handler.request
+        skew = dt.timedelta(seconds=self.max_clock_skew)
         signed = signing.read_signed_request(
-            request.method, request.uri, request.headers, host=request.host,
-            max_skew=dt.timedelta(seconds=self.max_clock_skew),
+            request.method, request.uri, request.headers, host=request.host, max_skew=skew,
         )
+        streamed = getattr(type(handler), "_stream_request_body", False)
+        if streamed and signed.body_sha256 is not None:
+            # The body arrives after this check and goes straight to storage.
+            raise InvalidRequest(
+                f"{signing.BODY_SHA256_HEADER} is not accepted on streamed uploads (the hub "
+                "cannot check the hash before it stores the bytes); send the upload without it"
+            )
         record = await self.lookup(signed.access_key)
         if record is None:
             raise Unauthorized(f"unknown access key {signed.access_key!r}")
         signed.verify(record.secret_key)
+        if not streamed:
+            signed.check_body(request.body or b"")
         if not record.keypair_active:
             raise Unauthorized(f"keypair {record.access_key} is inactive")
         if record.user_status != UserStatus.ACTIVE:
@@ -217,30 +256,83 @@ class KeypairAuth(LoggingConfigurable):
         if not record.domain_active:
             raise Unauthorized(f"domain {record.domain_name!r} is not active")
         if record.allowed_client_ip:
-            _check_client_ip(request.remote_ip, record)
-        if record.rate_limit > 0:
-            limiter = get_rate_limiter(self.manager, self.rate_limit_window,
-                                       self.rate_limit_fail_open)
-            result = await limiter.hit(record.access_key, record.rate_limit)
-            setattr(handler, _HANDLER_ATTR, result)
-            headers = ratelimit_headers(handler)
-            for name, value in headers.items():
-                handler.set_header(name, value)
-            # The API's error writer puts these back after tornado clears headers (429s).
-            handler.sticky_headers = {**(getattr(handler, "sticky_headers", None) or {}),
-                                      **headers}
-            if not result.allowed:
-                raise TooManyRequests(
-                    f"keypair {record.access_key} made {record.rate_limit} requests in the last "
-                    f"{int(self.rate_limit_window)} s (its rate limit); retry in "
-                    f"{max(1, int(result.reset + 0.999))} s"
-                )
+            _check_client_ip(client_address(handler), record)
+        # A signature is good once: remember it while its date is inside the window.
+        ttl = (signed.date + skew - dt.datetime.now(dt.UTC)).total_seconds() + 5
+        if not await get_signature_memory(self.manager).first_use(
+                signed.credential.signature, ttl):
+            raise Unauthorized(
+                "this signed request was already received once (a replay): sign every "
+                "request anew, with its own Date"
+            )
+        await self._count(handler, record.access_key, record.rate_limit,
+                          f"keypair {record.access_key}")
         await self.record_use(record.access_key)
         return KeypairPrincipal(
             user_id=record.user_id, username=record.username, access_key=record.access_key,
             is_admin=record.is_admin, rate_limit=record.rate_limit, role=record.role,
             domain_name=record.domain_name, email=record.email, project_ids=record.project_ids,
         )
+
+
+    async def authenticate_hub_user(self, handler: Any, username: str) -> None:
+        """For a request JupyterHub authenticated (token or cookie) as ``username``: refuse
+        a client address outside the user's ``allowed_client_ip`` (401), and count the
+        request against the user's main keypair's rate limit (429 past it)."""
+        from .base import client_address
+
+        key = _USER_KEY + username
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            record = hit[1]
+        else:
+            generation = self._generation
+            record = await self.manager.db(_load_user_record, username)
+            if self.lookup_cache_ttl > 0 and generation == self._generation:
+                if len(self._cache) >= self.lookup_cache_size:
+                    self._cache.clear()
+                self._cache[key] = (now + self.lookup_cache_ttl, record)
+        if record is None:
+            return  # no Backend.AI user: the API's principal lookup refuses it
+        if record.allowed_client_ip:
+            _check_client_ip(client_address(handler), record)
+        if record.access_key:
+            await self._count(handler, record.access_key, record.rate_limit,
+                              f"user {record.username!r}")
+
+
+# Cache keys of user lookups (usernames cannot contain NUL, access keys neither).
+_USER_KEY = "\0user:"
+
+
+def _main_keypair_query(user_id: str):
+    main = getattr(User, "main_access_key", None)
+    q = (select(Keypair.access_key, Keypair.rate_limit)
+         .where(Keypair.user_id == user_id, Keypair.is_active.is_(True)))
+    if main is not None:
+        # The user's designated main keypair first, whatever its age.
+        q = q.order_by((Keypair.access_key == select(main).where(User.id == user_id)
+                        .scalar_subquery()).desc())
+    return q.order_by(Keypair.is_default.desc(), Keypair.created_at, Keypair.access_key).limit(1)
+
+
+def _load_user_record(s, username: str) -> _KeypairRecord | None:
+    row = s.execute(
+        select(User.id, User.username, User.email, User.role, User.status,
+               User.allowed_client_ip, User.domain_name)
+        .where(User.username == username)
+    ).first()
+    if row is None:
+        return None
+    uid, name, email, role, status, allowed_ip, domain = row
+    main = s.execute(_main_keypair_query(uid)).first()
+    return _KeypairRecord(
+        access_key=main[0] if main else "", secret_key="", keypair_active=main is not None,
+        is_admin=False, rate_limit=int(main[1] or 0) if main else 0, user_id=uid,
+        username=name, email=email, role=role, user_status=status, domain_name=domain,
+        domain_active=True, allowed_client_ip=tuple(allowed_ip or ()), project_ids=frozenset(),
+    )
 
 
 def _load_record(s, access_key: str) -> _KeypairRecord | None:
@@ -309,6 +401,11 @@ def keypair_auth(manager: Any) -> KeypairAuth:
 async def authenticate(manager: Any, handler: Any) -> KeypairPrincipal:
     """Authenticate ``handler``'s signed request; raises Unauthorized / TooManyRequests."""
     return await keypair_auth(manager).authenticate(handler)
+
+
+async def authenticate_hub_user(manager: Any, handler: Any, username: str) -> None:
+    """Client address and rate limit of a token- or cookie-authenticated request."""
+    await keypair_auth(manager).authenticate_hub_user(handler, username)
 
 
 def ratelimit_headers(handler: Any) -> dict[str, str]:

@@ -76,8 +76,9 @@ VFOLDER_HOSTS = {"type": "object", "maxProperties": 64,
                  "additionalProperties": {"type": "array", "maxItems": 32, "items": _str(64)}}
 STRINGS = {"type": "array", "maxItems": 256, "items": _str(64)}
 IDS = {"type": "array", "maxItems": 500, "items": ID}
+# One '.' may come first: such folders are mounted into every session of their owner.
 VFOLDER_NAME = {"type": "string", "minLength": 1, "maxLength": 64,
-                "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
+                "pattern": "^\\.?[A-Za-z0-9][A-Za-z0-9._-]*$"}
 FILE_PATH = {"type": "string", "minLength": 1, "maxLength": MAX_PATH,
              "description": "relative to the folder's root; no '..'"}
 
@@ -270,6 +271,19 @@ SCHEMAS: dict[str, dict] = {
             "id": {"type": "string"}, "cluster_hostname": {"type": "string"},
             "logs": {"type": ["string", "null"]}})},
     }),
+    "SessionServicePorts": _out({
+        "session_id": {"type": "string"}, "status": {"type": "string"},
+        "server_url": {"type": ["string", "null"], "description":
+                       "the session's Jupyter server (null: a batch session serves nothing)"},
+        "adhoc_url_template": {"type": ["string", "null"], "description":
+                               "any other port: replace {port} (jupyter-server-proxy)"},
+        "service_ports": {"type": "array", "items": _out({
+            "name": {"type": "string"}, "protocol": {"type": "string"},
+            "container_port": {"type": "integer"},
+            "url": {"type": ["string", "null"],
+                    "description": "where the app answers, behind the hub's login "
+                                   "(null: not an HTTP port)"}})},
+    }),
     "Whoami": _out({
         "user": _ref("User"), "role": {"enum": list(UserRole)}, "domain": _ref("Domain"),
         "projects": {"type": "array", "items": _ref("Project")},
@@ -449,6 +463,8 @@ ROUTES += [
      204, None),
     ("get", "/sessions/{id}/logs", "getSessionLogs", "Output of a session's kernels", None, None,
      200, "SessionLogs"),
+    ("get", "/sessions/{id}/service-ports", "getSessionServicePorts",
+     "A session's service ports (apps) with their URLs", None, None, 200, "SessionServicePorts"),
     ("get", "/scheduler", "schedulerStatus", "What the scheduler is doing (admins)", None, None,
      200, "SchedulerStatus"),
     ("get", "/vfolder-hosts", "listVFolderHosts", "Storage hosts the caller may use, and for what",
@@ -520,6 +536,101 @@ def _path_params(path: str) -> list[dict]:
     return out
 
 
+# -- words for people: the CLI's --help and the API's 400s read them from the document --
+
+# Each pattern of the schemas said in words (``x-message``); errors never quote a regex.
+PATTERN_WORDS = {
+    "^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$":
+        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit",
+    "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$":
+        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit",
+    "^\\.?[A-Za-z0-9][A-Za-z0-9._-]*$":
+        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit "
+        "or with one '.' before it (a folder mounted into every session of its owner)",
+    "^[a-z0-9][a-z0-9._-]{0,63}$":
+        "must be 1 to 64 lower-case letters, digits, '.', '_' or '-', beginning with a "
+        "letter or digit",
+}
+
+# What a request field means, where its schema has no description of its own.
+FIELD_DESCRIPTIONS: dict[str, str] = {
+    "name": "the name (unique where it lives)",
+    "description": "free text",
+    "is_active": "false: deactivated (its users cannot log in or start sessions)",
+    "email": "the user's email; a login name",
+    "password": "the password to log in with",
+    "username": "the JupyterHub user name; a login name (default: the email's part before '@')",
+    "full_name": "the user's full name",
+    "status": "only active users may log in",
+    "role": "what the user may do: superadmin (everything), admin (its domain), user, "
+            "monitor (read only)",
+    "domain_name": "the domain it belongs to (default: the caller's)",
+    "resource_policy": "the name of the resource policy that limits it",
+    "need_password_change": "ask the user to change the password",
+    "allowed_client_ip": "addresses or networks (CIDR) the user may log in from; null: any",
+    "project_ids": "projects the user is a member of (ids; the CLI also takes names)",
+    "allowed_vfolder_hosts": "storage hosts (proxy:volume) and what may be done on each",
+    "allowed_docker_registries": "registries images may come from",
+    "user_id": "the owner (a user's id; the CLI also takes an email or username; default: "
+               "the caller)",
+    "rate_limit": "signed requests allowed per 15 minutes",
+    "is_admin": "the keypair may use admin endpoints (admins only)",
+    "is_default": "the user's main keypair",
+    "default_for_unspecified": "slots the policy does not name: UNLIMITED or LIMITED (zero)",
+    "max_concurrent_sessions": "sessions running at once",
+    "max_containers_per_session": "kernels (containers) in one session",
+    "max_session_lifetime": "seconds a session may live (0: unlimited)",
+    "idle_timeout": "seconds without activity before a session is stopped (0: never)",
+    "max_priority": "the highest priority its sessions may ask for",
+    "max_pending_session_count": "sessions waiting in the queue at once (null: unlimited)",
+    "max_pending_session_resource_slots": "resources of waiting sessions at once (null: "
+                                          "unlimited)",
+    "max_vfolder_count": "folders (0: unlimited)",
+    "max_quota_scope_size": "bytes of all folders of the scope (0: unlimited)",
+    "is_public": "every domain may use it (else only allowed_domains/projects/keypairs)",
+    "scheduler": "the order in which waiting sessions start",
+    "scheduler_opts": "the scheduler's options",
+    "allowed_domains": "domains that may use it (when not public)",
+    "allowed_projects": "projects that may use it when not public (ids; the CLI also takes "
+                        "names)",
+    "allowed_keypairs": "access keys that may use it (when not public)",
+    "image": "the kernel image",
+    "resources": "what the session asks for: cpu (cores), mem (bytes or e.g. 1g), gpu",
+    "resource_group": "where it runs (default: the default resource group)",
+    "cluster_size": "kernels in the session",
+    "cluster_mode": "single-node: all kernels on one agent; multi-node: spread",
+    "priority": "higher starts first (up to the policy's max_priority)",
+    "startup_command": "the command the batch session runs",
+    "batch_timeout": "seconds before the batch command is stopped (null: none)",
+    "starts_at": "do not start before this time (ISO 8601)",
+    "dependencies": "sessions (ids) that must finish successfully first",
+    "usage_mode": "what the folder holds",
+    "permission": "ro (read), rw (read and write), wd (read, write, delete)",
+    "total_resource_slots": "resources it may hold at once",
+}
+
+
+def _with_words(schema, field: str | None = None):
+    """A copy of ``schema`` with ``x-message`` on every pattern and a description on
+    every named property (shared pieces such as NAME are copied, never changed)."""
+    if isinstance(schema, list):
+        return [_with_words(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: _with_words(sub, name) for name, sub in value.items()}
+        else:
+            out[key] = _with_words(value)
+    if "pattern" in out and "x-message" not in out and out["pattern"] in PATTERN_WORDS:
+        out["x-message"] = PATTERN_WORDS[out["pattern"]]
+    if field is not None and "description" not in out and "$ref" not in out \
+            and field in FIELD_DESCRIPTIONS:
+        out["description"] = FIELD_DESCRIPTIONS[field]
+    return out
+
+
 def build_document() -> dict:
     paths: dict[str, dict] = {}
     for method, path, op_id, summary, filters, body, status, resp in ROUTES:
@@ -572,7 +683,7 @@ def build_document() -> dict:
         "security": [{"jupyterhubToken": []}, {"backendaiSignature": []}, {"hubCookie": []}],
         "paths": paths,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": _with_words(SCHEMAS),
             "responses": {
                 f"E{code}": {"description": text, "content": {
                     "application/problem+json": {"schema": _ref("Problem")}}}

@@ -16,16 +16,32 @@ The signed string is seven lines joined by ``\\n``::
     x-backendai-version:<X-BackendAI-Version header>
     <hex SHA-256 of the EMPTY byte string>
 
-The last line is the hash of an empty body whatever the body is: Backend.AI
+The seventh line is the hash of an empty body whatever the body is: Backend.AI
 stopped hashing bodies in API v4.20181215 (streamed uploads made it impractical)
 and its clients still hash ``b""``; we do the same so that its SDKs can talk to us.
+
+**Signed bodies (our extension).** A client that can hash its body sends
+``X-BackendAI-Content-SHA256: <hex SHA-256 of the body>`` and signs an eighth line::
+
+    x-backendai-content-sha256:<the same hex digest>
+
+The hub then recomputes the body's hash and refuses the request when it differs,
+so the signature covers the body: captured headers cannot carry another body.
+Removing the header changes the string to sign (seven lines instead of eight),
+so a signed body cannot be turned into an unsigned one. Without the header the
+string to sign is exactly Backend.AI's. :func:`sign_request` sends the header
+whenever it is given the body (``body=``), empty bodies included.
+
 The signing key is derived per day and per host, so a signature cannot be reused
-on another endpoint, and a stolen derived key expires at the end of the day::
+on another host, and a stolen derived key expires at the end of the day::
 
     key = HMAC-SHA256(HMAC-SHA256(secret, "YYYYMMDD" of the request date), host)
 
-The request date must lie within ±15 minutes of the server's clock; this bounds
-how long a captured request can be replayed.
+The request date must lie within ±15 minutes of the server's clock, and the hub
+remembers every signature it accepted for that long and refuses a second use of
+one (a replayed request): sign each request anew, with a date that has sub-second
+precision (ISO 8601 with microseconds, as :func:`sign_request` does) when the same
+request may be sent twice within a second.
 
 This module has no hub imports: the CLI, benchmarks and the API's
 authentication all use it.
@@ -53,6 +69,9 @@ DEFAULT_CONTENT_TYPE = "application/json"
 MISSING_CONTENT_TYPE = "application/octet-stream"
 MAX_SKEW = dt.timedelta(minutes=15)
 EMPTY_BODY_SHA256 = hashlib.sha256(b"").hexdigest()
+# The header that carries the body's hash when the client signs its body.
+BODY_SHA256_HEADER = "X-BackendAI-Content-SHA256"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 _COMPACT_DATE = re.compile(r"^(\d{8})T(\d{2}):?(\d{2}):?(\d{2})(?:\.\d+)?Z$")
 
@@ -141,8 +160,8 @@ def media_type(content_type: str | None) -> str:
 
 
 def string_to_sign(method: str, path_query: str, raw_date: str, host: str,
-                   content_type: str, version: str) -> str:
-    return "\n".join([
+                   content_type: str, version: str, body_sha256: str | None = None) -> str:
+    lines = [
         method.upper(),
         path_query,
         raw_date,
@@ -150,7 +169,10 @@ def string_to_sign(method: str, path_query: str, raw_date: str, host: str,
         f"content-type:{content_type}",
         f"x-backendai-version:{version}",
         EMPTY_BODY_SHA256,
-    ])
+    ]
+    if body_sha256 is not None:
+        lines.append(f"x-backendai-content-sha256:{body_sha256}")
+    return "\n".join(lines)
 
 
 def signing_key(secret_key: str, date: dt.datetime, host: str) -> bytes:
@@ -159,8 +181,9 @@ def signing_key(secret_key: str, date: dt.datetime, host: str) -> bytes:
 
 
 def compute_signature(secret_key: str, *, method: str, path_query: str, raw_date: str,
-                      date: dt.datetime, host: str, content_type: str, version: str) -> str:
-    msg = string_to_sign(method, path_query, raw_date, host, content_type, version)
+                      date: dt.datetime, host: str, content_type: str, version: str,
+                      body_sha256: str | None = None) -> str:
+    msg = string_to_sign(method, path_query, raw_date, host, content_type, version, body_sha256)
     key = signing_key(secret_key, date, host)
     return hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()
 
@@ -170,12 +193,18 @@ def compute_signature(secret_key: str, *, method: str, path_query: str, raw_date
 
 def sign_request(method: str, url: str, access_key: str, secret_key: str, *,
                  date: dt.datetime | None = None, content_type: str = DEFAULT_CONTENT_TYPE,
-                 version: str = API_VERSION) -> dict[str, str]:
+                 version: str = API_VERSION, body=None) -> dict[str, str]:
     """The headers that make a request to ``url`` a signed one.
 
     ``url`` is the full URL the request goes to: its ``host[:port]`` and its
     path and query are signed as they will be sent. Send the returned headers
     as they are (``Host`` is what HTTP clients send by themselves for that URL).
+
+    ``body``: the bytes (or ``str``, sent as UTF-8) that will be sent, ``b""`` for
+    none, or a seekable binary file (read to the end for its hash, then put back
+    where it was). When given, the body's hash is signed and sent in
+    ``X-BackendAI-Content-SHA256``, and the hub refuses the request if the body it
+    receives differs. ``None`` (the default): Backend.AI's unsigned-body form.
     """
     parts = urlsplit(url)
     if not parts.netloc:
@@ -184,16 +213,37 @@ def sign_request(method: str, url: str, access_key: str, secret_key: str, *,
     date = date or dt.datetime.now(dt.UTC)
     raw_date = date.isoformat()
     ctype = media_type(content_type)
+    digest = None if body is None else body_sha256(body)
     sig = compute_signature(
         secret_key, method=method, path_query=path_query, raw_date=raw_date, date=date,
-        host=parts.netloc, content_type=ctype, version=version,
+        host=parts.netloc, content_type=ctype, version=version, body_sha256=digest,
     )
-    return {
+    headers = {
         "Authorization": f"BackendAI signMethod={SIGN_METHOD}, credential={access_key}:{sig}",
         "Date": raw_date,
         "Content-Type": content_type,
         "X-BackendAI-Version": version,
     }
+    if digest is not None:
+        headers[BODY_SHA256_HEADER] = digest
+    return headers
+
+
+def body_sha256(body) -> str:
+    """Hex SHA-256 of a body: bytes, ``str`` (UTF-8) or a seekable binary file (its
+    remaining bytes; the file is put back where it was)."""
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(body).hexdigest()
+    if hasattr(body, "read") and hasattr(body, "seek"):
+        start = body.tell()
+        h = hashlib.sha256()
+        while chunk := body.read(1 << 20):
+            h.update(chunk)
+        body.seek(start)
+        return h.hexdigest()
+    raise TypeError(f"cannot hash a body of type {type(body).__name__}")
 
 
 # -- server side ------------------------------------------------------------------
@@ -211,6 +261,8 @@ class SignedRequest:
     host: str
     content_type: str
     version: str
+    # The X-BackendAI-Content-SHA256 header (lower-case hex), when the client signed its body.
+    body_sha256: str | None = None
 
     @property
     def access_key(self) -> str:
@@ -221,11 +273,25 @@ class SignedRequest:
         expected = compute_signature(
             secret_key, method=self.method, path_query=self.path_query, raw_date=self.raw_date,
             date=self.date, host=self.host, content_type=self.content_type, version=self.version,
+            body_sha256=self.body_sha256,
         )
         if not hmac.compare_digest(expected, self.credential.signature):
             raise Unauthorized(
                 "signature mismatch: check the secret key, and sign the method, path and query, "
-                "Date, Host, Content-Type and X-BackendAI-Version exactly as sent"
+                "Date, Host, Content-Type, X-BackendAI-Version"
+                + (" and X-BackendAI-Content-SHA256" if self.body_sha256 else "")
+                + " exactly as sent"
+            )
+
+    def check_body(self, body: bytes) -> None:
+        """Raise :class:`Unauthorized` when the client signed a body hash and ``body``
+        is not that body (headers captured and sent again with another body)."""
+        if self.body_sha256 is None:
+            return
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), self.body_sha256):
+            raise Unauthorized(
+                f"the request body does not match its signed hash ({BODY_SHA256_HEADER}): "
+                "it was changed after signing"
             )
 
 
@@ -261,17 +327,26 @@ def read_signed_request(method: str, path_query: str, headers: Mapping[str, str]
     host = host if host is not None else _header(headers, "Host")
     if not host:
         raise Unauthorized("a Host header is required on signed requests")
+    digest = _header(headers, BODY_SHA256_HEADER)
+    if digest is not None:
+        digest = digest.strip().lower()
+        if not _HEX64.match(digest):
+            raise Unauthorized(f"{BODY_SHA256_HEADER} must be the body's SHA-256 as 64 hex digits")
     return SignedRequest(
         credential=cred, method=method.upper(), path_query=path_query, raw_date=raw_date,
         date=date, host=host, content_type=media_type(_header(headers, "Content-Type")),
-        version=version,
+        version=version, body_sha256=digest,
     )
 
 
 def verify_request(method: str, path_query: str, headers: Mapping[str, str], secret_key: str, *,
                    host: str | None = None, now: dt.datetime | None = None,
-                   max_skew: dt.timedelta = MAX_SKEW) -> Credential:
-    """Check a whole signed request against a known secret key; returns its credential."""
+                   max_skew: dt.timedelta = MAX_SKEW, body: bytes | None = None) -> Credential:
+    """Check a whole signed request against a known secret key; returns its credential.
+
+    ``body``: the received body, checked against a signed body hash if there is one.
+    """
     req = read_signed_request(method, path_query, headers, host=host, now=now, max_skew=max_skew)
     req.verify(secret_key)
+    req.check_body(b"" if body is None else body)
     return req.credential

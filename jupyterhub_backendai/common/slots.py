@@ -58,6 +58,50 @@ def format_size(b: Decimal) -> str:
     return str(b)
 
 
+def format_bytes(b) -> str:
+    """A byte count for people: ``512 MiB``, ``1.5 GiB``, ``23 GiB`` (binary units,
+    at most one decimal)."""
+    b = Decimal(b)
+    for unit, name in (("t", "TiB"), ("g", "GiB"), ("m", "MiB"), ("k", "KiB")):
+        if b >= _UNITS[unit]:
+            return f"{_one_decimal(b / _UNITS[unit])} {name}"
+    return f"{b} byte" if b == 1 else f"{b} bytes"
+
+
+def format_cores(c) -> str:
+    """CPU cores for people: ``1 core``, ``2 cores``, ``0.5 cores``."""
+    c = Decimal(c)
+    text = _one_decimal(c, places=2)
+    return f"{text} core" if text == "1" else f"{text} cores"
+
+
+def format_slots(slots: Mapping) -> str:
+    """Resource slots for people: ``2 cores, 23 GiB memory, 1 GPU``."""
+    parts = []
+    for k in (CPU, MEM, CUDA):
+        if k not in slots:
+            continue
+        v = Decimal(slots[k])
+        if k == CPU:
+            parts.append(format_cores(v))
+        elif k == MEM:
+            parts.append(f"{format_bytes(v)} memory")
+        elif k == CUDA:
+            text = _one_decimal(v)
+            parts.append(f"{text} GPU" + ("" if text == "1" else "s"))
+    for k in sorted(set(slots) - {CPU, MEM, CUDA}):
+        parts.append(f"{slots[k]} {k}")
+    return ", ".join(parts)
+
+
+def _one_decimal(d: Decimal, places: int = 1) -> str:
+    q = Decimal(1).scaleb(-places)
+    text = format(d.quantize(q), "f") if d != d.to_integral_value() else format(d.to_integral_value(), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
 class ResourceSlot(dict):
     """A mapping slot name -> Decimal with element-wise arithmetic.
 
@@ -96,6 +140,10 @@ class ResourceSlot(dict):
 
     def __repr__(self) -> str:
         return f"ResourceSlot({self.to_json()})"
+
+    def human(self) -> str:
+        """``2 cores, 23 GiB memory, 1 GPU`` (see format_slots)."""
+        return format_slots(self)
 
     def describe(self) -> str:
         parts = []

@@ -95,7 +95,8 @@ def load_principal(db: DBSession, *, username: str | None = None, user_id: str |
 
 
 def deny(what: str) -> Forbidden:
-    return Forbidden(f"your role may not {what}")
+    """A refusal that names the action refused ("you may not create users in domain 'x'")."""
+    return Forbidden(f"you may not {what}")
 
 
 # -- domains -------------------------------------------------------------------
@@ -154,6 +155,55 @@ def can_manage_user(p: Principal, user: User) -> bool:
     return p.is_domain_admin and user.domain_name == p.domain and user.role != SUPERADMIN
 
 
+def outranks_owner(p: Principal, owner: User | None) -> bool:
+    """Nobody below superadmin acts on a superadmin's objects (folders, sessions, logs).
+
+    A domain admin runs their domain, but a superadmin's session or folder that
+    happens to live in it is the installation's, not the domain's.
+    """
+    return p.is_superadmin or owner is None or owner.role != SUPERADMIN or owner.id == p.user_id
+
+
+# -- limits ----------------------------------------------------------------------
+#
+# A level's limits are set by the level above it: nobody raises the limits that bind
+# themselves. Superadmins have no level above and set everything.
+
+
+def may_set_limits_of_user(p: Principal, user: User) -> bool:
+    """The user's resource policy (and their keypairs' policy and rate limit)."""
+    return p.is_superadmin or (can_manage_user(p, user) and user.id != p.user_id)
+
+
+def may_set_limits_of_project(p: Principal, proj: Project) -> bool:
+    """A project's slots and resource policy: not by a member of the project."""
+    if p.is_superadmin:
+        return True
+    return can_manage_domain_objects(p, proj.domain_name) and proj.id not in p.project_ids
+
+
+# -- starting sessions: every path (the spawn form, JupyterHub's REST API, the admin
+# API, batch) goes through the manager's enqueue, which asks here. ----------------
+
+
+def start_refusal(user: User | None, domain: Domain | None, project: Project | None) -> str | None:
+    """Why ``user`` may not start a session in ``project`` now (None: they may)."""
+    if user is None:
+        return "no such user"
+    if user.status != UserStatus.ACTIVE:
+        return f"the account {user.username!r} is {user.status}, not active"
+    if domain is None or not domain.is_active:
+        return f"the domain {user.domain_name!r} is not active"
+    if project is not None and not project.is_active:
+        return f"the project {project.name!r} is not active"
+    return None
+
+
+def mount_permission(role: str, permission: str) -> str:
+    """The permission a mount gets for ``role``: a monitor never writes, whatever the folder."""
+    return "ro" if role == MONITOR else permission
+
+
 # -- keypairs ------------------------------------------------------------------
 
 
@@ -186,13 +236,13 @@ def can_see_session(p: Principal, sess: Session) -> bool:
     return p.reads_domain and sess.domain_name == p.domain
 
 
-def can_manage_session(p: Principal, sess: Session) -> bool:
+def can_manage_session(p: Principal, sess: Session, owner: User | None = None) -> bool:
     if p.is_superadmin:
         return True
     if p.role == MONITOR:
         return False
     if p.is_domain_admin:
-        return sess.domain_name == p.domain
+        return sess.domain_name == p.domain and outranks_owner(p, owner)
     return sess.user_id == p.user_id
 
 

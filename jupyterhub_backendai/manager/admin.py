@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from decimal import Decimal
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session as DBSession
 from sqlalchemy.orm import selectinload
 
@@ -29,6 +29,7 @@ from ..common.types import UserRole, UserStatus
 from ..models import (
     Agent,
     Domain,
+    Kernel,
     Keypair,
     KeypairResourcePolicy,
     Project,
@@ -40,6 +41,7 @@ from ..models import (
     VFolder,
     VFolderPermissionRow,
     project_members,
+    session_dependencies,
 )
 from . import access, tenancy
 from .access import Principal
@@ -396,7 +398,12 @@ def create_project(db, p: Principal, body: dict) -> dict:
 def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
     """Returns the project and its JupyterHub group name before the change (renames)."""
     proj = _get_project(db, p, pid)
-    access.require(access.can_manage_domain_objects(p, proj.domain_name), "change projects")
+    access.require(access.can_manage_domain_objects(p, proj.domain_name),
+                   f"change project {proj.name!r}")
+    limits = sorted(set(body) & {"total_resource_slots", "resource_policy"})
+    if limits and not access.may_set_limits_of_project(p, proj):
+        raise Forbidden(f"{limits[0]}: you may not change the limits of a project you are a "
+                        "member of; a superadmin can")
     _project_body(db, body)
     old_group = hub_group(proj)
     if "name" in body and body["name"] != proj.name and db.scalar(select(Project).where(
@@ -410,7 +417,8 @@ def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
 def delete_project(db, p: Principal, pid: str) -> str:
     """Returns the JupyterHub group name of the deleted project."""
     proj = _get_project(db, p, pid)
-    access.require(access.can_manage_domain_objects(p, proj.domain_name), "delete projects")
+    access.require(access.can_manage_domain_objects(p, proj.domain_name),
+                   f"delete project {proj.name!r}")
     if db.scalar(select(func.count()).select_from(Session).where(Session.project_id == pid)):
         raise Conflict(f"project {pid!r} has sessions; deactivate it instead")
     if db.scalar(select(func.count()).select_from(VFolder).where(VFolder.project_id == pid)):
@@ -425,7 +433,13 @@ def delete_project(db, p: Principal, pid: str) -> str:
 
 def hub_group(proj: Project) -> str:
     """The JupyterHub group that mirrors a project (names are unique per domain only)."""
-    return f"{proj.domain_name}.{proj.name}"
+    return group_name(proj.domain_name, proj.name)
+
+
+def group_name(domain: str, project: str) -> str:
+    """``<domain>:<project>``: ':' is in neither name's alphabet, so no two projects share
+    a group (with '.', domain ``x.y`` + project ``z`` and ``x`` + ``y.z`` did)."""
+    return f"{domain}:{project}"
 
 
 def list_members(db, p: Principal, pid: str, offset: int, limit: int) -> dict:
@@ -525,9 +539,10 @@ def _set_projects(db, user: User, project_ids: list[str]) -> None:
 
 
 def create_user(db, p: Principal, body: dict) -> dict:
-    access.require(p.is_superadmin or p.is_domain_admin, "create users")
     body = dict(body)
     body.setdefault("domain_name", p.domain)
+    access.require(access.can_manage_domain_objects(p, body["domain_name"]),
+                   f"create users in domain {body['domain_name']!r}")
     _check_user_body(db, p, body)
     if "username" in body and not tenancy.USERNAME_RE.fullmatch(body["username"]):
         raise InvalidRequest(
@@ -555,7 +570,11 @@ def create_user(db, p: Principal, body: dict) -> dict:
 def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]]:
     """Returns the user and the JupyterHub groups it had before (the hub mirrors changes)."""
     user = _get_user(db, p, uid)
-    access.require(access.can_manage_user(p, user), "change this user")
+    access.require(access.can_manage_user(p, user), f"change user {user.username!r}")
+    if "resource_policy" in body and body["resource_policy"] != user.resource_policy \
+            and not access.may_set_limits_of_user(p, user):
+        raise Forbidden("resource_policy: you may not change your own limits; "
+                        "a superadmin can")
     _check_user_body(db, p, body)
     if uid == p.user_id and (body.get("role", user.role) != user.role
                              or body.get("status", user.status) != UserStatus.ACTIVE
@@ -583,11 +602,13 @@ def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]
 def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
     """Returns the username and its JupyterHub groups (the hub's account loses them)."""
     user = _get_user(db, p, uid)
-    access.require(access.can_manage_user(p, user), "delete this user")
+    access.require(access.can_manage_user(p, user), f"delete user {user.username!r}")
     if uid == p.user_id:
         raise Conflict("you cannot delete yourself")
-    if db.scalar(select(func.count()).select_from(Session).where(Session.user_id == uid)):
-        raise Conflict(f"user {uid!r} has sessions; set status 'deleted' or 'inactive' instead")
+    if db.scalar(select(func.count()).select_from(Session).where(
+            Session.user_id == uid, Session.alive_marker.is_not(None))):
+        raise Conflict(f"user {uid!r} has live sessions; stop them first (setting status "
+                       "'inactive' ends them)")
     if db.scalar(select(func.count()).select_from(VFolder).where(VFolder.user_id == uid)):
         raise Conflict(f"user {uid!r} has vfolders; delete them first (or set status "
                        "'deleted' or 'inactive')")
@@ -596,12 +617,40 @@ def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
     for share in db.scalars(select(VFolderPermissionRow).where(VFolderPermissionRow.user_id == uid)):
         db.delete(share)
     user.projects = []
+    # Identity by id: the user's ended sessions go with it (a new user of the same name
+    # starts with nothing; the hub's account, servers and tokens go in the handler).
+    ended = select(Session.id).where(Session.user_id == uid)
+    db.execute(delete(session_dependencies).where(or_(
+        session_dependencies.c.session_id.in_(ended), session_dependencies.c.depends_on.in_(ended))))
+    db.execute(delete(Kernel).where(Kernel.session_id.in_(ended)))
+    db.execute(delete(Session).where(Session.user_id == uid))
     for kp in list(user.keypairs):
         db.delete(kp)
     db.flush()
     db.delete(user)
     db.flush()
     return name, groups
+
+
+# -- deactivation: what it ends ---------------------------------------------------
+
+
+def cut_off(db, *, domain: str | None = None, project: str | None = None,
+            user: str | None = None) -> tuple[list[str], list[str]]:
+    """(live session ids, usernames) a deactivation ends: every live session of the
+    domain, project or user; the users whose hub access ends (a domain's users, or the
+    user; a project's members keep their accounts, only its sessions end)."""
+    stmt = select(Session.id).where(Session.alive_marker.is_not(None))
+    names: list[str] = []
+    if domain is not None:
+        stmt = stmt.where(Session.domain_name == domain)
+        names = list(db.scalars(select(User.username).where(User.domain_name == domain)))
+    elif project is not None:
+        stmt = stmt.where(Session.project_id == project)
+    else:
+        stmt = stmt.where(Session.user_id == user)
+        names = list(db.scalars(select(User.username).where(User.id == user)))
+    return sorted(db.scalars(stmt)), sorted(names)
 
 
 # -- keypairs ------------------------------------------------------------------
@@ -632,19 +681,34 @@ def _owner_may(p: Principal, owner: User) -> bool:
     return owner.id == p.user_id and p.role != UserRole.MONITOR
 
 
+def main_keypair(owner: User) -> Keypair | None:
+    """The user's main keypair (``is_default``; Backend.AI's ``users.main_access_key``):
+    its policy and rate limit are the user's limits."""
+    return next((k for k in owner.keypairs if k.is_default), None)
+
+
+LIMIT_FIELDS = ("rate_limit", "resource_policy", "is_default")
+
+
 def create_keypair(db, p: Principal, body: dict) -> dict:
+    """A new keypair inherits the policy and rate limit of the owner's main keypair;
+    only someone who may set the owner's limits (the level above) chooses others."""
     owner = _get_user(db, p, body.get("user_id", p.user_id))
-    manager = access.can_manage_user(p, owner)
-    if not manager:
-        access.require(_owner_may(p, owner), "create keypairs for this user")
-        for k in ("rate_limit", "resource_policy", "is_admin"):
+    if not access.can_manage_user(p, owner):
+        access.require(_owner_may(p, owner), f"create keypairs for user {owner.username!r}")
+    if not access.may_set_limits_of_user(p, owner):
+        for k in ("rate_limit", "resource_policy"):
             if k in body:
-                raise Forbidden(f"{k}: your role may not set it; an admin can")
+                raise Forbidden(f"{k}: you may not choose it for your own keypairs (a new "
+                                "keypair has your main keypair's); an admin of the level above can")
     if "is_admin" in body and not p.is_superadmin:
         raise Forbidden("is_admin: only superadmins may set it")
     _need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
           "keypair resource policy")
-    kp, secret = tenancy.create_keypair(db, owner)
+    main = main_keypair(owner)
+    kp, secret = tenancy.create_keypair(db, owner, is_default=main is None)
+    if main is not None:
+        kp.resource_policy, kp.rate_limit = main.resource_policy, main.rate_limit
     for k in ("rate_limit", "resource_policy", "is_admin", "is_active"):
         if k in body:
             setattr(kp, k, body[k])
@@ -657,12 +721,20 @@ def create_keypair(db, p: Principal, body: dict) -> dict:
 def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
     kp = _get_keypair(db, p, ak)
     if not access.can_manage_user(p, kp.user):
-        access.require(_owner_may(p, kp.user), "change this keypair")
+        access.require(_owner_may(p, kp.user), f"change keypair {ak!r}")
         extra = set(body) - {"is_active"}
         if extra:
-            raise Forbidden(f"{sorted(extra)[0]}: your role may not change it; an admin can")
+            raise Forbidden(f"{sorted(extra)[0]}: you may not change it; an admin can")
         if body.get("is_active") is True and not kp.is_active:
             raise Forbidden("is_active: only an admin may reactivate a keypair")
+    limits = sorted(set(body) & set(LIMIT_FIELDS))
+    if limits and not access.may_set_limits_of_user(p, kp.user):
+        raise Forbidden(f"{limits[0]}: you may not change your own limits; an admin of the "
+                        "level above can")
+    if body.get("is_active") is False and kp.is_default and not access.may_set_limits_of_user(
+            p, kp.user):
+        raise Conflict("you cannot deactivate your main keypair (its policy and rate limit "
+                       "are your limits); an admin can")
     if "is_admin" in body and not p.is_superadmin:
         raise Forbidden("is_admin: only superadmins may set it")
     _need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
@@ -680,9 +752,12 @@ def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
 def delete_keypair(db, p: Principal, ak: str) -> None:
     kp = _get_keypair(db, p, ak)
     if not access.can_manage_user(p, kp.user):
-        access.require(_owner_may(p, kp.user), "delete this keypair")
+        access.require(_owner_may(p, kp.user), f"delete keypair {ak!r}")
     if p.access_key == ak:
         raise Conflict("you cannot delete the keypair that signed this request")
+    if kp.is_default:
+        raise Conflict(f"keypair {ak!r} is the user's main keypair; make another one the main "
+                       "keypair (is_default) first")
     if db.scalar(select(func.count()).select_from(Session).where(Session.access_key == ak)):
         raise Conflict(f"keypair {ak!r} has sessions; deactivate it instead")
     db.delete(kp)
@@ -730,8 +805,7 @@ def get_policy(db, p: Principal, kind: str, name: str) -> dict:
 
 def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
     model, ser, label, fields, _ = POLICIES[kind]
-    _policy_reader(p)
-    access.require(p.is_superadmin, "create resource policies")
+    access.require(p.is_superadmin, f"create {label.removesuffix('policy')}policies")
     _check_name("name", body["name"])
     if db.get(model, body["name"]) is not None:
         raise Conflict(f"{label} {body['name']!r} exists")
@@ -743,9 +817,9 @@ def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
 
 
 def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
-    _, ser, _, fields, _ = POLICIES[kind]
+    _, ser, label, fields, _ = POLICIES[kind]
+    access.require(p.is_superadmin, f"change the {label} {name!r}")
     row = _get_policy(db, p, kind, name)
-    access.require(p.is_superadmin, "change resource policies")
     _apply(row, body, fields)
     db.flush()
     return ser(row)
@@ -753,8 +827,8 @@ def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
 
 def delete_policy(db, p: Principal, kind: str, name: str) -> None:
     _, _, label, _, ref = POLICIES[kind]
+    access.require(p.is_superadmin, f"delete the {label} {name!r}")
     row = _get_policy(db, p, kind, name)
-    access.require(p.is_superadmin, "delete resource policies")
     if name == DEFAULT:
         raise Conflict(f"the default {label} cannot be deleted")
     if db.scalar(select(func.count()).select_from(ref.class_).where(ref == name)):
@@ -901,6 +975,8 @@ def get_session(db, p: Principal, sid: str) -> dict:
 
 def session_logs(db, p: Principal, sid: str) -> dict:
     s = _get_session(db, p, sid)
+    access.require(access.outranks_owner(p, db.get(User, s.user_id)),
+                   "read the logs of a superadmin's session")
     return {
         "session_id": s.id,
         "status": s.status,
@@ -911,7 +987,7 @@ def session_logs(db, p: Principal, sid: str) -> dict:
 
 def check_session_create(db, p: Principal, resource_group: str) -> None:
     """Who may create sessions where; the manager's ``enqueue`` checks the rest."""
-    access.require(p.role != UserRole.MONITOR, "create sessions")
+    access.require(p.role != UserRole.MONITOR, "create sessions (monitors change nothing)")
     names = access.usable_group_names(db, p)
     if db.get(ResourceGroup, resource_group) is None or (
             names is not None and resource_group not in names):
@@ -920,7 +996,10 @@ def check_session_create(db, p: Principal, resource_group: str) -> None:
 
 def check_session_destroy(db, p: Principal, sid: str) -> None:
     s = _get_session(db, p, sid)
-    access.require(access.can_manage_session(p, s), "delete this session")
+    owner = db.get(User, s.user_id)
+    access.require(access.can_manage_session(p, s, owner),
+                   "stop a superadmin's session" if p.is_domain_admin and s.domain_name == p.domain
+                   else f"stop session {s.name!r}")
 
 
 def scheduler_view(db, p: Principal) -> set[str] | None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
+import weakref
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
-from ..common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
+from ..common.errors import AgentError, BackendAIError, InvalidRequest, NotFound
+from ..common.httpbase import NodeClient, TLSFiles
 
 
 class AgentClient:
@@ -54,41 +54,48 @@ class InProcessAgentClient(AgentClient):
         return [{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()]
 
 
-_ERRORS = {"ImageNotFound": ImageNotFound, "InvalidRequest": InvalidRequest, "NotFound": NotFound}
+_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _node_client(addr: str, token: str, tls: TLSFiles | None, timeout: float) -> NodeClient:
+    """One keep-alive pool per agent address (and event loop), shared by the
+    short-lived :class:`HTTPAgentClient` objects the manager makes per call."""
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    key = (addr, token, tls and (tls.cert, tls.key, tls.ca), timeout)
+    client = per_loop.get(key)
+    if client is None:
+        client = per_loop[key] = NodeClient(
+            addr, tls=tls, token=token, timeout=timeout, what="agent", unreachable=AgentError
+        )
+    return client
+
+
+async def close_agent_clients() -> None:
+    """Close the pools of this event loop (the manager's stop)."""
+    for client in _clients.pop(asyncio.get_running_loop(), {}).values():
+        await client.close()
 
 
 class HTTPAgentClient(AgentClient):
-    """Talks to the agent daemon's small JSON API, authenticated with a shared token."""
+    """Talks to the agent daemon's small JSON API through the hub's one node client
+    (``common/httpbase.py``): mutual TLS when ``tls`` is given and the address is
+    https://, else the deprecated shared token; problem+json errors come back as
+    their :class:`BackendAIError` class (anything else: :class:`AgentError`)."""
 
-    def __init__(self, addr: str, token: str, timeout: float = 120):
+    def __init__(self, addr: str, token: str = "", timeout: float = 120, tls: TLSFiles | None = None):
         self.base = addr.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.tls = tls if self.base.startswith("https:") else None
 
     async def _call(self, method: str, path: str, body=None):
-        req = HTTPRequest(
-            self.base + path,
-            method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-            body=json.dumps(body) if body is not None else None,
-            request_timeout=self.timeout,
-            allow_nonstandard_methods=True,
-        )
+        node = _node_client(self.base, self.token, self.tls, self.timeout)
         try:
-            resp = await AsyncHTTPClient().fetch(req)
-        except HTTPClientError as e:
-            detail = ""
-            kind = ""
-            if e.response is not None and e.response.body:
-                try:
-                    data = json.loads(e.response.body)
-                    detail, kind = data.get("detail", ""), data.get("type", "")
-                except ValueError:
-                    detail = e.response.body.decode(errors="replace")
-            raise _ERRORS.get(kind, AgentError)(detail or str(e)) from None
-        except OSError as e:
-            raise AgentError(f"agent at {self.base} unreachable: {e}") from None
-        return json.loads(resp.body) if resp.body else None
+            return await node.call(method, path, body=body, default=AgentError)
+        except (AgentError, InvalidRequest, NotFound):
+            raise
+        except BackendAIError as e:  # refused (401/403) or anything else: the agent failed
+            raise AgentError(f"agent at {self.base}: {e.detail}") from None
 
     async def create_kernel(self, spec):
         return await self._call("POST", "/v1/kernels", spec)

@@ -32,11 +32,20 @@ from ..common.errors import (
     NotFound,
 )
 from ..common.events import make_event_bus
-from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, ResourceSlot, parse_decimal, parse_size
+from ..common.slots import (
+    CPU,
+    CUDA,
+    KNOWN_SLOTS,
+    MEM,
+    ResourceSlot,
+    format_bytes,
+    format_cores,
+    format_slots,
+    parse_decimal,
+    parse_size,
+)
 from ..common.types import (
-    ALIVE_STATUSES,
     DEAD_STATUSES,
-    STARTING_STATUSES,
     AgentStatus,
     SessionStatus,
     UserStatus,
@@ -60,16 +69,16 @@ from ..scheduler import (
     admit,
     check_consistency,
     lost_agents,
-    release_kernels,
     schedule_pass,
     scheduler_stats,
     set_status,
 )
 from ..scheduler.metrics import PLACEMENTS, REJECTIONS
 from ..storageproxy.client import make_storage_registry
+from . import lifecycle, tenancy
 from . import mounts as vfmounts
-from . import tenancy
-from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
+from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient, close_agent_clients
+from .discovery import BackendAICluster
 from .vfolders import mount_permission
 
 # Why sessions failed to start, by a fixed set of reasons (bounded label values).
@@ -85,6 +94,8 @@ START_RETRIES = Counter(
 )
 
 SESSION_TYPES = ("interactive", "batch")
+# The broadcast of a session's state change to every manager (common/events.py).
+SESSION_CHANGED = "session_changed"
 CLUSTER_MODES = ("single-node", "multi-node")
 # Session.result once a session is dead: dependencies start only after SUCCESS.
 SUCCESS = "SUCCESS"
@@ -128,7 +139,48 @@ class BackendAIManager(SingletonConfigurable):
         60.0, help="An agent silent this many seconds is LOST and gets no new kernels."
     ).tag(config=True)
     status_poll_interval = Float(
-        0.1, help="Seconds between state checks while a spawner waits on its session."
+        2.0,
+        help="""Safety poll while a spawner waits on its session: start(), progress()
+        and the readiness wait are woken by the session's state changes, made in this
+        process or by another manager (broadcast on the event bus: Redis in cluster
+        mode), and re-read the record at least this often in case a broadcast was
+        lost (Redis restarting).""",
+    ).tag(config=True)
+    claim_lease = Float(
+        30.0,
+        help="""Seconds a manager's claim on a session's current step (a start, a
+        destroy) lasts without renewal (renewed every third of it while the step
+        runs). Past it another manager, or this one restarted, takes the step over
+        from what the record says. A claim of a process on this host that no longer
+        exists is taken over at once.""",
+    ).tag(config=True)
+    start_deadline = Float(
+        900.0,
+        help="""A session still PREPARING or CREATING this many seconds after it was
+        SCHEDULED is given up: what was created is removed and the start is retried
+        (start_retries) or ends in ERROR with the reason.""",
+    ).tag(config=True)
+    agent_lost_grace = Float(
+        60.0,
+        help="""Seconds a RUNNING session on a LOST agent (silent past
+        agent_lost_timeout) is kept, marked with the reason, in case the agent comes
+        back with its kernels alive. Past it the session ends in ERROR and its slots
+        are freed; kernels that reappear later are removed.""",
+    ).tag(config=True)
+    reconcile_interval = Float(
+        30.0,
+        help="""Seconds between reconciliations with every live agent (its kernels
+        against the record: kernels the record does not know are removed, RUNNING
+        sessions whose kernel vanished end in ERROR), so a lost event leaves nothing
+        stuck. An agent that comes back from LOST is reconciled at once.""",
+    ).tag(config=True)
+    spawner_wait_lease = Float(
+        30.0,
+        help="""Seconds a session started by a JupyterHub spawner stays alive without
+        the spawner waiting on it (start() renews it) before JupyterHub has
+        taken the server over (its first poll()). A hub killed while a server was
+        starting forgets that server; the session is then ended with the reason,
+        instead of running where JupyterHub does not know it.""",
     ).tag(config=True)
     max_slots_per_session = Integer(
         0, help="Reject requests of more than this many CPU cores (0: only agent capacity limits)."
@@ -181,7 +233,11 @@ class BackendAIManager(SingletonConfigurable):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.storage = make_storage_registry(self.storage_proxies, self.storage_volumes)
+        # [issue 11 cluster plumbing, manager/discovery.py] node TLS and etcd discovery
+        self.cluster = BackendAICluster(parent=self)
+        self.storage = make_storage_registry(
+            self.storage_proxies, self.storage_volumes, tls=self.cluster.tls_files()
+        )
         self.engine = make_engine(self.db_url)
         self.sm = make_sessionmaker(self.engine)
         self.sm_read = make_read_sessionmaker(self.engine)
@@ -199,6 +255,15 @@ class BackendAIManager(SingletonConfigurable):
         self._destroying: dict[str, asyncio.Future] = {}  # session id -> its destroy in flight
         self._loop_task: asyncio.Task | None = None
         self._started: asyncio.Future | None = None
+        # This process's name in the record's claims, and its session-change events.
+        self.owner_id = lifecycle.new_owner_id()
+        self.events = lifecycle.SessionEvents()
+        self._renewed = 0.0  # loop time of the last claim renewal
+        self._reconciled = 0.0  # loop time of the last reconciliation with every agent
+        self._reconciling: set[str] = set()  # agents being reconciled
+        # Per agent, kernels its last reconciliation found ended without an exit code.
+        self._dead_kernels: dict[str, set[str]] = {}
+        self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -215,6 +280,10 @@ class BackendAIManager(SingletonConfigurable):
         await asyncio.to_thread(upgrade, self.engine)
         await self.db(tenancy.ensure_defaults, self.default_vfolder_host)
         await self.bus.start_consuming(self.handle_event)
+        # Other managers' session changes wake this process's waiters; after a gap
+        # (Redis away) every waiter re-reads the record.
+        await self.bus.subscribe(self._on_broadcast, self.events.changed_all)
+        await self.cluster.start(self)  # [issue 11] agents/storage proxies from etcd (cluster mode)
         if self.embedded_agent:
             self.agent = LocalAgent(self.bus, parent=self)
             await self.attach_agent(self.agent)
@@ -235,12 +304,16 @@ class BackendAIManager(SingletonConfigurable):
         await self.reconcile(agent.agent_id, await agent.list_kernels())
 
     async def stop(self) -> None:
+        lifecycle.owner_gone(self.owner_id)
+        self._stopped = True
         if self._loop_task:
             self._loop_task.cancel()
         for t in [*self._start_tasks.values(), *self._batch_timers.values(), *self._bg]:
             t.cancel()
         for agent in self.local_agents.values():
             await agent.stop()
+        await self.cluster.stop()  # [issue 11]
+        await close_agent_clients()
         await self.bus.close()
         await self.storage.close()
         self.engine.dispose()
@@ -270,6 +343,40 @@ class BackendAIManager(SingletonConfigurable):
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
+    def _changed(self, sid: str, status: str | None = None) -> None:
+        """Session ``sid`` changed (committed): wake this process's waiters now and
+        tell every other manager (``session_changed`` broadcast, in the background:
+        a transition never waits on the bus)."""
+        self.events.changed(sid)
+        if self._stopped:
+            return
+        self._background(self._broadcast_change(sid, status))
+
+    def _changed_many(self, sids: list[str], status: str) -> None:
+        """Like :meth:`_changed` for many sessions (a scheduler pass's placements): one
+        broadcast per 1,000 ids."""
+        for sid in sids:
+            self.events.changed(sid)
+        if self._stopped:
+            return
+        for i in range(0, len(sids), 1000):
+            self._background(self._broadcast_change(None, status, sids[i:i + 1000]))
+
+    async def _broadcast_change(self, sid: str | None, status: str | None,
+                                many: list[str] | None = None) -> None:
+        payload = {"status": status, "origin": self.owner_id}
+        payload.update({"ids": many} if many is not None else {"id": sid})
+        try:
+            await self.bus.broadcast(SESSION_CHANGED, payload)
+        except Exception as e:  # Redis away: the others' safety poll sees it
+            self.log.debug("could not broadcast the change of session(s) %s: %s", sid or many, e)
+
+    async def _on_broadcast(self, name: str, payload: dict) -> None:
+        if name != SESSION_CHANGED or payload.get("origin") == self.owner_id:
+            return
+        for sid in payload.get("ids") or ([payload["id"]] if payload.get("id") else []):
+            self.events.changed(sid)
+
     # -- agents ---------------------------------------------------------------
 
     def agent_client(self, agent_id: str, addr: str = "") -> AgentClient:
@@ -277,7 +384,7 @@ class BackendAIManager(SingletonConfigurable):
             return InProcessAgentClient(self.local_agents[agent_id])
         if not addr:
             raise AgentError(f"agent {agent_id} has no address")
-        return HTTPAgentClient(addr, self.agent_token)
+        return HTTPAgentClient(addr, self.agent_token, tls=self.cluster.tls_files())
 
     async def agent_clients(self, resource_group: str) -> list[AgentClient]:
         rows = await self.db(
@@ -311,12 +418,18 @@ class BackendAIManager(SingletonConfigurable):
                 continue
         return sorted(names)
 
-    async def reconcile(self, agent_id: str, records: list[dict]) -> None:
-        """Make the record and the agent agree after a restart of either.
+    async def reconcile(self, agent_id: str, records: list[dict],
+                        before: dict[str, tuple[str, str]] | None = None) -> None:
+        """Make the record and one agent agree, both ways (after a restart of either,
+        an agent's return from LOST, and periodically).
 
-        A kernel that ended while the manager was away with a known exit code (a
-        batch command that finished) ends its session as if the manager had
-        seen it; one that vanished makes its session ERROR.
+        ``records`` is the agent's list of kernels; ``before`` what the record knew
+        on that agent just before the list was taken (so a kernel started meanwhile is
+        not taken for lost). A RUNNING session's kernel that ended with a known exit
+        code (a batch command that finished) ends its session as if the manager had
+        seen it; one that vanished makes its session ERROR with the reason. A kernel
+        the record does not know (or whose session is over) is removed. Starts and
+        destroys are left to their claim holders (:mod:`.lifecycle`).
         """
         alive = {r["kernel_id"] for r in records if r.get("alive")}
         present = {r["kernel_id"] for r in records}
@@ -325,45 +438,82 @@ class BackendAIManager(SingletonConfigurable):
             for r in records
             if not r.get("alive") and r.get("exit_code") is not None
         }
-
-        def find(s):
-            kernels = s.scalars(
-                select(Kernel)
-                .join(Session)
-                .where(Kernel.agent_id == agent_id, Session.status.in_(list(ALIVE_STATUSES)))
-            ).all()
-            lost, interrupted, ended = set(), set(), {}
-            for k in kernels:
-                if k.session.status in STARTING_STATUSES:
-                    interrupted.add(k.session_id)
-                elif k.id in ended_codes and k.session.status == SessionStatus.RUNNING:
-                    ended[k.session_id] = k.id
-                elif k.id not in alive:
-                    lost.add(k.session_id)
-            known_alive = {k.id for k in kernels if k.session.status == SessionStatus.RUNNING}
-            return sorted(lost - set(ended)), sorted(interrupted), ended, known_alive
-
-        lost, interrupted, ended, known_alive = await self.db(find)
-        client = self.agent_client(agent_id, "")
-        for kid in ended.values():
+        if before is None:
+            before = await self.db_read(lifecycle.kernels_on, agent_id)
+        known = await self.db_read(lifecycle.kernels_on, agent_id)
+        running = {kid for kid, (_, st) in before.items() if st == SessionStatus.RUNNING
+                   and known.get(kid, (None, None))[1] == SessionStatus.RUNNING}
+        ended = sorted(running & set(ended_codes))
+        # A kernel that ended without an exit code in the list (the local backend's):
+        # its exit event is likely on its way and says how it ended. Only one still
+        # so at the agent's next reconciliation is taken as lost.
+        dead = present - alive - set(ended_codes)
+        dead_before = self._dead_kernels.get(agent_id, set())
+        self._dead_kernels[agent_id] = dead
+        vanished = {known[kid][0] for kid in running - present}
+        lost = sorted(vanished)
+        dead_lost = sorted({known[kid][0] for kid in running & dead & dead_before} - vanished)
+        client = await self._client_for(agent_id)
+        for kid in ended:
             await self._kernel_exited(kid, ended_codes[kid], await client.kernel_logs(kid))
         for sid in lost:
             await self.destroy_session(
-                sid, SessionStatus.ERROR, "kernel lost while the manager was away"
+                sid, SessionStatus.ERROR, f"kernel lost: agent {agent_id} no longer has it"
             )
-        for sid in interrupted:
-            if sid not in self._start_tasks:
-                await self.destroy_session(sid, SessionStatus.ERROR, "start interrupted by a restart")
-        for kid in present - known_alive:
+        for sid in dead_lost:
+            await self.destroy_session(
+                sid, SessionStatus.ERROR,
+                f"kernel lost: it ended on agent {agent_id} and no exit code was reported")
+        for kid in sorted(present - set(known)):
             self.log.info("removing orphan kernel %s on %s", kid, agent_id)
-            await client.destroy_kernel(kid)
+            try:
+                await client.destroy_kernel(kid)
+            except BackendAIError as e:
+                self.log.warning("could not remove orphan kernel %s on %s: %s", kid, agent_id, e.detail)
+
+    async def reconcile_agent(self, agent_id: str) -> None:
+        """Reconcile with one agent (in process or over HTTP); errors are logged."""
+        if agent_id in self._reconciling:
+            return
+        self._reconciling.add(agent_id)
+        try:
+            before = await self.db_read(lifecycle.kernels_on, agent_id)
+            records = await (await self._client_for(agent_id)).list_kernels()
+            await self.reconcile(agent_id, records, before)
+        except BackendAIError as e:
+            self.log.warning("could not reconcile with agent %s: %s", agent_id, e.detail)
+        except Exception:
+            self.log.exception("could not reconcile with agent %s", agent_id)
+        finally:
+            self._reconciling.discard(agent_id)
+
+    async def reconcile_all(self) -> None:
+        """Reconcile with every live agent (every ``reconcile_interval`` seconds)."""
+        ids = await self.db_read(lambda s: list(s.scalars(
+            select(Agent.id).where(Agent.status == AgentStatus.ALIVE))))
+        # H-agents: a few agents at a time. All at once queued 2-3 DB jobs per agent in the
+        # worker threads, and every heartbeat's update waited behind them (p99 0.5 s at
+        # 200 agents, benchmarks/agents.py).
+        sem = asyncio.Semaphore(4)
+
+        async def one(agent_id: str) -> None:
+            async with sem:
+                await self.reconcile_agent(agent_id)
+
+        await asyncio.gather(*(one(a) for a in ids))
 
     # -- events ---------------------------------------------------------------
 
     async def handle_event(self, name: str, payload: dict) -> None:
         if name == "agent_heartbeat":
-            await self.db(_upsert_agent, payload)
-            self._wake.set()
+            before = await self.db(_upsert_agent, payload)
+            if before != AgentStatus.ALIVE and payload.get("id") not in self.local_agents:
+                # New, or back from LOST (it may have restarted): agree with it now.
+                self._background(self.reconcile_agent(payload["id"]))
+            # H-agents: only a join or a return wakes the scheduler (a routine heartbeat
+            # changes nothing a pass depends on; the periodic pass sees capacity changes).
+            if before != AgentStatus.ALIVE:
+                self._wake.set()
         elif name == "kernel_terminated":
             await self._kernel_exited(
                 payload["kernel_id"], payload.get("exit_code"), payload.get("logs")
@@ -424,10 +574,120 @@ class BackendAIManager(SingletonConfigurable):
         placed = []
         for g in groups:
             placed += await asyncio.to_thread(schedule_pass, self.sm, g)
+        self._changed_many(placed, SessionStatus.SCHEDULED)
         for sid in placed:
-            if sid not in self._start_tasks:
-                self._start_tasks[sid] = asyncio.create_task(self._start_session(sid))
+            self._begin_start(sid)
+        await self.drive_lifecycle()
+        # A pass may have changed waiting sessions' reasons: their watchers re-read.
+        self.events.changed_all()
         return placed
+
+    def _begin_start(self, sid: str, dead_owner: str | None = None) -> None:
+        if sid not in self._start_tasks:
+            self._start_tasks[sid] = asyncio.create_task(self._start_session(sid, dead_owner))
+
+    def _end_once(self, sid: str, status: str, info: str, result: str | None = None) -> None:
+        """End ``sid`` in the background unless this process is ending it already."""
+        if sid in self._ending or sid in self._destroying:
+            return
+        self._ending.add(sid)
+        self.log.info("ending session %s: %s", sid, info)
+        task = asyncio.create_task(self.destroy_session(sid, status, info, result=result))
+        self._bg.add(task)
+        task.add_done_callback(lambda t, sid=sid: (self._bg.discard(t), self._ending.discard(sid)))
+
+    async def drive_lifecycle(self) -> None:
+        """The status handlers (:mod:`.lifecycle`): drive forward every session whose
+        step nobody drives, from what the record says. Run by the scheduler loop."""
+        loop_now = asyncio.get_running_loop().time()
+        if loop_now - self._renewed >= self.claim_lease / 3:
+            self._renewed = loop_now
+            await self.db(lifecycle.renew, [*self._start_tasks, *self._destroying],
+                          self.owner_id, self.claim_lease)
+        now = utcnow()
+        handled: set[str] = set()  # sessions given to a handler in this round
+        for sid, status, owner, lease, history in await self.db_read(lifecycle.due_sessions, now):
+            scheduled_at = (history or {}).get(SessionStatus.SCHEDULED)
+            late = status in (SessionStatus.PREPARING, SessionStatus.CREATING) and scheduled_at and (
+                dt.datetime.fromisoformat(scheduled_at) + dt.timedelta(seconds=self.start_deadline) <= now)
+            if late:
+                handled.add(sid)
+                self._background(self._recover_start(
+                    sid, None, f"it did not start within start_deadline ({self.start_deadline:g} s)"))
+                continue
+            if sid in self._start_tasks or sid in self._destroying:
+                continue  # this process drives it
+            dead = owner if lifecycle.owner_is_dead(owner, self.owner_id) else None
+            if not (owner is None or owner == self.owner_id or dead or lease is None or lease < now):
+                continue  # another live manager drives it
+            handled.add(sid)
+            if status == SessionStatus.SCHEDULED:
+                self._begin_start(sid, dead)
+            elif status in (SessionStatus.PREPARING, SessionStatus.CREATING):
+                self._background(self._recover_start(
+                    sid, dead, "start interrupted: the manager starting it stopped"))
+            elif status == SessionStatus.TERMINATING:
+                self._background(self._finish_termination(sid, dead))
+        await self._handle_lost_agents(now)
+        for sid in await self.db_read(lifecycle.abandoned_sessions, now):
+            if sid in handled:
+                continue  # its handler first (a start's leftovers removed); ended next round
+            self._end_once(sid, SessionStatus.TERMINATED,
+                           "JupyterHub no longer waits for this server (the hub stopped while it "
+                           "was starting); start it again", FAILURE)
+        if loop_now - self._reconciled >= self.reconcile_interval:
+            self._reconciled = loop_now
+            self._background(self.reconcile_all())
+
+    async def _recover_start(self, sid: str, dead_owner: str | None, reason: str) -> None:
+        """A start nobody drives any more (or past its deadline): remove what it created,
+        then retry or fail with ``reason``."""
+        starting = {SessionStatus.PREPARING, SessionStatus.CREATING}
+        if not await self.db(lifecycle.claim, sid, starting, self.owner_id, self.claim_lease,
+                             dead_owner):
+            return
+        task = self._start_tasks.pop(sid, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        sess = await self.db(_load_session, sid)
+        if sess is None or sess.status not in starting:
+            return
+        self.log.warning("session %s: %s", sid, reason)
+        await self._destroy_kernels({k.id: k.agent_id for k in sess.kernels if k.agent_id})
+        await self._start_failed(sid, reason, "interrupted")
+
+    async def _finish_termination(self, sid: str, dead_owner: str | None) -> None:
+        """A destroy nobody drives any more: finish it, ending as it was meant to."""
+        if not await self.db(lifecycle.claim, sid, {SessionStatus.TERMINATING}, self.owner_id,
+                             self.claim_lease, dead_owner):
+            return
+        sess = await self.db(_load_session, sid)
+        if sess is None or sess.status != SessionStatus.TERMINATING:
+            return
+        await self.destroy_session(sid, sess.end_status or SessionStatus.ERROR, sess.status_info)
+
+    async def _handle_lost_agents(self, now: dt.datetime) -> None:
+        """RUNNING sessions on LOST agents: marked with the reason at once, ended (ERROR,
+        slots freed) after ``agent_lost_grace``; unmarked when their agent returns."""
+        for sid, info, aid, hb in await self.db_read(lifecycle.sessions_on_lost_agents):
+            silent = (now - hb).total_seconds()
+            if silent >= self.agent_lost_timeout + self.agent_lost_grace:
+                self._end_once(sid, SessionStatus.ERROR,
+                               f"agent {aid} was lost: no heartbeat for {silent:.0f} s "
+                               f"(agent_lost_timeout {self.agent_lost_timeout:g} s + "
+                               f"agent_lost_grace {self.agent_lost_grace:g} s)")
+            elif not (info or "").startswith(lifecycle.LOST_MARK):
+                ends = hb + dt.timedelta(seconds=self.agent_lost_timeout + self.agent_lost_grace)
+                if await self.db(lifecycle.mark_lost, sid,
+                                 f"{lifecycle.LOST_MARK}{aid} is silent since {hb:%H:%M:%S} UTC; "
+                                 f"the session ends at {ends:%H:%M:%S} UTC unless it returns"):
+                    self._changed(sid, SessionStatus.RUNNING)
+        for sid in await self.db(lifecycle.unmark_returned):
+            self._changed(sid, SessionStatus.RUNNING)
 
     def consistency_problems(self) -> list[str]:
         return check_consistency(self.sm)
@@ -459,14 +719,18 @@ class BackendAIManager(SingletonConfigurable):
         if not isinstance(image, str) or not image.strip():
             raise InvalidRequest("image is required")
         cpu = parse_decimal("cpu", options.get("cpu", 1))
-        mem = parse_size(options.get("mem", "1g"))
+        try:
+            mem = parse_size(options.get("mem", "1g"))
+        except InvalidRequest:
+            raise InvalidRequest(
+                f"mem must be a size like 512m, 2g or 1.5 GiB, not {options.get('mem')!r}") from None
         gpu = parse_decimal("gpu", options.get("gpu", 0))
         if cpu <= 0:
             raise InvalidRequest(f"cpu must be positive, not {cpu}")
         if cpu != cpu.quantize(Decimal("0.01")):
             raise InvalidRequest("cpu takes at most two decimal places")
         if mem < 64 * 2**20:
-            raise InvalidRequest("mem must be at least 64m")
+            raise InvalidRequest(f"mem must be at least 64m (64 MiB), not {format_bytes(mem)}")
         if gpu < 0 or gpu != gpu.to_integral_value():
             raise InvalidRequest(f"gpu must be a whole number >= 0, not {gpu}")
         slots = ResourceSlot({CPU: cpu, MEM: mem})
@@ -525,10 +789,13 @@ class BackendAIManager(SingletonConfigurable):
                 need = need + slots
             if not any(need.fits_in(c) for c in caps):
                 largest = max(caps, key=lambda c: (c.get(CPU, 0), c.get(MEM, 0)))
+                over = _beyond_every_agent(need, caps)
+                if over:
+                    raise InvalidRequest(over)
                 what = "requested" if cluster_size == 1 else f"{cluster_size} kernels on one agent need"
                 raise InvalidRequest(
-                    f"{what} {need.nonzero().describe()} exceeds what any agent has "
-                    f"(largest: {largest.describe()})"
+                    f"{what} {need.nonzero().human()} exceeds what any agent has "
+                    f"(largest: {largest.nonzero().human()})"
                 )
         else:
             fitting = sum(1 for c in caps if slots.fits_in(c))
@@ -548,12 +815,15 @@ class BackendAIManager(SingletonConfigurable):
         if info is None:
             raise InvalidRequest(f"unknown image {image!r}: {errors[0] if errors else ''}".strip(": "))
         prefix = "ai.backend.resource.min."
+        minimums = ResourceSlot()
         for key, value in info["labels"].items():
             if key.startswith(prefix):
                 slot = key[len(prefix) :]
-                minimum = parse_size(value) if slot == MEM else Decimal(value)
-                if slots.get(slot, Decimal(0)) < minimum:
-                    raise InvalidRequest(f"image {image} needs at least {slot}={value}")
+                minimums[slot] = parse_size(value) if slot == MEM else Decimal(value)
+        if any(slots.get(slot, Decimal(0)) < v for slot, v in minimums.items()):
+            # "needs at least 0.25 cores and 256 MiB memory": every minimum, in human units.
+            words = format_slots(minimums.nonzero()).rsplit(", ", 1)
+            raise InvalidRequest(f"image {image} needs at least {' and '.join(words)}")
 
     async def enqueue(
         self,
@@ -577,6 +847,8 @@ class BackendAIManager(SingletonConfigurable):
         designated_agents: list[str] | tuple = (),
         architecture: str | None = None,
         mounts: list[str] | tuple = (),
+        home_folder: str | None = None,
+        awaited_for: float | None = None,
     ) -> str:
         """Validate and record a PENDING session; returns its id.
 
@@ -584,7 +856,12 @@ class BackendAIManager(SingletonConfigurable):
         ``project`` is a project id or name in the user's domain (default: the
         user's first project). ``mounts``: vfolders (names or ids) mounted in
         every kernel at ``/home/work/<name>``, checked against what the user may
-        mount in that project (:func:`.mounts.resolve_mounts`). Raises a
+        mount in that project (:func:`.mounts.resolve_mounts`); the user's folders
+        named ``.<name>`` are mounted too (automount). ``home_folder``: the name
+        of the user's home folder, made when missing (:func:`.mounts.ensure_home`)
+        and mounted at ``/home/work`` itself. ``awaited_for``: a JupyterHub spawner
+        waits on the session (seconds, renewed by :meth:`await_session`; see
+        ``spawner_wait_lease``). Raises a
         :class:`BackendAIError` (4xx) for
         anything the caller got wrong, including what the scheduler's admission
         refuses (pending limits, containers per session, priority cap, resource
@@ -611,6 +888,10 @@ class BackendAIManager(SingletonConfigurable):
             architecture=architecture,
             designated_agents=designated_agents,
         )
+        if home_folder:
+            # Kept when the session is refused below: it is the user's, like any folder.
+            await vfmounts.ensure_home(self, username, home_folder)
+
         def create(s):
             user = s.scalar(select(User).where(User.username == username))
             if user is None:
@@ -630,7 +911,7 @@ class BackendAIManager(SingletonConfigurable):
             if live is not None:
                 raise Conflict(f"session {name!r} already exists ({live.status})")
             proj = _session_project(user, project)
-            resolved = vfmounts.resolve_mounts(s, user, proj, mounts, kp)
+            resolved = vfmounts.session_mounts(s, user, proj, mounts, kp, home_folder)
             sess = Session(
                 name=name,
                 session_type=session_type,
@@ -654,6 +935,8 @@ class BackendAIManager(SingletonConfigurable):
                 retries=0,
                 result="UNDEFINED",
             )
+            if awaited_for is not None:
+                sess.awaited_until = utcnow() + dt.timedelta(seconds=awaited_for)
             sess.priority = 50 if priority is None else priority
             for dep in dependencies:
                 other = s.get(Session, dep)
@@ -669,30 +952,44 @@ class BackendAIManager(SingletonConfigurable):
             return sess.id
 
         sid = await self.db(create)
+        self._changed(sid, SessionStatus.PENDING)
         self.wake()
         return sid
 
     async def _transition(self, sid: str, frm: set, to: str, info: str = "") -> bool:
-        def work(s):
-            sess = s.get(Session, sid, with_for_update=True, populate_existing=True)
-            if sess is None or sess.status not in frm:
-                return False
-            set_status(sess, to, info)
-            for k in sess.kernels:
-                k.status = to
-            return True
+        """``frm`` -> ``to`` (:func:`.lifecycle.transition`), this process claiming the step."""
+        done = await self.db(lifecycle.transition, sid, frm, to, info, owner=self.owner_id,
+                             lease=self.claim_lease)
+        if done:
+            self._changed(sid, to)
+            await self._fault_hold(to)
+        return done
 
-        return await self.db(work)
+    async def _fault_hold(self, status: str) -> None:
+        """Fault injection for tests: ``BACKENDAI_FAULT_HOLD=CREATING=60`` holds every
+        session this many seconds once it reaches that status (so a test can kill the
+        hub there). Never set in production."""
+        spec = os.environ.get("BACKENDAI_FAULT_HOLD", "")
+        for part in filter(None, spec.split(",")):
+            st, _, secs = part.partition("=")
+            if st.strip() == status:
+                self.log.warning("BACKENDAI_FAULT_HOLD: holding in %s for %s s", status, secs)
+                await asyncio.sleep(float(secs))
 
-    async def _start_session(self, sid: str) -> None:
+    async def _start_session(self, sid: str, dead_owner: str | None = None) -> None:
         """SCHEDULED -> PREPARING -> CREATING -> RUNNING, every kernel or none.
 
-        Kernels are created concurrently on their agents. If any fails, the ones
-        created are removed and the session goes back to the queue (bounded by
-        ``start_retries``) with its slots released.
+        Only with the session's claim (:func:`.lifecycle.claim`): of several managers,
+        one starts it. Kernels are created concurrently on their agents. If any
+        fails, the ones created are removed and the session goes back to the queue
+        (bounded by ``start_retries``) with its slots released.
         """
         created: dict[str, str] = {}  # kernel id -> agent id
         try:
+            await self._fault_hold(SessionStatus.SCHEDULED)
+            if not await self.db(lifecycle.claim, sid, {SessionStatus.SCHEDULED}, self.owner_id,
+                                 self.claim_lease, dead_owner):
+                return
             sess = await self.db(_load_session, sid)
             if sess is None:
                 return
@@ -709,7 +1006,8 @@ class BackendAIManager(SingletonConfigurable):
             ):
                 return
             await asyncio.gather(*(c.image_info(sess.image) for c in clients.values()))
-            mounts = await self._mount_specs(sess)
+            mounts = await self._mount_specs(
+                sess, mount_points=any(b != "local" for _, b in agents.values()))
             n = len(kernels)
             what = "starting the container" if n == 1 else f"starting {n} containers"
             if not await self._transition(
@@ -750,9 +1048,11 @@ class BackendAIManager(SingletonConfigurable):
                     k.attached_devices = {"cuda": rec.get("cuda_devices", [])}
                     k.status = SessionStatus.RUNNING
                 set_status(se, SessionStatus.RUNNING, "running")
+                se.owner = se.lease_until = None  # the start is done
                 return "running", exited[0].id if exited else None
 
             outcome, detail = await self.db(running)
+            self._changed(sid, SessionStatus.RUNNING if outcome == "running" else None)
             if outcome == "gone":
                 await self._destroy_kernels(created)
                 return
@@ -774,13 +1074,19 @@ class BackendAIManager(SingletonConfigurable):
             if self._start_tasks.get(sid) is asyncio.current_task():
                 del self._start_tasks[sid]
 
-    async def _mount_specs(self, sess: Session) -> list[dict]:
+    async def _mount_specs(self, sess: Session, mount_points: bool = False) -> list[dict]:
         """The session's vfolders as the agents mount them (``spec["mounts"]``).
 
         Checked again at each start: a folder deleted (or being deleted) since the
         session was queued, one its user may no longer mount, or a storage proxy that
         does not answer fails the start with the reason, and the start is retried
         like any other failure. The mode follows the user's permission at start.
+
+        With a home folder at /home/work and ``mount_points`` (container backends),
+        the directories the other folders mount on are made in the home first,
+        owned like the home's files: otherwise the engine makes them, owned by
+        root, and they stay behind (a root-owned ``~/.local`` breaks ``pip install
+        --user`` once that folder is gone).
         """
         if not sess.vfolder_mounts:
             return []
@@ -811,6 +1117,22 @@ class BackendAIManager(SingletonConfigurable):
             # The permission of now: a share narrowed to ro since enqueue mounts ro.
             out.append({"source": source, "target": m["target"],
                         "mode": "ro" if permission == "ro" else "rw"})
+        home = next((m for m in sess.vfolder_mounts if m["target"] == vfmounts.MOUNT_ROOT), None)
+        if home is not None and mount_points:
+            for m in sess.vfolder_mounts:
+                if m is home:
+                    continue
+                name = m["target"][len(vfmounts.MOUNT_ROOT) + 1:]
+                try:
+                    await self.storage.mkdir(home["host"], home["quota_scope_id"], home["id"],
+                                             name, parents=True)
+                except BackendAIError as e:
+                    raise VFolderUnavailable(
+                        f"vfolder {m['name']!r} cannot be mounted at {m['target']} in your home "
+                        f"folder: {e.detail}") from None
+                except OSError as e:
+                    raise VFolderUnavailable(
+                        f"vfolder {m['name']!r} cannot be mounted at {m['target']}: {e}") from None
         return out
 
     def _kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str,
@@ -876,48 +1198,14 @@ class BackendAIManager(SingletonConfigurable):
 
     async def _start_failed(self, sid: str, reason: str, kind: str = "other") -> None:
         """Release the slots; back to PENDING for another try, or ERROR once tries are used up."""
-        limit = self.start_retries
-
-        def work(s):
-            sess = _lock_session(s, sid)
-            if sess is None or sess.status not in STARTING_STATUSES:
-                return None
-            release_kernels(s, sess, SessionStatus.ERROR)
-            if sess.retries < limit:
-                sess.retries += 1
-                # Fresh kernel rows (new ids): late events about the failed
-                # containers cannot touch the next attempt.
-                slots = sess.kernels[0].requested_slots
-                for k in list(sess.kernels):
-                    s.delete(k)
-                s.flush()
-                s.expire(sess, ["kernels"])
-                for k in _new_kernels(slots, sess.cluster_size):
-                    k.session_id = sess.id
-                    s.add(k)
-                set_status(
-                    sess,
-                    SessionStatus.PENDING,
-                    f"start failed ({reason}); retry {sess.retries} of {limit}",
-                )
-                return sess.resource_group, "retry"
-            tries = sess.retries + 1
-            set_status(
-                sess,
-                SessionStatus.ERROR,
-                f"failed to start: {reason}" + (f" (after {tries} attempts)" if tries > 1 else ""),
-            )
-            sess.alive_marker = None
-            sess.terminated_at = utcnow()
-            sess.result = FAILURE
-            return sess.resource_group, "error"
-
-        done = await self.db(work)
+        done = await self.db(lifecycle.start_failed, sid, reason, self.start_retries, _new_kernels)
         if done:
             rg, outcome = done
             START_FAILURES.labels(resource_group=rg, reason=kind).inc()
             if outcome == "retry":
                 START_RETRIES.labels(resource_group=rg).inc()
+        self._changed(sid, (SessionStatus.PENDING if done[1] == "retry" else SessionStatus.ERROR)
+                      if done else None)
         self.wake()
 
     # -- batch sessions ------------------------------------------------------------
@@ -1043,22 +1331,11 @@ class BackendAIManager(SingletonConfigurable):
         self, sid: str, status: str, info: str, result: str | None = None,
         logs: dict[str, str] | None = None,
     ) -> None:
-        """Mark dead and free the slots, in one transaction."""
-
-        def work(s):
-            sess = _lock_session(s, sid)
-            if sess is None or sess.status in DEAD_STATUSES:
-                return
-            release_kernels(s, sess, status)
-            for k in sess.kernels:
-                if logs and logs.get(k.id) and not k.logs:
-                    k.logs = logs[k.id]
-            set_status(sess, status, info)
-            sess.alive_marker = None
-            sess.terminated_at = utcnow()
-            sess.result = result or (SUCCESS if status == SessionStatus.TERMINATED else FAILURE)
-
-        await self.db(work)
+        """Mark dead and free the slots, in one transaction (:func:`.lifecycle.terminate`)."""
+        if await self.db(lifecycle.terminate, sid, status, info, result, logs):
+            self._changed(sid, status)
+        else:
+            self.events.changed(sid)
         self.wake()
 
     async def destroy_session(
@@ -1113,7 +1390,10 @@ class BackendAIManager(SingletonConfigurable):
                 result=result or FAILURE,
             )
             return
-        await self._transition(sid, ALIVE_STATUSES, SessionStatus.TERMINATING, info)
+        if await self.db(lifecycle.begin_termination, sid, status, info, self.owner_id,
+                         self.claim_lease):
+            self._changed(sid, SessionStatus.TERMINATING)
+            await self._fault_hold(SessionStatus.TERMINATING)
         placed = {k.id: k.agent_id for k in sess.kernels if k.agent_id}
         logs: dict[str, str] = {}
         if sess.session_type == BATCH or status == SessionStatus.ERROR:
@@ -1185,19 +1465,75 @@ class BackendAIManager(SingletonConfigurable):
         return await self.db_read(_load_session, sid)
 
     async def watch(self, sid: str) -> AsyncIterator[Session]:
-        """Yield the session each time its status or status_info changes, until it is dead."""
+        """Yield the session each time its status or status_info changes, until it is dead.
+
+        Woken by every change of the session, this process's and (``session_changed``
+        broadcasts on the event bus) other managers' (:class:`.lifecycle.SessionEvents`);
+        re-reads at least every ``status_poll_interval`` seconds in case a broadcast
+        was lost."""
         last = None
-        while True:
-            sess = await self.get_session(sid)
-            if sess is None:
-                return
-            key = (sess.status, sess.status_info)
-            if key != last:
-                last = key
-                yield sess
-            if sess.status in DEAD_STATUSES:
-                return
-            await asyncio.sleep(self.status_poll_interval)
+        with self.events.listen(sid) as changed:
+            while True:
+                changed.clear()  # before the read: a change after it is not missed
+                sess = await self.get_session(sid)
+                if sess is None:
+                    return
+                key = (sess.status, sess.status_info)
+                if key != last:
+                    last = key
+                    yield sess
+                if sess.status in DEAD_STATUSES:
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), self.status_poll_interval)
+                except TimeoutError:
+                    pass
+
+    async def end_abandoned(self, username: str, name: str) -> list[str]:
+        """End the live session ``name`` of ``username`` that a JupyterHub spawner
+        started but JupyterHub never took over (the hub stopped while it was
+        starting): JupyterHub is starting that server again. Returns the ids ended."""
+
+        def find(s):
+            return list(s.scalars(
+                select(Session.id).join(User, User.id == Session.user_id).where(
+                    User.username == username, Session.name == name,
+                    Session.alive_marker.is_not(None), Session.awaited_until.is_not(None))))
+
+        ended = await self.db_read(find)
+        for sid in ended:
+            await self.destroy_session(sid, SessionStatus.TERMINATED,
+                                       "replaced: JupyterHub started this server again", result=FAILURE)
+        return ended
+
+    async def wait_change(self, sid: str, timeout: float) -> bool:
+        """Wait until session ``sid`` changes (True) or ``timeout`` passes."""
+        return await self.events.wait(sid, timeout)
+
+    async def await_session(self, sid: str, seconds: float | None) -> None:
+        """A spawner waits on ``sid`` for ``seconds`` more (renewed while it waits), or
+        None: JupyterHub knows the server now (see ``spawner_wait_lease``)."""
+        await self.db(lifecycle.await_session, sid, seconds)
+
+
+_SLOT_WORDS = {CPU: ("CPU", format_cores), MEM: ("Memory", format_bytes),
+               CUDA: ("GPUs", lambda v: f"{v} GPU" + ("" if v == 1 else "s"))}
+
+
+def _beyond_every_agent(need: ResourceSlot, caps: list) -> str:
+    """``Memory: 300 GiB is more than the 24 GiB this resource group offers`` for each
+    slot that exceeds every agent of the group; "" when each slot alone fits somewhere."""
+    out = []
+    for k, v in sorted(need.nonzero().items()):
+        most = max((Decimal(c.get(k, 0)) for c in caps), default=Decimal(0))
+        if v <= most:
+            continue
+        label, fmt = _SLOT_WORDS.get(k, (k, str))
+        if most == 0:
+            out.append(f"{label}: this resource group has none ({fmt(v)} requested)")
+        else:
+            out.append(f"{label}: {fmt(v)} is more than the {fmt(most)} this resource group offers")
+    return "; ".join(out)
 
 
 def _check_session_args(
@@ -1406,28 +1742,31 @@ def _past_policy_limits(s, now: dt.datetime) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _lock_session(s, sid: str) -> Session | None:
-    """The session row locked for a state change, with its kernels read fresh."""
-    return s.scalar(
-        select(Session)
-        .where(Session.id == sid)
-        .options(selectinload(Session.kernels))
-        .with_for_update(of=Session)
-        .execution_options(populate_existing=True)
-    )
-
-
 def _load_session(s, sid):
     return s.scalar(select(Session).where(Session.id == sid).options(selectinload(Session.kernels)))
 
 
-def _upsert_agent(s, info: dict) -> None:
-    """Insert-or-update atomically: heartbeats may race with registration (and other managers)."""
+def _upsert_agent(s, info: dict) -> str | None:
+    """Insert-or-update atomically: heartbeats may race with registration (and other
+    managers). Returns the agent's status before (None: it is new)."""
     if s.bind.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
     rg = info["resource_group"]
+    # H-agents: the common case, an ALIVE agent's routine heartbeat, is one UPDATE.
+    done = s.execute(
+        update(Agent)
+        .where(Agent.id == info["id"], Agent.status == AgentStatus.ALIVE, Agent.resource_group == rg)
+        .values(addr=info.get("addr", ""), architecture=info.get("architecture", ""),
+                backend=info.get("backend", ""), version=info.get("version", ""),
+                available_slots=ResourceSlot.from_json(info["available_slots"]),
+                last_heartbeat=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount == 1:
+        return AgentStatus.ALIVE
+    before = s.scalar(select(Agent.status).where(Agent.id == info["id"]))
     s.execute(insert(ResourceGroup).values(name=rg).on_conflict_do_nothing())
     s.execute(
         insert(Agent)
@@ -1444,6 +1783,7 @@ def _upsert_agent(s, info: dict) -> None:
     a.available_slots = ResourceSlot.from_json(info["available_slots"])
     a.version = info.get("version", "")
     a.last_heartbeat = utcnow()
+    return before
 
 
 def _touch_agent(s, agent_id: str) -> None:

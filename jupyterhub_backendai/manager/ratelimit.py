@@ -18,11 +18,17 @@ Two implementations with one interface, like the event bus:
 
 ``get_rate_limiter(manager)`` builds the manager's limiter once, from
 ``manager.redis_url``, and keeps it on the manager object.
+
+The same module remembers accepted request signatures (replay protection,
+:class:`SignatureMemory`): a signature may be used once while its date is inside
+the clock-skew window; in memory in one process, in Redis (``SET NX PX``) in
+cluster mode so that a request replayed to another hub is refused as well.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import math
 import time
@@ -35,6 +41,7 @@ log = logging.getLogger(__name__)
 
 WINDOW = 900.0
 REDIS_PREFIX = "backendai.ratelimit:"
+SIGNATURE_PREFIX = "backendai.signature:"
 
 
 @dataclass(frozen=True)
@@ -186,3 +193,95 @@ def get_rate_limiter(manager: Any, window: float = WINDOW, fail_open: bool = Tru
         limiter = make_rate_limiter(getattr(manager, "redis_url", "") or None, window, fail_open)
         manager._backendai_rate_limiter = limiter
     return limiter
+
+
+# -- replay protection ---------------------------------------------------------------
+
+
+class SignatureMemory:
+    """Remembers accepted request signatures for as long as they could be replayed."""
+
+    async def first_use(self, signature: str, ttl: float) -> bool:
+        """Record ``signature`` for ``ttl`` seconds; False when it was already recorded."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+class InProcessSignatureMemory(SignatureMemory):
+    """A dict of signature -> expiry, pruned in expiry order (a heap) on every use.
+
+    Memory grows with the signed requests of the last ``2 * max_clock_skew``
+    seconds (about 150 bytes each), which the keypairs' rate limits bound.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._seen: dict[str, float] = {}
+        self._expiry: list[tuple[float, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    async def first_use(self, signature: str, ttl: float) -> bool:
+        now = self._clock()
+        while self._expiry and self._expiry[0][0] <= now:
+            when, sig = heapq.heappop(self._expiry)
+            if self._seen.get(sig) == when:
+                del self._seen[sig]
+        if signature in self._seen:
+            return False
+        when = now + max(ttl, 0.0)
+        self._seen[signature] = when
+        heapq.heappush(self._expiry, (when, signature))
+        return True
+
+
+class RedisSignatureMemory(SignatureMemory):
+    """``SET <prefix><signature> 1 NX PX <ttl>`` in the cluster's Redis: every hub sees
+    every accepted signature. While Redis cannot be reached, signatures are remembered
+    in this process (replays to this hub are still refused) and the outage is logged."""
+
+    def __init__(self, url: str, prefix: str = SIGNATURE_PREFIX) -> None:
+        import redis.asyncio as aioredis
+
+        self.redis = aioredis.from_url(url, decode_responses=True)
+        self.prefix = prefix
+        self.local = InProcessSignatureMemory()
+        self._last_warning = 0.0
+
+    async def first_use(self, signature: str, ttl: float) -> bool:
+        import redis.exceptions
+
+        if not await self.local.first_use(signature, ttl):
+            return False
+        try:
+            ok = await self.redis.set(self.prefix + signature, "1", nx=True,
+                                      px=max(1, int(ttl * 1000)))
+        except (redis.exceptions.RedisError, OSError):
+            if time.monotonic() - self._last_warning > 60:
+                self._last_warning = time.monotonic()
+                log.warning("replay protection: Redis unavailable; remembering signatures in "
+                            "this process only (a replay to another hub is not detected)",
+                            exc_info=True)
+            return True
+        return bool(ok)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def make_signature_memory(redis_url: str | None) -> SignatureMemory:
+    if redis_url:
+        return RedisSignatureMemory(redis_url)
+    return InProcessSignatureMemory()
+
+
+def get_signature_memory(manager: Any) -> SignatureMemory:
+    """The manager's signature memory, made on first use from ``manager.redis_url``."""
+    memory = getattr(manager, "_backendai_signature_memory", None)
+    if memory is None:
+        memory = make_signature_memory(getattr(manager, "redis_url", "") or None)
+        manager._backendai_signature_memory = memory
+    return memory

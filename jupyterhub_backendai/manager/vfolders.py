@@ -54,8 +54,10 @@ from ..models import (
 from . import access
 from .access import Principal
 
-# A folder's name is its directory under /home/work: one path component, no dot first.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# A folder's name is its directory under /home/work: one path component of 1-64
+# characters. One '.' may come first: Backend.AI's automount folders (``.local``,
+# ``.config``, the home folder ``.home``) are mounted into every session of their owner.
+NAME_RE = re.compile(r"^(?=.{1,64}$)\.?[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Names a mount may not take: the kernel's own files under /home/work.
 RESERVED_NAMES = frozenset({"lost+found"})
 # Order of strength, weakest first.
@@ -67,9 +69,23 @@ def check_name(name) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in RESERVED_NAMES:
         raise InvalidRequest(
             f"invalid vfolder name {name!r}: 1-64 letters, digits, '.', '_', '-', "
-            "not starting with '.', '_' or '-'"
+            "starting with a letter or digit, or with one '.' before it (a folder "
+            "mounted into every session of its owner)"
         )
     return name
+
+
+def is_automount(name: str) -> bool:
+    """Backend.AI's convention: a user's folders named ``.<name>`` are mounted into
+    every session of that user at ``/home/work/.<name>``."""
+    return name.startswith(".")
+
+
+def _no_dot_project_folder(name: str) -> None:
+    if is_automount(name):
+        raise InvalidRequest(
+            f"name: {name!r} begins with '.': such folders are mounted into every session of "
+            "the user who owns them, so a project folder cannot have such a name")
 
 
 def quota_scope_of_user(user_id: str) -> str:
@@ -109,15 +125,27 @@ def mount_permission(db: DBSession, user: User, folder: VFolder) -> str | None:
     Admin roles manage folders through the API but mount only what they own, were
     given, or belong to as a project member.
     """
+    perm = None
     if folder.ownership_type == VFolderOwnership.USER:
         if folder.user_id == user.id:
-            return folder.permission
-        share = db.get(VFolderPermissionRow, (folder.id, user.id))
-        return share.permission if share is not None else None
-    proj = db.get(Project, folder.project_id)
-    if proj is not None and proj.is_active and any(p.id == proj.id for p in user.projects):
-        return folder.permission
-    return None
+            perm = folder.permission
+        else:
+            share = db.get(VFolderPermissionRow, (folder.id, user.id))
+            perm = share.permission if share is not None else None
+    else:
+        proj = db.get(Project, folder.project_id)
+        if proj is not None and proj.is_active and any(p.id == proj.id for p in user.projects):
+            perm = folder.permission
+    if perm is None:
+        return None
+    if folder.ownership_type == VFolderOwnership.USER and folder.user_id == user.id \
+            and is_automount(folder.name):
+        # A user's own '.'-folders (the home folder among them) can be neither shared nor
+        # a project's: private space, so even a monitor keeps them writable (Jupyter
+        # itself needs a writable home to start).
+        return perm
+    # A monitor never writes into anything shared (access.mount_permission).
+    return access.mount_permission(user.role, perm)
 
 
 # -- the admin API: views and rules ------------------------------------------------
@@ -199,7 +227,11 @@ def can_manage_folder(p: Principal, f: VFolder) -> bool:
     if p.role == UserRole.MONITOR:
         return False
     if access.can_manage_domain_objects(p, f.domain_name):
-        return True
+        # (never a superadmin's folder, unless the caller is a superadmin: access.outranks_owner)
+        from sqlalchemy.orm import object_session
+
+        owner = object_session(f).get(User, f.user_id) if f.user_id else None
+        return access.outranks_owner(p, owner)
     return f.ownership_type == VFolderOwnership.USER and f.user_id == p.user_id
 
 
@@ -279,13 +311,15 @@ def _limits(db: DBSession, policy_model, name: str | None) -> tuple[int, int]:
 
 
 def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
-                 known_hosts: list[str]) -> dict:
+                 known_hosts: list[str], *, home: bool = False) -> dict:
     """Check a folder creation and write its row as ``provisioning``.
 
     Returns what the storage step needs: the folder's view, and ``quota_bytes``
-    (the size limit of its quota scope, 0 = none).
+    (the size limit of its quota scope, 0 = none). ``home``: the user's home folder,
+    made for them at a server's start (monitors get one too), under the same
+    rules otherwise (host permission, count limit).
     """
-    access.require(p.role != UserRole.MONITOR, "create vfolders")
+    access.require(home or p.role != UserRole.MONITOR, "create vfolders")
     user, kp = _caller(db, p)
     name = check_name(body["name"])
     host = body.get("host") or default_host
@@ -295,6 +329,7 @@ def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
     project = None
     if body.get("project") is not None:
         project = _project_ref(db, p, body["project"])
+        _no_dot_project_folder(name)
         access.require(access.can_manage_domain_objects(p, project.domain_name),
                        f"create vfolders of project {project.name!r} (domain admins may)")
         if not project.is_active:
@@ -373,11 +408,12 @@ async def _volumes(manager) -> dict[str, dict]:
     return volumes
 
 
-async def create(manager, p: Principal, body: dict) -> dict:
+async def create(manager, p: Principal, body: dict, *, home: bool = False) -> dict:
     """Create a folder: its row, then its directory; nothing stays when either fails."""
     known = sorted(await _volumes(manager))
     try:
-        out = await manager.db(begin_create, p, body, manager.default_vfolder_host, known)
+        out = await manager.db(begin_create, p, body, manager.default_vfolder_host, known,
+                               home=home)
     except IntegrityError:
         # Two requests raced for the same name: the unique constraint decided.
         raise Conflict(f"a vfolder named {body.get('name')!r} exists in that scope") from None
@@ -415,6 +451,13 @@ def update_folder(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
         f.usage_mode = body["usage_mode"]
     if "name" in body and body["name"] != f.name:
         name = check_name(body["name"])
+        if f.ownership_type == VFolderOwnership.PROJECT:
+            _no_dot_project_folder(name)
+        elif is_automount(name) and db.scalar(select(VFolderPermissionRow.user_id).where(
+                VFolderPermissionRow.vfolder_id == f.id).limit(1)):
+            raise InvalidRequest(
+                f"name: {name!r} begins with '.' (mounted into every session of its owner, "
+                f"never shared) but vfolder {f.name!r} is shared: remove its shares first")
         if db.scalar(select(VFolder.id).where(VFolder.quota_scope_id == f.quota_scope_id,
                                               VFolder.name == name)):
             raise Conflict(f"a vfolder named {name!r} exists in the same scope")
@@ -486,6 +529,10 @@ def _owner_shares(db: DBSession, p: Principal, f: VFolder) -> None:
                    "share this vfolder (its owner may)")
     if f.status != VFolderStatus.READY:
         raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    if is_automount(f.name):
+        raise InvalidRequest(
+            f"vfolder {f.name!r} begins with '.': such folders are mounted into every session "
+            "of their owner and cannot be shared (rename it without the '.' first)")
     user, kp = _caller(db, p)
     if "invite-others" not in host_permissions(db, user, f.host, None, kp):
         raise Forbidden(f"you may not share vfolders of host {f.host!r}: 'invite-others' is not "

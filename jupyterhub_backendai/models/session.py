@@ -62,6 +62,17 @@ class Session(Base):
     # Newest activity known (the hub's record of the user's server): the keypair
     # policy's idle_timeout counts from here, or from RUNNING when never set.
     last_activity: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The lifecycle's claim (manager/lifecycle.py): the manager process driving the
+    # session's current step (a start, a destroy) and until when; an expired or dead
+    # owner's claim is taken over, so no step depends on a process that died.
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The status a TERMINATING session ends in (any manager may finish the destroy).
+    end_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # While a JupyterHub spawner waits for this session (its start() renews it, and the
+    # first poll() after the start clears it): past it, JupyterHub no longer knows the
+    # session (the hub died or gave up) and it is ended.
+    awaited_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     kernels: Mapped[list[Kernel]] = relationship(
         back_populates="session", order_by="Kernel.cluster_idx"

@@ -21,6 +21,9 @@ from ..common.ids import new_id
 from ..common.slots import ResourceSlot
 from .base import Base, SlotsType, UTCDateTime, utcnow
 
+#: A new keypair resource policy's max_pending_session_count (per user, any keypair).
+DEFAULT_MAX_PENDING_SESSIONS = 30
+
 project_members = Table(
     "project_members",
     Base.metadata,
@@ -53,7 +56,10 @@ class KeypairResourcePolicy(Base):
     idle_timeout: Mapped[int] = mapped_column(Integer, default=0)
     # Highest scheduling priority (0-100) the keypair's sessions may ask for.
     max_priority: Mapped[int] = mapped_column(Integer, default=100)
-    max_pending_session_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # None: no limit. A new policy (the default one included) starts at
+    # DEFAULT_MAX_PENDING_SESSIONS, so that nobody can queue without bound by default.
+    max_pending_session_count: Mapped[int | None] = mapped_column(
+        Integer, nullable=True, default=DEFAULT_MAX_PENDING_SESSIONS)
     max_pending_session_resource_slots: Mapped[ResourceSlot | None] = mapped_column(
         SlotsType, nullable=True
     )

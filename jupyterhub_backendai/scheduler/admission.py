@@ -17,7 +17,17 @@ from sqlalchemy.orm import Session as DBSession
 from ..common.errors import Forbidden, InvalidRequest, NotFound, QuotaExceeded
 from ..common.slots import ResourceSlot
 from ..common.types import SessionStatus
-from ..models import Domain, Kernel, Keypair, KeypairResourcePolicy, Project, ResourceGroup, Session
+from ..manager import access
+from ..models import (
+    Domain,
+    Kernel,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    ResourceGroup,
+    Session,
+    User,
+)
 from .state import GroupInfo, fmt_amount, slot_limit
 
 
@@ -37,7 +47,8 @@ def admit(db: DBSession, session: Session) -> None:
     Checks: the resource group exists, is active and may be used by the
     session's domain, project or keypair (403 otherwise); ``priority`` within
     0-100 and the keypair policy's ``max_priority``; ``cluster_size`` within
-    ``max_containers_per_session``; the keypair's pending sessions within
+    ``max_containers_per_session``; the user, its domain and the project are
+    active; the user's pending sessions (any keypair) within
     ``max_pending_session_count`` and ``max_pending_session_resource_slots``;
     and the request within every ``total_resource_slots`` limit (keypair,
     project, domain), which it could otherwise never start under.
@@ -55,6 +66,11 @@ def admit(db: DBSession, session: Session) -> None:
         if not rg.is_active:
             raise InvalidRequest(f"resource group {rg.name!r} is not active")
         project = db.get(Project, session.project_id) if session.project_id else None
+        domain = db.get(Domain, session.domain_name)
+        # Deactivated users, domains and projects start nothing, by any path (access.py).
+        refusal = access.start_refusal(db.get(User, session.user_id), domain, project)
+        if refusal is not None:
+            raise Forbidden(f"no new sessions: {refusal}")
         group = GroupInfo(
             name=rg.name, scheduler=rg.scheduler, is_public=rg.is_public,
             allowed_domains=list(rg.allowed_domains or []),
@@ -82,7 +98,8 @@ def admit(db: DBSession, session: Session) -> None:
                 f"limit {policy.max_containers_per_session})"
             )
         need = _need(session)
-        mine = [Session.access_key == kp.access_key, Session.status == SessionStatus.PENDING]
+        # Pending sessions of the user, whatever keypair queued them.
+        mine = [Session.user_id == session.user_id, Session.status == SessionStatus.PENDING]
         if session.id is not None:
             mine.append(Session.id != session.id)
         if policy.max_pending_session_count is not None:
@@ -109,7 +126,6 @@ def admit(db: DBSession, session: Session) -> None:
                         f"{fmt_amount(slot, used)} of {fmt_amount(slot, lim)} pending, "
                         f"{fmt_amount(slot, need[slot])} requested)"
                     )
-        domain = db.get(Domain, session.domain_name)
         levels = [
             ("keypair", policy.total_resource_slots),
             ("project", project.total_resource_slots if project else None),

@@ -60,7 +60,7 @@ from ..common.slots import ResourceSlot
 from ..common.types import ALIVE_STATUSES, AgentStatus, SessionStatus
 from ..models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
 from ..models.base import utcnow
-from . import metrics
+from . import changes, metrics
 from .admission import admit
 from .agent_selectors import SELECTORS
 from .allocator import Allocation, commit
@@ -95,13 +95,28 @@ def set_status(sess: Session, status: str, info: str | None = None) -> None:
 
 
 def schedule_pass(sm: sessionmaker, resource_group: str, *,
-                  now: dt.datetime | None = None) -> list[str]:
+                  now: dt.datetime | None = None, force: bool = False) -> list[str]:
     """Run one pass over ``resource_group``; return the ids that became SCHEDULED,
-    in placement order. ``now`` is for tests (time-dependent rules); default: the clock."""
+    in placement order. ``now`` is for tests (time-dependent rules); default: the clock.
+
+    The pass is skipped (returns ``[]`` after a few aggregate reads) when nothing it
+    depends on changed since the last pass that changed nothing, and no time-based
+    rule came due (:mod:`.changes`); ``force`` runs it anyway."""
     t0 = time.perf_counter()
     now = now or utcnow()
     with sm.begin() as db:
         lock_scheduler(db)
+        quiet = changes.quiet_for(db.get_bind())
+        fp = changes.fingerprint(db, resource_group)
+        last = quiet.get(resource_group)
+        if (not force and last is not None and last.fingerprint == fp
+                and (last.due is None or now < last.due)):
+            LAST_PASS.clear()
+            LAST_PASS.update(group=resource_group, skipped=True,
+                             total_s=time.perf_counter() - t0)
+            metrics.SKIPPED_PASSES.labels(resource_group).inc()
+            return []
+        quiet.pop(resource_group, None)
         group = load_group(db, resource_group)
         if group is None:
             return []
@@ -117,9 +132,16 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
         t4 = time.perf_counter()
     t5 = time.perf_counter()
+    if not alloc.placed and not alloc.cancelled and (
+            snap.ctx.group.scheduler_state.get("reservations")
+            == snap.state_before.get("reservations")):
+        # This pass changed nothing the fingerprint sees: the next one may be skipped
+        # until something changes. (A pass that changed the record leaves no entry, so
+        # the next pass runs and finds out whether it can move further.)
+        quiet[resource_group] = changes.Quiet(fp, changes.next_due(snap.ctx, alloc.waiting))
     LAST_PASS.clear()
     LAST_PASS.update(
-        group=resource_group, pending=len(snap.pending), agents=len(snap.pool.agents),
+        group=resource_group, skipped=False, pending=len(snap.pending), agents=len(snap.pool.agents),
         placed=len(alloc.placed), lock_s=t1 - t0, load_s=t2 - t1, decide_s=t3 - t2,
         write_s=t4 - t3, commit_s=t5 - t4, total_s=t5 - t0,
     )

@@ -40,3 +40,8 @@ PASS_SECONDS = Histogram(
     ["resource_group"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+SKIPPED_PASSES = Counter(
+    "backendai_scheduler_skipped_passes",
+    "Scheduler passes skipped because nothing they depend on changed since the last",
+    ["resource_group"],
+)

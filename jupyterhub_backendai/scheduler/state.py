@@ -127,6 +127,8 @@ class Usage:
     #: Slots per user in *this* group only (DRF shares).
     group_user: dict[str, ResourceSlot] = field(default_factory=lambda: defaultdict(ResourceSlot))
     sessions_per_keypair: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: Live sessions per user, whatever keypair started them (user-level concurrency).
+    sessions_per_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def charge(self, access_key, user_id, project_id, domain, slots, *, in_group: bool,
                new_session: bool) -> None:
@@ -139,6 +141,7 @@ class Usage:
             add_into(self.group_user[user_id], slots)
         if new_session:
             self.sessions_per_keypair[access_key] += 1
+            self.sessions_per_user[user_id] += 1
 
 
 @dataclass

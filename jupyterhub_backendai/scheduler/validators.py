@@ -13,8 +13,10 @@ same pass (the allocator charges it), so one pass never places past a quota.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
+from ..common.slots import CPU, CUDA, MEM, format_bytes, format_cores, format_slots
 from ..common.types import DEAD_STATUSES
 from .state import PassContext, PendingSession, Verdict, first_excess, fmt_amount, slot_limit
 
@@ -36,12 +38,38 @@ REASONS = (
 )
 
 
-def quota_message(level: str, limit_name: str, slot: str, used: Decimal, lim: Decimal,
-                  need: Decimal) -> str:
+def amount_words(slot: str, v: Decimal) -> tuple[str, bool]:
+    """An amount of one slot for people and whether it takes a plural verb:
+    ``("0.5 cores", True)``, ``("1 core", False)``, ``("4 GiB of memory", False)``,
+    ``("1 GPU", False)``."""
+    v = Decimal(v)
+    if slot == CPU:
+        return format_cores(v), v != 1
+    if slot == MEM:
+        return f"{format_bytes(v)} of memory", False
+    if slot == CUDA:
+        return format_slots({CUDA: v}), v != 1
+    return f"{fmt_amount(slot, v)} {slot}", v != 1
+
+
+def quota_message(limit: str, slot: str, used: Decimal, lim: Decimal, need: Decimal, tag: str) -> str:
+    """``quota exceeded: your keypair's resource policy allows 0.5 cores in total; 0.5
+    cores are in use and this session asks for 0.5 more (keypair policy 'tight',
+    total_resource_slots)``: plain words and human units for the user, the level, its
+    name and the policy's field in the parentheses for admins. ``limit`` says who
+    allows how much, with ``{allowed}`` for the amount."""
+    allowed, _ = amount_words(slot, lim)
+    in_use, plural = amount_words(slot, used)
+    more = format_bytes(need) if slot == MEM else fmt_amount(slot, need)
     return (
-        f"quota exceeded: {level} {limit_name} ({slot} {fmt_amount(slot, used)} of "
-        f"{fmt_amount(slot, lim)} in use, {fmt_amount(slot, need)} requested)"
+        f"quota exceeded: {limit.format(allowed=allowed)} in total; {in_use} "
+        f"{'are' if plural else 'is'} in use and this session asks for {more} more "
+        f"({tag}, total_resource_slots)"
     )
+
+
+def _sessions(n: int) -> str:
+    return f"{n} session" + ("" if n == 1 else "s")
 
 
 class RetryBackoffValidator:
@@ -54,7 +82,9 @@ class RetryBackoffValidator:
 
     code = "retry_backoff"
 
-    def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
+    @staticmethod
+    def ready_at(sess: PendingSession, ctx: PassContext) -> dt.datetime | None:
+        """When the session may be tried again (None: no back-off applies)."""
         if sess.retries <= 0:
             return None
         since = sess.status_history.get("PENDING")
@@ -67,8 +97,11 @@ class RetryBackoffValidator:
         if requeued.tzinfo is None:
             requeued = requeued.replace(tzinfo=dt.UTC)
         delay = min(ctx.options.retry_backoff * 2 ** (sess.retries - 1), Decimal(600))
-        ready = requeued + dt.timedelta(seconds=float(delay))
-        if ctx.now >= ready:
+        return requeued + dt.timedelta(seconds=float(delay))
+
+    def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
+        ready = self.ready_at(sess, ctx)
+        if ready is None or ctx.now >= ready:
             return None
         msg = sess.status_info if sess.status_info.startswith("start failed") else (
             f"start failed; retry {sess.retries} after {ready.isoformat(timespec='seconds')}")
@@ -135,14 +168,21 @@ class ContainersPerSessionValidator:
         if sess.cluster_size > p.max_containers_per_session:
             return Verdict(
                 self.code,
-                f"quota exceeded: keypair max_containers_per_session "
-                f"({sess.cluster_size} requested, limit {p.max_containers_per_session})",
+                f"quota exceeded: your keypair's resource policy allows at most "
+                f"{p.max_containers_per_session} "
+                f"container{'' if p.max_containers_per_session == 1 else 's'} per session; "
+                f"this session asks for {sess.cluster_size} "
+                f"(keypair policy {p.name!r}, max_containers_per_session)",
             )
         return None
 
 
 class ConcurrencyValidator:
-    """Live placed sessions of the keypair below ``max_concurrent_sessions``."""
+    """Live placed sessions below ``max_concurrent_sessions``, counted twice: the
+    keypair's sessions against its own policy, and all the user's sessions (whatever
+    keypair or token started them) against the tightest policy among the user's active
+    keypairs and this session's. A user who mints another keypair does not get
+    another allowance (keypairs a user makes inherit the main keypair's policy too)."""
 
     code = "concurrency"
 
@@ -152,8 +192,22 @@ class ConcurrencyValidator:
         if n >= p.max_concurrent_sessions:
             return Verdict(
                 self.code,
-                f"quota exceeded: keypair max_concurrent_sessions "
-                f"({n} of {p.max_concurrent_sessions} in use)",
+                f"quota exceeded: your keypair's resource policy allows "
+                f"{_sessions(p.max_concurrent_sessions)} at a time and {n} "
+                f"{'is' if n == 1 else 'are'} already running or starting; this one waits "
+                f"until one ends (keypair policy {p.name!r}, max_concurrent_sessions)",
+            )
+        tightest = min([p, *ctx.user_policies.get(sess.user_id, [])],
+                       key=lambda x: x.max_concurrent_sessions)
+        lim = tightest.max_concurrent_sessions
+        n = ctx.usage.sessions_per_user.get(sess.user_id, 0)
+        if n >= lim:
+            return Verdict(
+                self.code,
+                f"quota exceeded: you may have {_sessions(lim)} at a time across all your "
+                f"keypairs and {n} {'is' if n == 1 else 'are'} already running or starting; "
+                f"this one waits until one ends "
+                f"(user limit from keypair policy {tightest.name!r}, max_concurrent_sessions)",
             )
         return None
 
@@ -171,7 +225,9 @@ class KeypairSlotsValidator:
             p.total_resource_slots, s, p.default_for_unspecified))
         if hit:
             slot, u, lim = hit
-            return Verdict(self.code, quota_message("keypair", "total_resource_slots", slot, u, lim, need[slot]))
+            return Verdict(self.code, quota_message(
+                "your keypair's resource policy allows {allowed}", slot, u, lim, need[slot],
+                f"keypair policy {p.name!r}"))
         return None
 
 
@@ -195,7 +251,11 @@ class UserSlotsValidator:
         hit = first_excess(used, need, limit)
         if hit:
             slot, u, lim = hit
-            return Verdict(self.code, quota_message("user", "total_resource_slots", slot, u, lim, need[slot]))
+            tightest = next(p.name for p in policies if slot_limit(
+                p.total_resource_slots, slot, p.default_for_unspecified) == lim)
+            return Verdict(self.code, quota_message(
+                "all your sessions together may use {allowed}", slot, u, lim, need[slot],
+                f"user limit from keypair policy {tightest!r}"))
         return None
 
 
@@ -214,7 +274,9 @@ class ProjectSlotsValidator:
         hit = first_excess(used, need, lambda s: slot_limit(limits, s, dfu))
         if hit:
             slot, u, lim = hit
-            return Verdict(self.code, quota_message("project", "total_resource_slots", slot, u, lim, need[slot]))
+            name = ctx.project_names.get(sess.project_id) or sess.project_id
+            return Verdict(self.code, quota_message(
+                "your project allows {allowed}", slot, u, lim, need[slot], f"project {name!r}"))
         return None
 
 
@@ -231,7 +293,9 @@ class DomainSlotsValidator:
         hit = first_excess(used, need, lambda s: slot_limit(limits, s, dfu))
         if hit:
             slot, u, lim = hit
-            return Verdict(self.code, quota_message("domain", "total_resource_slots", slot, u, lim, need[slot]))
+            return Verdict(self.code, quota_message(
+                "your domain allows {allowed}", slot, u, lim, need[slot],
+                f"domain {sess.domain_name!r}"))
         return None
 
 
@@ -267,6 +331,7 @@ _PREFIXES = (
     ("waiting for dependencies", "dependencies"),
     ("cancelled: dependency", "dependency_failed"),
     ("cancelled: resource group", "permission"),
+    # Records written before the messages were in plain words.
     ("quota exceeded: keypair max_containers_per_session", "cluster_size"),
     ("quota exceeded: keypair max_concurrent_sessions", "concurrency"),
     ("quota exceeded: keypair", "quota_keypair"),
@@ -277,10 +342,29 @@ _PREFIXES = (
     ("cancelled: pending timeout", "pending_timeout"),
 )
 
+#: The parenthesis that ends a quota message (level and policy field) -> reason label.
+_QUOTA_TAG = re.compile(
+    r"\((keypair policy|user limit from keypair policy|project|domain) ['\"].*['\"], "
+    r"(max_containers_per_session|max_concurrent_sessions|total_resource_slots)\)$"
+)
+_QUOTA_CODES = {
+    "max_containers_per_session": "cluster_size",
+    "max_concurrent_sessions": "concurrency",
+    "keypair policy": "quota_keypair",
+    "user limit from keypair policy": "quota_user",
+    "project": "quota_project",
+    "domain": "quota_domain",
+}
+
 
 def reason_code(status_info: str) -> str:
     """The reason label of a pending session's ``status_info`` ("new" before any pass)."""
+    info = status_info or ""
+    m = _QUOTA_TAG.search(info) if info.startswith("quota exceeded: ") else None
+    if m:
+        level, field = m.groups()
+        return _QUOTA_CODES[field if field != "total_resource_slots" else level]
     for prefix, code in _PREFIXES:
-        if (status_info or "").startswith(prefix):
+        if info.startswith(prefix):
             return code
     return "new"

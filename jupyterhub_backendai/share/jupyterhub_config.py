@@ -13,26 +13,50 @@ c.JupyterHub.named_server_limit_per_user = 0
 # Sessions outlive the hub: a restarted hub finds them again.
 c.JupyterHub.cleanup_servers = False
 
-state = os.path.abspath(os.environ.get("BACKENDAI_STATE_DIR", "backendai-state"))
-os.makedirs(state, exist_ok=True)
+from jupyterhub_backendai import launcher as _launcher  # noqa: E402
+
+# BACKENDAI_STATE_DIR: databases, cookie secret, agent state and vfolders; made 0700
+# below, its SQLite databases and the cookie secret 0600.
+state = os.path.abspath(os.environ.get("BACKENDAI_STATE_DIR", _launcher.DEFAULT_STATE_DIR))
+os.makedirs(state, mode=0o700, exist_ok=True)
 c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
-c.JupyterHub.bind_url = os.environ.get("BACKENDAI_HUB_URL", "http://127.0.0.1:8000/")
+# BACKENDAI_HUB_URL (default http://localhost:8000/): where the proxy listens and
+# users log in. When its host is a name, every user's servers get their own origin
+# on a subdomain, http://<user>.<host>/user/<user>/ (JupyterHub.subdomain_host; the
+# proxy routes by host, cookies and OAuth follow). BACKENDAI_SUBDOMAIN_HOST sets
+# that host explicitly (e.g. https://hub.example.org with a wildcard DNS name and
+# certificate) or, empty, turns subdomains off. With an IP address there are no
+# subdomains: servers share the hub's origin, and the hub warns at start.
+c.JupyterHub.bind_url = _launcher.bind_url()
+c.JupyterHub.subdomain_host = _launcher.subdomain_host()
+if not c.JupyterHub.subdomain_host:
+    from traitlets.log import get_logger as _get_logger
+
+    _get_logger().warning(
+        "No subdomains (JupyterHub.subdomain_host is empty, hub URL %s): every user's "
+        "server shares the hub's origin, so a page served from one user's server can act "
+        "as anyone who opens it. Give the hub a host name (BACKENDAI_HUB_URL=http://"
+        "localhost:8000/, or BACKENDAI_SUBDOMAIN_HOST) for an origin per user; see "
+        "docs/security.md.", _launcher.hub_url()
+    )
 if os.environ.get("BACKENDAI_PROXY_API_URL"):
     c.ConfigurableHTTPProxy.api_url = os.environ["BACKENDAI_PROXY_API_URL"]
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
 if os.environ.get("BACKENDAI_CHP"):
     c.ConfigurableHTTPProxy.command = [os.environ["BACKENDAI_CHP"]]
 c.JupyterHub.hub_port = int(os.environ.get("BACKENDAI_HUB_API_PORT", "8081"))
-# Containers on the agent's bridge network reach the hub API through the
-# network's gateway, so the hub API listens beyond loopback; the agent rewrites
-# the loopback API URL it hands to kernels.
-c.JupyterHub.hub_ip = os.environ.get("BACKENDAI_HUB_API_IP", "0.0.0.0")
+# The hub API listens on loopback; with the Docker backend the embedded agent adds
+# its network's gateway, where kernels (each session on a network of its own) reach
+# it (c.Agent.hub_api_on_gateway), and rewrites the loopback API URL it hands to
+# kernels. Nowhere else: set BACKENDAI_HUB_API_IP only for agents on other nodes.
+c.JupyterHub.hub_ip = os.environ.get("BACKENDAI_HUB_API_IP", "127.0.0.1")
 c.JupyterHub.hub_connect_ip = "127.0.0.1"
 
 c.BackendAIManager.db_url = os.environ.get(
     "BACKENDAI_DB_URL", "sqlite:///" + os.path.join(state, "backendai.sqlite")
 )
+_launcher.secure_state_dir(state, (c.BackendAIManager.db_url, c.JupyterHub.db_url))
 c.Agent.state_dir = os.path.join(state, "agent")
 # Vfolders of the in-hub storage proxy "local" (docs/storage.md).
 c.BackendAIManager.storage_volumes = {

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 import aiohttp
 
-from ..common import errors
 from ..common.errors import BackendAIError, InvalidRequest, NotFound
+from ..common.httpbase import ERRORS as _ERRORS
+from ..common.httpbase import NodeClient, TLSFiles
 from .volumes import CHUNK_SIZE, VFSVolume, make_volumes
 
 
@@ -181,11 +182,7 @@ class InProcessStorageClient(StorageClient):
         return size, gen()
 
 
-ERRORS: dict[str, type[BackendAIError]] = {
-    name: cls
-    for name, cls in vars(errors).items()
-    if isinstance(cls, type) and issubclass(cls, BackendAIError)
-}
+ERRORS = _ERRORS  # the error classes by name (common/httpbase.py)
 
 
 def _q(segment: str) -> str:
@@ -195,23 +192,19 @@ def _q(segment: str) -> str:
 
 
 class HTTPStorageClient(StorageClient):
-    """A ``backendai-storage-proxy`` daemon's API (Bearer token, JSON, problem+json
-    errors; see docs/storage.md). One keep-alive connection pool per client."""
+    """A ``backendai-storage-proxy`` daemon's API (JSON, problem+json errors; see
+    docs/storage.md) through the hub's one node client (``common/httpbase.py``):
+    mutual TLS with ``tls`` (a :class:`TLSFiles`), else the deprecated shared
+    ``token``. One keep-alive connection pool per client."""
 
-    def __init__(self, url: str, token: str, timeout: float = 300):
+    def __init__(self, url: str, token: str = "", timeout: float = 300, tls: TLSFiles | None = None):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        self.node = NodeClient(self.url, tls=tls, token=token, timeout=timeout, what="storage proxy")
 
     def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {self.token}"},
-                # no total: a large transfer may take long; each read may not stall
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.timeout),
-            )
-        return self._session
+        return self.node.session()
 
     def _folder(self, volume, quota_scope_id, folder_id) -> str:
         return f"/v1/volumes/{_q(volume)}/folders/{_q(quota_scope_id)}/{_q(folder_id)}"
@@ -220,31 +213,13 @@ class HTTPStorageClient(StorageClient):
         return f"/v1/volumes/{_q(volume)}/quota-scopes/{_q(quota_scope_id)}"
 
     async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
-        if resp.status < 400:
-            return
-        kind = detail = ""
-        try:
-            data = await resp.json(content_type=None)
-            kind, detail = data.get("error", ""), data.get("detail", "")
-        except (ValueError, aiohttp.ClientError, AttributeError):
-            detail = (await resp.text(errors="replace"))[:500]
-        cls = ERRORS.get(kind, BackendAIError)
-        raise cls(detail or f"storage proxy answered {resp.status}", status_code=resp.status)
+        await self.node.raise_for(resp)
 
     def _unreachable(self, e: Exception) -> BackendAIError:
-        return BackendAIError(f"storage proxy at {self.url} failed: {e}", status_code=502)
+        return self.node.unreachable(e)
 
     async def _call(self, method: str, path: str, *, params=None, body=None):
-        try:
-            async with self._http().request(
-                method, self.url + path, params=params, json=body
-            ) as resp:
-                await self._raise_for(resp)
-                if resp.status == 204:
-                    return None
-                return await resp.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise self._unreachable(e) from None
+        return await self.node.call(method, path, params=params, body=body)
 
     async def volumes(self):
         return (await self._call("GET", "/v1/volumes"))["volumes"]
@@ -339,9 +314,7 @@ class HTTPStorageClient(StorageClient):
         return size, gen()
 
     async def close(self):
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.node.close()
 
 
 def split_host(host: str) -> tuple[str, str]:
@@ -431,14 +404,23 @@ class StorageRegistry:
             await c.close()
 
 
-def make_storage_registry(proxies: dict, local_volumes: dict) -> StorageRegistry:
+def make_storage_registry(proxies: dict, local_volumes: dict, tls: TLSFiles | None = None) -> StorageRegistry:
     """Clients for the configured daemons, plus the in-hub proxy "local" serving
-    ``local_volumes`` unless a daemon of that name is configured."""
+    ``local_volumes`` unless a daemon of that name is configured. ``tls``: the
+    hub's certificate for https:// proxies (an entry's own "tls" overrides it)."""
     clients: dict[str, StorageClient] = {}
     for name, conf in proxies.items():
         if not conf.get("url"):
             raise ValueError(f"storage proxy {name!r} needs a url")
-        clients[name] = HTTPStorageClient(conf["url"], conf.get("token", ""))
+        node_tls = TLSFiles.from_config(conf.get("tls")) or (
+            tls if conf["url"].startswith("https:") else None
+        )
+        if node_tls is None and not conf.get("token"):
+            raise ValueError(
+                f"storage proxy {name!r} needs an https:// url and the hub's cluster TLS "
+                "(c.BackendAIManager.cluster_tls), or (deprecated) a token"
+            )
+        clients[name] = HTTPStorageClient(conf["url"], conf.get("token", ""), tls=node_tls)
     if "local" not in clients:
         clients["local"] = InProcessStorageClient(make_volumes(local_volumes))
     return StorageRegistry(clients)

@@ -1,7 +1,7 @@
 """``backendai-storage-proxy``: serves vfolder operations on this node's volumes.
 
 The same operations as the in-hub proxy (:class:`..client.InProcessStorageClient`
-over :class:`..volumes.VFSVolume`), over a token-authenticated HTTP API for the
+over :class:`..volumes.VFSVolume`), over an HTTP API (mutual TLS, ``common/httpbase.py``) for the
 manager's :class:`..client.HTTPStorageClient`: JSON bodies, ``application/problem+json``
 errors (``status``, ``title``, ``detail`` and ``error``, the error's class name, which
 the client turns back into that class), uploads streamed to disk as they arrive and
@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import os
 import signal
 
-from tornado import httputil, web
-from traitlets import Dict, Integer, Unicode, default
+from tornado import web
+from traitlets import Dict, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from ..common.errors import BackendAIError, InvalidRequest, NotFound, Unauthorized
+from ..common.errors import BackendAIError, InvalidRequest
+from ..common.httpbase import NodeAuth, NodeHandler, NotFoundHandler, TLSFiles, listen
+from . import transfer
 from .client import InProcessStorageClient
+from .transfer import TransferTokens
 from .volumes import CHUNK_SIZE, Upload, make_volumes
-
-PROBLEM = "application/problem+json"
 
 
 def problems(method):
@@ -42,48 +42,10 @@ def problems(method):
     return wrapper
 
 
-class _Handler(web.RequestHandler):
-    def authorized(self) -> bool:
-        token = self.settings["token"]
-        got = self.request.headers.get("Authorization", "")
-        return bool(token) and hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
-
-    def prepare(self):
-        if not self.authorized():
-            self.problem(Unauthorized("missing or wrong storage proxy token"))
-
+class _Handler(NodeHandler):
     @property
     def storage(self) -> InProcessStorageClient:
         return self.settings["storage"]
-
-    def problem(self, e: BackendAIError) -> None:
-        if self._finished:
-            return
-        self.clear()
-        self.set_status(e.status_code)
-        self.set_header("Content-Type", PROBLEM)
-        self.finish(json.dumps({
-            "type": "about:blank",
-            "title": e.title,
-            "status": e.status_code,
-            "detail": e.detail,
-            "error": type(e).__name__,
-        }))
-
-    def write_error(self, status_code, **kw):
-        """Errors tornado raises itself (unknown route, bad method, a crash)."""
-        self.set_header("Content-Type", PROBLEM)
-        title = httputil.responses.get(status_code, "Error")
-        error = {400: "InvalidRequest", 401: "Unauthorized", 404: "NotFound"}.get(status_code, "")
-        self.finish(json.dumps({
-            "type": "about:blank", "title": title, "status": status_code,
-            "detail": title if status_code >= 500 else (self._reason or title), "error": error,
-        }))
-
-    def write_json(self, data, status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
 
     def body(self) -> dict:
         try:
@@ -107,13 +69,6 @@ class _Handler(web.RequestHandler):
         if v not in ("0", "1", "true", "false"):
             raise InvalidRequest(f"{name} must be 0, 1, true or false, not {v!r}")
         return v in ("1", "true")
-
-
-class NotFoundHandler(_Handler):
-    async def prepare(self):
-        super().prepare()
-        if not self._finished:
-            self.problem(NotFound(f"no such API path {self.request.path!r}"))
 
 
 class VolumesHandler(_Handler):
@@ -215,11 +170,12 @@ class ContentHandler(_Handler):
             return
         self._buf: list[bytes] = []
         self._buffered = 0
-        if not self.authorized():
+        refused = self.authorized()
+        if refused is not None:
             # Like every refusal of an upload, answered once the body has arrived
             # (tornado's default bound, 100 MB, still applies to it): a client still
             # sending would otherwise see a reset instead of the error.
-            self.error = Unauthorized("missing or wrong storage proxy token")
+            self.error = refused
             return
         self.request.connection.set_max_body_size(self.settings["max_upload_bytes"])
         volume, scope, folder = self.path_args
@@ -304,7 +260,9 @@ class ContentHandler(_Handler):
         self.finish()
 
 
-def make_app(storage: InProcessStorageClient, token: str, max_upload_bytes: int = 0) -> web.Application:
+def make_app(storage: InProcessStorageClient, auth: NodeAuth | str, max_upload_bytes: int = 0) -> web.Application:
+    if isinstance(auth, str):
+        auth = NodeAuth(token=auth)
     folder = r"/v1/volumes/([^/]+)/folders/([^/]+)/([^/]+)"
     scope = r"/v1/volumes/([^/]+)/quota-scopes/([^/]+)"
     return web.Application(
@@ -321,7 +279,7 @@ def make_app(storage: InProcessStorageClient, token: str, max_upload_bytes: int 
         ],
         default_handler_class=NotFoundHandler,
         storage=storage,
-        token=token,
+        auth=auth,
         max_upload_bytes=max_upload_bytes or 2**62,
     )
 
@@ -333,8 +291,19 @@ class StorageProxyApp(Application):
     listen_host = Unicode("127.0.0.1", help="Address the storage API listens on.").tag(config=True)
     listen_port = Integer(6021, help="Port the storage API listens on.").tag(config=True)
     token = Unicode(
-        help="""Shared secret the manager presents as a Bearer token (env
-        BACKENDAI_STORAGE_TOKEN); the manager's storage_proxies entry carries the same.""",
+        help="""DEPRECATED (use tls): shared secret the manager presents as a Bearer
+        token (env BACKENDAI_STORAGE_TOKEN); the manager's storage_proxies entry
+        carries the same. Ignored when tls is set.""",
+    ).tag(config=True)
+    tls = Dict(
+        help="""Mutual TLS with the cluster CA: {"cert": ".../storage1.crt", "key":
+        ".../storage1.key", "ca": ".../cluster-ca.crt"} (made by `python -m
+        jupyterhub_backendai.common.certs`). The API is then HTTPS and only callers
+        with a certificate of that CA named in allowed_clients are served.""",
+    ).tag(config=True)
+    allowed_clients = List(
+        Unicode(), ["hub"],
+        help="""Common names of the client certificates that may call (with tls).""",
     ).tag(config=True)
     volumes = Dict(
         help="""Volumes served, by name: {"volume1": {"backend": "vfs", "path":
@@ -342,6 +311,21 @@ class StorageProxyApp(Application):
         exists. Agents bind-mount folders from these paths, so the path must be the
         same on the agents' hosts (this node, or an NFS mount there). folder_uid/gid:
         owner of new folders, directories and files when the proxy runs as root.""",
+    ).tag(config=True)
+    client_port = Integer(
+        0,
+        help="""Port of the client-facing transfer API (tus uploads at /upload, downloads
+        at /download, authorized by the tokens the manager signs; see
+        storageproxy/transfer.py). 0: not served. Set the manager's
+        c.BackendAIManager.storage_proxies[<name>]["client_url"] to the URL clients reach
+        it at, and the same c.TransferTokens.secret (or BACKENDAI_TRANSFER_SECRET) here
+        and on the hub.""",
+    ).tag(config=True)
+    client_host = Unicode("0.0.0.0", help="Address the transfer API listens on.").tag(config=True)
+    client_tls = Dict(
+        help="""HTTPS for the transfer API: {"cert": ..., "key": ...} (a certificate
+        clients trust; no client certificates: the token authorizes). Empty: plain
+        HTTP (put a TLS-terminating proxy in front).""",
     ).tag(config=True)
     max_upload_bytes = Integer(
         0,
@@ -370,16 +354,22 @@ class StorageProxyApp(Application):
             self.load_config_file(self.config_file)
 
     async def run(self):
-        if not self.token:
-            raise SystemExit(
-                "backendai-storage-proxy: set a token (BACKENDAI_STORAGE_TOKEN or --StorageProxyApp.token)"
-            )
         try:
+            tls = TLSFiles.from_config(self.tls)
+            auth = NodeAuth(tls=tls, token=self.token, allowed_clients=set(self.allowed_clients))
+            if tls is None and not self.token:
+                raise ValueError(
+                    "set tls (cert, key, ca; see docs/cluster.md) or, deprecated, a token "
+                    "(BACKENDAI_STORAGE_TOKEN or --StorageProxyApp.token)"
+                )
             storage = InProcessStorageClient(make_volumes(self.volumes))
-        except ValueError as e:
+            app = make_app(storage, auth, self.max_upload_bytes)
+            server = listen(app, self.listen_port, self.listen_host, auth, chunk_size=CHUNK_SIZE)
+            client_server = None
+            if self.client_port:
+                client_server = self._listen_clients(storage)
+        except (ValueError, OSError) as e:
             raise SystemExit(f"backendai-storage-proxy: {e}") from None
-        app = make_app(storage, self.token, self.max_upload_bytes)
-        server = app.listen(self.listen_port, self.listen_host, chunk_size=CHUNK_SIZE)
         self.log.info(
             "storage proxy on %s:%s serving %s", self.listen_host, self.listen_port,
             ", ".join(f"{n} ({c['path']})" for n, c in self.volumes.items()),
@@ -390,6 +380,24 @@ class StorageProxyApp(Application):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         server.stop()
+        if client_server is not None:
+            client_server.stop()
+
+    def _listen_clients(self, storage: InProcessStorageClient):
+        import ssl
+
+        TransferTokens.instance(config=self.config)  # the secret is read once, at start
+        app = web.Application(
+            transfer.routes("", lambda _handler, name: storage.volume(name)),
+            config=self.config,
+        )
+        ssl_ctx = None
+        if self.client_tls:
+            ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_ctx.load_cert_chain(self.client_tls["cert"], self.client_tls["key"])
+        self.log.info("transfer API (tus, downloads) on %s:%s", self.client_host, self.client_port)
+        return app.listen(self.client_port, self.client_host, ssl_options=ssl_ctx,
+                          chunk_size=CHUNK_SIZE)
 
 
 def main(argv=None):

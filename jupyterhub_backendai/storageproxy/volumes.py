@@ -22,7 +22,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import threading
 from collections.abc import Iterable, Iterator
@@ -39,6 +38,9 @@ FOLDER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 QUOTA_SCOPE_RE = re.compile(r"^(user|project):[0-9a-f]{32}$")
 QUOTA_FILE = ".quota.json"
 CHUNK_SIZE = 1 << 20
+# Folders and the directories made in them through the API: only their owner (the
+# kernel's user, ``folder_uid``) enters them.
+FOLDER_MODE = 0o700
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -72,34 +74,111 @@ def split_path(path: str, *, allow_root: bool = False) -> list[str]:
     return parts
 
 
+class TreeChanged(OSError):
+    """A directory being walked was moved away while the walk was inside it."""
+
+
+def _walk_fd(top_fd: int, on_entry, on_dir_left=None, skip: str | None = None) -> None:
+    """Walk the tree under the open directory ``top_fd`` depth first, without
+    recursion and holding one directory open at a time, so that no depth of tree
+    (a kernel can make one 100,000 levels deep) exhausts the stack or the open files.
+
+    ``on_entry(dir_fd, name, st)`` is called for every entry that is not a
+    directory (``st`` from lstat: links are never followed), ``on_dir_left(dir_fd,
+    name)`` after the content of the subdirectory ``name`` of ``dir_fd`` has been
+    walked. ``skip`` is a name left out at the top. Entries that vanish during the
+    walk are skipped. The walk climbs back through ``..`` and checks that it arrives
+    where it came from: a directory moved away under it raises :class:`TreeChanged`
+    rather than walking somewhere else. ``top_fd`` stays open."""
+    fd = os.dup(top_fd)
+    try:
+        st = os.fstat(fd)
+        idents = [(st.st_dev, st.st_ino)]  # the directories from the top to ``fd``
+        names: list[str] = []  # the name of each of them but the top in its parent
+        pending = [[n for n in os.listdir(fd) if n != skip]]  # names left to visit, per level
+        while True:
+            if not pending[-1]:
+                if not names:
+                    return
+                up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                ust = os.fstat(up)
+                os.close(fd)
+                fd = up
+                idents.pop()
+                pending.pop()
+                name = names.pop()
+                if (ust.st_dev, ust.st_ino) != idents[-1]:
+                    raise TreeChanged(errno.ESTALE, "a directory was moved during the walk")
+                if on_dir_left is not None:
+                    on_dir_left(fd, name)
+                continue
+            name = pending[-1].pop()
+            try:
+                est = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(est.st_mode):
+                on_entry(fd, name, est)
+                continue
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as e:
+                if e.errno == errno.ELOOP:  # replaced by a link since the lstat
+                    continue
+                raise
+            sst = os.fstat(sub)
+            if (sst.st_dev, sst.st_ino) != (est.st_dev, est.st_ino):
+                os.close(sub)  # swapped since the lstat: leave it
+                continue
+            try:
+                listing = os.listdir(sub)
+            except BaseException:
+                os.close(sub)
+                raise
+            os.close(fd)
+            fd = sub
+            idents.append((sst.st_dev, sst.st_ino))
+            names.append(name)
+            pending.append(listing)
+    finally:
+        os.close(fd)
+
+
 def _usage_fd(dir_fd: int, skip: str | None = None) -> tuple[int, int]:
     """(bytes, entries that are not directories) under an open directory, without
     following symbolic links; entries that vanish during the walk are skipped."""
-    used = count = 0
-    with os.scandir(dir_fd) as it:
-        entries = list(it)
-    for e in entries:
-        if e.name == skip:
-            continue
-        try:
-            st = e.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                sub = os.open(e.name, _DIR_FLAGS, dir_fd=dir_fd)
-            except (FileNotFoundError, NotADirectoryError, OSError):
-                continue
-            try:
-                u, c = _usage_fd(sub)
-            finally:
-                os.close(sub)
-            used += u
-            count += c
-        else:
-            used += st.st_size
-            count += 1
-    return used, count
+    total = [0, 0]
+
+    def count(_fd, _name, st):
+        total[0] += st.st_size
+        total[1] += 1
+
+    _walk_fd(dir_fd, count, skip=skip)
+    return total[0], total[1]
+
+
+def _rmtree_fd(parent_fd: int, name: str) -> None:
+    """Remove the directory ``name`` of ``parent_fd`` and everything under it
+    (links are removed, never followed), without recursion (see :func:`_walk_fd`)."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        _walk_fd(
+            fd,
+            lambda dfd, n, _st: _unlink_gone_ok(n, dfd),
+            lambda dfd, n: os.rmdir(n, dir_fd=dfd),
+        )
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+def _unlink_gone_ok(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 def _os_error(e: OSError, what: str) -> BackendAIError:
@@ -302,14 +381,31 @@ class VFSVolume:
         path = self.folder_path(quota_scope_id, folder_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            os.mkdir(path, 0o755)
+            os.mkdir(path, FOLDER_MODE)
         except FileExistsError:
             return
         self._chown(path)
+        os.chmod(path, FOLDER_MODE)  # whatever the umask
 
     def delete_folder(self, quota_scope_id: str, folder_id: str) -> None:
-        """Idempotent: a missing folder is not an error."""
-        shutil.rmtree(self.folder_path(quota_scope_id, folder_id), ignore_errors=True)
+        """Idempotent: a missing folder is not an error. Any depth of tree inside it
+        is removed (no recursion); links are removed, never followed."""
+        scope = self.scope_path(quota_scope_id)
+        check_ids(quota_scope_id, folder_id)
+        try:
+            sfd = os.open(scope, _DIR_FLAGS)
+        except FileNotFoundError:
+            return
+        try:
+            _rmtree_fd(sfd, folder_id)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise BackendAIError(
+                f"folder {folder_id} on volume {self.name} was not fully deleted: {e.strerror}"
+            ) from None
+        finally:
+            os.close(sfd)
 
     def info(self) -> dict:
         return {"name": self.name, "backend": self.backend, "path": self.path}
@@ -469,7 +565,7 @@ class VFSVolume:
         if not parents:
             fd, name, _ = self._parent(quota_scope_id, folder_id, path)
             try:
-                os.mkdir(name, 0o755, dir_fd=fd)
+                os.mkdir(name, FOLDER_MODE, dir_fd=fd)
                 self._chown(name, fd)
             except OSError as e:
                 raise _os_error(e, shown) from None
@@ -480,7 +576,7 @@ class VFSVolume:
         try:
             for part in parts:
                 try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, FOLDER_MODE, dir_fd=fd)
                     self._chown(part, fd)
                 except FileExistsError:
                     pass
@@ -535,7 +631,7 @@ class VFSVolume:
                 if not stat.S_ISDIR(st.st_mode):
                     os.unlink(name, dir_fd=fd)
                 elif recursive:
-                    shutil.rmtree(name, dir_fd=fd)
+                    _rmtree_fd(fd, name)
                 else:
                     os.rmdir(name, dir_fd=fd)
             except OSError as e:

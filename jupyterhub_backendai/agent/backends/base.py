@@ -85,6 +85,12 @@ class KernelRecord:
     kernel_type: str = INTERACTIVE
     # How a kernel that is no longer alive ended, when the backend knows.
     exit_code: int | None = None
+    # gpu-topology: UUIDs of the GPUs and MIG instances the kernel was given (what the
+    # agent rebuilds device ownership from after a restart).
+    cuda_uuids: list[str] = field(default_factory=list)
+    # The slots the kernel was started with (for the agent's live statistics; not
+    # in to_json). Empty when the backend cannot tell.
+    slots: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -97,6 +103,7 @@ class KernelRecord:
             "alive": self.alive,
             "kernel_type": self.kernel_type,
             "exit_code": self.exit_code,
+            "cuda_uuids": self.cuda_uuids,
         }
 
 
@@ -129,7 +136,8 @@ class Backend:
         cuda_devices: list[int],
         fake_devices: bool,
     ) -> KernelRecord:
-        """Start one kernel; ``host_ports`` has one port per service port when it serves.
+        """Start one kernel; ``host_ports`` has one port, for the first service port (the
+        Jupyter server, which proxies the image's other apps), when it serves.
 
         ``spec`` keys: kernel_id, session_id, owner, image, slots, environ,
         service_prefix, kernel_type (see KERNEL_TYPES), command (batch),
@@ -138,6 +146,9 @@ class Backend:
         kernels of its session reach it), and mounts: virtual folders as
         ``[{"source": host path, "target": "/home/work/<name>", "mode": "ro"|"rw"}]``
         (the source exists on this node; the agent checks the target).
+        gpu-topology: ``cuda_uuids`` (the devices and MIG instances to hand to the
+        kernel, by UUID; ``cuda_devices`` has the whole devices' indices) and
+        ``cpuset`` (CPUs next to them, "0-19,40-59", or None: no pinning).
         """
         raise NotImplementedError
 
@@ -154,6 +165,11 @@ class Backend:
 
     async def list_kernels(self) -> list[KernelRecord]:
         raise NotImplementedError
+
+    async def kernel_stats(self) -> dict[str, dict]:
+        """Raw usage of the running kernels: {kernel id: {"cpu_ns": CPU time used so
+        far, "mem_bytes", "mem_limit_bytes"}} (a backend that cannot tell: {})."""
+        return {}
 
 
 def tail_text(data: bytes, limit: int) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
 import re
+import weakref
+import zlib
 from urllib.parse import urlsplit, urlunsplit
 
 import aiodocker
@@ -17,6 +20,7 @@ from .base import (
     BATCH,
     IDLE,
     INTERACTIVE,
+    SERVICE_PORTS_LABEL,
     Backend,
     ExitCallback,
     ImageInfo,
@@ -32,7 +36,28 @@ L_OWNER = "ai.backend.owner"
 L_AGENT = "ai.backend.agent-id"
 L_PORTS = "ai.backend.service-ports-bound"
 L_DEVICES = "ai.backend.cuda-devices"
+# gpu-topology: the devices / MIG instances by UUID (ownership rebuilt from it on restart).
+L_UUIDS = "ai.backend.cuda-uuids"
 L_TYPE = "ai.backend.kernel-type"
+L_NETWORK = "ai.backend.network"
+#: The kernel's own CPU limit (NanoCpus) when it started with a burst (startup_cpus):
+#: a restarted agent applies it to a kernel it left mid-start.
+L_NANO_CPUS = "ai.backend.nano-cpus"
+#: The slots the kernel asked for (JSON), for the agent's statistics after a restart.
+L_SLOTS = "ai.backend.slots"
+# Docker's bridge options: no traffic between the containers of a network.
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+# One lock per event loop for making session networks, shared by the agents of this
+# process (they may share an engine: its duplicate-name check is not atomic).
+_NET_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _net_lock() -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    lock = _NET_LOCKS.get(loop)
+    if lock is None:
+        lock = _NET_LOCKS[loop] = asyncio.Lock()
+    return lock
 LOOPBACKS = {"127.0.0.1", "localhost", "::1"}
 # Entrypoints that already are an init (reap zombies, forward signals).
 INIT_PROGRAMS = {"tini", "tini-static", "dumb-init", "catatonit"}
@@ -44,6 +69,14 @@ def _exit_code(container: dict) -> int | None:
         return None
     m = re.match(r"Exited \((-?\d+)\)", container.get("Status") or "")
     return int(m.group(1)) if m else None
+
+
+def _json_dict(text: str | None) -> dict:
+    try:
+        d = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
 
 
 def _rewrite_host(url: str, host: str) -> str:
@@ -66,9 +99,21 @@ class DockerBackend(Backend):
         bind_host: str = "127.0.0.1",
         docker_url: str | None = None,
         extra_host_config: dict | None = None,
+        session_subnets: str = "172.30.0.0/16",
+        session_prefix: int = 26,
+        startup_cpus: float = 0.0,
+        startup_cpu_timeout: float = 30.0,
     ):
         self.agent_id = agent_id
+        self.startup_cpus = startup_cpus
+        self.startup_cpu_timeout = startup_cpu_timeout
         self.network = network
+        self.session_subnets = ipaddress.ip_network(session_subnets)
+        self.session_prefix = session_prefix
+        if not self.session_subnets.prefixlen <= session_prefix <= 29:
+            raise AgentError(
+                f"session network prefix /{session_prefix} must lie between the pool's "
+                f"/{self.session_subnets.prefixlen} and /29")
         self.use_host_network = use_host_network
         self.bind_host = bind_host
         self.docker_url = docker_url
@@ -96,7 +141,9 @@ class DockerBackend(Backend):
         await self.docker.version()
         if not self.use_host_network:
             self.gateway = await self._ensure_network()
+            await self._remove_idle_session_networks()
         self._watch_task = asyncio.create_task(self._watch(on_exit))
+        await self._end_bursts()
 
     async def close(self) -> None:
         if self._watch_task:
@@ -116,19 +163,136 @@ class DockerBackend(Backend):
             if e.status != 404:
                 raise
             log.info("creating docker network %s", self.network)
+            # No kernel joins it (each session has a network of its own, see
+            # _session_network); it gives the hub's API an address on this host that
+            # every kernel reaches: its gateway. Containers that join it anyway
+            # (another tool's) cannot reach each other.
             net = await self.docker.networks.create(
                 {
                     "Name": self.network,
                     "Driver": "bridge",
-                    "Labels": {"ai.backend.network": "agent"},
+                    "CheckDuplicate": True,
+                    "Labels": {L_NETWORK: "agent"},
+                    "Options": {ICC_OPTION: "false"},
                 }
             )
             info = await net.show()
+        if (info.get("Options") or {}).get(ICC_OPTION) != "false":
+            log.warning(
+                "docker network %s lets its containers reach each other (%s is not false); "
+                "kernels no longer join it, but remove it (docker network rm %s) to have the "
+                "agent make it again without", self.network, ICC_OPTION, self.network)
         configs = info.get("IPAM", {}).get("Config") or []
         for cfg in configs:
             if cfg.get("Gateway"):
                 return cfg["Gateway"]
         raise AgentError(f"docker network {self.network} has no gateway")
+
+    # -- one network per session ------------------------------------------------
+
+    @staticmethod
+    def session_network_name(session_id: str) -> str:
+        return f"backendai-session-{session_id}"
+
+    async def _used_subnets(self) -> list:
+        out = []
+        for net in await self.docker.networks.list():
+            for cfg in (net.get("IPAM") or {}).get("Config") or []:
+                try:
+                    out.append(ipaddress.ip_network(cfg.get("Subnet") or "", strict=False))
+                except ValueError:
+                    continue
+        return out
+
+    async def _networks_named(self, name: str) -> list[dict]:
+        """Networks of exactly this name, oldest id first (the engine's name filter
+        matches parts of names; two agents creating one at once can make two)."""
+        nets = await self.docker.networks.list(filters={"name": [name]})
+        return sorted((n for n in nets if n.get("Name") == name), key=lambda n: n["Id"])
+
+    async def _session_network(self, session_id: str) -> str:
+        """The id of the network of a session's kernels (made by the first of them on
+        this engine, whichever agent starts it): they reach each other by name,
+        nothing else on it. Its subnet comes from ``session_subnets``."""
+        name = self.session_network_name(session_id)
+        async with _net_lock():
+            found = await self._networks_named(name)
+            if found:
+                return found[0]["Id"]
+            used = await self._used_subnets()
+            candidates = list(self.session_subnets.subnets(new_prefix=self.session_prefix))
+            # Start where the session id points, so that agents sharing an engine rarely
+            # try the same subnet at once; an overlap is answered by trying the next.
+            start = zlib.crc32(session_id.encode()) % len(candidates)
+            last_error = "no free subnet"
+            tries = 0
+            for i in range(len(candidates)):
+                subnet = candidates[(start + i) % len(candidates)]
+                if any(subnet.overlaps(u) for u in used):
+                    continue
+                tries += 1
+                try:
+                    made = await self.docker.networks.create({
+                        "Name": name,
+                        "Driver": "bridge",
+                        "CheckDuplicate": True,
+                        "Labels": {
+                            L_NETWORK: "session",
+                            L_SESSION: session_id,
+                            L_AGENT: self.agent_id,
+                        },
+                        "IPAM": {"Driver": "default", "Config": [{"Subnet": str(subnet)}]},
+                    })
+                except DockerError as e:
+                    if e.status == 409:  # another agent of this engine made it just now
+                        break
+                    last_error = e.message
+                    if tries >= 8:
+                        raise AgentError(
+                            f"docker could not make a network for session {session_id} in "
+                            f"{self.session_subnets} (Agent.session_subnets): {last_error}"
+                        ) from None
+                    continue
+                # Another agent may have made one of the same name at the same moment:
+                # all agents keep the oldest id, the others are removed.
+                found = await self._networks_named(name)
+                for extra in found[1:]:
+                    if extra["Id"] == made.id:
+                        try:
+                            await made.delete()
+                        except DockerError:
+                            pass
+                return found[0]["Id"] if found else made.id
+            found = await self._networks_named(name)
+            if found:
+                return found[0]["Id"]
+            raise AgentError(
+                f"docker could not make a network for session {session_id} in "
+                f"{self.session_subnets} (Agent.session_subnets): {last_error}")
+
+    async def _remove_session_network(self, session_id: str) -> None:
+        """Remove a session's network once no container is left on it (another
+        agent's kernels of the same session may still use it: then it stays)."""
+        for found in await self._networks_named(self.session_network_name(session_id)):
+            try:
+                net = await self.docker.networks.get(found["Id"])
+                if (await net.show()).get("Containers"):
+                    continue
+                await net.delete()
+            except DockerError as e:
+                if e.status not in (403, 404, 409):  # in use, gone: nothing to do
+                    log.warning("could not remove network %s: %s", found["Name"], e.message)
+
+    async def _remove_idle_session_networks(self) -> None:
+        """Networks of this agent's sessions that no container uses any more (left
+        by an agent that stopped while removing them)."""
+        nets = await self.docker.networks.list(
+            filters={"label": [f"{L_NETWORK}=session", f"{L_AGENT}={self.agent_id}"]}
+        )
+        for net in nets:
+            sid = (net.get("Labels") or {}).get(L_SESSION)
+            if sid:
+                await self._remove_session_network(sid)
 
     async def _watch(self, on_exit: ExitCallback) -> None:
         """Report containers of this agent that die, whatever killed them."""
@@ -196,13 +360,17 @@ class DockerBackend(Backend):
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         ports = image.service_ports if kernel_type == INTERACTIVE else []
         bound = []
-        for sp, hp in zip(ports, host_ports, strict=True):
-            sp.host_port = hp
+        for i, sp in enumerate(ports):
+            # Only the Jupyter server is published; it proxies the other apps.
+            sp.host_port = host_ports[i] if i < len(host_ports) else None
             bound.append(sp.to_json())
         env = dict(spec.get("environ") or {})
         if kernel_type == INTERACTIVE:
             main = ports[0]
             prefix = spec["service_prefix"]
+            # The kernel's Jupyter server turns the image's service ports into its
+            # app proxy entries (images/kernel/backendai_kernel_services.py).
+            env["BACKENDAI_SERVICE_PORTS"] = image.labels.get(SERVICE_PORTS_LABEL, "")
             if self.use_host_network:
                 env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{main.host_port}{prefix}"
             else:
@@ -210,14 +378,20 @@ class DockerBackend(Backend):
                 for key in ("JUPYTERHUB_API_URL", "JUPYTERHUB_ACTIVITY_URL"):
                     if key in env:
                         env[key] = _rewrite_host(env[key], self.gateway)
-        if cuda_devices:
+        uuids = list(spec.get("cuda_uuids") or [])  # gpu-topology: devices by UUID
+        if cuda_devices or uuids:
             visible = ",".join(str(i) for i in cuda_devices)
             env["BACKENDAI_CUDA_DEVICES"] = visible
             if fake_devices:
-                env["CUDA_VISIBLE_DEVICES"] = visible
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids) or visible
         slots = spec["slots"]
+        nano_cpus = int(float(slots.get("cpu", 1)) * 1e9)
+        # CPU burst while the server starts: its own limit comes once it answers.
+        probe = ports[0] if kernel_type == INTERACTIVE and ports and ports[0].host_port else None
+        burst = int(self.startup_cpus * 1e9) if probe is not None else 0
+        burst = burst if burst > nano_cpus else 0
         host_config = {
-            "NanoCpus": int(float(slots.get("cpu", 1)) * 1e9),
+            "NanoCpus": burst or nano_cpus,
             "Memory": int(slots.get("mem", 0)) or 0,
             "MemorySwap": int(slots.get("mem", 0)) or 0,
             "PidsLimit": 4096,
@@ -228,25 +402,31 @@ class DockerBackend(Backend):
         if not image.has_init:
             host_config["Init"] = True
         config_extra: dict = {}
+        network = None
         if self.use_host_network:
             host_config["NetworkMode"] = "host"
         else:
-            host_config["NetworkMode"] = self.network
+            # The session's own network: its kernels reach each other (by name too),
+            # no other session's; the hub's API at the agent network's gateway and
+            # whatever the host routes to (the internet the operator allows).
+            network = await self._session_network(spec["session_id"])
+            host_config["NetworkMode"] = network
             host_config["PortBindings"] = {
                 f"{p.container_port}/tcp": [{"HostIp": self.bind_host, "HostPort": str(p.host_port)}]
-                for p in ports
+                for p in ports if p.host_port
             }
-            alias = spec.get("network_alias")
-            if alias:
-                # The name under which the other kernels of the session reach this one.
+            # The names under which the other kernels of the session reach this one.
+            aliases = [a for a in (spec.get("network_alias"), spec.get("cluster_hostname")) if a]
+            if aliases:
                 config_extra["NetworkingConfig"] = {
-                    "EndpointsConfig": {self.network: {"Aliases": [alias]}}
+                    "EndpointsConfig": {network: {"Aliases": aliases}}
                 }
-        if cuda_devices and not fake_devices:
+        if (cuda_devices or uuids) and not fake_devices:
             host_config["DeviceRequests"] = [
                 {
                     "Driver": "nvidia",
-                    "DeviceIDs": [str(i) for i in cuda_devices],
+                    # gpu-topology: by UUID (GPU-... and MIG-...), stable across reboots.
+                    "DeviceIDs": uuids or [str(i) for i in cuda_devices],
                     "Capabilities": [["gpu"]],
                 }
             ]
@@ -258,6 +438,8 @@ class DockerBackend(Backend):
                  "ReadOnly": m["mode"] == "ro"}
                 for m in spec["mounts"]
             ]
+        if spec.get("cpuset"):  # gpu-topology: the CPUs next to the kernel's GPUs
+            host_config["CpusetCpus"] = spec["cpuset"]
         host_config.update(self.extra_host_config)
         config = {
             "Image": image.name,
@@ -271,7 +453,10 @@ class DockerBackend(Backend):
                 L_AGENT: self.agent_id,
                 L_PORTS: json.dumps(bound),
                 L_DEVICES: ",".join(str(i) for i in cuda_devices),
+                L_UUIDS: ",".join(uuids),
                 L_TYPE: kernel_type,
+                L_SLOTS: json.dumps(slots, separators=(",", ":")),
+                **({L_NANO_CPUS: str(nano_cpus)} if burst else {}),
             },
             "ExposedPorts": {f"{p.container_port}/tcp": {} for p in ports},
             "HostConfig": host_config,
@@ -293,9 +478,22 @@ class DockerBackend(Backend):
                     await container.delete(force=True)
                 except DockerError:
                     pass
+            if network is not None:
+                await self._remove_session_network(spec["session_id"])
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise AgentError(f"docker could not start the kernel: {e.message}") from None
+        if burst:
+            try:
+                await self._end_burst(container.id, nano_cpus, probe.host_port,
+                                      spec["service_prefix"])
+            except BaseException:
+                # Never hand over (or leave behind) a kernel with more CPU than it asked for.
+                try:
+                    await container.delete(force=True)
+                except DockerError:
+                    pass
+                raise
         host = self.bind_host
         return KernelRecord(
             kernel_id=spec["kernel_id"],
@@ -305,7 +503,101 @@ class DockerBackend(Backend):
             service_ports=bound,
             cuda_devices=list(cuda_devices),
             kernel_type=kernel_type,
+            cuda_uuids=uuids,
+            slots=dict(slots),
         )
+
+    async def _answers(self, port: int, prefix: str) -> bool:
+        """Whether the kernel's server answers HTTP on its published port (Docker's
+        proxy accepts connections before the server listens: a status line is needed)."""
+        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "") else self.bind_host
+        host = "::1" if host == "::" else host
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
+        except (OSError, TimeoutError):
+            return False
+        try:
+            writer.write(f"GET {prefix.rstrip('/')}/api HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            line = await asyncio.wait_for(reader.readline(), 2)
+            return line.startswith(b"HTTP/")
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            writer.close()
+
+    async def _set_cpus(self, container_id: str, nano_cpus: int) -> None:
+        await self.docker._query_json(
+            f"containers/{container_id}/update", method="POST",
+            data=json.dumps({"NanoCpus": nano_cpus}),
+            headers={"Content-Type": "application/json"},
+        )
+
+    async def _end_burst(self, container_id: str, nano_cpus: int, port: int, prefix: str) -> None:
+        """Wait until the kernel's server answers (or ``startup_cpu_timeout``, or the
+        container stops), then give it its own CPU limit."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_cpu_timeout
+        next_check = loop.time() + 1
+        while loop.time() < deadline:
+            if await self._answers(port, prefix):
+                break
+            if loop.time() >= next_check:
+                next_check = loop.time() + 1
+                info = await self.docker.containers.container(container_id).show()
+                if not info["State"].get("Running"):
+                    break
+            await asyncio.sleep(0.05)
+        else:
+            log.warning("kernel container %s: its server did not answer within %g s; "
+                        "its CPU limit applies now", container_id[:12], self.startup_cpu_timeout)
+        try:
+            await self._set_cpus(container_id, nano_cpus)
+        except DockerError as e:
+            if e.status == 404:
+                return
+            # A stopped container cannot run anyway; anything else is an error.
+            info = await self.docker.containers.container(container_id).show()
+            if info["State"].get("Running"):
+                raise AgentError(f"docker could not apply the kernel's CPU limit: {e.message}") from None
+
+    async def _end_bursts(self) -> None:
+        """After a restart: kernels left with their startup burst get their own limit."""
+        for c in await self._containers(L_NANO_CPUS):
+            want = int((c.get("Labels") or {}).get(L_NANO_CPUS) or 0)
+            if not want or c.get("State") != "running":
+                continue
+            try:
+                info = await self.docker.containers.container(c["Id"]).show()
+                if info["HostConfig"].get("NanoCpus") != want:
+                    log.info("kernel container %s: applying its CPU limit left from a start",
+                             c["Id"][:12])
+                    await self._set_cpus(c["Id"], want)
+            except DockerError as e:
+                log.warning("kernel container %s: %s", c["Id"][:12], e.message)
+
+    async def kernel_stats(self) -> dict[str, dict]:
+        """One-shot ``docker stats`` of each running kernel (no 1 s sampling wait)."""
+
+        async def one(c: dict):
+            try:
+                st = await self.docker._query_json(
+                    f"containers/{c['Id']}/stats", params={"stream": "false", "one-shot": "true"})
+            except DockerError:
+                return None
+            mem = st.get("memory_stats") or {}
+            usage = int(mem.get("usage") or 0)
+            # What the kernel holds, as docker stats shows it: page cache excluded.
+            details = mem.get("stats") or {}
+            usage -= int(details.get("inactive_file", details.get("total_inactive_file", 0)) or 0)
+            return (c.get("Labels") or {}).get(L_KERNEL), {
+                "cpu_ns": int(((st.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage") or 0),
+                "mem_bytes": max(usage, 0),
+                "mem_limit_bytes": int(mem.get("limit") or 0),
+            }
+
+        running = [c for c in await self._containers() if c.get("State") == "running"]
+        got = await asyncio.gather(*(one(c) for c in running))
+        return {kid: v for kid, v in (g for g in got if g) if kid}
 
     async def kernel_logs(self, kernel_id: str, limit: int) -> str | None:
         for c in await self._containers(f"{L_KERNEL}={kernel_id}"):
@@ -334,6 +626,9 @@ class DockerBackend(Backend):
             except DockerError as e:
                 if e.status != 404:
                     raise AgentError(f"docker could not remove the kernel: {e.message}") from None
+            sid = (c.get("Labels") or {}).get(L_SESSION)
+            if sid and not self.use_host_network:
+                await self._remove_session_network(sid)
 
     async def list_kernels(self) -> list[KernelRecord]:
         out = []
@@ -348,9 +643,11 @@ class DockerBackend(Backend):
                     host=self.bind_host,
                     service_ports=json.loads(labels.get(L_PORTS) or "[]"),
                     cuda_devices=devices,
+                    cuda_uuids=[x for x in (labels.get(L_UUIDS) or "").split(",") if x],
                     alive=c.get("State") == "running",
                     kernel_type=labels.get(L_TYPE, INTERACTIVE),
                     exit_code=_exit_code(c),
+                    slots=_json_dict(labels.get(L_SLOTS)),
                 )
             )
         return out

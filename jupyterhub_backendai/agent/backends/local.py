@@ -1,9 +1,16 @@
 """Kernels as local processes, for machines without a container engine (Binder).
 
-NOT ISOLATED: kernels run as the agent's own OS user, see the agent's files and
-network, and get no CPU or memory limits. Use it for demos and single-user
+NOT ISOLATED: kernels see the machine's files and network and get no CPU or
+memory limits. An agent that runs as root runs them as an unprivileged user
+(``run_as``, the Agent's ``local_kernel_user``, uid 1000 by default: the kernel
+image's user and the owner of vfolders), never as root, so they cannot read the
+hub's private state (its databases and secrets, mode 0600 in a 0700 directory);
+the kernel user must be able to enter the working and mounted folders, else the
+kernel is refused with the reason. An agent that is not root runs them as its own
+user (Binder): they can read whatever that user can. Use it for demos and single-user
 machines only. Each user gets a working directory ``<work_root>/<username>``
-that stands in for ``/home/work``.
+that stands in for ``/home/work``; a folder mounted at ``/home/work`` itself (the
+user's home folder) is the working directory instead.
 
 Vfolders (``spec["mounts"]``) become symbolic links ``<working directory>/<name>``
 to the folder on the volume, made when a kernel starts and removed when the last
@@ -20,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 
 from ...common.errors import AgentError, ImageNotFound, InvalidRequest
@@ -47,7 +55,10 @@ class LocalBackend(Backend):
         cmd: list[str] | None = None,
         bind_host: str = "127.0.0.1",
         image_name: str = LOCAL_IMAGE,
+        run_as: tuple[int, int] | None = None,
     ):
+        # (uid, gid) that kernels run as (no supplementary groups); None: the agent's own.
+        self.run_as = run_as
         self.agent_id = agent_id
         self.state_dir = os.path.join(state_dir, "local-kernels")
         self.work_root = work_root
@@ -97,22 +108,41 @@ class LocalBackend(Backend):
     async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
         owner = spec.get("owner") or "user"
         kernel_type = spec.get("kernel_type", INTERACTIVE)
-        workdir = os.path.join(self.work_root, owner)
-        os.makedirs(workdir, exist_ok=True)
         mounts = list(spec.get("mounts") or [])
+        # A folder mounted at /home/work itself (the user's home folder) is the working
+        # directory; the other folders are linked into it.
+        home = next((m for m in mounts if m["target"] == "/home/work"), None)
+        workdir = home["source"] if home else os.path.join(self.work_root, owner)
+        mounts = [m for m in mounts if m is not home]
+        os.makedirs(workdir, exist_ok=True)
+        if self.run_as:
+            if not home:  # the working folder of its own: the kernel user's, private
+                os.chown(workdir, *self.run_as)
+                os.chmod(workdir, 0o700)
+            for path in [workdir, *(m["source"] for m in mounts)]:
+                blocked = unreachable(path, *self.run_as)
+                if blocked:
+                    raise AgentError(
+                        f"local backend: kernels run as uid {self.run_as[0]} "
+                        f"(Agent.local_kernel_user), which cannot enter {blocked} on the way "
+                        f"to {path}. Let it search that directory (chmod o+x, or group "
+                        f"{self.run_as[1]}), or keep the working folders "
+                        f"(Agent.local_work_root) and volumes where it can.")
         made = self._link_mounts(spec["kernel_id"], owner, workdir, mounts)
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
         env.update(spec.get("environ") or {})
         env["HOME"] = workdir
         env["SHELL"] = self.shell
-        if cuda_devices:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in cuda_devices)
-            env["BACKENDAI_CUDA_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        uuids = list(spec.get("cuda_uuids") or [])  # gpu-topology: devices by UUID
+        if cuda_devices or uuids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids) or ",".join(map(str, cuda_devices))
+            env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+            env["BACKENDAI_CUDA_DEVICES"] = ",".join(str(i) for i in cuda_devices)
         if kernel_type == INTERACTIVE:
             port = host_ports[0]
             env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{port}{spec['service_prefix']}"
             cmd = list(self.cmd)
-            if os.geteuid() == 0:
+            if os.geteuid() == 0 and not self.run_as:
                 cmd.append("--allow-root")
             cmd.append(f"--ServerApp.root_dir={workdir}")
         elif kernel_type == BATCH:
@@ -129,6 +159,10 @@ class LocalBackend(Backend):
                 stdout=logf,
                 stderr=logf,
                 start_new_session=True,  # survives a hub restart; killed as a group
+                **(
+                    {"user": self.run_as[0], "group": self.run_as[1], "extra_groups": []}
+                    if self.run_as else {}
+                ),
             )
         except OSError as e:
             self._unlink(made)
@@ -140,8 +174,8 @@ class LocalBackend(Backend):
             logf.close()
         ports = []
         if kernel_type == INTERACTIVE:
-            for sp, hp in zip(image.service_ports, host_ports, strict=True):
-                sp.host_port = hp
+            for i, sp in enumerate(image.service_ports):
+                sp.host_port = host_ports[i] if i < len(host_ports) else None
                 ports.append(sp.to_json())
         rec = KernelRecord(
             kernel_id=spec["kernel_id"],
@@ -151,10 +185,11 @@ class LocalBackend(Backend):
             service_ports=ports,
             cuda_devices=list(cuda_devices),
             kernel_type=kernel_type,
+            cuda_uuids=uuids,
         )
         tmp = self._state_path(rec.kernel_id) + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({**rec.to_json(), "owner": owner, "mounts": mounts}, f)
+            json.dump({**rec.to_json(), "owner": owner, "mounts": mounts, "workdir": workdir}, f)
         os.replace(tmp, self._state_path(rec.kernel_id))
         self._watchers[rec.kernel_id] = asyncio.create_task(self._watch_proc(rec.kernel_id, proc))
         return rec
@@ -176,11 +211,11 @@ class LocalBackend(Backend):
 
     def _links_in_use(self, owner: str, exclude: str) -> dict[str, str]:
         """link path -> source of the mounts of ``owner``'s other live kernels."""
-        workdir = os.path.join(self.work_root, owner)
         used = {}
         for kid, data in self._states().items():
             if kid == exclude or data.get("owner") != owner:
                 continue
+            workdir = data.get("workdir") or os.path.join(self.work_root, owner)
             for m in data.get("mounts") or []:
                 used[os.path.join(workdir, os.path.basename(m["target"]))] = m["source"]
         return used
@@ -240,7 +275,7 @@ class LocalBackend(Backend):
         if not owner or not data.get("mounts"):
             return
         used = self._links_in_use(owner, kernel_id)
-        workdir = os.path.join(self.work_root, owner)
+        workdir = data.get("workdir") or os.path.join(self.work_root, owner)
         for m in data["mounts"]:
             link = os.path.join(workdir, os.path.basename(m["target"]))
             if used.get(link) == m["source"]:
@@ -324,9 +359,31 @@ class LocalBackend(Backend):
                 continue
             data.pop("owner", None)
             data.pop("mounts", None)
+            data.pop("workdir", None)
             data["alive"] = _pid_alive(int(data["container_id"]))
             out.append(KernelRecord(**data))
         return out
+
+
+def unreachable(path: str, uid: int, gid: int) -> str | None:
+    """The first directory from ``/`` to ``path`` (itself included) that ``uid:gid``
+    (no other groups) may not enter; None when it reaches ``path``."""
+    cur = "/"
+    for part in [""] + os.path.abspath(path).strip("/").split("/"):
+        cur = os.path.join(cur, part) if part else cur
+        try:
+            st = os.stat(cur)
+        except OSError:
+            return cur
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if uid != 0 and not st.st_mode & bit:
+            return cur
+    return None
 
 
 def _pid_alive(pid: int) -> bool:

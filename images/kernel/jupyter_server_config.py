@@ -1,0 +1,10 @@
+# System-wide Jupyter server config of the kernel image (/opt/venv/etc/jupyter): the
+# image's service ports (ai.backend.service-ports, passed in by the agent as
+# BACKENDAI_SERVICE_PORTS) become jupyter-server-proxy entries with launcher tiles.
+# See /opt/backendai/backendai_kernel_services.py.
+import sys
+
+sys.path.insert(0, "/opt/backendai")
+import backendai_kernel_services  # noqa: E402
+
+backendai_kernel_services.configure(c)  # noqa: F821

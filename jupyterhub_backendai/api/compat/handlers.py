@@ -1,0 +1,613 @@
+"""Backend.AI's REST routes (the 23.09 client's), as thin handlers over the manager.
+
+Each handler names the session or folder the way Backend.AI's clients do (by name
+or id, dashed or hex), finds it through the caller's view (:mod:`...manager.access`,
+:func:`...manager.vfolders.folder_filter`), and then calls the same service the
+admin API calls. Errors leave in Backend.AI's problem+json shape
+(``type: https://api.backend.ai/probs/...``, ``title``, ``msg``), which the
+client prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+import uuid
+from http.client import responses
+
+from sqlalchemy import select
+from tornado import web
+
+from ...common.errors import (
+    BackendAIError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    StorageQuotaExceeded,
+)
+from ...common.types import ALIVE_STATUSES, SessionStatus
+from ...manager import access, admin, vfolders
+from ...models import Session, VFolder
+from ...storageproxy import transfer
+from ...storageproxy.client import InProcessStorageClient
+from .. import spec
+from ..base import PROBLEM, APIBase, parse_json_body
+from . import gql
+
+# The API version announced in version negotiation: the 23.09 client's own (v7.20230615),
+# so it uses the routes and GraphQL fields implemented here.
+API_VERSION = "v7.20230615"
+MANAGER_VERSION = "23.09.10"
+# Longest a create waits for its session to start when the client names no maxWaitSeconds
+# (Backend.AI waits without limit); past it the answer is TIMEOUT (the session stays queued).
+DEFAULT_MAX_WAIT = 300
+
+_PROBLEM_TYPES = {
+    400: "invalid-api-params", 401: "auth-failed", 403: "forbidden", 404: "object-not-found",
+    405: "method-not-allowed", 409: "conflict", 412: "quota-exceeded",
+    413: "vfolder-quota-exceeded", 429: "too-many-requests",
+}
+
+
+class CompatBase(APIBase):
+    """The admin API's authentication (signatures, tokens), Backend.AI's error shape."""
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        title = responses.get(status_code, "Error")
+        detail = title
+        if isinstance(exc, BackendAIError):
+            title, detail = exc.title, exc.detail
+        elif isinstance(exc, web.HTTPError):
+            detail = exc.log_message or exc.reason or title
+        elif status_code >= 500:
+            detail = "internal error; the hub's log has the details"
+        for source in (getattr(exc, "headers", None), getattr(self, "sticky_headers", None)):
+            for k, v in (source or {}).items():
+                self.set_header(k, v)
+        kind = _PROBLEM_TYPES.get(status_code, "internal-server-error" if status_code >= 500
+                                  else "generic-bad-request")
+        self.set_header("Content-Type", PROBLEM)
+        self.clear_header("Content-Length")
+        # title: what went wrong, in words (the CLI prints it); msg: the same (it prints it too
+        # for most types), detail: RFC 9457's field, as the admin API sends it.
+        self.finish(json.dumps({"type": f"https://api.backend.ai/probs/{kind}",
+                                "title": f"{title}: {detail}" if detail != title else title,
+                                "status": status_code, "detail": str(detail)}))
+
+    def json_body(self) -> dict:
+        """The JSON object body (Backend.AI's clients send one even with GET); {} when none."""
+        raw = self.request.body
+        if not raw or not raw.strip():
+            return {}
+        data = parse_json_body(raw)
+        if not isinstance(data, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        return data
+
+
+def _as_hex(ref: str) -> str | None:
+    try:
+        return uuid.UUID(ref).hex
+    except (ValueError, AttributeError):
+        return None
+
+
+# -- looking things up the way Backend.AI's clients name them ---------------------------
+
+
+def resolve_session(db, p: access.Principal, ref: str) -> str:
+    """A session id from a name or an id (dashed or hex), within what the caller sees.
+    A name means the caller's own session of that name (a live one before ended ones,
+    then the newest)."""
+    hexid = _as_hex(ref)
+    if hexid:
+        s = db.get(Session, hexid)
+        if s is not None and access.can_see_session(p, s):
+            return s.id
+    s = db.scalars(
+        select(Session).where(access.session_filter(p), Session.name == ref)
+        .order_by((Session.user_id == p.user_id).desc(), Session.alive_marker.is_(None),
+                  Session.created_at.desc())
+        .limit(1)).first()
+    if s is None:
+        raise NotFound(f"no session {ref!r}")
+    return s.id
+
+
+def resolve_folder(db, p: access.Principal, ref: str) -> str:
+    """A folder id from a name or an id (dashed or hex): the caller's own folder of that
+    name first, then one shared with them or of their projects; ambiguity is a 409."""
+    hexid = _as_hex(ref)
+    if hexid:
+        f = db.get(VFolder, hexid)
+        if f is not None and vfolders.can_see_folder(db, p, f):
+            return f.id
+    rows = db.scalars(select(VFolder).where(vfolders.folder_filter(p), VFolder.name == ref)
+                      .order_by(VFolder.created_at)).all()
+    own = [f for f in rows if f.user_id == p.user_id and f.ownership_type == "user"]
+    if own:
+        return own[0].id
+    if len(rows) > 1:
+        raise Conflict(f"{len(rows)} folders named {ref!r} are visible to you; name it by id "
+                       f"({', '.join(gql.dashed(f.id) for f in rows[:5])})")
+    if not rows:
+        raise NotFound(f"no vfolder {ref!r}")
+    return rows[0].id
+
+
+# -- version, announcement, GraphQL --------------------------------------------------------
+
+
+class RootHandler(CompatBase):
+    """``GET /``: version negotiation (no authentication, as in Backend.AI)."""
+
+    auth_required = False
+
+    def check_xsrf_cookie(self):
+        return None
+
+    async def get(self):
+        self.reply({"version": API_VERSION, "manager": MANAGER_VERSION})
+
+
+class AnnouncementHandler(CompatBase):
+    async def get(self):
+        self.reply({"enabled": False, "message": ""})
+
+
+class GQLHandler(CompatBase):
+    async def post(self):
+        body = self.json_body()
+        query, variables = body.get("query"), body.get("variables") or {}
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidRequest("query: a GraphQL query string is required")
+        if not isinstance(variables, dict):
+            raise InvalidRequest("variables must be an object")
+        self.reply(await gql.execute(self.manager, self.principal, query, variables))
+
+
+# -- sessions ----------------------------------------------------------------------------
+
+
+def _resources(config: dict) -> dict:
+    """Backend.AI's resource slots (``cpu``, ``mem``, ``cuda.device``) as our request."""
+    out = {}
+    for k, v in (config.get("resources") or {}).items():
+        if k in ("cpu", "mem"):
+            out[k] = v
+        elif k in ("cuda.device", "cuda.shares", "gpu"):
+            out["gpu"] = v
+        else:
+            raise InvalidRequest(f"resources: slot {k!r} is not offered here (cpu, mem, "
+                                 "cuda.device)")
+    return out
+
+
+def _check_create(body: dict) -> None:
+    for field, kinds in (("name", str), ("image", str), ("type", str), ("group", (str, type(None))),
+                         ("startupCommand", (str, type(None))), ("config", (dict, type(None)))):
+        if field in body and not isinstance(body[field], kinds):
+            raise InvalidRequest(f"{field}: wrong type")
+    for field in ("name", "image"):
+        if not body.get(field):
+            raise InvalidRequest(f"{field}: required field missing")
+    if body.get("type", "interactive") not in ("batch", "interactive"):
+        raise InvalidRequest(f"type must be batch or interactive, not {body['type']!r} "
+                             "(inference sessions are not offered here)")
+    config = body.get("config") or {}
+    for key in ("environ", "mount_map", "preopen_ports", "agentList", "resource_opts"):
+        if config.get(key):
+            raise InvalidRequest(f"config.{key} is not supported by this server")
+    if body.get("bootstrap_script"):
+        raise InvalidRequest("bootstrap_script is not supported by this server")
+
+
+class SessionCreateHandler(CompatBase):
+    async def post(self):
+        body = self.json_body()
+        _check_create(body)
+        config = body.get("config") or {}
+        group = config.get("scalingGroup") or "default"
+        await self.manager.db(admin.check_session_create, self.principal, group)
+        image, slots = self.manager.parse_request({"image": body["image"], **_resources(config)})
+        deps = []
+        for ref in body.get("dependencies") or []:
+            deps.append(await self.manager.db_read(resolve_session, self.principal, str(ref)))
+        kind = body.get("type", "interactive")
+        if kind == "interactive":
+            sid = await self._interactive(body, config, group)
+        else:
+            starts_at = body.get("starts_at")
+            if starts_at:
+                try:
+                    starts_at = dt.datetime.fromisoformat(starts_at)
+                except (TypeError, ValueError):
+                    raise InvalidRequest(f"starts_at: {starts_at!r} is not an ISO 8601 date-time "
+                                         "(relative times such as '10m' are not supported)") from None
+            sid = await self.manager.enqueue(
+                username=self.principal.username, name=body["name"], image=image, slots=slots,
+                environ={}, service_prefix="/", resource_group=group, session_type="batch",
+                project=body.get("group") or None,
+                cluster_size=int(body.get("clusterSize") or 1),
+                cluster_mode=body.get("clusterMode") or "single-node",
+                startup_command=body.get("startupCommand"), starts_at=starts_at or None,
+                dependencies=deps, mounts=list(config.get("mounts") or []),
+            )
+        status = "PENDING"
+        if not body.get("enqueueOnly"):
+            status = await self._wait(sid, int(body.get("maxWaitSeconds") or 0))
+        else:
+            sess = await self.manager.db_read(admin.get_session, self.principal, sid)
+            status = gql.bai_status(sess["status"])
+        self.reply({"sessionId": gql.dashed(sid), "sessionName": body["name"],
+                    "status": status, "servicePorts": [], "created": True}, 201)
+
+    async def _interactive(self, body: dict, config: dict, group: str) -> str:
+        """An interactive session is a JupyterHub named server of the key's owner (started
+        through the hub, so it is visible and usable in JupyterHub)."""
+        if group != "default":
+            raise InvalidRequest("interactive sessions run in the hub's resource group; "
+                                 "scalingGroup cannot be chosen for them")
+        user = self.find_user(self.principal.username)
+        if user is None:
+            user = self.user_from_username(self.principal.username)
+        name = body["name"]
+        if not self.allow_named_servers:
+            raise InvalidRequest("interactive sessions are JupyterHub named servers, which "
+                                 "this hub does not allow (c.JupyterHub.allow_named_servers)")
+        await self._check_named_server_request(user, name, name)
+        spawner = user.get_or_create_spawner(name, name, replace_failed=True)
+        if spawner.active or spawner.pending:
+            raise Conflict(f"session {name!r} already exists (a running JupyterHub server)")
+        options = {"image": body["image"], **_resources(config)}
+        if body.get("group"):
+            options["project"] = body["group"]
+        if config.get("mounts"):
+            options["mounts"] = list(config["mounts"])
+        if int(body.get("clusterSize") or 1) != 1:
+            options["cluster_size"] = int(body["clusterSize"])
+        await self.spawn_single_user(user, name, name, options=options)
+        spawner = user.spawners[name]
+        deadline = time.monotonic() + 60
+        while spawner.session_id is None:
+            if not (spawner.pending or spawner.ready) or time.monotonic() > deadline:
+                raise Conflict(f"the JupyterHub server {name!r} did not start; see the hub")
+            await asyncio.sleep(0.1)
+        return spawner.session_id
+
+    async def _wait(self, sid: str, max_wait: int) -> str:
+        """Wait until the session started (RUNNING, or already ended after it started),
+        ended without starting, or ``max_wait`` seconds passed (TIMEOUT)."""
+        limit = max_wait if max_wait > 0 else DEFAULT_MAX_WAIT
+        seen = {"status": "PENDING", "started": False}
+
+        async def until():
+            async for sess in self.manager.watch(sid):
+                seen["status"] = sess.status
+                if sess.status == SessionStatus.RUNNING:
+                    seen["started"] = True
+                    return
+                if sess.status not in ALIVE_STATUSES:
+                    seen["started"] = any(k.exit_code is not None for k in sess.kernels)
+                    return
+
+        try:
+            await asyncio.wait_for(until(), timeout=limit)
+        except TimeoutError:
+            return "TIMEOUT"
+        return "RUNNING" if seen["started"] else gql.bai_status(seen["status"])
+
+
+class SessionHandler(CompatBase):
+    async def get(self, ref):
+        sid = await self.manager.db_read(resolve_session, self.principal, ref)
+        item = await self.manager.db_read(
+            lambda db: gql.session_item(db, admin._get_session(db, self.principal, sid)))
+        self.reply(item)
+
+    async def delete(self, ref):
+        sid = await self.manager.db_read(resolve_session, self.principal, ref)
+        await self.manager.db(admin.check_session_destroy, self.principal, sid)
+        if not await self._stop_hub_server(sid):
+            await self.manager.destroy_session(sid)
+        self.reply({"stats": {}})
+
+    async def _stop_hub_server(self, sid: str) -> bool:
+        """An interactive session that is a JupyterHub server is stopped through the hub."""
+        sess = await self.manager.db_read(admin.get_session, self.principal, sid)
+        if sess["type"] != "interactive":
+            return False
+        from ...models import User
+
+        username = await self.manager.db_read(lambda db: db.get(User, sess["user_id"]).username)
+        user = self.find_user(username)
+        if user is None:
+            return False
+        for name, spawner in list(user.spawners.items()):
+            if getattr(spawner, "session_id", None) == sid and (spawner.active or spawner.ready):
+                await self.stop_single_user(user, name)
+                return True
+        return False
+
+
+class SessionLogsHandler(CompatBase):
+    async def get(self, ref):
+        sid = await self.manager.db_read(resolve_session, self.principal, ref)
+        out = await self.manager.db_read(admin.session_logs, self.principal, sid)
+        if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
+            logs = await self.manager.session_logs(sid, kernel_idx=0)
+        else:
+            logs = (out["kernels"][0]["logs"] if out["kernels"] else "") or ""
+        self.reply({"result": {"logs": logs}})
+
+
+# -- virtual folders -----------------------------------------------------------------------
+
+
+def _folder_rest(db, p, fid: str) -> dict:
+    """A folder as Backend.AI's ``GET /folders/{name}`` answers it."""
+    f = vfolders._get_folder(db, p, fid)
+    out = vfolders.vfolder_out(db, f, p)
+    return {
+        "id": gql.dashed(f.id), "name": f.name, "host": f.host,
+        "quota_scope_id": f.quota_scope_id, "usage_mode": f.usage_mode,
+        "created_at": out["created_at"], "is_owner": f.user_id == p.user_id,
+        "permission": out["my_permission"] or f.permission, "user": gql.dashed(f.user_id),
+        "group": gql.dashed(f.project_id), "type": f.ownership_type, "status": f.status,
+        "numFiles": 0, "cloneable": False, "max_files": 0, "max_size": 0,
+    }
+
+
+class FoldersHandler(CompatBase):
+    async def get(self):
+        page = await self.manager.db_read(vfolders.list_folders, self.principal, {}, 0,
+                                          spec.MAX_LIMIT)
+        out = []
+        for item in page["items"]:
+            out.append(await self.manager.db_read(_folder_rest, self.principal, item["id"]))
+        self.reply(out)
+
+    async def post(self):
+        body = self.json_body()
+        if body.get("unmanaged_path"):
+            raise InvalidRequest("unmanaged folders are not supported by this server")
+        if body.get("cloneable"):
+            raise InvalidRequest("cloneable folders are not supported by this server")
+        if str(body.get("quota") or "0") not in ("0", "0.0"):
+            raise InvalidRequest("per-folder quotas are not supported here; the quota scope's "
+                                 "limit (max_quota_scope_size) applies")
+        create = {"name": body.get("name")}
+        if body.get("host"):
+            create["host"] = body["host"]
+        if body.get("usage_mode") and body["usage_mode"] != "general":
+            create["usage_mode"] = body["usage_mode"]
+        if body.get("group"):
+            create["project"] = str(body["group"])
+            create["permission"] = body.get("permission") or "rw"
+        if not isinstance(create["name"], str) or not create["name"]:
+            raise InvalidRequest("name: required field missing")
+        out = await vfolders.create(self.manager, self.principal, create)
+        self.reply(await self.manager.db_read(_folder_rest, self.principal, out["id"]), 201)
+
+
+class FolderIdHandler(CompatBase):
+    """``GET /folders/_/id`` ``{"name"}``: the id of a folder named so (26.09 looks every
+    folder up this way before it calls the folder's routes by id)."""
+
+    async def get(self):
+        body = self.json_body()
+        name = body.get("name") or self.get_query_argument("name", None)
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("name: the folder's name is required")
+        fid = await self.manager.db_read(resolve_folder, self.principal, name)
+        self.reply({"id": str(uuid.UUID(fid))})
+
+
+class FolderHostsHandler(CompatBase):
+    async def get(self):
+        view = await vfolders.hosts(self.manager, self.principal)
+        self.reply({"default": view["default"], "allowed": view["allowed"]})
+
+
+class FolderHandler(CompatBase):
+    async def get(self, ref):
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        self.reply(await self.manager.db_read(_folder_rest, self.principal, fid))
+
+    async def delete(self, ref):
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        await vfolders.delete(self.manager, self.principal, fid)
+        self.set_status(204)
+        self.finish()
+
+
+class FolderFilesHandler(CompatBase):
+    async def get(self, ref):
+        body = self.json_body()
+        path = self.get_query_argument("path", None) or body.get("path") or ""
+        path = vfolders.check_path("" if path in (".", "/") else str(path))
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "list")
+        listing = await vfolders.list_files(self.manager, where, path)
+        files = []
+        for item in listing["items"]:
+            mode = {"dir": "drwxr-xr-x", "file": "-rw-r--r--", "symlink": "lrwxrwxrwx"}.get(
+                item["type"], "?---------")
+            mtime = item.get("mtime")
+            if isinstance(mtime, str):
+                try:
+                    mtime = dt.datetime.fromisoformat(mtime).timestamp()
+                except ValueError:
+                    mtime = 0
+            files.append({"filename": item["name"], "size": item.get("size") or 0,
+                          "mtime": mtime or 0, "mode": mode, "type": item["type"]})
+        # 23.09 parses "files" as a JSON string; 26.09 reads "items" (ISO "modified").
+        items = [{"name": f["filename"], "size": f["size"], "mode": f["mode"], "type": f["type"],
+                  "modified": dt.datetime.fromtimestamp(f["mtime"], dt.UTC).isoformat()}
+                 for f in files]
+        self.reply({"files": json.dumps(files), "items": items, "folder_path": path})
+
+
+class FolderMkdirHandler(CompatBase):
+    async def post(self, ref):
+        body = self.json_body()
+        paths = body.get("path")
+        paths = paths if isinstance(paths, list) else [paths]
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        for raw in paths:
+            path = vfolders.check_path(raw, allow_root=False)
+            try:
+                await vfolders.mkdir(self.manager, where, path, parents=bool(body.get("parents")))
+            except Conflict:
+                if not body.get("exist_ok"):
+                    raise
+        # {success, failed}: what 26.09 prints (23.09 ignores it).
+        self.reply({"results": {"success": [{"item": p, "msg": None} for p in paths],
+                                "failed": []}}, 201)
+
+
+class FolderDeleteFilesHandler(CompatBase):
+    async def delete(self, ref):
+        body = self.json_body()
+        files = body.get("files")
+        if not isinstance(files, list) or not files:
+            raise InvalidRequest("files: a list of paths is required")
+        paths = [vfolders.check_path(str(f), allow_root=False) for f in files]
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "delete")
+        for path in paths:
+            await vfolders.delete_files(self.manager, where, path, bool(body.get("recursive")))
+        self.reply({})
+
+
+def _transfer_base(handler: CompatBase, host: str) -> tuple[str, str]:
+    """(URL prefix of the storage proxy's /upload and /download for ``host``, volume).
+
+    The in-hub proxy is served under the hub's API prefix (``.../storage``, the URL
+    the request came to); a ``backendai-storage-proxy`` daemon at the ``client_url``
+    of its ``c.BackendAIManager.storage_proxies`` entry (its ``client_port``)."""
+    manager = handler.manager
+    client, volume = manager.storage.resolve(host)
+    proxy = host.split(":", 1)[0]
+    if isinstance(client, InProcessStorageClient):
+        path = handler.request.path
+        prefix = path[: path.rindex("/folders/")]
+        return f"{handler.request.protocol}://{handler.request.host}{prefix}/storage", volume
+    conf = getattr(manager, "storage_proxies", {}).get(proxy) or {}
+    url = conf.get("client_url")
+    if not url:
+        raise NotSupported(
+            f"storage proxy {proxy!r} has no client_url in c.BackendAIManager.storage_proxies, "
+            "so clients cannot reach it for direct transfers")
+    return url.rstrip("/"), volume
+
+
+def _tokens(handler) -> transfer.TransferTokens:
+    return transfer.TransferTokens.instance(config=handler.settings.get("config"))
+
+
+class FolderRequestUploadHandler(CompatBase):
+    """A token and URL for one tus upload straight to the folder's storage proxy."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        path = vfolders.check_path(str(body.get("path") or ""), allow_root=False)
+        size = body.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidRequest("size: the file's size in bytes (an integer >= 0) is required")
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "upload")
+        base, volume = _transfer_base(self, where["host"])
+        storage = self.manager.storage
+        limit = where.get("quota_bytes") or None
+        await storage.set_quota_scope(where["host"], where["quota_scope_id"], limit)
+        if limit is not None:
+            used = (await storage.scope_usage(where["host"], where["quota_scope_id"]))["used_bytes"]
+            if used + size > limit:
+                raise StorageQuotaExceeded(
+                    f"vfolder {where['name']!r}: its quota scope is limited to {limit} bytes "
+                    f"and {used} are used; {path!r} needs {size}")
+        if size == 0:  # tus clients send no PATCH for an empty file
+            async def nothing():
+                return
+                yield b""
+
+            await vfolders.upload(self.manager, where, path, nothing())
+        token = _tokens(self).sign(
+            transfer.upload_claims(volume, where["quota_scope_id"], where["id"], path, size))
+        self.reply({"token": token, "url": base + "/upload"})
+
+
+class FolderRequestDownloadHandler(CompatBase):
+    async def post(self, ref):
+        body = self.json_body()
+        path = vfolders.check_path(str(body.get("path") or ""), allow_root=False)
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "download")
+        base, volume = _transfer_base(self, where["host"])
+        token = _tokens(self).sign(
+            transfer.download_claims(volume, where["quota_scope_id"], where["id"], path))
+        self.reply({"token": token, "url": base + "/download"})
+
+
+def _local_volume(handler, name):
+    """The in-hub proxy's volume ``name`` (for the transfer routes)."""
+    from ...manager.core import BackendAIManager
+
+    auth = handler.settings.get("authenticator")
+    manager = getattr(auth, "manager", None) or BackendAIManager.instance(
+        config=handler.settings.get("config"))
+    client = manager.storage.clients.get("local")
+    if not isinstance(client, InProcessStorageClient):
+        raise NotFound("this hub runs no storage proxy of its own")
+    return client.volume(name)
+
+
+class NotSupported(BackendAIError):
+    status_code = 501
+    title = "Not implemented"
+
+
+class NotSupportedHandler(CompatBase):
+    """Backend.AI routes this server knows but does not offer: a 501 that says so."""
+
+    def initialize(self, what: str):
+        self.what = what
+
+    async def _refuse(self, *args):
+        raise NotSupported(f"{self.what} is not supported by this server yet "
+                           "(see docs/backendai-compat.md)")
+
+    get = post = put = patch = delete = _refuse
+
+
+SEG = r"([^/]+)"
+
+
+def routes() -> list[tuple]:
+    base = spec.PREFIX.removeprefix("/hub")
+    table = [
+        ("/?", RootHandler),
+        ("/manager/announcement", AnnouncementHandler),
+        ("/admin/gql", GQLHandler),
+        ("/session", SessionCreateHandler),
+        (f"/session/{SEG}", SessionHandler),
+        (f"/session/{SEG}/logs", SessionLogsHandler),
+        ("/folders", FoldersHandler),
+        ("/folders/_/hosts", FolderHostsHandler),
+        ("/folders/_/id", FolderIdHandler),
+        (f"/folders/{SEG}", FolderHandler),
+        (f"/folders/{SEG}/files", FolderFilesHandler),
+        (f"/folders/{SEG}/mkdir", FolderMkdirHandler),
+        (f"/folders/{SEG}/delete-files", FolderDeleteFilesHandler),
+        (f"/folders/{SEG}/request-upload", FolderRequestUploadHandler),
+        (f"/folders/{SEG}/request-download", FolderRequestDownloadHandler),
+        (f"/stream/session/{SEG}/execute", NotSupportedHandler,
+         {"what": "executing code in a session (backend.ai run)"}),
+    ]
+    table += transfer.routes("/storage", _local_volume)
+    return [(base + row[0], *row[1:]) for row in table]

@@ -1,0 +1,237 @@
+"""The hub's view of the cluster: node TLS, and agents and storage proxies from etcd.
+
+:class:`BackendAICluster` (configured as ``c.BackendAICluster.*``) holds
+
+- ``tls``: the hub's certificate for mutual TLS with agent and storage proxy
+  daemons (``common/httpbase.py``, ``common/certs.py``);
+- ``etcd_url``: in cluster mode, where agents register (``common/etcdreg.py`` has
+  the key layout). The hub reads the prefix, then watches it: an agent key that
+  appears is a join (the agent is upserted through the manager's own
+  ``_upsert_agent``, as a heartbeat does), one that disappears (the agent stopped,
+  or its lease expired after it died) is a leave: the agent is marked
+  ``AgentStatus.LOST``. Storage proxies under ``config/storage-proxies/`` are
+  added to the manager's storage registry. Without ``etcd_url`` (the embedded
+  default) agents come from heartbeats and storage proxies from
+  ``c.BackendAIManager.storage_proxies``.
+
+Other parts of the hub follow joins and leaves with :meth:`BackendAICluster.subscribe`
+(a callback ``async (kind, agent_id, info)`` with kind ``"join"`` or ``"leave"``) or
+:meth:`BackendAICluster.changes` (an async iterator of the same tuples).
+A lost connection to etcd (etcd restarted) is retried; on reconnect the hub reads
+the prefix again and compares it with what it knew, so no join or leave is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from traitlets import Dict, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from ..common.etcdreg import AGENTS, STORAGE_PROXIES, etcd_client
+from ..common.httpbase import TLSFiles
+from ..common.types import AgentStatus
+
+Listener = Callable[[str, str, dict], Awaitable[None]]
+
+
+class BackendAICluster(LoggingConfigurable):
+    tls = Dict(
+        help="""The hub's certificate for calls to agent and storage proxy daemons:
+        {"cert": ".../hub/hub.crt", "key": ".../hub/hub.key", "ca":
+        ".../cluster-ca/cluster-ca.crt"} (made by `python -m
+        jupyterhub_backendai.common.certs DIR`). Used for every https:// agent
+        address and storage proxy URL. Empty: only the deprecated shared tokens.""",
+    ).tag(config=True)
+    etcd_url = Unicode(
+        help="""etcd endpoint (http://host:port) of the cluster (env
+        BACKENDAI_ETCD_URL). Set: agents are learnt from their registrations and
+        storage proxies from the cluster's configuration there. Empty (embedded
+        default): from heartbeats and c.BackendAIManager.storage_proxies.""",
+    ).tag(config=True)
+
+    @default("etcd_url")
+    def _etcd_url_default(self):
+        import os
+
+        return os.environ.get("BACKENDAI_ETCD_URL", "")
+
+    etcd_prefix = Unicode("/backendai", help="Key prefix of this cluster in etcd.").tag(config=True)
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._tls = TLSFiles.from_config(self.tls)
+        self.agents: dict[str, dict] = {}  # agent id -> its registration, as etcd has it
+        self.storage_proxies: dict[str, dict] = {}
+        self._listeners: list[Listener] = []
+        self._task: asyncio.Task | None = None
+        self._manager = None
+        self._synced = asyncio.Event()
+        self.resyncs = 0  # how many times the prefix was read (1 + reconnects)
+
+    def tls_files(self) -> TLSFiles | None:
+        return self._tls
+
+    # -- following joins and leaves ---------------------------------------------
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    async def changes(self) -> AsyncIterator[tuple[str, str, dict]]:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def put(kind, agent_id, info):
+            queue.put_nowait((kind, agent_id, info))
+
+        self.subscribe(put)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._listeners.remove(put)
+
+    # -- running -----------------------------------------------------------------
+
+    async def start(self, manager) -> None:
+        """Begin following etcd (no-op without ``etcd_url``); returns once the prefix
+        was read the first time, or after 10 s if etcd cannot be reached."""
+        if not self.etcd_url:
+            return
+        self._manager = manager
+        self._task = asyncio.create_task(self._follow())
+        try:
+            await asyncio.wait_for(self._synced.wait(), 10)
+        except TimeoutError:
+            self.log.warning("etcd at %s not reachable yet; following it in the background", self.etcd_url)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+
+    async def _follow(self) -> None:
+        prefix = self.etcd_prefix.rstrip("/").encode()
+        failures = 0
+        while True:
+            client = etcd_client(self.etcd_url)
+            try:
+                await client.connect()
+                snap = await client.get_prefix(prefix + b"/")
+                revision = snap.header.revision
+                current = {kv.key: kv.value for kv in snap}
+                await self._resync(prefix, current)
+                self.resyncs += 1
+                self._synced.set()
+                failures = 0
+                watch = await client.watch_prefix(prefix + b"/", start_revision=revision + 1)
+                async for ev in watch:
+                    await self._apply(prefix, ev.kv.key, ev.kv.value if ev.kind == "PUT" else None)
+                raise ConnectionError("the etcd watch ended")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                if failures == 1:
+                    self.log.warning("following etcd at %s failed (%s); retrying", self.etcd_url, e)
+                await asyncio.sleep(min(0.2 * failures, 2.0))
+            finally:
+                try:
+                    await client.close()
+                except Exception:
+                    pass
+
+    async def _resync(self, prefix: bytes, current: dict[bytes, bytes]) -> None:
+        """Apply the difference between what is in etcd now and what was known."""
+        known = {f"{AGENTS}{a}": 1 for a in self.agents} | {
+            f"{STORAGE_PROXIES}{p}": 1 for p in self.storage_proxies
+        }
+        for key, value in current.items():
+            await self._apply(prefix, key, value)
+        present = {k[len(prefix):].decode(errors="replace") for k in current}
+        for rel in known:
+            if rel not in present:
+                await self._apply(prefix, prefix + rel.encode(), None)
+
+    async def _apply(self, prefix: bytes, key: bytes, value: bytes | None) -> None:
+        rel = key[len(prefix):].decode(errors="replace")
+        try:
+            if rel.startswith(AGENTS):
+                await self._agent(rel[len(AGENTS):], value)
+            elif rel.startswith(STORAGE_PROXIES):
+                self._storage_proxy(rel[len(STORAGE_PROXIES):], value)
+        except Exception:
+            self.log.exception("etcd key %s could not be applied", key.decode(errors="replace"))
+
+    async def _agent(self, agent_id: str, value: bytes | None) -> None:
+        mgr = self._manager
+        if value is not None:
+            info = json.loads(value)
+            if info.get("id") != agent_id:
+                raise ValueError(f"registration of {agent_id} names agent {info.get('id')!r}")
+            joined = agent_id not in self.agents
+            self.agents[agent_id] = info
+            from .core import _upsert_agent  # the manager's own registration path
+
+            before = await mgr.db(_upsert_agent, info)
+            mgr._wake.set()
+            if before != AgentStatus.ALIVE and agent_id not in mgr.local_agents:
+                # New, or back from LOST (it may have restarted): agree with it now,
+                # as a heartbeat does.
+                mgr._background(mgr.reconcile_agent(agent_id))
+            if joined:
+                self.log.info("agent %s joined (%s, %s)", agent_id, info.get("addr"), info.get("resource_group"))
+                await self._notify("join", agent_id, info)
+            return
+        info = self.agents.pop(agent_id, None)
+        if info is None:
+            return
+        await mgr.db(_mark_lost, agent_id)
+        mgr._wake.set()
+        self.log.warning("agent %s left (its etcd registration is gone): LOST", agent_id)
+        await self._notify("leave", agent_id, info)
+
+    def _storage_proxy(self, name: str, value: bytes | None) -> None:
+        from ..storageproxy.client import HTTPStorageClient
+
+        registry = self._manager.storage
+        if value is None:
+            self.storage_proxies.pop(name, None)
+            old = registry.clients.pop(name, None)
+            if old is not None:
+                asyncio.ensure_future(old.close())
+            return
+        conf = json.loads(value)
+        if not conf.get("url"):
+            raise ValueError(f"storage proxy {name!r} in etcd has no url")
+        tls = TLSFiles.from_config(conf.get("tls")) or (
+            self._tls if conf["url"].startswith("https:") else None
+        )
+        if self.storage_proxies.get(name) == conf and name in registry.clients:
+            return
+        old = registry.clients.get(name)
+        registry.clients[name] = HTTPStorageClient(conf["url"], conf.get("token", ""), tls=tls)
+        self.storage_proxies[name] = conf
+        if old is not None:
+            asyncio.ensure_future(old.close())
+        self.log.info("storage proxy %s at %s (from etcd)", name, conf["url"])
+
+    async def _notify(self, kind: str, agent_id: str, info: dict) -> None:
+        for listener in list(self._listeners):
+            try:
+                await listener(kind, agent_id, info)
+            except Exception:
+                self.log.exception("cluster listener failed on %s of %s", kind, agent_id)
+
+
+def _mark_lost(s, agent_id: str) -> None:
+    from ..models.cluster import Agent
+
+    a = s.get(Agent, agent_id, with_for_update=True)
+    if a is not None and a.status == AgentStatus.ALIVE:
+        a.status = AgentStatus.LOST

@@ -1,0 +1,389 @@
+"""The user's pages (sessions, folders, keys) and the admin console under ``/hub/backendai/``.
+
+Every page reads through the same functions and access rules as the admin REST API
+(:mod:`..manager.admin`, :mod:`..manager.vfolders`, :mod:`..manager.access`), with the
+caller's :class:`~..manager.access.Principal` loaded as the API loads it: a page never
+shows a row the API would hide from the same person. Pages change nothing themselves:
+their buttons call the REST API from the browser with the login cookie (the API takes
+cookie-authenticated changes only from pages under ``<base_url>hub/``, which these are),
+so a change made from a page passes exactly the API's checks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from jupyterhub.handlers import BaseHandler
+from sqlalchemy import select
+from tornado import web
+
+from ..api import spec
+from ..common.errors import BackendAIError
+from ..common.slots import format_bytes, format_slots
+from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
+from ..manager import access, admin, vfolders
+from ..manager.core import BackendAIManager
+from ..models import Session, User
+from . import nav, usage
+
+#: Newest sessions shown on "My sessions" and in the console.
+SESSION_ROWS = 200
+ADMIN_SECTIONS = (
+    ("domains", "Domains"),
+    ("projects", "Projects"),
+    ("users", "Users"),
+    ("keypairs", "Keypairs"),
+    ("policies", "Resource policies"),
+    ("resource-groups", "Resource groups"),
+    ("agents", "Agents"),
+    ("sessions", "Sessions"),
+    ("queue", "Queue"),
+    ("plots", "Use over time"),
+)
+
+
+# -- human units ----------------------------------------------------------------------
+
+
+def human_slots(slots: dict | None) -> str:
+    """``{"cpu": "2", "mem": "1073741824"}`` as ``2 cores, 1 GiB memory``; nothing: '-'."""
+    return format_slots(slots) if slots else "-"
+
+
+def human_duration(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``3 h 5 min``, ``2 d 4 h``; None: '-'."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    m = s // 60
+    if m < 60:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def _since(iso: str | dt.datetime | None, now: dt.datetime) -> float | None:
+    if iso is None:
+        return None
+    t = dt.datetime.fromisoformat(iso) if isinstance(iso, str) else iso
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return (now - t).total_seconds()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# -- base -----------------------------------------------------------------------------
+
+
+class PageBase(BaseHandler):
+    """Loads the caller's principal as the API does; refusals become JupyterHub's error
+    page with the API's words (403 for what the role may not do, 404 for what it may not
+    see)."""
+
+    principal: access.Principal
+
+    @property
+    def manager(self) -> BackendAIManager:
+        auth = self.authenticator
+        if hasattr(auth, "manager"):
+            return auth.manager
+        return BackendAIManager.instance(config=self.settings.get("config"))
+
+    async def read(self, fn, *args, **kw):
+        try:
+            return await self.manager.db_read(fn, *args, **kw)
+        except BackendAIError as e:
+            raise web.HTTPError(e.status_code, "%s", e.detail) from None
+
+    async def load_principal(self) -> access.Principal:
+        await self.manager.ready()
+        self.principal = await self.read(access.load_principal, username=self.current_user.name)
+        nav.remember(self.principal.username, self.principal.role)
+        return self.principal
+
+    def require_admin(self) -> None:
+        """The console is for superadmins and domain admins (the roles that change things
+        across users); users and monitors get a 403 saying so."""
+        p = self.principal
+        if not (p.is_superadmin or p.is_domain_admin):
+            raise web.HTTPError(
+                403, "%s", f"The admin console is for superadmins and domain admins; your role "
+                f"is {p.role}.")
+
+    async def page(self, template: str, **ns) -> None:
+        p = self.principal
+        html = await self.render_template(
+            template, principal=p, api=spec.PREFIX + "/", human_slots=human_slots,
+            human_duration=human_duration, format_bytes=format_bytes, **ns)
+        self.finish(html)
+
+
+# -- My sessions --------------------------------------------------------------------
+
+
+def _newest_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_ROWS) -> dict:
+    """The newest ``n`` sessions ``p`` may see (the API's list, newest first), with the
+    idle time and service address the API's rows do not carry."""
+    total = admin.list_sessions(db, p, filters, 0, 1)["total"]
+    page = admin.list_sessions(db, p, filters, max(0, total - n), n)
+    rows = list(reversed(page["items"]))
+    ids = [r["id"] for r in rows]
+    extra = {}
+    if ids:
+        for sid, last, prefix, uid in db.execute(
+                select(Session.id, Session.last_activity, Session.service_prefix, Session.user_id)
+                .where(access.session_filter(p), Session.id.in_(ids))):
+            extra[sid] = (last, prefix, uid)
+        names = dict(db.execute(select(User.id, User.username).where(
+            User.id.in_({e[2] for e in extra.values()}))).all())
+    else:
+        names = {}
+    for r in rows:
+        last, prefix, uid = extra.get(r["id"], (None, "/", r["user_id"]))
+        r["last_activity"] = last
+        r["service_prefix"] = prefix or "/"
+        r["username"] = names.get(uid, "")
+    return {"items": rows, "total": total}
+
+
+def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime) -> list[dict]:
+    out = []
+    for r in rows:
+        alive = r["status"] in ALIVE_STATUSES
+        out.append({
+            **r,
+            "resources": human_slots(r["requested_slots"])
+            + (f" x {r['cluster_size']}" if r["cluster_size"] > 1 else ""),
+            "age": human_duration(_since(r["created_at"], now)),
+            "idle": (human_duration(_since(r["last_activity"], now))
+                     if r["last_activity"] and r["status"] == SessionStatus.RUNNING else "-"),
+            "alive": alive,
+            "open_url": (r["service_prefix"] if r["status"] == SessionStatus.RUNNING
+                         and r["service_prefix"].startswith("/user/") else ""),
+        })
+    return out
+
+
+class SessionsPage(PageBase):
+    @web.authenticated
+    async def get(self):
+        p = await self.load_principal()
+        data = await self.read(_newest_sessions, p, {"user_id": p.user_id})
+        await self.page("backendai/sessions.html", sessions=_session_view(data["items"], p, _now()),
+                        total=data["total"], shown=SESSION_ROWS)
+
+
+class SessionLogsPage(PageBase):
+    @web.authenticated
+    async def get(self, sid):
+        p = await self.load_principal()
+        out = await self.read(admin.session_logs, p, sid)
+        if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
+            for idx, k in enumerate(out["kernels"]):
+                try:
+                    k["logs"] = await self.manager.session_logs(sid, kernel_idx=idx)
+                except BackendAIError as e:
+                    k["logs"] = f"(the agent did not give the logs: {e.detail})"
+        session = await self.read(admin.get_session, p, sid)
+        await self.page("backendai/logs.html", session=session, logs=out)
+
+
+# -- My folders ---------------------------------------------------------------------
+
+
+def _my_folders(db, p: access.Principal) -> dict:
+    """The folders whose files the caller may use (the API's list, limited to those with
+    a permission for the caller: an admin's list of the whole domain is the console's)."""
+    page = vfolders.list_folders(db, p, {}, 0, spec.MAX_LIMIT)
+    rows = [f for f in page["items"] if f["my_permission"]]
+    projects = {pid: db.get(admin.Project, pid) for pid in {f["project_id"] for f in rows} if pid}
+    for f in rows:
+        pr = projects.get(f["project_id"])
+        f["owner"] = f"project {pr.name}" if pr is not None else (
+            "you" if f["user_id"] == p.user_id else "shared with you")
+        f["manage"] = vfolders.can_manage_folder(p, db.get(vfolders.VFolder, f["id"]))
+    user = db.get(User, p.user_id)
+    my_projects = sorted(((pr.id, pr.name) for pr in user.projects), key=lambda x: x[1])
+    return {"items": rows, "projects": my_projects}
+
+
+class FoldersPage(PageBase):
+    @web.authenticated
+    async def get(self):
+        p = await self.load_principal()
+        data = await self.read(_my_folders, p)
+        try:
+            hosts = await vfolders.hosts(self.manager, p)
+        except BackendAIError as e:
+            hosts = {"default": self.manager.default_vfolder_host, "allowed": [],
+                     "error": e.detail}
+        await self.page("backendai/folders.html", folders=data["items"],
+                        projects=data["projects"], hosts=hosts)
+
+
+def _folder(db, p: access.Principal, fid: str) -> dict:
+    f = vfolders.get_folder(db, p, fid)
+    f["manage"] = vfolders.can_manage_folder(p, db.get(vfolders.VFolder, fid))
+    f["shares"] = (vfolders.list_shares(db, p, fid, 0, spec.MAX_LIMIT)["items"]
+                   if f["ownership_type"] == "user" and f["manage"] else [])
+    return f
+
+
+class FolderPage(PageBase):
+    @web.authenticated
+    async def get(self, fid):
+        p = await self.load_principal()
+        path = self.get_query_argument("path", "")
+        try:
+            path = vfolders.check_path(path)
+        except BackendAIError as e:
+            raise web.HTTPError(e.status_code, "%s", e.detail) from None
+        folder = await self.read(_folder, p, fid)
+        where = await self.read(vfolders.file_access, p, fid, "list")
+        try:
+            listing = await vfolders.list_files(self.manager, where, path)
+        except BackendAIError as e:
+            raise web.HTTPError(e.status_code, "%s", e.detail) from None
+        items = sorted(listing["items"], key=lambda e: (e.get("type") != "dir", e["name"]))
+        for e in items:
+            e["full"] = f"{path}/{e['name']}" if path else e["name"]
+            e["size_text"] = format_bytes(e["size"]) if e.get("type") == "file" else ""
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        writable = folder["my_permission"] in ("rw", "wd") and p.role != UserRole.MONITOR
+        await self.page("backendai/folder.html", folder=folder, path=path, parent=parent,
+                        items=items, writable=writable)
+
+
+# -- My keys ----------------------------------------------------------------------------
+
+
+def _my_keys(db, p: access.Principal) -> dict:
+    page = admin.list_keypairs(db, p, {"user_id": p.user_id}, 0, spec.MAX_LIMIT)
+    return {"items": page["items"]}
+
+
+class KeysPage(PageBase):
+    @web.authenticated
+    async def get(self):
+        p = await self.load_principal()
+        data = await self.read(_my_keys, p)
+        await self.page("backendai/keys.html", keys=data["items"])
+
+
+# -- admin console --------------------------------------------------------------------
+
+
+def _all(fn, db, p, *args, filters=None):
+    return fn(db, p, *args, filters or {}, 0, spec.MAX_LIMIT)
+
+
+def _console(db, p: access.Principal, section: str, filters: dict) -> dict:
+    out: dict = {}
+    if section == "domains":
+        out["domains"] = _all(admin.list_domains, db, p)["items"]
+    elif section == "projects":
+        projects = _all(admin.list_projects, db, p)["items"]
+        for pr in projects:
+            members = admin.list_members(db, p, pr["id"], 0, spec.MAX_LIMIT)["items"]
+            pr["members"] = [m.get("username") or m.get("email") for m in members]
+            pr["can_set_limits"] = access.may_set_limits_of_project(p, db.get(admin.Project,
+                                                                             pr["id"]))
+        out["projects"] = projects
+    elif section == "users":
+        out["users"] = _all(admin.list_users, db, p)["items"]
+        out["domains"] = [d["name"] for d in _all(admin.list_domains, db, p)["items"]]
+        out["projects"] = _all(admin.list_projects, db, p)["items"]
+    elif section == "keypairs":
+        keys = _all(admin.list_keypairs, db, p)["items"]
+        names = dict(db.execute(select(User.id, User.username).where(
+            User.id.in_({k["user_id"] for k in keys}))).all())
+        for k in keys:
+            k["username"] = names.get(k["user_id"], "")
+        out["keypairs"] = keys
+    elif section == "policies":
+        out["policies"] = {kind: _all(admin.list_policies, db, p, kind)["items"]
+                           for kind in spec.POLICY_KINDS}
+    elif section == "resource-groups":
+        out["groups"] = _all(admin.list_resource_groups, db, p)["items"]
+    elif section == "agents":
+        out["agents"] = _all(admin.list_agents, db, p)["items"]
+    elif section == "sessions":
+        data = _newest_sessions(db, p, filters)
+        out["sessions"], out["total"] = data["items"], data["total"]
+    elif section == "queue":
+        out["visible"] = admin.scheduler_view(db, p)
+        out["pending"] = _newest_sessions(db, p, {"status": SessionStatus.PENDING})["items"]
+    elif section == "plots":
+        out["visible_agents"] = {a["id"] for a in _all(admin.list_agents, db, p)["items"]}
+        out["visible_projects"] = {r["id"] for r in _all(admin.list_projects, db, p)["items"]}
+        out["visible_groups"] = admin.scheduler_view(db, p)
+    return out
+
+
+def _agent_view(a: dict) -> dict:
+    avail, used = a.get("available_slots") or {}, a.get("occupied_slots") or {}
+    rows = []
+    for key in sorted(set(avail) | set(used), key=lambda k: ("cpu", "mem", "cuda.device").index(k)
+                      if k in ("cpu", "mem", "cuda.device") else 9):
+        total, taken = float(avail.get(key, 0)), float(used.get(key, 0))
+        rows.append({"slot": key, "used": human_slots({key: used.get(key, 0)}),
+                     "total": human_slots({key: avail.get(key, 0)}),
+                     "percent": round(100 * taken / total) if total else 0})
+    return {**a, "use": rows}
+
+
+class AdminPage(PageBase):
+    @web.authenticated
+    async def get(self, section=None):
+        p = await self.load_principal()
+        self.require_admin()
+        section = section or "users"
+        if section not in dict(ADMIN_SECTIONS):
+            raise web.HTTPError(404, "%s", f"There is no console page {section!r}.")
+        filters = {}
+        if section == "sessions":
+            for key in ("status", "type"):
+                value = self.get_query_argument(key, "")
+                if value:
+                    filters[key] = value
+            if filters.get("status") and filters["status"] not in list(SessionStatus):
+                raise web.HTTPError(400, "%s", f"status must be one of "
+                                    f"{', '.join(SessionStatus)}, not {filters['status']!r}")
+            if filters.get("type") and filters["type"] not in ("interactive", "batch",
+                                                                   "inference"):
+                raise web.HTTPError(400, "%s", "type must be interactive, batch or inference")
+        data = await self.read(_console, p, section, filters)
+        now = _now()
+        if "sessions" in data:
+            data["sessions"] = _session_view(data["sessions"], p, now)
+        if "agents" in data:
+            data["agents"] = [_agent_view(a) for a in data["agents"]]
+        if section == "queue":
+            status = await self.manager.scheduler_status()
+            visible = data.pop("visible")
+            queues = []
+            for name, st in sorted(status.items()):
+                if visible is not None and name not in visible:
+                    continue
+                waiting = [s for s in _session_view(data["pending"], p, now)
+                           if s["resource_group"] == name]
+                queues.append({"name": name, "stats": st, "sessions": waiting,
+                               "oldest": human_duration(st.get("oldest_wait_s") or 0)})
+            data["queues"] = queues
+        if section == "plots":
+            series = usage.start(self.manager)
+            charts = usage.charts(list(series.samples), data.pop("visible_agents"),
+                                  data.pop("visible_projects"), data.pop("visible_groups"))
+            data["plots"] = [usage.line_chart(c) for c in charts]
+            data["samples"] = len(series.samples)
+            data["interval"] = series.interval
+        await self.page("backendai/admin.html", section=section, sections=ADMIN_SECTIONS,
+                        filters=filters, statuses=list(SessionStatus), **data)

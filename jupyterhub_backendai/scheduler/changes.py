@@ -1,0 +1,136 @@
+"""Skip a scheduler pass when nothing it depends on changed since the last one.
+
+A pass over a queue that cannot move (80,000 sessions waiting on full agents)
+reads and re-decides every waiting session to reach the same verdicts. Before
+running a pass, :func:`fingerprint` reads a few aggregates that change with
+everything a pass's outcome depends on:
+
+- *arrivals and departures*: per status, the number of sessions, their latest
+  ``created_at`` and ``terminated_at`` (over all groups: quotas and
+  dependencies span groups; one index-only scan);
+- *releases and agents*: the group's agents (status, schedulable, capacity,
+  occupied slots, architecture);
+- *policy*: the group row (scheduler, options, allowed lists), resource
+  policies, keypairs (active, policy), project and domain limits, session
+  dependencies.
+
+This is the scheduler's generation counter, kept by the database itself: any
+writer (this manager, another manager, the API, an operator's SQL) changes it,
+so no hook can be forgotten and several managers agree. A pass whose
+fingerprint matches the one recorded after the last pass that changed nothing
+is skipped, unless a time-based rule came due meanwhile (pending timeout,
+starvation threshold, retry back-off, a batch start time): :func:`next_due`
+gives the earliest such moment from the last pass's waiting sessions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import weakref
+from dataclasses import dataclass
+
+from sqlalchemy import String, func, select, text
+from sqlalchemy.orm import Session as DBSession
+
+from .snapshot import KP, POL, RG, SD, A, D, P, S
+from .state import PassContext, PendingSession, Verdict
+from .validators import RetryBackoffValidator
+
+
+def _digest(rows) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for r in rows:
+        h.update(repr(tuple(r)).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def fingerprint(db: DBSession, group: str) -> tuple:
+    """What the outcome of a pass over ``group`` depends on, condensed."""
+    sessions = db.execute(
+        select(S.c.status, func.count(), func.max(S.c.created_at), func.max(S.c.terminated_at))
+        .group_by(S.c.status).order_by(S.c.status)
+    ).all()
+    if db.get_bind().dialect.name == "postgresql":
+        # Digest in the database: 10,000 agents' slot maps are not decoded in Python.
+        agents = db.execute(text(
+            "SELECT count(*), md5(string_agg(id || ':' || coalesce(status, '') || ':' ||"
+            " coalesce(schedulable::text, '') || ':' || coalesce(architecture, '') || ':' ||"
+            " coalesce(available_slots::text, '') || ':' || coalesce(occupied_slots::text, ''),"
+            " ',' ORDER BY id)) FROM agents WHERE resource_group = :g"), {"g": group}).all()
+    else:
+        agents = db.execute(
+            select(A.c.id, A.c.status, A.c.schedulable, A.c.architecture,
+                   A.c.available_slots.cast(String), A.c.occupied_slots.cast(String))
+            .where(A.c.resource_group == group).order_by(A.c.id)
+        ).all()
+    grp = db.execute(select(RG).where(RG.c.name == group)).all()
+    pols = db.execute(select(POL).order_by(POL.c.name)).all()
+    kps = db.execute(
+        select(KP.c.access_key, KP.c.is_active, KP.c.resource_policy).order_by(KP.c.access_key)
+    ).all()
+    limits = db.execute(select(P.c.id, P.c.total_resource_slots).order_by(P.c.id)).all() + \
+        db.execute(select(D.c.name, D.c.total_resource_slots).order_by(D.c.name)).all()
+    deps = db.execute(select(func.count()).select_from(SD)).scalar()
+    # The group row carries scheduler_state, which the pass itself writes: leave it out
+    # (reservations follow from the rest).
+    grp = [{k: v for k, v in r._mapping.items() if k != "scheduler_state"} for r in grp]
+    return (
+        _digest(sessions), _digest(agents), repr(grp), _digest(pols), _digest(kps),
+        _digest(limits), deps,
+    )
+
+
+def next_due(ctx: PassContext, waiting: list[tuple[PendingSession, Verdict]]) -> dt.datetime | None:
+    """The earliest moment a waiting session's verdict can change by time alone."""
+    opts = ctx.options
+    now = ctx.now
+    due: dt.datetime | None = None
+
+    def at(t: dt.datetime) -> None:
+        nonlocal due
+        if t > now and (due is None or t < due):
+            due = t
+
+    timeout = dt.timedelta(seconds=float(opts.pending_timeout)) if opts.pending_timeout > 0 else None
+    starve = dt.timedelta(seconds=float(opts.starvation_threshold)) if opts.max_reservations > 0 else None
+    for s, _ in waiting:
+        if timeout is not None:
+            at(s.created_at + timeout)
+        if starve is not None:
+            at(s.created_at + starve)
+        if s.starts_at is not None:
+            at(s.starts_at)
+        if s.retries > 0:
+            ready = RetryBackoffValidator.ready_at(s, ctx)
+            if ready is not None:
+                at(ready)
+    return due
+
+
+@dataclass
+class Quiet:
+    """A pass that changed nothing: its fingerprint and when time alone changes things."""
+
+    fingerprint: tuple
+    due: dt.datetime | None
+
+
+#: engine -> {group: Quiet}; weak so that a disposed engine's entries go with it.
+_QUIET: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def quiet_for(engine) -> dict[str, Quiet]:
+    d = _QUIET.get(engine)
+    if d is None:
+        d = _QUIET[engine] = {}
+    return d
+
+
+def forget(engine=None) -> None:
+    """Make the next pass run in full (for ``engine``, or everywhere)."""
+    if engine is None:
+        _QUIET.clear()
+    else:
+        _QUIET.pop(engine, None)

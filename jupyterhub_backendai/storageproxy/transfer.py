@@ -1,0 +1,632 @@
+"""Transfers as Backend.AI does them: straight to the storage proxy, with a token.
+
+The manager (``POST /folders/<ref>/request-upload`` / ``request-download`` of the
+Backend.AI client API, :mod:`...api.compat`) checks who may do what, then answers a
+URL on the storage proxy and a short-lived token signed with a secret the manager
+and the proxy share (:class:`TransferTokens`). The token names one file of one
+folder, the operation and, for an upload, the size and an upload id. The proxy
+checks only the token:
+
+``/upload?token=...`` speaks **tus 1.0.0** (core protocol + the ``creation``
+extension): ``OPTIONS`` (discovery), ``POST`` (creation, ``Upload-Length`` must be the
+token's size; ``Location`` is the same URL), ``HEAD`` (``Upload-Offset``, to resume)
+and ``PATCH`` (``application/offset+octet-stream`` at ``Upload-Offset``). Backend.AI's
+own client skips creation and PATCHes the URL at once, which is also accepted. The
+bytes go to ``<quota scope>/.tus/<upload id>`` on the folder's volume, so they count
+against the quota scope while they are written; every write checks the scope's
+limit (a write past it ends the upload: the partial file is removed, 413), and
+the file appears in the folder only when its last byte arrived, by one
+``rename``. Unfinished uploads are removed ``2 * ttl`` after their last write.
+
+``/download?token=...`` answers the file with ``Content-Length``,
+``Last-Modified`` and ``Accept-Ranges``; ``Range: bytes=a-b`` (one range) gives
+206, honoured with ``If-Range`` only while the file is unchanged.
+
+The handlers serve the in-hub proxy (routes under the hub's API prefix, see
+:mod:`...api.compat.handlers`) and the ``backendai-storage-proxy`` daemon alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import errno
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+import time
+
+from tornado import web
+from traitlets import Integer, Unicode, default
+from traitlets.config import SingletonConfigurable
+
+from ..common.errors import (
+    BackendAIError,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    StorageQuotaExceeded,
+    Unauthorized,
+)
+from .volumes import VFSVolume, _os_error, check_ids
+
+TUS_VERSION = "1.0.0"
+STAGING = ".tus"
+#: Bytes held in memory before they are written (in a thread) during a PATCH.
+WRITE_BUFFER = 4 << 20
+READ_CHUNK = 4 << 20
+
+
+class TransferTokens(SingletonConfigurable):
+    """Signs and checks the tokens of direct transfers (HMAC-SHA256)."""
+
+    secret = Unicode(
+        help="""Secret shared by the manager and the storage proxies to sign transfer
+        tokens (env BACKENDAI_TRANSFER_SECRET). The default, a random one per process,
+        fits the embedded proxy; set the same value on the hub and every
+        backendai-storage-proxy in cluster mode.""",
+    ).tag(config=True)
+
+    @default("secret")
+    def _secret_default(self):
+        return os.environ.get("BACKENDAI_TRANSFER_SECRET") or secrets.token_hex(32)
+
+    ttl = Integer(
+        1800,
+        help="""Seconds a transfer token stays valid (a tus upload must start and be
+        resumed within it; a download must start within it).""",
+    ).tag(config=True)
+
+    def _mac(self, data: bytes) -> bytes:
+        return hmac.new(self.secret.encode(), data, hashlib.sha256).digest()
+
+    def sign(self, claims: dict, ttl: int | None = None) -> str:
+        body = dict(claims, exp=int(time.time()) + (self.ttl if ttl is None else ttl))
+        raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        return f"{_b64(raw)}.{_b64(self._mac(raw))}"
+
+    def check(self, token: str | None, op: str) -> dict:
+        """The claims of a valid, unexpired token for ``op``; else 401 with the reason."""
+        if not token:
+            raise Unauthorized("a transfer token is required (?token=...)")
+        try:
+            raw_b64, mac_b64 = token.split(".")
+            raw, mac = _unb64(raw_b64), _unb64(mac_b64)
+        except ValueError:
+            raise Unauthorized("the transfer token is malformed") from None
+        if not hmac.compare_digest(mac, self._mac(raw)):
+            raise Unauthorized("the transfer token's signature is not valid")
+        try:
+            claims = json.loads(raw)
+        except ValueError:
+            raise Unauthorized("the transfer token is malformed") from None
+        if not isinstance(claims, dict) or claims.get("op") != op:
+            raise Forbidden(f"this transfer token is not for {op}")
+        if not isinstance(claims.get("exp"), int) or claims["exp"] < time.time():
+            raise Unauthorized("the transfer token has expired; request a new one")
+        check_ids(claims.get("scope"), claims.get("folder"))
+        return claims
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def upload_claims(volume: str, scope: str, folder: str, path: str, size: int) -> dict:
+    return {"op": "upload", "vol": volume, "scope": scope, "folder": folder, "path": path,
+            "size": int(size), "id": secrets.token_hex(16)}
+
+
+def download_claims(volume: str, scope: str, folder: str, path: str) -> dict:
+    return {"op": "download", "vol": volume, "scope": scope, "folder": folder, "path": path}
+
+
+class _Staged:
+    """The on-disk state of one tus upload: ``<scope>/.tus/<id>`` (its size is the
+    offset) and ``<id>.done`` once it was moved into the folder."""
+
+    locks: dict[str, asyncio.Lock] = {}
+
+    def __init__(self, vol: VFSVolume, claims: dict, ttl: int):
+        self.vol = vol
+        self.claims = claims
+        self.ttl = ttl
+        self.id = claims["id"]
+        if not (isinstance(self.id, str) and len(self.id) == 32):
+            raise Unauthorized("the transfer token has no valid upload id")
+        self.length = claims["size"]
+        self.dir = os.path.join(vol.scope_path(claims["scope"]), STAGING)
+        self.path = os.path.join(self.dir, self.id)
+        self.done_path = self.path + ".done"
+
+    def lock(self) -> asyncio.Lock:
+        return self.locks.setdefault(self.id, asyncio.Lock())
+
+    def offset(self) -> int | None:
+        """Bytes received so far; the length once finished; None if not begun."""
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            pass
+        if os.path.exists(self.done_path):
+            return self.length
+        return None
+
+    def create(self) -> int:
+        """Begin the upload (idempotent); checks that the target can be written."""
+        off = self.offset()
+        if off is not None:
+            return off
+        self._check_target()
+        scope_dir = os.path.dirname(self.dir)
+        if not os.path.isdir(scope_dir):
+            raise NotFound("the folder's quota scope does not exist on this volume")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self._expire()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            if os.geteuid() == 0:
+                os.fchown(fd, self.vol.folder_uid, self.vol.folder_gid)
+        finally:
+            os.close(fd)
+        return 0
+
+    #: When each staging directory was last swept (at most one sweep a minute).
+    swept: dict[str, float] = {}
+
+    def _expire(self) -> None:
+        """Remove unfinished uploads and markers nobody touched for 2 * ttl."""
+        now = time.time()
+        if now - self.swept.get(self.dir, 0) < 60:
+            return
+        self.swept[self.dir] = now
+        cutoff = now - 2 * self.ttl
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            p = os.path.join(self.dir, name)
+            try:
+                if os.lstat(p).st_mtime < cutoff:
+                    os.unlink(p)
+            except OSError:
+                pass
+
+    def _check_target(self) -> None:
+        fd, name, shown = self.vol._parent(self.claims["scope"], self.claims["folder"],
+                                           self.claims["path"])
+        try:
+            st = os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            return
+        finally:
+            os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise Conflict(f"{shown!r}: is a directory")
+
+    def room(self) -> int | None:
+        """Bytes the quota scope may still take (the staged bytes already count), or
+        None without a limit."""
+        limit = self.vol._read_limit(self.claims["scope"])
+        if limit is None:
+            return None
+        used = self.vol.scope_usage(self.claims["scope"])["used_bytes"]
+        fd, name, _ = self.vol._parent(self.claims["scope"], self.claims["folder"],
+                                       self.claims["path"])
+        try:
+            st = os.lstat(name, dir_fd=fd)
+            if stat.S_ISREG(st.st_mode):
+                used -= st.st_size  # the file it replaces is freed
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+        return limit - used
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def commit(self) -> None:
+        """Move the finished file into the folder (one rename: visible at once, whole);
+        on any failure (the folder or directory gone meanwhile) the bytes are dropped."""
+        try:
+            fd, name, shown = self.vol._parent(self.claims["scope"], self.claims["folder"],
+                                               self.claims["path"])
+        except BaseException:
+            self.discard()
+            raise
+        try:
+            try:
+                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                    raise Conflict(f"{shown!r}: is a directory")
+            except FileNotFoundError:
+                pass
+            os.rename(self.path, name, dst_dir_fd=fd)
+        except OSError as e:
+            self.discard()
+            raise _os_error(e, shown) from None
+        except BaseException:
+            self.discard()
+            raise
+        finally:
+            os.close(fd)
+        with open(self.done_path, "w"):
+            pass
+
+
+class TransferHandler(web.RequestHandler):
+    """Base: problem+json errors, CORS-free, token-authenticated (no cookies, no XSRF).
+    ``initialize(volume)``: ``volume(handler, name)`` gives the :class:`VFSVolume`."""
+
+    def initialize(self, volume):
+        self._volume = volume
+
+    def check_xsrf_cookie(self):
+        pass  # authenticated by the token in the URL, never by a cookie
+
+    @property
+    def tokens(self) -> TransferTokens:
+        return TransferTokens.instance(config=self.settings.get("config"))
+
+    def volume(self, claims: dict) -> VFSVolume:
+        try:
+            vol = self._volume(self, claims.get("vol"))
+        except BackendAIError:
+            raise NotFound(f"no volume {claims.get('vol')!r} on this storage proxy") from None
+        if not isinstance(vol, VFSVolume):
+            raise NotFound(f"volume {claims.get('vol')!r} does not take direct transfers")
+        return vol
+
+    def token(self) -> str | None:
+        values = self.request.query_arguments.get("token")
+        return values[-1].decode() if values else None
+
+    def problem(self, e: BackendAIError, headers: dict | None = None) -> None:
+        if self._finished:
+            return
+        self.clear()
+        self.set_status(e.status_code)
+        for k, v in (headers or {}).items():
+            self.set_header(k, v)
+        self.set_header("Tus-Resumable", TUS_VERSION)
+        self.set_header("Content-Type", "application/problem+json")
+        self.finish(json.dumps({
+            "type": "https://api.backend.ai/probs/" + {
+                400: "invalid-api-params", 401: "auth-failed", 403: "forbidden",
+                404: "object-not-found", 409: "conflict", 413: "quota-exceeded",
+                416: "invalid-api-params"}.get(e.status_code, "storage-proxy-error"),
+            "title": e.title if e.detail == e.title else f"{e.title}: {e.detail}",
+            "status": e.status_code, "detail": e.detail, "error": type(e).__name__,
+        }))
+
+    def write_error(self, status_code, **kw):
+        exc = kw.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, BackendAIError):
+            self.problem(exc)
+        else:
+            self.problem(BackendAIError(self._reason or "storage proxy error",
+                                        status_code=status_code))
+
+    def log_exception(self, typ, value, tb):
+        if isinstance(value, BackendAIError):
+            return
+        super().log_exception(typ, value, tb)
+
+
+def _header_int(handler: web.RequestHandler, name: str) -> int:
+    raw = handler.request.headers.get(name)
+    if raw is None or not raw.isdigit():
+        raise InvalidRequest(f"the {name} header must be a non-negative integer, not {raw!r}")
+    return int(raw)
+
+
+@web.stream_request_body
+class TusUploadHandler(TransferHandler):
+    """``/upload?token=``: tus 1.0.0 (core + creation) for one file."""
+
+    staged: _Staged | None = None
+    error: BackendAIError | None = None
+    _fd: int | None = None
+    _pending: asyncio.Future | None = None
+    _pending_n = 0
+    _gone = False
+
+    def set_default_headers(self):
+        self.set_header("Tus-Resumable", TUS_VERSION)
+        self.set_header("Cache-Control", "no-store")
+
+    def _staged(self) -> _Staged:
+        claims = self.tokens.check(self.token(), "upload")
+        if not isinstance(claims.get("size"), int) or claims["size"] < 0:
+            raise Unauthorized("the transfer token has no valid size")
+        return _Staged(self.volume(claims), claims, self.tokens.ttl)
+
+    def options(self):
+        self.set_header("Tus-Version", TUS_VERSION)
+        self.set_header("Tus-Extension", "creation")
+        self.set_status(204)
+        self.finish()
+
+    async def post(self):
+        try:
+            st = self._staged()
+            length = _header_int(self, "Upload-Length")
+            if length != st.length:
+                raise InvalidRequest(f"Upload-Length is {length}, but the token was issued "
+                                     f"for {st.length} bytes")
+            room = await asyncio.to_thread(st.room)
+            if room is not None and length > room:
+                raise _quota(st, room)
+            await asyncio.to_thread(st.create)
+        except BackendAIError as e:
+            return self.problem(e)
+        self.set_header("Location", self.request.full_url())
+        self.set_header("Upload-Offset", "0")
+        self.set_status(201)
+        self.finish()
+
+    async def head(self):
+        try:
+            st = self._staged()
+            off = await asyncio.to_thread(st.create)
+        except BackendAIError as e:
+            self.clear()
+            self.set_status(e.status_code)
+            self.set_header("Tus-Resumable", TUS_VERSION)
+            return self.finish()
+        self.set_header("Upload-Offset", str(off))
+        self.set_header("Upload-Length", str(st.length))
+        self.set_status(200)
+        self.finish()
+
+    async def prepare(self):
+        if self.request.method != "PATCH":
+            return
+        self._buf: list[bytes] = []
+        self._buffered = 0
+        self._written = 0
+        try:
+            st = self.staged = self._staged()
+            ctype = self.request.headers.get("Content-Type", "")
+            if ctype.split(";")[0].strip() != "application/offset+octet-stream":
+                raise BackendAIError(
+                    "Content-Type must be application/offset+octet-stream", status_code=415)
+            offset = _header_int(self, "Upload-Offset")
+            await self.lock_acquire(st)
+            current = await asyncio.to_thread(st.create)
+            if offset != current:
+                raise Conflict(f"Upload-Offset is {offset}, but the upload is at {current}")
+            if current >= st.length:
+                raise Conflict("the upload is already complete")
+            self._offset = current
+            self._room = await asyncio.to_thread(st.room)
+            self.request.connection.set_max_body_size(st.length - current)
+            self._fd = os.open(st.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except BackendAIError as e:
+            self.error = e
+        except OSError as e:
+            self.error = _os_error(e, "the upload")
+
+    async def lock_acquire(self, st: _Staged):
+        lock = st.lock()
+        if lock.locked():
+            raise BackendAIError("another PATCH of this upload is in progress", status_code=423)
+        await lock.acquire()
+        self._lock = lock
+
+    async def data_received(self, chunk: bytes):
+        if self.error is not None or self._fd is None:
+            return
+        self._buf.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered >= WRITE_BUFFER:
+            await self._flush()
+
+    async def _flush(self, last: bool = False):
+        """Write what is buffered in a thread while the next bytes arrive: at most one
+        write is under way (``_pending``); ``last`` waits for it."""
+        data = b"".join(self._buf)
+        self._buf, self._buffered = [], 0
+        await self._wait_pending()
+        if data and self.error is None:
+            st = self.staged
+            if self._offset + self._written + len(data) > st.length:
+                self.error = InvalidRequest(f"more bytes than the {st.length} of Upload-Length")
+            elif self._room is not None and self._written + len(data) > self._room:
+                # Past the quota: the upload ends here and leaves nothing behind.
+                self.error = _quota(st, self._room)
+                self._close()
+                await asyncio.to_thread(st.discard)
+            else:
+                self._pending_n = len(data)
+                self._pending = asyncio.ensure_future(
+                    asyncio.to_thread(_write_all, self._fd, data))
+                self._pending.add_done_callback(self._write_done)
+        if last:
+            await self._wait_pending()
+
+    def _write_done(self, _fut):
+        if self._gone:  # the client left during the write: end here
+            self._close()
+            self._release()
+
+    async def _wait_pending(self):
+        fut, self._pending = self._pending, None
+        if fut is None:
+            return
+        try:
+            await fut
+        except OSError as e:
+            self.error = _os_error(e, self.staged.claims["path"])
+            return
+        self._written += self._pending_n
+
+    def _close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    async def patch(self):
+        try:
+            await self._flush(last=True)
+            self._close()
+            if self.error is not None:
+                raise self.error
+            st = self.staged
+            offset = self._offset + self._written
+            if offset == st.length:
+                await asyncio.to_thread(st.commit)
+            self.set_header("Upload-Offset", str(offset))
+            self.set_status(204)
+            self.finish()
+        except BackendAIError as e:
+            self.problem(e)
+        finally:
+            self._release()
+
+    def _release(self):
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            self._lock = None
+            lock.release()
+            if self.staged is not None:
+                _Staged.locks.pop(self.staged.id, None)  # PATCHes never wait (423)
+
+    def on_connection_close(self):
+        # The client left mid-PATCH: what was written is kept (tus resumes from the
+        # offset); a write under way finishes first (see _flush).
+        self._buf, self._buffered = [], 0
+        self._gone = True
+        if self.error is None:
+            self.error = BackendAIError("the client left", status_code=400)
+        if self._pending is None or self._pending.done():
+            self._close()
+            self._release()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _quota(st: _Staged, room: int) -> StorageQuotaExceeded:
+    return StorageQuotaExceeded(
+        f"quota scope {st.claims['scope']} on volume {st.vol.name} has {max(room, 0)} bytes "
+        f"left; {st.claims['path']!r} needs {st.length}")
+
+
+class DownloadHandler(TransferHandler):
+    """``/download?token=``: one file, with ``Range`` (one range) and ``If-Range``."""
+
+    async def get(self):
+        await self._send(body=True)
+
+    async def head(self):
+        await self._send(body=False)
+
+    async def _send(self, body: bool):
+        try:
+            claims = self.tokens.check(self.token(), "download")
+            vol = self.volume(claims)
+            size, chunks = await asyncio.to_thread(
+                vol.download, claims["scope"], claims["folder"], claims["path"])
+        except BackendAIError as e:
+            return self.problem(e)
+        fd = chunks._fd
+        try:
+            st = os.fstat(fd)
+            last_modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+            etag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
+            start, end = 0, size - 1
+            status = 200
+            rng = self.request.headers.get("Range")
+            if_range = self.request.headers.get("If-Range")
+            if rng and (if_range is None or if_range in (last_modified, etag)):
+                parsed = _parse_range(rng, size)
+                if parsed is None:
+                    return self.problem(
+                        BackendAIError(f"the range {rng!r} is not within the file's {size} "
+                                       "bytes", status_code=416),
+                        {"Content-Range": f"bytes */{size}"})
+                start, end = parsed
+                status = 206
+                self.set_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.set_status(status)
+            name = os.path.basename(claims["path"])
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header("Content-Disposition",
+                            f"attachment; filename*=UTF-8''{_quote(name)}")
+            self.set_header("Accept-Ranges", "bytes")
+            self.set_header("Last-Modified", last_modified)
+            self.set_header("ETag", etag)
+            length = max(end - start + 1, 0)
+            self.set_header("Content-Length", str(length))
+            if not body:
+                return self.finish()
+            pos = start
+            while pos <= end:
+                n = min(READ_CHUNK, end - pos + 1)
+                data = await asyncio.to_thread(os.pread, fd, n, pos)
+                if not data:
+                    break  # the file shrank: the client sees a short body
+                self.write(data)
+                pos += len(data)
+                await self.flush()
+            self.finish()
+        except OSError as e:
+            if e.errno in (errno.EPIPE, errno.ECONNRESET):
+                return
+            raise
+        finally:
+            chunks.close()
+
+
+def _quote(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """(first, last) byte of ``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n``; None when
+    unsatisfiable or malformed; several ranges are refused as unsatisfiable."""
+    unit, _, spec = header.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        return None
+    first, _, last = spec.strip().partition("-")
+    try:
+        if first == "":
+            n = int(last)
+            if n <= 0:
+                return None
+            return max(size - n, 0), size - 1
+        a = int(first)
+        b = int(last) if last else size - 1
+    except ValueError:
+        return None
+    if a < 0 or a >= size or b < a:
+        return None
+    return a, min(b, size - 1)
+
+
+def routes(prefix: str, volume) -> list[tuple]:
+    """The two routes under ``prefix``; ``volume``: (handler, name) -> :class:`VFSVolume`."""
+    return [
+        (prefix + "/upload", TusUploadHandler, {"volume": volume}),
+        (prefix + "/download", DownloadHandler, {"volume": volume}),
+    ]

@@ -1,0 +1,126 @@
+"""Agents are cluster nodes (issue 11): ``backendai-agent`` registers in a real etcd
+under a lease, the hub learns the join through etcd (not a heartbeat: the daemon's
+Redis bus is not the hub's), a ``kill -9`` is noticed once the lease expires, an
+etcd restarted (with and without its data) gets the agent's registration again,
+and storage proxies come from the cluster's configuration in etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+from sqlalchemy import select
+
+from jupyterhub_backendai.common.etcdreg import agent_key
+from jupyterhub_backendai.models import Agent
+
+from .cluster_nodes import AgentDaemon, RestartableEtcd, TLSStorageDaemon, make_certs
+from .inproc import running_manager
+
+TTL = 3.0
+
+
+async def _agents(mgr) -> dict[str, tuple[str, str]]:
+    def work(s):
+        return {a.id: (a.status, a.addr) for a in s.scalars(select(Agent))}
+
+    return await mgr.db(work)
+
+
+async def _until(cond, timeout: float):
+    """Poll ``cond`` (a bound for hangs; the times asserted are the lease's own)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await cond():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
+    etcd = RestartableEtcd()
+    etcd.start()
+    certs = make_certs(tmp_path / "pki", "agent1", "storage1")
+    # The daemon's event bus is another Redis database than the hub's: the hub can
+    # learn of it only through etcd.
+    base = redis_server.url.rsplit("/", 1)[0]
+    agent = AgentDaemon(tmp_path / "agent1", f"i-etcd-{uuid.uuid4().hex[:8]}", base + "/13",
+                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+    storage = TLSStorageDaemon(tmp_path / "storage1", certs["storage1"])
+    etcd.put("/backendai/config/storage-proxies/nfs1", {"url": storage.url})
+    storage.start()
+    key = agent_key("/backendai", agent.agent_id).decode()
+
+    def cluster_mode(c):
+        c.BackendAIManager.redis_url = base + "/14"
+        c.BackendAICluster.tls = certs["hub"]
+        c.BackendAICluster.etcd_url = etcd.url
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/etcd.sqlite", tmp_path, "local",
+                                   slots={"cpu": 1, "mem": "2g"}, configure=cluster_mode) as mgr:
+            changes = []
+            mgr.cluster.subscribe(lambda kind, aid, info: _record(changes, kind, aid))
+            # storage proxies and their volumes from etcd
+            assert "nfs1:volume1" in await mgr.storage.hosts()
+            scope, folder = f"user:{uuid.uuid4().hex}", uuid.uuid4().hex
+            await mgr.storage.create_folder("nfs1:volume1", scope, folder)
+
+            agent.start()
+
+            async def alive():
+                return (await _agents(mgr)).get(agent.agent_id, ("", ""))[0] == "ALIVE"
+
+            assert await _until(alive, 60), agent.tail()
+            assert (await _agents(mgr))[agent.agent_id] == ("ALIVE", agent.url)
+            reg = etcd.get_prefix(key)[key]
+            assert reg["id"] == agent.agent_id and reg["addr"] == agent.url
+            assert reg["resource_group"] == "default" and reg["images"] == ["local/python"]
+            assert changes == [("join", agent.agent_id)]
+
+            # etcd killed and started again with its data, then without: the agent
+            # registers again; the hub follows.
+            for wipe in (False, True):
+                regs = mgr.cluster.resyncs
+                etcd.kill()
+                etcd.start(wipe=wipe)
+
+                async def back(regs=regs):
+                    return key in etcd.get_prefix(key) and mgr.cluster.resyncs > regs and await alive()
+
+                assert await _until(back, 60), (wipe, agent.tail())
+                assert mgr.cluster.agents[agent.agent_id]["addr"] == agent.url
+
+            # kill -9: the lease expires, the hub marks the agent LOST
+            changes.clear()
+            agent.kill()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+
+            async def lost():
+                return (await _agents(mgr))[agent.agent_id][0] == "LOST"
+
+            assert await _until(lost, 60)
+            noticed = loop.time() - t0
+            assert noticed <= TTL + 5, noticed
+            assert changes == [("leave", agent.agent_id)]
+            assert key not in etcd.get_prefix(key)
+
+    try:
+        asyncio.run(run())
+    finally:
+        agent.stop()
+        storage.stop()
+        etcd.stop()
+
+
+async def _record(changes, kind, aid):
+    changes.append((kind, aid))
+
+
+def test_registration_value_is_json(tmp_path):
+    """The documented key layout: agents' keys under <prefix>/nodes/agents/."""
+    assert agent_key("/backendai/", "i-1") == b"/backendai/nodes/agents/i-1"
+    assert json.loads(json.dumps({"id": "i-1"})) == {"id": "i-1"}

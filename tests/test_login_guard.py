@@ -1,0 +1,208 @@
+"""Issue 10 row 10: login that cannot be used against others, attacked on a real hub.
+
+Password guessing gets a 429 with Retry-After (per account, per client address), an
+unknown login name costs the same bcrypt work as a known one (counted by the hub's
+Prometheus counter, not timed), and the admin API keeps answering while 16 clients
+guess. Client addresses come from the socket, or from X-Forwarded-For only when the
+peer is a trusted proxy (loopback by default: configurable-http-proxy). The tests
+play the proxy by talking to the hub's own port with X-Forwarded-For, which gives
+each test its own client address; the last test shows that a client cannot choose
+its address through the real proxy.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import uuid
+
+import pytest
+import requests
+
+from jupyterhub_backendai import cli
+
+from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
+
+ACCOUNT_LIMIT = 4
+ADDRESS_LIMIT = 8
+WINDOW = 600
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def hub(request, tmp_path_factory):
+    if request.param == "sqlite":
+        db_url = f"sqlite:///{tmp_path_factory.mktemp('db')}/backendai.sqlite"
+    else:
+        db_url = request.getfixturevalue("postgres").new_database("t_" + uuid.uuid4().hex[:12])
+    cli.create_superadmin(db_url, ADMIN_EMAIL, ADMIN_PASSWORD)
+    hub = Hub(db_url=db_url, backend="local", extra_args=[
+        f"--LoginGuard.max_failures_per_account={ACCOUNT_LIMIT}",
+        f"--LoginGuard.max_failures_per_address={ADDRESS_LIMIT}",
+        f"--LoginGuard.failure_window={WINDOW}",
+    ])
+    try:
+        hub.start()
+        hub.admin_token  # logged in before any test spends loopback's failures  # noqa: B018
+        yield hub
+    finally:
+        hub.close()
+        shutil.rmtree(hub.dir, ignore_errors=True)
+
+
+def new_user(hub) -> tuple[str, str]:
+    name = "g" + uuid.uuid4().hex[:8]
+    assert cli.main(["--db", hub.db_url, "create-user", "--email", f"{name}@example.com",
+                     "--password", f"{name}-right-pass"]) == 0
+    return name, f"{name}-right-pass"
+
+
+def login(hub, name: str, password: str, address: str | None = None) -> requests.Response:
+    """POST /hub/login: through the proxy, or (``address``) to the hub's own port as the
+    proxy would, naming the client's address in X-Forwarded-For."""
+    base = hub.base if address is None else f"http://127.0.0.1:{hub.api_port}"
+    headers = {} if address is None else {"X-Forwarded-For": address}
+    s = requests.Session()
+    s.get(base + "/hub/login", headers=headers, timeout=60)
+    return s.post(base + "/hub/login", headers=headers, allow_redirects=False, timeout=60,
+                  data={"username": name, "password": password,
+                        "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+
+
+def refused(r: requests.Response) -> bool:
+    return r.status_code == 403 and "Invalid username or password" in r.text
+
+
+def succeeded(r: requests.Response) -> bool:
+    return r.status_code == 302 and r.headers["Location"].endswith("/hub/spawn")
+
+
+def throttled(r: requests.Response, who: str) -> int:
+    """The Retry-After of a 429 that says who is throttled, in plain words."""
+    assert r.status_code == 429, (r.status_code, r.text[-500:])
+    wait = int(r.headers["Retry-After"])
+    assert 0 < wait <= WINDOW
+    text = re.sub(r"\s+", " ", r.text)
+    assert f"Too many failed logins for {who}. Try again in " in text, text[-2000:]
+    return wait
+
+
+def checks(hub) -> dict[str, float]:
+    """The hub's counter of password checks, by what they were checked against."""
+    r = requests.get(hub.base + "/hub/metrics", timeout=60,
+                     headers={"Authorization": f"token {hub.admin_token}"})
+    r.raise_for_status()
+    out = {"user": 0.0, "dummy": 0.0}
+    for m in re.finditer(r'^backendai_login_password_checks_total\{against="(\w+)"\} (\S+)$',
+                         r.text, re.M):
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_guessing_one_accounts_password_is_throttled(hub):
+    name, right = new_user(hub)
+    addr = "10.1.0.1"
+    for i in range(ACCOUNT_LIMIT):
+        assert refused(login(hub, name, f"guess-{i}", addr)), i
+    before = checks(hub)
+    throttled(login(hub, name, "guess-x", addr), "this account")
+    # Refused before any password is checked: the right one too, from any address.
+    throttled(login(hub, name, right, addr), "this account")
+    throttled(login(hub, f"{name}@example.com", right, "10.1.0.2"), "this account")  # by email
+    assert checks(hub) == before
+    # Other accounts from the same address are not affected.
+    other, other_pw = new_user(hub)
+    assert succeeded(login(hub, other, other_pw, addr))
+
+
+def test_guessing_from_one_address_is_throttled_across_accounts(hub):
+    name, right = new_user(hub)
+    addr = "10.2.0.1"
+    for i in range(ADDRESS_LIMIT):  # a different (unknown) account each time
+        assert refused(login(hub, f"nobody-{i}-{uuid.uuid4().hex[:6]}", "guess", addr)), i
+    throttled(login(hub, name, right, addr), "your address")
+    assert succeeded(login(hub, name, right, "10.2.0.2"))  # the user, from elsewhere
+
+
+def test_success_clears_the_accounts_failures(hub):
+    name, right = new_user(hub)
+    for i in range(ACCOUNT_LIMIT - 1):
+        assert refused(login(hub, name, f"typo-{i}", "10.3.0.1"))
+    assert succeeded(login(hub, name, right, "10.3.0.1"))
+    for i in range(ACCOUNT_LIMIT - 1):  # a fresh window: these would be too many otherwise
+        assert refused(login(hub, name, f"typo-again-{i}", "10.3.0.2"))
+    assert succeeded(login(hub, name, right, "10.3.0.2"))
+
+
+def test_unknown_and_known_users_take_the_same_path(hub):
+    name, _right = new_user(hub)
+    c0 = checks(hub)
+    known = login(hub, name, "wrong-password", "10.4.0.1")
+    c1 = checks(hub)
+    unknown = login(hub, "no-such-" + name, "wrong-password", "10.4.0.2")
+    c2 = checks(hub)
+    # One bcrypt check each: against the user's hash, and against the dummy hash.
+    assert (c1["user"] - c0["user"], c1["dummy"] - c0["dummy"]) == (1, 0)
+    assert (c2["user"] - c1["user"], c2["dummy"] - c1["dummy"]) == (0, 1)
+    # And the same answer.
+    assert refused(known) and refused(unknown)
+    assert known.status_code == unknown.status_code
+    def page(r, login):  # the page without the login name and the per-request xsrf token
+        return re.sub(r"[A-Za-z0-9+/=|_-]{40,}", "TOKEN", r.text.replace(login, "X"))
+
+    assert page(known, name) == page(unknown, "no-such-" + name)
+
+
+def test_the_admin_api_answers_while_16_clients_guess(hub):
+    stop = threading.Event()
+    answers: list[int] = []
+    lock = threading.Lock()
+
+    def guesser(k: int) -> None:
+        n = 0
+        while not stop.is_set():
+            # A new address and account each time: never throttled, so every guess
+            # costs a bcrypt check (the worst case for the hub).
+            r = login(hub, f"victim-{k}-{n}", "guess", f"10.5.{k}.{n % 250 + 1}")
+            with lock:
+                answers.append(r.status_code)
+            n += 1
+
+    threads = [threading.Thread(target=guesser, args=(k,), daemon=True) for k in range(16)]
+    for t in threads:
+        t.start()
+    try:
+        c0 = checks(hub)
+        for _ in range(10):
+            r = hub.api("GET", "/users")
+            assert r.status_code == 200 and "admin" in {u["name"] for u in r.json()}
+            r = requests.get(hub.base + "/hub/api/backendai/users", timeout=60,
+                             headers={"Authorization": f"token {hub.admin_token}"})
+            assert r.status_code == 200 and r.json()["total"] >= 1
+        assert all(t.is_alive() for t in threads)  # the guessing went on meanwhile
+        assert checks(hub)["dummy"] > c0["dummy"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert answers and set(answers) == {403}, sorted(set(answers))
+
+
+def test_a_client_cannot_choose_its_address_through_the_proxy(hub):
+    """X-Forwarded-For sent to the proxy is the client's word: the proxy appends the
+    real peer, and that is the address counted (this spends loopback's failures)."""
+    def spoofed_login(name, password, i):
+        # The same spoofed headers on the form's GET (JupyterHub ties an anonymous xsrf
+        # token to the address tornado sees) and on the POST.
+        headers = {"X-Forwarded-For": f"192.0.2.{i + 1}", "X-Real-Ip": f"198.51.100.{i + 1}"}
+        s = requests.Session()
+        s.get(hub.base + "/hub/login", headers=headers, timeout=60)
+        return s.post(hub.base + "/hub/login", headers=headers, allow_redirects=False,
+                      timeout=60, data={"username": name, "password": password,
+                                        "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+
+    for i in range(ADDRESS_LIMIT):
+        resp = spoofed_login(f"spoof-{i}-{uuid.uuid4().hex[:6]}", "x", i)
+        assert refused(resp), (i, re.findall(r"login_error\">([^<]*)", resp.text))
+    name, right = new_user(hub)
+    throttled(spoofed_login(name, right, 99), "your address")

@@ -1,0 +1,239 @@
+"""The pages under /hub/backendai/ (My sessions, My folders, My keys, the admin console)
+against a real hub: who gets which page, and that a domain admin's console shows nothing
+of another domain (the same access rules as the REST API)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+
+import pytest
+from markupsafe import escape
+
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+
+from .api_world import PASSWORD, Client, superadmin
+from .hub import Hub
+
+SECTIONS = ["domains", "projects", "users", "keypairs", "policies", "resource-groups", "agents",
+            "sessions", "queue", "plots"]
+USER_PAGES = ["sessions", "folders", "keys"]
+
+
+def _user(sa: Client, name: str, role: str, domain: str, projects=None) -> dict:
+    body = {"email": f"{name}@example.com", "password": PASSWORD, "username": name,
+            "role": role, "domain_name": domain}
+    if projects:
+        body["project_ids"] = projects
+    u = sa.ok("POST", "/users", json=body)
+    u["web"] = sa.hub.login(u["email"], PASSWORD)
+    assert u["web"].last_login.status_code == 200, u["web"].last_login.text
+    u["client"] = Client(sa.hub, sa.hub.token_for(u["web"], name), name)
+    return u
+
+
+REASON = "no agent in resource group 'parked' (no agent)"
+
+
+def _park(hub: Hub, user: dict, name: str) -> str:
+    """A PENDING session with resources and a reason, in a group without agents."""
+    from jupyterhub_backendai.common.slots import ResourceSlot
+    from jupyterhub_backendai.models import Kernel, Session
+
+    with hub.sm.begin() as s:
+        sess = Session(
+            name=name, session_type="batch", user_id=user["id"],
+            access_key=user["keypair"]["access_key"], domain_name=user["domain_name"],
+            project_id=(user["project_ids"] or [None])[0], resource_group="parked",
+            image="local/python", startup_command="true", status="PENDING",
+            status_info=REASON, requested_slots=ResourceSlot(cpu="0.5", mem=256 * 2**20))
+        sess.kernels.append(Kernel(status="PENDING"))
+        s.add(sess)
+        s.flush()
+        return sess.id
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pages")
+    url = f"sqlite:///{d}/backendai.sqlite"
+    # Use samples twice a second for the plots (the default is every 30 s).
+    hub = Hub(db_url=url, backend="local", extra_args=["--UsageSeries.interval=0.5"]).start()
+    hub.engine = make_engine(url)
+    hub.sm = make_sessionmaker(hub.engine)
+    try:
+        sa = superadmin(hub)
+        from jupyterhub_backendai.common.types import HOST_PERMISSIONS
+
+        sa.ok("POST", "/domains", json={
+            "name": "otherdom", "allowed_vfolder_hosts": {"local:volume1": list(HOST_PERMISSIONS)}})
+        proj_b = sa.ok("POST", "/projects", json={"name": "secretproj", "domain_name": "otherdom"})
+        proj_a = sa.ok("POST", "/projects", json={"name": "teamproj", "domain_name": "default"})
+        # A public resource group without agents: sessions there wait, with a reason.
+        sa.ok("POST", "/resource-groups", json={"name": "parked", "is_public": True})
+        w = {"hub": hub, "sa": sa, "proj_a": proj_a, "proj_b": proj_b}
+        w["user"] = _user(sa, "pageuser", "user", "default", [proj_a["id"]])
+        w["monitor"] = _user(sa, "pagemonitor", "monitor", "default")
+        w["dadmin"] = _user(sa, "pagedadmin", "admin", "default")
+        w["user_b"] = _user(sa, "hiddenuser", "user", "otherdom", [proj_b["id"]])
+        for who, name in (("user", "visiblesession"), ("user_b", "hiddensession")):
+            _park(hub, w[who], name)
+        w["folder_b"] = w["user_b"]["client"].ok("POST", "/vfolders", json={"name": "hiddenfolder"})
+        yield w
+    finally:
+        hub.close()
+        hub.engine.dispose()
+        shutil.rmtree(hub.dir, ignore_errors=True)
+
+
+def _get(w, who: str, path: str, **kw):
+    return w[who]["web"].get(w["hub"].base + "/hub/backendai/" + path, allow_redirects=False,
+                             timeout=60, **kw)
+
+
+@pytest.mark.parametrize("page", USER_PAGES)
+def test_user_pages_for_every_role(world, page):
+    for who in ("user", "monitor", "dadmin"):
+        r = _get(world, who, page)
+        assert r.status_code == 200, (who, page, r.status_code, r.text[-2000:])
+    r = world["sa"].http.get(world["hub"].base + "/hub/backendai/" + page, allow_redirects=False)
+    assert r.status_code == 302 and "/hub/login" in r.headers["Location"]
+
+
+def test_my_sessions_shows_the_session_in_human_units(world):
+    r = _get(world, "user", "sessions")
+    row = re.search(r'<tr data-session-id="[^"]+" data-session-name="visiblesession">(.*?)</tr>',
+                    r.text, re.S)
+    assert row, r.text[-3000:]
+    assert "PENDING" in row.group(1)
+    assert "0.5 cores, 256 MiB memory" in row.group(1)
+    assert "parked" in row.group(1)
+    assert ">Stop</button>" in row.group(1)
+    assert "hiddensession" not in r.text
+
+
+def test_session_logs_page(world):
+    sid = re.search(r'data-session-id="([^"]+)" data-session-name="visiblesession"',
+                    _get(world, "user", "sessions").text).group(1)
+    assert _get(world, "user", f"sessions/{sid}/logs").status_code == 200
+    # Someone else's session: not found (the API's rule: unseen objects are missing).
+    r = _get(world, "user_b", f"sessions/{sid}/logs")
+    assert r.status_code == 404
+    assert escape(f"no session {sid!r}") in r.text
+
+
+def test_folders_of_others_are_not_found(world):
+    fid = world["folder_b"]["id"]
+    assert _get(world, "user_b", f"folders/{fid}").status_code == 200
+    for who in ("user", "dadmin"):
+        r = _get(world, who, f"folders/{fid}")
+        assert r.status_code == 404, (who, r.status_code)
+        assert escape(f"no vfolder {fid!r}") in r.text
+    assert "hiddenfolder" not in _get(world, "dadmin", "folders").text
+
+
+def test_keys_page_lists_only_own_keys(world):
+    ak = world["user"]["keypair"]["access_key"]
+    other = world["user_b"]["keypair"]["access_key"]
+    text = _get(world, "user", "keys").text
+    assert f'data-access-key="{ak}"' in text
+    assert other not in text
+    assert 'href="/hub/backendai/password"' in text
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_console_refuses_users_and_monitors(world, section):
+    for who, role in (("user", "user"), ("monitor", "monitor")):
+        r = _get(world, who, f"admin/{section}")
+        assert r.status_code == 403, (who, section, r.status_code)
+        assert (f"The admin console is for superadmins and domain admins; your role is {role}."
+                in r.text)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_domain_admin_sees_nothing_of_another_domain(world, section):
+    r = _get(world, "dadmin", f"admin/{section}")
+    assert r.status_code == 200, r.text[-2000:]
+    for secret in ("otherdom", "secretproj", "hiddenuser", "hiddensession",
+                   world["user_b"]["keypair"]["access_key"]):
+        assert secret not in r.text, (section, secret)
+    assert "Domain admin of default: this domain only." in r.text
+    # The superadmin's console has both domains' rows where the section lists them.
+    sa = world["hub"].login()
+    everything = sa.get(world["hub"].base + f"/hub/backendai/admin/{section}", timeout=60).text
+    expected = {"domains": "otherdom", "projects": "secretproj", "users": "hiddenuser",
+                "keypairs": world["user_b"]["keypair"]["access_key"],
+                "sessions": "hiddensession", "queue": "hiddensession"}.get(section)
+    if expected:
+        assert expected in everything, section
+
+
+def test_domain_admin_sees_own_domain_rows(world):
+    users = _get(world, "dadmin", "admin/users").text
+    assert 'data-username="pageuser"' in users
+    projects = _get(world, "dadmin", "admin/projects").text
+    assert 'data-name="teamproj"' in projects and "pageuser" in projects
+    queue = _get(world, "dadmin", "admin/queue").text
+    section = re.search(r'data-resource-group="parked".*?</section>', queue, re.S).group(0)
+    # Counted and listed: the sessions the admin may see; the group's total as the API has it.
+    assert "1 pending in your view (2 in the group)" in section
+    assert 'data-session-name="visiblesession"' in section
+    sid = re.search(r'data-session-id="([^"]+)" data-session-name="visiblesession"',
+                    _get(world, "user", "sessions").text).group(1)
+    reason = world["user"]["client"].ok("GET", f"/sessions/{sid}")["status_info"]
+    assert reason  # the scheduler's words (it replaced the one the test wrote)
+    assert '<td class="backendai-reason">' + str(escape(reason)) + "</td>" in section
+    sessions = _get(world, "dadmin", "admin/sessions", params={"status": "PENDING"}).text
+    assert 'data-session-name="visiblesession"' in sessions and ">Force-stop</button>" in sessions
+
+
+def _plot(html: str, pid: str) -> str:
+    m = re.search(rf'<figure class="backendai-plot mb-4" id="plot-{pid}" data-points="(\d+)">(.*?)</figure>',
+                  html, re.S)
+    assert m, html[-3000:]
+    return m
+
+
+def test_plots_draw_the_samples(world):
+    """The hub samples the record; after a few samples the console draws them: the
+    queue of 'parked' (2 pending: the group's count) and the agent's use, as SVG."""
+    deadline = time.monotonic() + 60
+    while True:
+        r = _get(world, "dadmin", "admin/plots")
+        assert r.status_code == 200, r.text[-2000:]
+        queue = _plot(r.text, "queue-length")
+        if int(queue.group(1)) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert int(queue.group(1)) >= 3, r.text[-3000:]
+    body = queue.group(2)
+    assert '<svg xmlns="http://www.w3.org/2000/svg"' in body
+    assert 'aria-labelledby="plot-queue-length-title"' in body
+    assert '<g class="backendai-series" data-label="parked">' in body
+    assert len(re.findall(r"<circle ", body)) == int(queue.group(1))
+    assert "<title>parked: 2 sessions at " in body
+    assert "parked: 2 sessions now" in body
+    agents = _plot(r.text, "agent-cpu")
+    assert int(agents.group(1)) >= 3
+    assert f'data-label="{world["hub"].agent_id}"' in agents.group(2)
+    assert re.search(r"\d+ samples kept by this hub, one every 0.5 s;", r.text)
+
+
+def test_console_bad_input(world):
+    r = _get(world, "dadmin", "admin/nonsense")
+    assert r.status_code == 404
+    assert "There is no console page &#39;nonsense&#39;." in r.text
+    r = _get(world, "dadmin", "admin/sessions", params={"status": "SLEEPING"})
+    assert r.status_code == 400
+    assert "status must be one of PENDING" in r.text and "not &#39;SLEEPING&#39;" in r.text
+
+
+def test_navigation_links_by_role(world):
+    for who, console in (("user", False), ("monitor", False), ("dadmin", True)):
+        home = world[who]["web"].get(world["hub"].base + "/hub/home", timeout=60).text
+        for page in ("sessions", "folders", "keys", "password"):
+            assert f'id="backendai-nav-{page}"' in home, (who, page)
+        assert ('id="backendai-nav-console"' in home) is console, who
+    home = world["hub"].login().get(world["hub"].base + "/hub/home", timeout=60).text
+    assert 'id="backendai-nav-console"' in home

@@ -1,0 +1,113 @@
+"""A scheduler pass is skipped when nothing it depends on changed, and runs again
+on every kind of change (SQLite and PostgreSQL): an arrival, a release, an agent
+joining or lost, a policy or group option change, a time-based rule coming due."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from jupyterhub_backendai.common.types import AgentStatus
+from jupyterhub_backendai.models import Agent, KeypairResourcePolicy
+from jupyterhub_backendai.models.base import utcnow
+from jupyterhub_backendai.scheduler import check_consistency, schedule_pass
+from jupyterhub_backendai.scheduler.dispatcher import LAST_PASS
+
+from .scheduler_world import World, slots
+
+
+@pytest.fixture
+def w(sm) -> World:
+    w = World(sm)
+    w.agent("a1", cpu=2, mem="64g")
+    w.user("alice")
+    w.enqueue("alice", "fits", cpu=2)
+    w.enqueue("alice", "waits", cpu=2)
+    return w
+
+
+def quiet(sm, now=None) -> bool:
+    """Run a pass; True if it was skipped (and then it placed nothing)."""
+    placed = schedule_pass(sm, "default", now=now)
+    if LAST_PASS["skipped"]:
+        assert placed == []
+    return LAST_PASS["skipped"]
+
+
+def settle(w, sm, now=None) -> None:
+    """Passes until one is skipped: the queue cannot move any more."""
+    for _ in range(5):
+        if quiet(sm, now):
+            return
+    raise AssertionError("the scheduler never settled")
+
+
+def test_an_unchanged_queue_is_not_passed_again(w, sm):
+    assert w.names(schedule_pass(sm, "default")) == ["fits"]
+    assert LAST_PASS["skipped"] is False
+    assert quiet(sm) is False  # after a pass that placed, the next one runs
+    assert quiet(sm) is True
+    assert quiet(sm) is True
+    assert w.status("waits") == "PENDING"
+    assert w.info("waits").startswith("waiting for resources")
+    assert schedule_pass(sm, "default", force=True) == []
+    assert LAST_PASS["skipped"] is False
+
+
+def test_a_release_wakes_the_queue(w, sm):
+    settle(w, sm)
+    w.finish("fits")
+    assert w.names(schedule_pass(sm, "default")) == ["waits"]
+    assert check_consistency(sm) == []
+
+
+def test_an_arrival_is_looked_at(w, sm):
+    settle(w, sm)
+    w.agent("a2", cpu=1, mem="64g")
+    settle(w, sm)
+    w.enqueue("alice", "small", cpu=1)
+    assert w.names(schedule_pass(sm, "default")) == ["small"]
+
+
+def test_a_new_agent_and_a_lost_agent_count(w, sm):
+    settle(w, sm)
+    w.agent("a2", cpu=2, mem="64g")
+    assert w.names(schedule_pass(sm, "default")) == ["waits"]
+    w.enqueue("alice", "third", cpu=2)
+    settle(w, sm)
+    with sm.begin() as s:
+        s.get(Agent, "a2").status = AgentStatus.LOST
+    assert quiet(sm) is False
+    with sm.begin() as s:
+        a = s.get(Agent, "a2")
+        a.status = AgentStatus.ALIVE
+        a.available_slots = slots(cpu=4, mem="64g")
+    assert w.names(schedule_pass(sm, "default")) == ["third"]
+
+
+def test_a_policy_or_option_change_counts(w, sm):
+    w.policy("one", max_concurrent_sessions=1)
+    w.user("bob", policy="one")
+    w.agent("a2", cpu=8, mem="64g")
+    w.enqueue("bob", "b1")
+    w.enqueue("bob", "b2")
+    settle(w, sm)
+    assert w.status("b2") == "PENDING"
+    with sm.begin() as s:
+        s.get(KeypairResourcePolicy, "one").max_concurrent_sessions = 2
+    assert w.names(schedule_pass(sm, "default")) == ["b2"]
+    settle(w, sm)
+    w.group(scheduler_opts={"pending_timeout": 3600})
+    assert quiet(sm) is False
+
+
+def test_time_based_rules_still_fire_while_nothing_changes(w, sm):
+    w.group(scheduler_opts={"pending_timeout": 60})
+    t0 = utcnow()
+    settle(w, sm, now=t0)
+    assert quiet(sm, now=t0 + dt.timedelta(seconds=30)) is True
+    schedule_pass(sm, "default", now=t0 + dt.timedelta(seconds=120))
+    assert LAST_PASS["skipped"] is False
+    assert w.status("waits") == "CANCELLED"
+    assert check_consistency(sm) == []

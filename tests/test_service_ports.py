@@ -1,0 +1,546 @@
+"""Issue 12: service ports of a real Docker session through jupyter-server-proxy, behind
+the hub's login.
+
+One hub per configuration for the module (single origin; subdomains with servers on
+``<user>.localhost``), one server of alice's in each. Requests go to 127.0.0.1 with the
+``Host`` header of the origin they stand for (``alice.localhost:<port>`` in subdomain
+mode), which is what a browser resolving ``*.localhost`` to loopback sends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import socket
+import subprocess
+import time
+import urllib.parse
+import uuid
+
+import pytest
+import requests
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from .conftest import containers_of, shutdown_hub
+from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
+from .test_attacks_api import new_user
+from .test_signing import signed
+
+ECHO_PORT = 9100
+HTTP_PORT = 9000
+HELLO2_PORT = 9001
+CLOSED_PORT = 9999
+XSS = "<img src=x onerror=alert(1)>"
+
+# A websocket echo app a user would run in the session (tornado is in the image).
+ECHO_APP = (
+    "import asyncio, tornado.web, tornado.websocket\n"
+    "class E(tornado.websocket.WebSocketHandler):\n"
+    "    def on_message(self, m): self.write_message('echo:' + m)\n"
+    "async def main():\n"
+    f"    tornado.web.Application([(r'/.*', E)]).listen({ECHO_PORT}, '127.0.0.1')\n"
+    "    await asyncio.Event().wait()\n"
+    "asyncio.run(main())\n"
+)
+
+
+class Server:
+    """alice's server as seen from one origin."""
+
+    def __init__(self, hub: Hub, host: str, prefix: str, token: str):
+        self.hub, self.host, self.prefix, self.token = hub, host, prefix, token
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.hub.port}{self.prefix}{path}"
+
+    def get(self, path: str, token: str | None = "owner", **kw) -> requests.Response:
+        headers = {"Host": self.host, **kw.pop("headers", {})}
+        if token == "owner":
+            token = self.token
+        if token:
+            headers["Authorization"] = f"token {token}"
+        return requests.get(self.url(path), headers=headers, allow_redirects=False,
+                            timeout=120, **kw)
+
+    def ws(self, path: str, token: str | None = "owner", cookies: str | None = None):
+        if token == "owner":
+            token = self.token
+        headers = {}
+        if token:
+            headers["Authorization"] = f"token {token}"
+        if cookies:
+            headers["Cookie"] = cookies
+        sock = socket.create_connection(("127.0.0.1", self.hub.port), timeout=30)
+        return connect(f"ws://{self.host}{self.prefix}{path}", sock=sock,
+                       additional_headers=headers, open_timeout=60,
+                       origin=f"http://{self.host}")
+
+    def terminal(self):
+        r = requests.post(self.url("api/terminals"), headers={
+            "Host": self.host, "Authorization": f"token {self.token}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        return self.ws(f"terminals/websocket/{r.json()['name']}")
+
+    def run(self, command: str, marker: str) -> str:
+        """Run a shell command in a terminal; return the output up to ``marker``."""
+        with self.terminal() as ws:
+            ws.send(json.dumps(["stdin", command + "; echo " + marker[:2] + "''" + marker[2:]
+                                + "\r"]))
+            return read_until(ws, marker)
+
+
+def read_until(ws, needle: str, timeout: float = 60) -> str:
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{needle!r} not seen in terminal output: {seen[-2000:]!r}"
+        msg = json.loads(ws.recv(timeout=left))
+        if msg[0] == "stdout":
+            seen += msg[1]
+    return seen
+
+
+def start_hub(tmp_path_factory, subdomains: bool) -> Hub:
+    from jupyterhub_backendai.cli import create_superadmin
+
+    d = tmp_path_factory.mktemp("sp-sub" if subdomains else "sp-one")
+    db_url = f"sqlite:///{d}/backendai.sqlite"
+    admin = create_superadmin(db_url, ADMIN_EMAIL, ADMIN_PASSWORD)
+    hub = Hub(db_url=db_url, backend="docker")
+    hub.admin_keys = (admin["access_key"], admin["secret_key"])
+    if subdomains:
+        origin = f"http://localhost:{hub.port}"
+        hub.env["BACKENDAI_HUB_URL"] = origin + "/"
+        hub.env["BACKENDAI_SUBDOMAIN_HOST"] = origin
+    else:
+        hub.env["BACKENDAI_SUBDOMAIN_HOST"] = ""
+    try:
+        hub.start()
+    except Exception as e:
+        hub.close()
+        raise RuntimeError(f"hub did not start: {e}\n{hub.log()}") from e
+    return hub
+
+
+class Login:
+    """A hub login by hand: requests go to 127.0.0.1 but name the hub's public host
+    (``localhost:<port>`` in subdomain mode), cookies kept by name (requests' cookie jar
+    mishandles "localhost")."""
+
+    def __init__(self, hub: Hub, email: str, host: str):
+        self.hub, self.host, self.cookies = hub, host, {}
+        self.request("GET", "/hub/login")
+        r = self.request("POST", "/hub/login", data={
+            "username": email, "password": "victim-pass-1", "_xsrf": self.cookies["_xsrf"]})
+        assert r.status_code == 302 and "jupyterhub-session-id" in self.cookies, r.text[:500]
+
+    def request(self, method: str, url: str, **kw) -> requests.Response:
+        headers = {"Host": self.host, **kw.pop("headers", {})}
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        if url.startswith("/"):
+            url = self.hub.base + url
+        r = requests.request(method, url, headers=headers, allow_redirects=False,
+                             timeout=60, **kw)
+        self.cookies.update({c.name: c.value for c in r.cookies})
+        return r
+
+    def get_following(self, url: str, host: str) -> requests.Response:
+        """GET through redirects (the OAuth dance) the way a browser would."""
+        for _ in range(10):
+            r = self.request("GET", url, headers={"Host": host})
+            if r.status_code not in (301, 302, 303):
+                return r
+            loc = urllib.parse.urlsplit(urllib.parse.urljoin(f"http://{host}{url}"
+                                        if url.startswith("/") else url, r.headers["Location"]))
+            host = loc.netloc
+            url = f"http://127.0.0.1:{self.hub.port}{loc.path}" + (
+                f"?{loc.query}" if loc.query else "")
+        raise AssertionError("redirect loop")
+
+
+def mint_token(login: Login, user: str, scopes=None) -> str:
+    body = {"note": "service ports test", **({"scopes": scopes} if scopes else {})}
+    r = login.request("POST", f"/hub/api/users/{user}/tokens", json=body,
+                      headers={"X-XSRFToken": login.cookies["_xsrf"]})
+    assert r.status_code == 201, (r.status_code, r.text[:500])
+    return r.json()["token"]
+
+
+class World:
+    def __init__(self, hub: Hub, subdomains: bool):
+        self.hub = hub
+        self.mode = "subdomains" if subdomains else "single-origin"
+        self.alice = new_user(hub)
+        self.bob = new_user(hub)
+        hub_host = f"localhost:{hub.port}" if subdomains else f"127.0.0.1:{hub.port}"
+        self.alice_login = Login(hub, self.alice["email"], hub_host)
+        self.bob_login = Login(hub, self.bob["email"], hub_host)
+        a, b = self.alice["username"], self.bob["username"]
+        self.alice_token = mint_token(self.alice_login, a)
+        self.bob_token = mint_token(self.bob_login, b)
+        # alice's own token without access:servers (it may read her name, nothing more).
+        self.scopeless_token = mint_token(self.alice_login, a,
+                                          scopes=[f"read:users:name!user={a}"])
+        self.server_name = "sp" + uuid.uuid4().hex[:4]
+        r = hub.spawn(a, self.server_name, token=self.alice_token)
+        assert r.status_code in (201, 202), r.text
+        model = hub.wait_ready(a, self.server_name, token=self.alice_token)
+        url = urllib.parse.urlsplit(model["url"])
+        if subdomains:
+            host = f"{a}.localhost:{hub.port}"
+            assert model["url"].startswith(f"http://{host}/"), model["url"]
+        else:
+            host = f"127.0.0.1:{hub.port}"
+        self.server = Server(hub, host, url.path, self.alice_token)
+        # The user's own apps: a websocket echo, a static file server, a second hello app.
+        out = self.server.run(
+            f"mkdir -p /tmp/www && echo served-by-http-server > /tmp/www/x.txt"
+            f" && (nohup python -c \"{ECHO_APP}\" >/tmp/echo.log 2>&1 &)"
+            f" && (nohup python -m http.server {HTTP_PORT} --bind 127.0.0.1 --directory /tmp/www"
+            f" >/tmp/http.log 2>&1 &)"
+            f" && (nohup python /opt/backendai/hello_app.py --port {HELLO2_PORT}"
+            f" >/tmp/h2.log 2>&1 &)"
+            f" && for p in {ECHO_PORT} {HTTP_PORT} {HELLO2_PORT}; do for i in $(seq 100);"
+            f" do python -c \"import socket,sys; socket.create_connection(('127.0.0.1',$p))\""
+            f" 2>/dev/null && break; sleep 0.1; done; done",
+            "APPS-UP")
+        assert "APPS-UP" in out
+
+
+@pytest.fixture(scope="module")
+def single(docker_image, tmp_path_factory):
+    hub = start_hub(tmp_path_factory, subdomains=False)
+    try:
+        yield World(hub, subdomains=False)
+    finally:
+        shutdown_hub(hub)
+
+
+@pytest.fixture(scope="module")
+def subdomain(docker_image, tmp_path_factory):
+    hub = start_hub(tmp_path_factory, subdomains=True)
+    try:
+        yield World(hub, subdomains=True)
+    finally:
+        shutdown_hub(hub)
+
+
+@pytest.fixture(params=["single-origin", "subdomains"])
+def world(request):
+    return request.getfixturevalue("single" if request.param == "single-origin" else "subdomain")
+
+
+# -- the apps ------------------------------------------------------------------------
+
+
+def test_custom_app_answers_through_its_path(single):
+    r = single.server.get("hello/some/page?q=1")
+    assert r.status_code == 200, r.text[:2000]
+    assert "Hello from the Backend.AI session" in r.text
+    # The app sees the path below its prefix (relative links keep working).
+    assert "<code id='path'>/some/page?q=1</code>" in r.text
+    info = single.server.get("hello/info.json").json()
+    assert info["app"] == "hello" and info["uid"] != 0 and info["path"] == "/info.json"
+
+
+def test_tensorboard_loads_with_the_configured_logdir(single):
+    r = single.server.get("tensorboard/")
+    assert r.status_code == 200, r.text[:2000]
+    assert "<tf-tensorboard" in r.text or "TensorBoard" in r.text
+    env = single.server.get("tensorboard/data/environment")
+    assert env.status_code == 200, env.text[:500]
+    assert env.json()["data_location"] == "/home/work/logs"
+
+
+def test_servers_info_lists_the_apps_with_launcher_tiles(single):
+    r = single.server.get("server-proxy/servers-info")
+    assert r.status_code == 200, r.text
+    servers = {s["name"]: s for s in r.json()["server_processes"]}
+    assert set(servers) == {"hello", "tensorboard"}
+    assert servers["tensorboard"]["launcher_entry"]["title"] == "TensorBoard"
+    assert servers["hello"]["launcher_entry"]["title"] == "Hello app"
+    assert all(s["launcher_entry"]["enabled"] for s in servers.values())
+
+
+def test_terminal_websocket_echoes(single):
+    with single.server.terminal() as ws:
+        ws.send(json.dumps(["stdin", "echo sp-$((6*7))\r"]))
+        assert "sp-42" in read_until(ws, "sp-42")
+
+
+def test_adhoc_app_at_proxy_port_and_absolute(single):
+    r = single.server.get(f"proxy/{HTTP_PORT}/x.txt")
+    assert (r.status_code, r.text) == (200, "served-by-http-server\n")
+    # /proxy/<port>/ strips the prefix, /proxy/absolute/<port>/ keeps it.
+    rel = single.server.get(f"proxy/{HELLO2_PORT}/info.json").json()
+    assert rel["path"] == "/info.json"
+    ab = single.server.get(f"proxy/absolute/{HELLO2_PORT}/info.json").json()
+    assert ab["path"] == f"{single.server.prefix}proxy/absolute/{HELLO2_PORT}/info.json"
+
+
+def test_closed_port_gives_a_502_page_that_says_so(single):
+    for path in (f"proxy/{CLOSED_PORT}/", f"proxy/absolute/{CLOSED_PORT}/x"):
+        r = single.server.get(path)
+        assert r.status_code == 502, (path, r.status_code, r.text[:1000])
+        assert r.headers["Content-Type"].startswith("text/html")
+        assert f"nothing is listening on port {CLOSED_PORT}" in r.text
+        assert f"No app answers on port {CLOSED_PORT} in this session." in r.text
+
+
+def test_proxied_websocket_echoes(single):
+    with single.server.ws(f"proxy/{ECHO_PORT}/") as ws:
+        ws.send("ping")
+        assert ws.recv(timeout=30) == "echo:ping"
+
+
+# -- security --------------------------------------------------------------------------
+
+HTTP_TARGETS = ["hello/", "tensorboard/", f"proxy/{HTTP_PORT}/x.txt",
+                f"proxy/absolute/{HELLO2_PORT}/"]
+
+
+def _refused_http(r: requests.Response, world) -> None:
+    """Not the app: 401/403, or (anonymous GET) a redirect into the hub's login."""
+    assert "served-by-http-server" not in r.text and "Hello from" not in r.text
+    if r.status_code in (301, 302):
+        loc = r.headers["Location"]
+        assert "/hub/api/oauth2/authorize" in loc or "/hub/login" in loc, loc
+    else:
+        assert r.status_code in (401, 403), (r.status_code, r.text[:500])
+
+
+def test_owner_reaches_every_app(world):
+    for path in HTTP_TARGETS:
+        r = world.server.get(path)
+        assert r.status_code == 200, (world.mode, path, r.status_code, r.text[:500])
+    with world.server.ws(f"proxy/{ECHO_PORT}/") as ws:
+        ws.send("x")
+        assert ws.recv(timeout=30) == "echo:x"
+
+
+@pytest.mark.parametrize("who", ["anonymous", "other-user", "token-without-access-servers",
+                                 "bogus-token"])
+def test_http_to_service_ports_needs_the_hubs_auth(world, who):
+    token = {"anonymous": None, "other-user": world.bob_token,
+             "token-without-access-servers": world.scopeless_token,
+             "bogus-token": "x" * 32}[who]
+    for path in HTTP_TARGETS:
+        r = world.server.get(path, token=token)
+        _refused_http(r, world)
+        if who != "anonymous":
+            assert r.status_code == 403 or (r.status_code == 302 and who == "bogus-token"), (
+                who, path, r.status_code)
+        # Non-GET methods are refused outright (no login redirect).
+        r = requests.post(world.server.url(path), headers={
+            "Host": world.server.host, **({"Authorization": f"token {token}"} if token else {})},
+            allow_redirects=False, timeout=60)
+        assert r.status_code in (401, 403), (who, path, r.status_code)
+
+
+@pytest.mark.parametrize("who", ["anonymous", "other-user", "token-without-access-servers"])
+def test_websocket_to_service_ports_needs_the_hubs_auth(world, who):
+    """CVE-2024-28179: jupyter-server-proxy once proxied websockets without checking the
+    user. Both a proxied app's websocket and the terminal's are refused."""
+    token = {"anonymous": None, "other-user": world.bob_token,
+             "token-without-access-servers": world.scopeless_token}[who]
+    for path in (f"proxy/{ECHO_PORT}/", f"proxy/absolute/{ECHO_PORT}/", "terminals/websocket/1"):
+        with pytest.raises(InvalidStatus) as e:
+            with world.server.ws(path, token=token) as ws:
+                ws.send("x")
+                pytest.fail(f"{who} got a websocket on {path}: {ws.recv(timeout=5)!r}")
+        assert e.value.response.status_code in (401, 403), (who, path, e.value.response)
+
+
+def test_other_users_login_cookie_does_not_open_alices_apps(world):
+    """bob, logged in to the hub, follows a link to alice's app: the hub's OAuth refuses
+    to give him a cookie for her server."""
+    url = world.server.url("hello/")
+    r = world.bob_login.get_following(url, world.server.host)
+    assert r.status_code == 403, (r.status_code, r.url, r.text[:500])
+    assert "Hello from" not in r.text
+    # alice, logged in the same way, gets her app.
+    r = world.alice_login.get_following(url, world.server.host)
+    assert r.status_code == 200 and "Hello from the Backend.AI session" in r.text
+
+
+@pytest.mark.parametrize("host", ["169.254.169.254:80", "172.17.0.1:80", "example.org:80",
+                                  "10.0.0.1:8888"])
+def test_proxy_to_other_hosts_is_refused(single, host):
+    """host_allowlist stays the kernel itself: no other kernel, the hub, the metadata
+    service or the internet through /proxy/<host>:<port>/."""
+    r = single.server.get(f"proxy/{host}/")
+    assert r.status_code == 403, (host, r.status_code, r.text[:500])
+    assert "is not allowed" in r.text
+    # The websocket: refused at the handshake, or closed before anything is relayed
+    # (jupyter-server-proxy checks the host after the upgrade).
+    try:
+        with single.server.ws(f"proxy/{host}/") as ws:
+            with pytest.raises(ConnectionClosed):
+                ws.send("x")
+                pytest.fail(f"relayed from {host}: {ws.recv(timeout=30)!r}")
+    except InvalidStatus as e:
+        assert e.response.status_code == 403
+
+
+def test_host_segment_is_not_reflected_as_html(single):
+    """CVE-2024-35225: the host of /proxy/<host>:<port>/ was written into the error page
+    unescaped."""
+    for path in (f"proxy/{urllib.parse.quote(XSS)}:80/",
+                 f"proxy/{urllib.parse.quote(XSS)}:80/{urllib.parse.quote(XSS)}"):
+        r = single.server.get(path)
+        assert r.status_code in (403, 404), (r.status_code, r.text[:500])
+        assert XSS not in r.text
+        assert "onerror=alert(1)>" not in r.text
+
+
+# -- activity, API -------------------------------------------------------------------
+
+
+def _last_activity(server: Server) -> dt.datetime:
+    r = server.get("api/status?no_track_activity=1")
+    assert r.status_code == 200, r.text
+    return dt.datetime.fromisoformat(r.json()["last_activity"].replace("Z", "+00:00"))
+
+
+@pytest.mark.parametrize("path", ["hello/", f"proxy/{HTTP_PORT}/x.txt", "tensorboard/"])
+def test_service_port_traffic_counts_as_server_activity(single, path):
+    """What the server reports to the hub (and so the idle culler sees) moves with traffic
+    to an app; reading the status alone does not move it."""
+    before = _last_activity(single.server)
+    assert _last_activity(single.server) == before
+    assert single.server.get(path).status_code == 200
+    after = _last_activity(single.server)
+    assert after > before, (before, after)
+
+
+def test_api_lists_a_sessions_service_ports(world):
+    hub = world.hub
+    a = world.alice
+    r = signed(hub, "GET", "/sessions", a["access_key"], a["secret_key"],
+               query={"type": "interactive", "status": "RUNNING"})
+    assert r.status_code == 200, r.text
+    sessions = r.json()["items"] if isinstance(r.json(), dict) else r.json()
+    assert len(sessions) == 1, sessions
+    sid = sessions[0]["id"]
+    r = signed(hub, "GET", f"/sessions/{sid}/service-ports", a["access_key"], a["secret_key"])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    origin = f"http://{world.server.host}" if world.mode == "subdomains" else hub.base
+    server_url = origin + world.server.prefix
+    assert body["server_url"] == server_url
+    assert body["adhoc_url_template"] == server_url + "proxy/{port}/"
+    assert body["service_ports"] == [
+        {"name": "jupyter", "protocol": "http", "container_port": 8888, "url": server_url},
+        {"name": "tensorboard", "protocol": "http", "container_port": 6006,
+         "url": server_url + "tensorboard/"},
+        {"name": "hello", "protocol": "http", "container_port": 8070,
+         "url": server_url + "hello/"},
+    ]
+    # The listed URL answers (the owner's token).
+    path = urllib.parse.urlsplit(body["service_ports"][2]["url"]).path
+    assert world.server.get(path[len(world.server.prefix):]).status_code == 200
+    # Another user does not see the session at all.
+    b = world.bob
+    r = signed(hub, "GET", f"/sessions/{sid}/service-ports", b["access_key"], b["secret_key"])
+    assert r.status_code == 404, r.text
+
+
+def test_only_the_jupyter_server_is_published_on_the_host(single):
+    """The Jupyter server proxies every other app of the image, so a session takes one
+    host port from the agent's range, not one per declared service port."""
+    [cid] = containers_of(single.hub.agent_id)
+    out = subprocess.run(["docker", "inspect", "-f", "{{json .HostConfig.PortBindings}}", cid],
+                         capture_output=True, text=True, check=True).stdout
+    bindings = json.loads(out)
+    assert list(bindings) == ["8888/tcp"], bindings
+    assert bindings["8888/tcp"][0]["HostIp"] == "127.0.0.1"
+
+
+# -- large responses -------------------------------------------------------------------
+
+BIG_MIB = 32
+BIG_CLIENTS = 20
+
+
+def _big_pattern() -> bytes:
+    return bytes(range(256)) * (BIG_MIB * 2**20 // 256)
+
+
+def test_concurrent_large_downloads_do_not_take_the_session_down(single):
+    """jupyter-server-proxy 4.6.0 reads an app's whole response into memory (several
+    copies) before sending any of it: 20 concurrent 32 MiB downloads through the hub's
+    path OOM-killed the 512 MiB session (503, then nothing). The image's proxy streams
+    instead: the session survives, no OOM kill in its cgroup, every byte arrives and
+    Content-Length is passed on."""
+    import concurrent.futures
+    import hashlib
+
+    [cid] = containers_of(single.hub.agent_id)
+    started = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", cid],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    out = single.server.run(
+        "python -c \"open('/tmp/www/big.bin','wb').write(bytes(range(256))*"
+        f"({BIG_MIB}*2**20//256))\" && ls -l /tmp/www/big.bin", "BIG-READY")
+    assert "BIG-READY" in out
+    expected = hashlib.sha256(_big_pattern()).hexdigest()
+
+    def download(_):
+        r = requests.get(single.server.url(f"proxy/{HTTP_PORT}/big.bin"), headers={
+            "Host": single.server.host, "Authorization": f"token {single.server.token}"},
+            stream=True, timeout=120)
+        h, n = hashlib.sha256(), 0
+        for chunk in r.iter_content(1 << 16):
+            h.update(chunk)
+            n += len(chunk)
+        return r.status_code, r.headers.get("Content-Length"), n, h.hexdigest()
+
+    with concurrent.futures.ThreadPoolExecutor(BIG_CLIENTS) as pool:
+        results = list(pool.map(download, range(BIG_CLIENTS)))
+    size = BIG_MIB * 2**20
+    assert results == [(200, str(size), size, expected)] * BIG_CLIENTS, [
+        r[:3] for r in results]
+    # The same container, never restarted, no OOM kill in its cgroup; the server answers.
+    state = json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert state["Running"] and not state["OOMKilled"] and state["StartedAt"] == started
+    events = subprocess.run(["docker", "exec", cid, "cat", "/sys/fs/cgroup/memory.events"],
+                            capture_output=True, text=True)
+    if events.returncode == 0:  # cgroup v2
+        counts = dict(line.split() for line in events.stdout.splitlines())
+        assert counts["oom_kill"] == "0", events.stdout
+    assert single.server.get("api/status").status_code == 200
+    single.server.run("rm -f /tmp/www/big.bin", "BIG-GONE")
+
+
+def test_streamed_responses_keep_redirects_head_and_survive_a_client_that_leaves(single):
+    """The streamed proxy path: a redirect's Location is rewritten below the proxy prefix
+    (as jupyter-server-proxy does), HEAD gets the app's Content-Length and no body, and a
+    client that drops a large download halfway leaves the server serving."""
+    single.server.run("mkdir -p /tmp/www/sub && head -c 8388608 /dev/zero > /tmp/www/zeros.bin",
+                      "STREAM-READY")
+    r = single.server.get(f"proxy/{HTTP_PORT}/sub")
+    assert r.status_code == 301, (r.status_code, r.text[:500])
+    assert r.headers["Location"] == f"{single.server.prefix}proxy/{HTTP_PORT}/sub/"
+    r = requests.head(single.server.url(f"proxy/{HTTP_PORT}/zeros.bin"), headers={
+        "Host": single.server.host, "Authorization": f"token {single.server.token}"},
+        allow_redirects=False, timeout=60)
+    assert (r.status_code, r.headers.get("Content-Length"), r.content) == (200, "8388608", b"")
+    # Read 64 KiB of 8 MiB, then hang up, a few times.
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", single.hub.port), timeout=30) as s:
+            s.sendall((f"GET {single.server.prefix}proxy/{HTTP_PORT}/zeros.bin HTTP/1.1\r\n"
+                       f"Host: {single.server.host}\r\n"
+                       f"Authorization: token {single.server.token}\r\n\r\n").encode())
+            got = b""
+            while len(got) < 65536:
+                chunk = s.recv(65536)
+                assert chunk, got[:300]
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 200 ")
+    r = single.server.get(f"proxy/{HTTP_PORT}/zeros.bin")
+    assert (r.status_code, len(r.content), r.content.count(b"\0")) == (200, 8388608, 8388608)
+    assert single.server.get(f"proxy/{HTTP_PORT}/x.txt").text == "served-by-http-server\n"
+    single.server.run("rm -rf /tmp/www/sub /tmp/www/zeros.bin", "STREAM-GONE")
