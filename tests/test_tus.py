@@ -100,7 +100,8 @@ def _patch_cut(url: str, offset: int, data: bytes, declared: int) -> None:
 
 
 def _wait_offset(url: str, at_least: int) -> int:
-    """HEAD until the proxy has written what arrived (the write ends after the cut)."""
+    """HEAD until the cut PATCH has reached the proxy. HEAD waits for a PATCH under way
+    to end, so once it answers past the old offset the value no longer moves."""
     deadline = time.monotonic() + 30
     while True:
         r = requests.head(url, headers={"Tus-Resumable": "1.0.0"}, timeout=30)
@@ -136,7 +137,7 @@ def test_tus_upload_interrupted_and_resumed_is_byte_identical(hub, sa):
     # A new client resumes from the server's offset (HEAD), in 16 MiB chunks.
     up2 = tus_client.TusClient(url).uploader(file_stream=open_bytes(data), url=url,
                                              chunk_size=16 * MiB)
-    assert up2.offset == off
+    assert up2.offset == off  # the offset stood still: HEAD waited for the cut PATCH
     up2.upload()
     with open(os.path.join(_dir(hub, f), "big.bin"), "rb") as fh:
         assert hashlib.sha256(fh.read()).digest() == hashlib.sha256(data).digest()

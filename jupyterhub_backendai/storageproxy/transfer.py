@@ -60,6 +60,9 @@ STAGING = ".tus"
 #: Bytes held in memory before they are written (in a thread) during a PATCH.
 WRITE_BUFFER = 4 << 20
 READ_CHUNK = 4 << 20
+#: How long a HEAD waits for a PATCH of the same upload to end (a client that
+#: resumes right after its connection died must read the final offset).
+SETTLE_WAIT = 15.0
 
 
 class TransferTokens(SingletonConfigurable):
@@ -150,6 +153,20 @@ class _Staged:
 
     def lock(self) -> asyncio.Lock:
         return self.locks.setdefault(self.id, asyncio.Lock())
+
+    async def settled(self) -> bool:
+        """Wait until no PATCH of this upload is under way (its last write included),
+        so the offset read next is the one a resuming client must send. False if one
+        is still going after ``SETTLE_WAIT`` seconds."""
+        lock = self.locks.get(self.id)
+        if lock is None or not lock.locked():
+            return True
+        try:
+            await asyncio.wait_for(lock.acquire(), SETTLE_WAIT)
+        except asyncio.TimeoutError:
+            return False
+        lock.release()
+        return True
 
     def offset(self) -> int | None:
         """Bytes received so far; the length once finished; None if not begun."""
@@ -381,6 +398,8 @@ class TusUploadHandler(TransferHandler):
     async def head(self):
         try:
             st = self._staged()
+            if not await st.settled():
+                raise BackendAIError("a PATCH of this upload is in progress", status_code=423)
             off = await asyncio.to_thread(st.create)
         except BackendAIError as e:
             self.clear()
