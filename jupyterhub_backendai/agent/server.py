@@ -17,13 +17,13 @@ import os
 import signal
 
 from tornado import web
-from traitlets import Dict, Float, Integer, List, Unicode, default
+from traitlets import Float, Integer, Unicode, default
 from traitlets.config import Application
 
 from ..common.errors import BackendAIError, InvalidRequest, NotFound
 from ..common.etcdreg import AgentRegistration
 from ..common.events import make_event_bus
-from ..common.httpbase import NodeAuth, NodeHandler, NotFoundHandler, TLSFiles, listen
+from ..common.httpbase import NodeAuth, NodeAuthConfig, NodeHandler, NotFoundHandler, listen
 from .core import Agent
 
 
@@ -110,8 +110,9 @@ def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
     )
 
 
-class AgentApp(Application):
+class AgentApp(NodeAuthConfig, Application):
     name = "backendai-agent"
+    token_env = "BACKENDAI_AGENT_TOKEN"
     description = "Run kernels for jupyterhub-backendai on this node."
     config_file = Unicode("", help="Config file to load.").tag(config=True)
     listen_host = Unicode("127.0.0.1", help="Address the agent API listens on.").tag(config=True)
@@ -126,20 +127,6 @@ class AgentApp(Application):
         # Read when first used, not at import: `--help-all` must not print a password.
         return os.environ.get("BACKENDAI_REDIS_URL", "")
 
-    token = Unicode(
-        help="""DEPRECATED (use tls): shared secret the manager presents (env
-        BACKENDAI_AGENT_TOKEN). Ignored when tls is set.""",
-    ).tag(config=True)
-    tls = Dict(
-        help="""Mutual TLS with the cluster CA: {"cert": ".../agent1.crt", "key":
-        ".../agent1.key", "ca": ".../cluster-ca.crt"} (made by `python -m
-        jupyterhub_backendai.common.certs`). The API is then HTTPS and only callers
-        with a certificate of that CA named in allowed_clients are served.""",
-    ).tag(config=True)
-    allowed_clients = List(
-        Unicode(), ["hub"],
-        help="Common names of the client certificates that may call (with tls).",
-    ).tag(config=True)
     advertise_addr = Unicode(
         "",
         help="""URL the managers reach this agent's API at (registered in etcd and
@@ -165,10 +152,6 @@ class AgentApp(Application):
         leave within this time.""",
     ).tag(config=True)
 
-    @default("token")
-    def _token_default(self):
-        # Read when first used, not at import: `--help-all` must not print the secret.
-        return os.environ.get("BACKENDAI_AGENT_TOKEN", "")
     aliases = {
         "config": "AgentApp.config_file",
         "port": "AgentApp.listen_port",
@@ -189,17 +172,12 @@ class AgentApp(Application):
 
     async def run(self):
         try:
-            tls = TLSFiles.from_config(self.tls)
+            auth = self.node_auth()
         except ValueError as e:
             raise SystemExit(f"backendai-agent: {e}") from None
-        if tls is None and not self.token:
-            raise SystemExit(
-                "backendai-agent: set tls (cert, key, ca; see docs/cluster.md) or, "
-                "deprecated, a token (BACKENDAI_AGENT_TOKEN or --AgentApp.token)"
-            )
+        tls = auth.tls
         if not self.redis_url:
             raise SystemExit("backendai-agent: set the event bus (--redis or BACKENDAI_REDIS_URL)")
-        auth = NodeAuth(tls=tls, token=self.token, allowed_clients=set(self.allowed_clients))
         bus = make_event_bus(self.redis_url)
         agent = Agent(bus, parent=self)
         scheme = "https" if tls else "http"

@@ -20,11 +20,14 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import ssl
 from dataclasses import dataclass, field
 
 import aiohttp
 from tornado import httputil, web
+from traitlets import Dict, List, Unicode, default
+from traitlets.config import Configurable
 
 from . import errors
 from .errors import BackendAIError, Forbidden, NotFound, Unauthorized
@@ -96,6 +99,49 @@ class NodeAuth:
         got = request.headers.get("Authorization", "")
         if not self.token or not hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode()):
             raise Unauthorized("missing or wrong node token")
+
+
+class NodeAuthConfig(Configurable):
+    """The settings of a node daemon's API authentication, one definition for
+    ``backendai-agent`` and ``backendai-storage-proxy`` (mixed into their apps, so
+    they are set as ``c.AgentApp.tls``, ``c.StorageProxyApp.tls``, ...)."""
+
+    #: Environment variable of the deprecated shared token (set by each daemon).
+    token_env = ""
+
+    token = Unicode(
+        help="""DEPRECATED (use tls): shared secret the manager presents as a Bearer
+        token (env BACKENDAI_AGENT_TOKEN for the agent, BACKENDAI_STORAGE_TOKEN for the
+        storage proxy, where the manager's storage_proxies entry carries the same).
+        Ignored when tls is set.""",
+    ).tag(config=True)
+
+    @default("token")
+    def _token_default(self):
+        # Read when first used, not at import: `--help-all` must not print the secret.
+        return os.environ.get(self.token_env, "") if self.token_env else ""
+
+    tls = Dict(
+        help="""Mutual TLS with the cluster CA: {"cert": ".../node1.crt", "key":
+        ".../node1.key", "ca": ".../cluster-ca.crt"} (made by `python -m
+        jupyterhub_backendai.common.certs`). The API is then HTTPS and only callers
+        with a certificate of that CA named in allowed_clients are served.""",
+    ).tag(config=True)
+    allowed_clients = List(
+        Unicode(), ["hub"],
+        help="Common names of the client certificates that may call (with tls).",
+    ).tag(config=True)
+
+    def node_auth(self) -> NodeAuth:
+        """The daemon's :class:`NodeAuth`; ``ValueError`` saying what to set when
+        neither TLS nor a token is configured, or the TLS files are incomplete."""
+        tls = TLSFiles.from_config(self.tls)
+        if tls is None and not self.token:
+            raise ValueError(
+                "set tls (cert, key, ca; see docs/cluster.md) or, deprecated, a token "
+                f"({self.token_env} or --{type(self).__name__}.token)"
+            )
+        return NodeAuth(tls=tls, token=self.token, allowed_clients=set(self.allowed_clients))
 
 
 def problem_json(e: BackendAIError) -> str:

@@ -14,15 +14,14 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import signal
 
 from tornado import web
-from traitlets import Dict, Integer, List, Unicode, default
+from traitlets import Dict, Integer, Unicode, default
 from traitlets.config import Application
 
 from ..common.errors import BackendAIError, InvalidRequest
-from ..common.httpbase import NodeAuth, NodeHandler, NotFoundHandler, TLSFiles, listen
+from ..common.httpbase import NodeAuth, NodeAuthConfig, NodeHandler, NotFoundHandler, listen
 from . import transfer
 from .client import InProcessStorageClient
 from .transfer import TransferTokens
@@ -284,27 +283,13 @@ def make_app(storage: InProcessStorageClient, auth: NodeAuth | str, max_upload_b
     )
 
 
-class StorageProxyApp(Application):
+class StorageProxyApp(NodeAuthConfig, Application):
     name = "backendai-storage-proxy"
+    token_env = "BACKENDAI_STORAGE_TOKEN"
     description = "Serve vfolders on this node's volumes to jupyterhub-backendai managers."
     config_file = Unicode("", help="Config file to load (Python, traitlets).").tag(config=True)
     listen_host = Unicode("127.0.0.1", help="Address the storage API listens on.").tag(config=True)
     listen_port = Integer(6021, help="Port the storage API listens on.").tag(config=True)
-    token = Unicode(
-        help="""DEPRECATED (use tls): shared secret the manager presents as a Bearer
-        token (env BACKENDAI_STORAGE_TOKEN); the manager's storage_proxies entry
-        carries the same. Ignored when tls is set.""",
-    ).tag(config=True)
-    tls = Dict(
-        help="""Mutual TLS with the cluster CA: {"cert": ".../storage1.crt", "key":
-        ".../storage1.key", "ca": ".../cluster-ca.crt"} (made by `python -m
-        jupyterhub_backendai.common.certs`). The API is then HTTPS and only callers
-        with a certificate of that CA named in allowed_clients are served.""",
-    ).tag(config=True)
-    allowed_clients = List(
-        Unicode(), ["hub"],
-        help="""Common names of the client certificates that may call (with tls).""",
-    ).tag(config=True)
     volumes = Dict(
         help="""Volumes served, by name: {"volume1": {"backend": "vfs", "path":
         "/srv/vfroot/volume1", "folder_uid": 1000, "folder_gid": 1000}}. Only vfs
@@ -333,11 +318,6 @@ class StorageProxyApp(Application):
         quota scopes).""",
     ).tag(config=True)
 
-    @default("token")
-    def _token_default(self):
-        # read when needed, so that --help-all does not print the secret as the default
-        return os.environ.get("BACKENDAI_STORAGE_TOKEN", "")
-
     @default("volumes")
     def _volumes_default(self):
         return {"volume1": {"backend": "vfs", "path": "/var/lib/backendai/vfroot/volume1"}}
@@ -355,13 +335,7 @@ class StorageProxyApp(Application):
 
     async def run(self):
         try:
-            tls = TLSFiles.from_config(self.tls)
-            auth = NodeAuth(tls=tls, token=self.token, allowed_clients=set(self.allowed_clients))
-            if tls is None and not self.token:
-                raise ValueError(
-                    "set tls (cert, key, ca; see docs/cluster.md) or, deprecated, a token "
-                    "(BACKENDAI_STORAGE_TOKEN or --StorageProxyApp.token)"
-                )
+            auth = self.node_auth()
             storage = InProcessStorageClient(make_volumes(self.volumes))
             app = make_app(storage, auth, self.max_upload_bytes)
             server = listen(app, self.listen_port, self.listen_host, auth, chunk_size=CHUNK_SIZE)

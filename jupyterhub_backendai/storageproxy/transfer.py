@@ -163,7 +163,7 @@ class _Staged:
             return True
         try:
             await asyncio.wait_for(lock.acquire(), SETTLE_WAIT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         lock.release()
         return True
