@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import time
 import uuid
@@ -206,7 +207,33 @@ def test_vfolder_commands(hub, alice):
     out = alice("vfolder", "download", "-b", dl, "--max-retries", "1", name, "nope.bin", rc=1)
     assert not os.path.exists(os.path.join(dl, "nope.bin")) or os.path.getsize(
         os.path.join(dl, "nope.bin")) == 0
-    out = alice("vfolder", "delete", name)
+    # rename-file (keeps its directory), mv (to a path, into a directory), rename the folder
+    with open(os.path.join(path, "a", "r.txt"), "w") as fh:
+        fh.write("r")
+    out = alice("vfolder", "rename-file", name, "a/r.txt", "s.txt")
+    assert "Renamed." in out and open(os.path.join(path, "a", "s.txt")).read() == "r"
+    assert not os.path.exists(os.path.join(path, "a", "r.txt"))
+    out = alice("vfolder", "mv", name, "a/s.txt", "a/b")
+    assert "Moved." in out and os.path.isfile(os.path.join(path, "a", "b", "s.txt"))
+    out = alice("vfolder", "mv", name, "a/b/s.txt", "top.txt")
+    assert "Moved." in out and os.path.isfile(os.path.join(path, "top.txt"))
+    # bad input: a new name with '/', a path out of the folder, an existing target
+    out = alice("vfolder", "rename-file", name, "top.txt", "x/y.txt", rc=1)
+    assert "400" in out and "new_name" in out
+    out = alice("vfolder", "mv", name, "top.txt", "../escape.txt", rc=1)
+    assert "400" in out
+    out = alice("vfolder", "mv", name, "top.txt", "up.bin", rc=1)
+    assert "409" in out and "already exists" in out
+    out = alice("vfolder", "mv", name, "nothing.txt", "n2.txt", rc=1)
+    assert "404" in out
+    assert sorted(os.listdir(path)) == ["a", "empty.txt", "top.txt", "up.bin"]
+    assert os.listdir(os.path.join(path, "a", "b")) == []
+    new = name + "-r"
+    out = alice("vfolder", "rename", name, new)
+    assert "Renamed." in out
+    assert admin_api(hub, "GET", f"/vfolders/{fid}")["name"] == new
+    name = new
+    out = alice("vfolder", "delete", name)  # 23.09: at once (no trash)
     assert "Deleted." in out
     assert admin_api(hub, "GET", "/vfolders", params={"name": name})["total"] == 0
     assert not os.path.exists(path)
@@ -252,6 +279,36 @@ def test_26_09_client_folders_transfers_and_sessions(hub, bob26):
     with open(os.path.join(dl, "f26.bin"), "rb") as fh:
         assert fh.read() == data
 
+    # rename-file and mv
+    out = bai("vfolder", "rename-file", name, "f26.bin", "g26.bin")
+    assert "Renamed." in out and os.path.isfile(os.path.join(path, "g26.bin"))
+    out = bai("vfolder", "mv", name, "g26.bin", "sub")
+    assert "Moved." in out and os.path.isfile(os.path.join(path, "sub", "g26.bin"))
+    out = bai("vfolder", "mv", name, "sub/g26.bin", "sub/../../x", rc=1)
+    assert "400" in out and os.path.isfile(os.path.join(path, "sub", "g26.bin"))
+    # the trash: delete keeps the files, restore brings the folder back, purge ends it
+    out = bai("vfolder", "purge", name, rc=1)  # not in the trash
+    assert "409" in out and "not in the trash" in out
+    out = bai("vfolder", "delete", name)
+    assert "Deleted." in out
+    assert admin_api(hub, "GET", f"/vfolders/{f[0]['id']}")["status"] == "delete-pending"
+    assert os.path.isfile(os.path.join(path, "sub", "g26.bin"))
+    out = bai("vfolder", "ls", name, rc=None)  # (26.09's ls exits 0 after printing an error)
+    assert "409" in out and "delete-pending" in out
+    out = bai("vfolder", "delete", name, rc=1)
+    assert "already in the trash" in out
+    out = bai("vfolder", "restore", name)
+    assert "Restored." in out
+    assert admin_api(hub, "GET", f"/vfolders/{f[0]['id']}")["status"] == "ready"
+    assert re.search(r"g26\.bin", bai("vfolder", "ls", name, "sub"))
+    bai("vfolder", "delete", name)
+    out = bai("vfolder", "purge", name)
+    assert "Purged." in out
+    assert admin_api(hub, "GET", "/vfolders", params={"name": name})["total"] == 0
+    assert not os.path.exists(path)
+    out = bai("vfolder", "restore", name, rc=1)
+    assert "404" in out
+
     sname = f"b26-{uuid.uuid4().hex[:6]}"
     out = bai("session", "create", "--type", "batch", "--name", sname, *RES,
               "--startup-command", "sleep 600", hub.image)
@@ -265,3 +322,125 @@ def test_26_09_client_folders_transfers_and_sessions(hub, bob26):
     assert s["status"] == "TERMINATED", s
     out = bai("ps", "--all")
     assert sname in out and "TERMINATED" in out
+
+
+def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
+    """``backend.ai run``: the code runs in the session's Jupyter kernel (a JupyterHub
+    server in a real container), output streamed, input answered, failures exit 1."""
+    name = f"run-{uuid.uuid4().hex[:6]}"
+    out = alice("run", "--name", name, *RES, "-c",
+                "import sys, socket\nprint('hello from', socket.gethostname())\n"
+                "print('to-stderr', file=sys.stderr)\nx = 6 * 7", hub.image)
+    assert f"Session {name} is ready" in out and "hello from " in out and "to-stderr" in out
+    assert "Execution finished. (exit code = 0)" in out, out
+    sid = admin_api(hub, "GET", "/sessions", params={"user_id": alice.user["id"]})["items"]
+    sid = [s["id"] for s in sid if s["name"].endswith(name) and s["status"] == "RUNNING"]
+    assert len(sid) == 1
+    # the container's hostname is the session's: the code ran there, not in the hub
+    assert f"hello from {socket.gethostname()}" not in out
+    # reuse: the kernel keeps its state; input() is answered from the CLI's stdin
+    out = alice("run", "--name", name, "-c", "v = input('who? ')\nprint('x =', x, 'v =', v)",
+                hub.image, answer="bob\n")
+    assert "Reusing session" in out and "who? " in out and "x = 42 v = bob" in out, out
+    # failures: the traceback (without colour codes) and exit code 1
+    out = alice("run", "--name", name, "-c", "print('before')\n1/0", hub.image, rc=1)
+    assert "before" in out and "ZeroDivisionError: division by zero" in out and "\x1b[" not in out
+    assert "(exit code = 1)" in out and "Execution finished." not in out, out
+    out = alice("run", "--name", name, "-c", "import sys; sys.exit(3)", hub.image, rc=1)
+    assert "Execution failed: SystemExit(3) (exit code = 3)" in out, out
+    out = alice("run", "--name", name, "-c", "import sys; sys.exit(0)", hub.image)
+    assert "(exit code = 0)" in out
+    # a batch session has no kernel: refused before anything runs
+    bname = f"rb-{uuid.uuid4().hex[:6]}"
+    alice("session", "create", "--type", "batch", "--name", bname, *RES,
+          "--startup-command", "sleep 600", hub.image)
+    out = alice("run", "--name", bname, "-c", "print('never')", hub.image, rc=1)
+    assert "never" not in out and "400" in out, out
+    alice("session", "rm", bname)
+
+    # the 26.09 client, with --rm: the session ends afterwards
+    name26 = f"run26-{uuid.uuid4().hex[:6]}"
+    out = bob26("run", "--rm", "--name", name26, *RES, "-c",
+                "print(sum(range(10)))\nraise ValueError('bad value')", hub.image, rc=1)
+    assert "45\n" in out and "ValueError: bad value" in out, out
+    out = alice("session", "rm", name)
+    assert wait_dead(hub, sid[0])["status"] == "TERMINATED"
+    assert not (hub.server_model(alice.user["username"], name) or {}).get("ready")
+    mine = admin_api(hub, "GET", "/sessions", params={"user_id": bob26.user["id"]})["items"]
+    s26 = [s for s in mine if s["name"].endswith(name26)]
+    assert len(s26) == 1 and wait_dead(hub, s26[0]["id"])["status"] == "TERMINATED"
+
+
+def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26):
+    """invite -> the invitee accepts (shared with the invitation's permission) or declines;
+    also through the hub's own REST API; share at once; refusals leave nothing."""
+    bob = bob26
+    bob_email = bob.user["email"]
+    name = f"inv-{uuid.uuid4().hex[:6]}"
+    alice("vfolder", "create", name, "local:volume1")
+    fid = admin_api(hub, "GET", "/vfolders", params={"name": name})["items"][0]["id"]
+    # bad input first: an unknown user (with a known one) invites nobody; 400
+    out = alice("vfolder", "invite", "-p", "ro", name, bob_email, "nobody@example.com", rc=1)
+    assert "400" in out and "nobody@example.com" in out
+    out = bob("vfolder", "invitations")
+    assert "No invitations." in out
+    out = alice("vfolder", "invite", "-p", "ro", name, bob_email)
+    assert f"Invitation sent to:\n\t- {bob_email}" in out, out
+    out = alice("vfolder", "invite", "-p", "ro", name, bob_email, rc=1)
+    assert "409" in out and "pending invitation" in out
+    # not yet shared: bob cannot see the folder
+    assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["total"] == 0
+    out = bob("vfolder", "invitations", answer="1\na\n")
+    assert f"{alice.user['email']}, {uuid.UUID(fid)}, read-only" in out, out
+    assert f"You can now access vfolder {name}" in out
+    shares = admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"]
+    assert [(s["email"], s["permission"]) for s in shares] == [(bob_email, "ro")]
+    out = bob("vfolder", "ls", name)  # by name, shared with him (26.09 looks the id up)
+    assert "Retrieved." in out or "No files" in out or out.strip(), out
+    out = bob("vfolder", "mkdir", name, "nope", rc=1)
+    assert "403" in out and "ro" in out
+    # share: at once, a new permission for an existing share
+    out = alice("vfolder", "share", "-p", "rw", name, bob_email)
+    assert f"Shared with rw permission to:\n\t- {bob_email}" in out, out
+    assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"][0]["permission"] == "rw"
+    bob("vfolder", "mkdir", name, "yes")
+    out = bob("vfolder", "share", "-p", "rw", name, alice.user["email"], rc=1)
+    assert "403" in out  # only the owner shares
+    out = alice("vfolder", "share", "-p", "rw", name, "nobody@example.com", rc=1)
+    assert "400" in out
+
+    # decline, through the CLI, and through the hub's REST API (invite, list, decline,
+    # accept, withdraw)
+    name2 = f"inv2-{uuid.uuid4().hex[:6]}"
+    alice("vfolder", "create", name2, "local:volume1")
+    fid2 = admin_api(hub, "GET", "/vfolders", params={"name": name2})["items"][0]["id"]
+    alice("vfolder", "invite", "-p", "rw", name2, bob_email)
+    out = bob("vfolder", "invitations", answer="1\nr\n")
+    assert f"vfolder invitation rejected: {name2}" in out, out
+    assert admin_api(hub, "GET", f"/vfolders/{fid2}/shares")["total"] == 0
+    assert "No invitations." in bob("vfolder", "invitations")
+    a_api, b_api = alice.user["client"], bob.user["client"]
+    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations",
+                   json={"email": bob_email, "permission": "wd"})
+    assert (inv["state"], inv["permission"], inv["invitee"]) == ("pending", "wd", bob_email)
+    listed = b_api.ok("GET", "/vfolder-invitations")
+    assert [i["id"] for i in listed["items"]] == [inv["id"]] and listed["total"] == 1
+    r = a_api("POST", f"/vfolder-invitations/{inv['id']}/accept")  # not the invitee
+    assert r.status_code == 404
+    out = b_api.ok("POST", f"/vfolder-invitations/{inv['id']}/decline", status=200)
+    assert out["state"] == "rejected"
+    r = b_api("POST", f"/vfolder-invitations/{inv['id']}/accept")
+    assert r.status_code == 409
+    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations", json={"email": bob_email})
+    assert a_api.ok("POST", f"/vfolder-invitations/{inv['id']}/decline", status=200)["state"] == "canceled"
+    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations", json={"email": bob_email})
+    assert b_api.ok("POST", f"/vfolder-invitations/{inv['id']}/accept", status=200)["state"] == "accepted"
+    shares = admin_api(hub, "GET", f"/vfolders/{fid2}/shares")["items"]
+    assert [(s["email"], s["permission"]) for s in shares] == [(bob_email, "ro")]
+    r = b_api("POST", f"/vfolders/{fid2}/invitations", json={"email": bob_email})
+    assert r.status_code in (403, 404)  # only the owner invites
+    r = a_api("POST", f"/vfolders/{fid2}/invitations", json={"email": "x@y"})
+    assert r.status_code == 400
+    assert b_api.ok("GET", "/vfolder-invitations")["total"] == 0
+    alice("vfolder", "delete", name)
+    alice("vfolder", "delete", name2)

@@ -13,7 +13,10 @@ def get_handlers() -> list[tuple]:
     from .handlers import routes
 
     table = routes()
-    # Backend.AI's own routes (compat/), before the catch-all 404 that routes() ends with.
+    # Backend.AI's own routes (compat/) and vfolder invitations, before the catch-all 404
+    # that routes() ends with.
+    from . import spec, vfolder_invitations
     from .compat import routes as compat_routes
 
-    return table[:-1] + compat_routes() + table[-1:]
+    invitations = vfolder_invitations.routes(spec.PREFIX.removeprefix("/hub"))
+    return table[:-1] + invitations + compat_routes() + table[-1:]

@@ -332,6 +332,19 @@ SCHEMAS: dict[str, dict] = {
     }, ["email"]),
     "VFolderShareUpdate": _obj({"permission": {"enum": list(VFolderPermission)}},
                                ["permission"]),
+    "VFolderInvitation": _out({
+        "id": {"type": "string"}, "vfolder_id": {"type": "string"},
+        "vfolder_name": {"type": ["string", "null"]},
+        "inviter": {"type": ["string", "null"]}, "inviter_id": {"type": "string"},
+        "invitee": {"type": ["string", "null"]}, "invitee_id": {"type": "string"},
+        "permission": {"enum": list(VFolderPermission)},
+        "state": {"enum": ["pending", "accepted", "rejected", "canceled"]},
+        "created_at": TIME, "modified_at": {"anyOf": [TIME, {"type": "null"}]},
+    }),
+    "VFolderInvitationCreate": _obj({
+        "email": _str(128, minLength=3, description="a user of the folder's domain"),
+        "permission": {"enum": list(VFolderPermission)},
+    }, ["email"]),
     "VFolderFiles": _out({
         "path": {"type": "string"},
         "items": {"type": "array", "items": _out({
@@ -501,6 +514,17 @@ ROUTES += [
      "VFolderMkdir", 201, "VFolderPath"),
     ("post", "/vfolders/{id}/rename", "renameVFolderFile", "Move or rename a file or directory "
      "(rw or wd)", None, "VFolderRename", 200, "VFolderPath"),
+    ("post", "/vfolders/{id}/invitations", "inviteToVFolder", "Invite a user of its domain to "
+     "a user folder (owner); the folder is shared once they accept", None,
+     "VFolderInvitationCreate", 201, "VFolderInvitation"),
+    ("get", "/vfolder-invitations", "listVFolderInvitations",
+     "The caller's pending invitations (received)", {}, None, 200, "VFolderInvitation"),
+    ("post", "/vfolder-invitations/{id}/accept", "acceptVFolderInvitation",
+     "Accept an invitation (the invitee): the folder is shared with its permission", None,
+     None, 200, "VFolderInvitation"),
+    ("post", "/vfolder-invitations/{id}/decline", "declineVFolderInvitation",
+     "Decline an invitation (the invitee), or withdraw it (the inviter)", None, None, 200,
+     "VFolderInvitation"),
 ]
 # Query parameters of operations that are not lists: (method, path) -> {name: (schema, required)}.
 PARAMS: dict[tuple[str, str], dict[str, tuple[dict, bool]]] = {

@@ -51,6 +51,7 @@ from ..models import (
     VFolder,
     VFolderPermissionRow,
 )
+from ..models.vfolder import VFolderInvitation
 from . import access
 from .access import Principal
 
@@ -135,7 +136,10 @@ def mount_permission(db: DBSession, user: User, folder: VFolder) -> str | None:
     else:
         proj = db.get(Project, folder.project_id)
         if proj is not None and proj.is_active and any(p.id == proj.id for p in user.projects):
-            perm = folder.permission
+            # a member's own permission where the folder was shared with them (Backend.AI's
+            # `vfolder share` of a group folder), else the folder's
+            share = db.get(VFolderPermissionRow, (folder.id, user.id))
+            perm = share.permission if share is not None else folder.permission
     if perm is None:
         return None
     if folder.ownership_type == VFolderOwnership.USER and folder.user_id == user.id \
@@ -474,11 +478,21 @@ def mounted_by(db: DBSession, fid: str) -> list[str]:
                   if any(isinstance(m, dict) and m.get("id") == fid for m in mounts or []))
 
 
-def begin_delete(db: DBSession, p: Principal, fid: str) -> dict:
+# A folder in the trash (Backend.AI 24.03+'s "delete-pending"): kept whole with its name,
+# not mountable nor usable, until it is restored or purged.
+TRASHED = "delete-pending"
+
+
+def begin_delete(db: DBSession, p: Principal, fid: str, *, trashed: bool = False) -> dict:
+    """Mark the folder as being deleted (``trashed``: it must be in the trash, else ready)."""
     f = _get_folder(db, p, fid)
     access.require(can_manage_folder(p, f), "delete this vfolder")
-    if f.status != VFolderStatus.READY:
-        raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    if f.status != (TRASHED if trashed else VFolderStatus.READY):
+        if trashed:
+            raise Conflict(f"vfolder {f.name!r} is not in the trash (it is {f.status}); "
+                           "delete it first")
+        raise Conflict(f"vfolder {f.name!r} is {f.status}"
+                       + (" (in the trash: restore or purge it)" if f.status == TRASHED else ""))
     live = mounted_by(db, fid)
     if live:
         raise Conflict(f"vfolder {f.name!r} is mounted by live session(s) {', '.join(live)}; "
@@ -488,14 +502,41 @@ def begin_delete(db: DBSession, p: Principal, fid: str) -> dict:
     return {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id}
 
 
-async def delete(manager, p: Principal, fid: str) -> None:
-    f = await manager.db(begin_delete, p, fid)
+async def delete(manager, p: Principal, fid: str, *, trashed: bool = False) -> None:
+    """Delete the folder and its files for good (``trashed``: one in the trash)."""
+    f = await manager.db(begin_delete, p, fid, trashed=trashed)
     try:
         await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
     except Exception as e:
-        await manager.db(_set_status, fid, VFolderStatus.READY)
+        await manager.db(_set_status, fid, TRASHED if trashed else VFolderStatus.READY)
         raise _storage_error(e, "delete the folder") from e
     await manager.db(_drop_row, fid)
+
+
+def move_to_trash(db: DBSession, p: Principal, fid: str) -> dict:
+    """Backend.AI's delete since 24.03: the folder goes to the trash (its files stay)."""
+    f = _get_folder(db, p, fid)
+    access.require(can_manage_folder(p, f), "delete this vfolder")
+    if f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name!r} is {f.status}"
+                       + (" (already in the trash)" if f.status == TRASHED else ""))
+    live = mounted_by(db, fid)
+    if live:
+        raise Conflict(f"vfolder {f.name!r} is mounted by live session(s) {', '.join(live)}; "
+                       "end them first")
+    f.status = TRASHED
+    db.flush()
+    return vfolder_out(db, f, p)
+
+
+def restore_from_trash(db: DBSession, p: Principal, fid: str) -> dict:
+    f = _get_folder(db, p, fid)
+    access.require(can_manage_folder(p, f), "restore this vfolder")
+    if f.status != TRASHED:
+        raise Conflict(f"vfolder {f.name!r} is not in the trash (it is {f.status})")
+    f.status = VFolderStatus.READY
+    db.flush()
+    return vfolder_out(db, f, p)
 
 
 # -- shares --------------------------------------------------------------------------
@@ -699,3 +740,142 @@ async def download(manager, where: dict, path: str):
     """(size, async iterator of the file's bytes)."""
     return await manager.storage.download(where["host"], where["quota_scope_id"], where["id"],
                                           path)
+
+
+# -- invitations and Backend.AI's share ------------------------------------------------
+
+PERMISSIONS = (VFolderPermission.READ_ONLY, VFolderPermission.READ_WRITE,
+               VFolderPermission.RW_DELETE)
+
+
+def _check_permission(perm) -> str:
+    if perm not in PERMISSIONS:
+        raise InvalidRequest(f"permission must be one of {', '.join(PERMISSIONS)}, not {perm!r}")
+    return perm
+
+
+def _targets(db: DBSession, f: VFolder, who: list) -> list[User]:
+    if not isinstance(who, list) or not who or not all(isinstance(w, str) and w for w in who):
+        raise InvalidRequest("a non-empty list of user emails (or ids) is required")
+    out, unknown = [], []
+    for w in dict.fromkeys(who):
+        try:
+            out.append(_share_target(db, f, w))
+        except InvalidRequest:
+            unknown.append(w)
+    if unknown:
+        raise InvalidRequest(f"no user {', '.join(map(repr, unknown))} in domain "
+                             f"{f.domain_name!r}; nothing was sent")
+    return out
+
+
+def invitation_out(db: DBSession, inv: VFolderInvitation) -> dict:
+    f = db.get(VFolder, inv.vfolder_id)
+    inviter, invitee = db.get(User, inv.inviter_id), db.get(User, inv.invitee_id)
+    return {
+        "id": inv.id, "vfolder_id": inv.vfolder_id, "vfolder_name": f.name if f else None,
+        "inviter": inviter.email if inviter else None, "inviter_id": inv.inviter_id,
+        "invitee": invitee.email if invitee else None, "invitee_id": inv.invitee_id,
+        "permission": inv.permission, "state": inv.state,
+        "created_at": _iso(inv.created_at), "modified_at": _iso(inv.modified_at),
+    }
+
+
+def invite(db: DBSession, p: Principal, fid: str, who: list, permission: str) -> list[dict]:
+    """The owner of a user folder invites users of its domain; each invitation waits for
+    its invitee. All or nothing: an unknown user, the owner, someone the folder is already
+    shared with or invited is a refusal, and no invitation is made."""
+    f = _get_folder(db, p, fid)
+    _owner_shares(db, p, f)
+    _check_permission(permission)
+    targets = _targets(db, f, who)
+    for t in targets:
+        if t.id == f.user_id:
+            raise InvalidRequest("the owner cannot invite themselves")
+        if db.get(VFolderPermissionRow, (f.id, t.id)) is not None:
+            raise Conflict(f"vfolder {f.name!r} is already shared with {t.email!r}")
+        if db.scalar(select(VFolderInvitation.id).where(
+                VFolderInvitation.vfolder_id == f.id, VFolderInvitation.invitee_id == t.id,
+                VFolderInvitation.state == "pending")):
+            raise Conflict(f"{t.email!r} already has a pending invitation to vfolder {f.name!r}")
+    rows = [VFolderInvitation(vfolder_id=f.id, inviter_id=p.user_id, invitee_id=t.id,
+                              permission=permission) for t in targets]
+    db.add_all(rows)
+    db.flush()
+    return [invitation_out(db, r) for r in rows]
+
+
+def list_invitations(db: DBSession, p: Principal, *, sent: bool = False) -> list[dict]:
+    """The caller's pending invitations: received (or ``sent``)."""
+    who = VFolderInvitation.inviter_id if sent else VFolderInvitation.invitee_id
+    rows = db.scalars(select(VFolderInvitation).where(
+        who == p.user_id, VFolderInvitation.state == "pending")
+        .order_by(VFolderInvitation.created_at, VFolderInvitation.id))
+    return [invitation_out(db, r) for r in rows]
+
+
+def _pending(db: DBSession, p: Principal, inv_id: str, *, inviter_too: bool) -> VFolderInvitation:
+    inv = db.get(VFolderInvitation, inv_id) if isinstance(inv_id, str) else None
+    mine = inv is not None and (inv.invitee_id == p.user_id
+                                or (inviter_too and inv.inviter_id == p.user_id))
+    if not mine:
+        raise NotFound(f"no invitation {inv_id!r} for you")
+    if inv.state != "pending":
+        raise Conflict(f"invitation {inv_id!r} is {inv.state}")
+    return inv
+
+
+def accept_invitation(db: DBSession, p: Principal, inv_id: str) -> dict:
+    """The invitee accepts: the folder is shared with them with the invitation's permission."""
+    inv = _pending(db, p, inv_id, inviter_too=False)
+    f = db.get(VFolder, inv.vfolder_id)
+    if f is None or f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name if f else inv.vfolder_id!r} is "
+                       f"{f.status if f else 'gone'}")
+    if db.get(VFolderPermissionRow, (f.id, p.user_id)) is None:
+        db.add(VFolderPermissionRow(vfolder_id=f.id, user_id=p.user_id,
+                                    permission=inv.permission))
+    inv.state, inv.modified_at = "accepted", dt.datetime.now(dt.UTC)
+    db.flush()
+    return invitation_out(db, inv)
+
+
+def decline_invitation(db: DBSession, p: Principal, inv_id: str) -> dict:
+    """The invitee declines (rejected), or the inviter withdraws it (canceled)."""
+    inv = _pending(db, p, inv_id, inviter_too=True)
+    inv.state = "rejected" if inv.invitee_id == p.user_id else "canceled"
+    inv.modified_at = dt.datetime.now(dt.UTC)
+    db.flush()
+    return invitation_out(db, inv)
+
+
+def share_with(db: DBSession, p: Principal, fid: str, who: list, permission: str) -> list[str]:
+    """Backend.AI's ``vfolder share``: at once, no invitation. A project folder gives
+    members of its project their own permission (admins of its domain may); a user
+    folder is shared by its owner (a share that exists takes the new permission).
+    All or nothing; returns the emails."""
+    f = _get_folder(db, p, fid)
+    _check_permission(permission)
+    if f.ownership_type == VFolderOwnership.PROJECT:
+        access.require(can_manage_folder(p, f), "share this project vfolder (admins of its "
+                                                "domain may)")
+        if f.status != VFolderStatus.READY:
+            raise Conflict(f"vfolder {f.name!r} is {f.status}")
+        targets = _targets(db, f, who)
+        outside = [t.email for t in targets if not any(pr.id == f.project_id for pr in t.projects)]
+        if outside:
+            raise InvalidRequest(f"{', '.join(map(repr, outside))} not in the vfolder's project: "
+                                 "a project folder is shared with members of its project")
+    else:
+        _owner_shares(db, p, f)
+        targets = _targets(db, f, who)
+        if any(t.id == f.user_id for t in targets):
+            raise InvalidRequest("the owner cannot share a folder with themselves")
+    for t in targets:
+        row = db.get(VFolderPermissionRow, (f.id, t.id))
+        if row is None:
+            db.add(VFolderPermissionRow(vfolder_id=f.id, user_id=t.id, permission=permission))
+        else:
+            row.permission = permission
+    db.flush()
+    return [t.email for t in targets]

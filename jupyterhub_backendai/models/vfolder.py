@@ -56,3 +56,24 @@ class VFolderPermissionRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     vfolder: Mapped[VFolder] = relationship(back_populates="shares")
+
+
+class VFolderInvitation(Base):
+    """An offer to share a user folder, which the invitee accepts (a share is made with
+    its permission) or declines; the inviter may withdraw it while it is pending."""
+
+    __tablename__ = "vfolder_invitations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    vfolder_id: Mapped[str] = mapped_column(
+        ForeignKey("vfolders.id", ondelete="CASCADE"), index=True
+    )
+    inviter_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    invitee_id: Mapped[str] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), index=True
+    )
+    permission: Mapped[str] = mapped_column(String(4), default="ro")
+    # pending, accepted, rejected, canceled
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    modified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)

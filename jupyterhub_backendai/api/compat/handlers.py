@@ -217,6 +217,14 @@ class SessionCreateHandler(CompatBase):
         for ref in body.get("dependencies") or []:
             deps.append(await self.manager.db_read(resolve_session, self.principal, str(ref)))
         kind = body.get("type", "interactive")
+        if body.get("reuseIfExists", True):
+            reused = await self._existing(body["name"])
+            if reused is not None:  # Backend.AI's reuse (what `run` relies on): 200, created False
+                sess = await self.manager.db_read(admin.get_session, self.principal, reused)
+                self.reply({"sessionId": gql.dashed(reused), "sessionName": body["name"],
+                            "status": gql.bai_status(sess["status"]), "servicePorts": [],
+                            "created": False})
+                return
         if kind == "interactive":
             sid = await self._interactive(body, config, group)
         else:
@@ -244,6 +252,22 @@ class SessionCreateHandler(CompatBase):
             status = gql.bai_status(sess["status"])
         self.reply({"sessionId": gql.dashed(sid), "sessionName": body["name"],
                     "status": status, "servicePorts": [], "created": True}, 201)
+
+    async def _existing(self, name: str) -> str | None:
+        """The caller's live session named ``name`` (a JupyterHub server of that name, or
+        a queued/running session), or None."""
+        user = self.find_user(self.principal.username)
+        spawner = user.spawners.get(name) if user is not None else None
+        if spawner is not None and spawner.active and getattr(spawner, "session_id", None):
+            return spawner.session_id
+        uid = self.principal.user_id
+
+        def find(db):
+            return db.scalars(select(Session.id).where(
+                Session.user_id == uid, Session.name == name,
+                Session.alive_marker.is_not(None)).limit(1)).first()
+
+        return await self.manager.db_read(find)
 
     async def _interactive(self, body: dict, config: dict, group: str) -> str:
         """An interactive session is a JupyterHub named server of the key's owner (started
@@ -391,6 +415,159 @@ class FoldersHandler(CompatBase):
             raise InvalidRequest("name: required field missing")
         out = await vfolders.create(self.manager, self.principal, create)
         self.reply(await self.manager.db_read(_folder_rest, self.principal, out["id"]), 201)
+
+
+    async def delete(self):
+        """26.09's delete: ``DELETE /folders {"id"}`` moves the folder to the trash."""
+        fid = await self.manager.db_read(resolve_folder, self.principal, _body_id(self))
+        await self.manager.db(vfolders.move_to_trash, self.principal, fid)
+        self.set_status(204)
+        self.finish()
+
+
+def _body_id(handler: CompatBase) -> str:
+    ref = handler.json_body().get("id")
+    if not isinstance(ref, str) or not ref:
+        raise InvalidRequest("id: the folder's id is required")
+    return ref
+
+
+class FolderTrashHandler(CompatBase):
+    """26.09's trash: ``POST /folders/restore-from-trash-bin``, ``/folders/purge`` and
+    ``/folders/delete-from-trash-bin`` (both delete a trashed folder for good), ``{"id"}``."""
+
+    def initialize(self, action: str):
+        self.action = action
+
+    async def post(self):
+        fid = await self.manager.db_read(resolve_folder, self.principal, _body_id(self))
+        if self.action == "restore":
+            await self.manager.db(vfolders.restore_from_trash, self.principal, fid)
+        else:
+            await vfolders.delete(self.manager, self.principal, fid, trashed=True)
+        self.set_status(204)
+        self.finish()
+
+
+class FolderRenameHandler(CompatBase):
+    """``vfolder rename OLD NEW``: ``POST /folders/{ref}/rename {"new_name"}``."""
+
+    async def post(self, ref):
+        name = self.json_body().get("new_name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("new_name: the folder's new name is required")
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        await self.manager.db(vfolders.update_folder, self.principal, fid, {"name": name})
+        self.set_status(201)
+        self.finish()
+
+
+class FolderRenameFileHandler(CompatBase):
+    """``vfolder rename-file NAME PATH NEW_NAME``: the entry keeps its directory."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        path = vfolders.check_path(body.get("target_path"), "target_path", allow_root=False)
+        new_name = body.get("new_name")
+        if not isinstance(new_name, str) or not new_name or "/" in new_name or new_name in (
+                ".", ".."):
+            raise InvalidRequest("new_name: a file name (no '/') is required")
+        parent = path.rpartition("/")[0]
+        dst = vfolders.check_path(f"{parent}/{new_name}" if parent else new_name, "new_name",
+                                  allow_root=False)
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        await vfolders.rename(self.manager, where, path, dst)
+        self.reply({})
+
+
+class FolderMoveFileHandler(CompatBase):
+    """``vfolder mv NAME SRC DST``: DST names the new path, or an existing directory to
+    move SRC into (as ``mv`` does); an existing file is not replaced (409)."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        src = vfolders.check_path(body.get("src"), "src", allow_root=False)
+        dst = vfolders.check_path(body.get("dst"), "dst")
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        base = src.rpartition("/")[2]
+        if dst == "":
+            dst = base
+        else:
+            try:
+                listing = await vfolders.list_files(self.manager, where, dst)
+            except BackendAIError:
+                listing = None  # not a directory (or not there): DST is the new path
+            if listing is not None:
+                dst = f"{dst}/{base}"
+        if dst == src:
+            raise InvalidRequest(f"src and dst are the same path {src!r}")
+        await vfolders.rename(self.manager, where, src, dst)
+        self.reply({})
+
+
+class FolderInviteHandler(CompatBase):
+    """``vfolder invite NAME EMAIL... -p PERM``: ``{"perm", "user_ids"}`` ->
+    ``{"invited_ids"}`` (the emails invited; each invitee accepts or declines)."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        made = await self.manager.db(vfolders.invite, self.principal, fid,
+                                     body.get("user_ids"), body.get("perm", "rw"))
+        self.reply({"invited_ids": [i["invitee"] for i in made]}, 201)
+
+
+class FolderShareHandler(CompatBase):
+    """``vfolder share NAME EMAIL... -p PERM``: ``{"permission", "emails"}`` ->
+    ``{"shared_emails"}`` (at once: a project folder's members, or a user folder's)."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        emails = await self.manager.db(vfolders.share_with, self.principal, fid,
+                                       body.get("emails"), body.get("permission", "rw"))
+        self.reply({"shared_emails": emails}, 201)
+
+
+def _invitation_bai(inv: dict) -> dict:
+    return {"id": inv["id"], "inviter": inv["inviter"], "invitee": inv["invitee"],
+            "perm": inv["permission"], "state": inv["state"], "created_at": inv["created_at"],
+            "modified_at": inv["modified_at"], "vfolder_id": gql.dashed(inv["vfolder_id"]),
+            "vfolder_name": inv["vfolder_name"]}
+
+
+class InvitationsHandler(CompatBase):
+    """``vfolder invitations``: list (``GET .../list``), ``POST .../accept`` and
+    ``DELETE .../delete`` ``{"inv_id"}`` (the invitee declines; the inviter withdraws)."""
+
+    def initialize(self, action: str):
+        self.action = action
+
+    async def get(self):
+        if self.action != "list":
+            raise web.HTTPError(405)
+        items = await self.manager.db_read(vfolders.list_invitations, self.principal)
+        self.reply({"invitations": [_invitation_bai(i) for i in items]})
+
+    def _inv_id(self) -> str:
+        inv_id = self.json_body().get("inv_id")
+        if not isinstance(inv_id, str) or not inv_id:
+            raise InvalidRequest("inv_id: the invitation's id is required")
+        return _as_hex(inv_id) or inv_id
+
+    async def post(self):
+        if self.action != "accept":
+            raise web.HTTPError(405)
+        await self.manager.db(vfolders.accept_invitation, self.principal, self._inv_id())
+        self.reply({"msg": "accepted"})
+
+    async def delete(self):
+        if self.action != "delete":
+            raise web.HTTPError(405)
+        await self.manager.db(vfolders.decline_invitation, self.principal, self._inv_id())
+        self.reply({"msg": "rejected"})
 
 
 class FolderIdHandler(CompatBase):
@@ -589,6 +766,8 @@ SEG = r"([^/]+)"
 
 
 def routes() -> list[tuple]:
+    from .execute import ExecuteHandler
+
     base = spec.PREFIX.removeprefix("/hub")
     table = [
         ("/?", RootHandler),
@@ -600,14 +779,24 @@ def routes() -> list[tuple]:
         ("/folders", FoldersHandler),
         ("/folders/_/hosts", FolderHostsHandler),
         ("/folders/_/id", FolderIdHandler),
+        ("/folders/invitations/list", InvitationsHandler, {"action": "list"}),
+        ("/folders/invitations/accept", InvitationsHandler, {"action": "accept"}),
+        ("/folders/invitations/delete", InvitationsHandler, {"action": "delete"}),
+        ("/folders/restore-from-trash-bin", FolderTrashHandler, {"action": "restore"}),
+        ("/folders/purge", FolderTrashHandler, {"action": "purge"}),
+        ("/folders/delete-from-trash-bin", FolderTrashHandler, {"action": "purge"}),
         (f"/folders/{SEG}", FolderHandler),
         (f"/folders/{SEG}/files", FolderFilesHandler),
         (f"/folders/{SEG}/mkdir", FolderMkdirHandler),
+        (f"/folders/{SEG}/rename", FolderRenameHandler),
+        (f"/folders/{SEG}/rename-file", FolderRenameFileHandler),
+        (f"/folders/{SEG}/move-file", FolderMoveFileHandler),
+        (f"/folders/{SEG}/invite", FolderInviteHandler),
+        (f"/folders/{SEG}/share", FolderShareHandler),
         (f"/folders/{SEG}/delete-files", FolderDeleteFilesHandler),
         (f"/folders/{SEG}/request-upload", FolderRequestUploadHandler),
         (f"/folders/{SEG}/request-download", FolderRequestDownloadHandler),
-        (f"/stream/session/{SEG}/execute", NotSupportedHandler,
-         {"what": "executing code in a session (backend.ai run)"}),
+        (f"/stream/session/{SEG}/execute", ExecuteHandler),
     ]
     table += transfer.routes("/storage", _local_volume)
     return [(base + row[0], *row[1:]) for row in table]
