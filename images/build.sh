@@ -11,7 +11,8 @@
 #                                         (which also disables the docker layer cache).
 #
 # Needs root, docker (daemon running; scripts/start-dockerd.sh is tried otherwise),
-# debootstrap (only when the base image is missing), HTTP access to the Debian mirror and
+# debootstrap (only when the base image is missing), HTTP access to the Debian mirror (debootstrap,
+# and apt-get in the kernel image for openssh: the base image's sources.list names it) and
 # HTTPS access to PyPI. Env overrides: DEBIAN_MIRROR, BASE_IMAGE, KERNEL_IMAGE, CACHE_DIR.
 set -euo pipefail
 

@@ -103,6 +103,12 @@ class Agent(LoggingConfigurable):
         when its server does not answer (a broken or hanging image): after this many
         seconds its own CPU limit is applied anyway.""",
     ).tag(config=True)
+    overlay_encrypted = Bool(
+        False,
+        help="""Docker backend in a Swarm: make the overlay networks of multi-node
+        sessions with Docker's `encrypted` option (IPsec ESP between the nodes; the
+        nodes' kernels need ESP and AES-GCM support). See docs/multinode.md.""",
+    ).tag(config=True)
     hub_api_on_gateway = Bool(
         True,
         help="""When the agent runs inside the hub, with the Docker backend on bridge
@@ -302,6 +308,7 @@ class Agent(LoggingConfigurable):
                 session_prefix=self.session_subnet_prefix,
                 startup_cpus=self.startup_cpus,
                 startup_cpu_timeout=self.startup_cpu_timeout,
+                overlay_encrypted=self.overlay_encrypted,
             )
         if kind == "local":
             run_as = None

@@ -1149,6 +1149,11 @@ class BackendAIManager(SingletonConfigurable):
             "BACKENDAI_CLUSTER_HOSTNAMES": ",".join(k.cluster_hostname for k in kernels),
             "BACKENDAI_CLUSTER_HOSTS": ",".join(hosts),
         }
+        # multinode (issue 15): one SSH keypair per session start for its kernels
+        # (main1 -> sub1 without a password), and how many agents the kernels span
+        # (more than one: the agents put them on a Swarm overlay network).
+        cluster_ssh = _cluster_ssh_keypair(sess.id) if len(kernels) > 1 else None
+        n_agents = len({k.agent_id for k in kernels})
         specs = []
         for k, host in zip(kernels, hosts, strict=True):
             main = k.cluster_role == "main"
@@ -1181,6 +1186,9 @@ class BackendAIManager(SingletonConfigurable):
                     "cluster_hostname": k.cluster_hostname,
                     "network_alias": _network_alias(k, sess.id),
                     "mounts": [dict(m) for m in mounts],
+                    "cluster_role": k.cluster_role,
+                    "cluster_agents": n_agents,
+                    "cluster_ssh": cluster_ssh,
                 }
             )
         return specs
@@ -1663,6 +1671,19 @@ def _new_kernels(slots: ResourceSlot, cluster_size: int) -> list[Kernel]:
             )
         )
     return out
+
+
+def _cluster_ssh_keypair(session_id: str) -> dict:
+    """multinode: a fresh Ed25519 keypair (OpenSSH format) for a cluster session's kernels."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    return {"private_key": private, "public_key": f"{public} backendai-session-{session_id[:12]}\n"}
 
 
 def _network_alias(kernel: Kernel, session_id: str) -> str:

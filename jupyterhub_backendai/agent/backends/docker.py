@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import json
 import logging
 import os
 import re
+import tarfile
+import time
 import weakref
 import zlib
 from urllib.parse import urlsplit, urlunsplit
@@ -47,6 +50,12 @@ L_NANO_CPUS = "ai.backend.nano-cpus"
 L_SLOTS = "ai.backend.slots"
 # Docker's bridge options: no traffic between the containers of a network.
 ICC_OPTION = "com.docker.network.bridge.enable_icc"
+# multinode: where a cluster session's SSH key goes in each kernel (Backend.AI's place),
+# the uid/gid of the image's user who owns it (its sshd runs as that user), and how long
+# a kernel that is not the main one waits for the session's overlay network.
+CLUSTER_SSH_DIR = "home/config/ssh"
+KERNEL_UID = 1000
+OVERLAY_WAIT = 30.0
 # One lock per event loop for making session networks, shared by the agents of this
 # process (they may share an engine: its duplicate-name check is not atomic).
 _NET_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -87,6 +96,39 @@ def _rewrite_host(url: str, host: str) -> str:
     return url
 
 
+def _kernels_on(network: dict) -> list[str]:
+    """The containers of this engine on a network, less the Swarm's load-balancer
+    endpoint of an overlay network ("lb-<name>", no container; it goes with the network)."""
+    return [k for k in network.get("Containers") or {} if not k.startswith("lb-")]
+
+
+def _cluster_ssh_archive(keys: dict) -> bytes:
+    """multinode: a tar of /home/config/ssh for a cluster session's kernel: the session's
+    private key (id_cluster), its public key (id_cluster.pub) and authorized_keys, owned
+    by the image's user (its sshd and ssh run as that user; sshd checks the modes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(path: str, mode: int, data: bytes | None = None) -> None:
+            info = tarfile.TarInfo(path)
+            info.uid = info.gid = KERNEL_UID
+            info.mode = mode
+            info.mtime = int(time.time())
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+        public = keys["public_key"].encode()
+        add("home/config", 0o755)
+        add(CLUSTER_SSH_DIR, 0o700)
+        add(f"{CLUSTER_SSH_DIR}/id_cluster", 0o600, keys["private_key"].encode())
+        add(f"{CLUSTER_SSH_DIR}/id_cluster.pub", 0o644, public)
+        add(f"{CLUSTER_SSH_DIR}/authorized_keys", 0o600, public)
+    return buf.getvalue()
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -103,8 +145,15 @@ class DockerBackend(Backend):
         session_prefix: int = 26,
         startup_cpus: float = 0.0,
         startup_cpu_timeout: float = 30.0,
+        overlay_encrypted: bool = False,
     ):
         self.agent_id = agent_id
+        # multinode: Docker's `encrypted` option on the sessions' overlay networks.
+        self.overlay_encrypted = overlay_encrypted
+        # Whether this engine is a Swarm manager (it can make overlay networks), a
+        # Swarm worker, or in no Swarm (None): read at init.
+        self.swarm_role: str | None = None
+        self._bg: set[asyncio.Task] = set()
         self.startup_cpus = startup_cpus
         self.startup_cpu_timeout = startup_cpu_timeout
         self.network = network
@@ -139,6 +188,9 @@ class DockerBackend(Backend):
     async def init(self, on_exit: ExitCallback) -> None:
         self.docker = aiodocker.Docker(url=self.docker_url)
         await self.docker.version()
+        swarm = (await self.docker.system.info()).get("Swarm") or {}
+        if swarm.get("LocalNodeState") == "active":
+            self.swarm_role = "manager" if swarm.get("ControlAvailable") else "worker"
         if not self.use_host_network:
             self.gateway = await self._ensure_network()
             await self._remove_idle_session_networks()
@@ -146,6 +198,8 @@ class DockerBackend(Backend):
         await self._end_bursts()
 
     async def close(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
         if self._watch_task:
             self._watch_task.cancel()
             try:
@@ -270,18 +324,93 @@ class DockerBackend(Backend):
                 f"docker could not make a network for session {session_id} in "
                 f"{self.session_subnets} (Agent.session_subnets): {last_error}")
 
+    async def _overlay_network(self, session_id: str, main: bool) -> str:
+        """multinode: the Swarm overlay network of a session whose kernels run on more
+        than one engine: attachable (plain containers join it, not only services),
+        Docker's ``encrypted`` option when the operator asks (IPsec between the nodes).
+        The main kernel's agent makes it; the others wait for it to appear (an agent's
+        engine is a Swarm manager, where every Swarm network shows at once)."""
+        name = self.session_network_name(session_id)
+        if self.swarm_role != "manager":
+            raise AgentError(
+                "a multi-node session needs an overlay network, which only a Docker Swarm "
+                "manager can make; this agent's engine is a Swarm worker (join it with the "
+                "manager token, see docs/multinode.md)")
+        if main:
+            async with _net_lock():
+                found = await self._networks_named(name)
+                if found:
+                    return found[0]["Id"]
+                try:
+                    made = await self.docker.networks.create({
+                        "Name": name,
+                        "Driver": "overlay",
+                        "Attachable": True,
+                        "CheckDuplicate": True,
+                        "Labels": {
+                            L_NETWORK: "session",
+                            L_SESSION: session_id,
+                            L_AGENT: self.agent_id,
+                        },
+                        "Options": {"encrypted": ""} if self.overlay_encrypted else {},
+                    })
+                except DockerError as e:
+                    raise AgentError(
+                        f"docker could not make the overlay network of session {session_id}: "
+                        f"{e.message}") from None
+                return made.id
+        deadline = time.monotonic() + OVERLAY_WAIT
+        while True:
+            found = await self._networks_named(name)
+            if found:
+                return found[0]["Id"]
+            if time.monotonic() > deadline:
+                raise AgentError(
+                    f"the overlay network of session {session_id} did not appear within "
+                    f"{OVERLAY_WAIT:g} s (the main kernel's agent makes it)")
+            await asyncio.sleep(0.1)
+
     async def _remove_session_network(self, session_id: str) -> None:
         """Remove a session's network once no container is left on it (another
-        agent's kernels of the same session may still use it: then it stays)."""
+        agent's kernels of the same session may still use it: then it stays). An
+        overlay network shows only this engine's containers: one that the Swarm says
+        is still in use (by another engine's kernel, or a moment after this engine's
+        last one left) is tried again in the background, and the last agent removes it."""
         for found in await self._networks_named(self.session_network_name(session_id)):
             try:
                 net = await self.docker.networks.get(found["Id"])
-                if (await net.show()).get("Containers"):
+                if _kernels_on(await net.show()):
                     continue
                 await net.delete()
             except DockerError as e:
-                if e.status not in (403, 404, 409):  # in use, gone: nothing to do
+                if found.get("Driver") == "overlay" and e.status != 404 and "in use" in (e.message or ""):
+                    self._spawn(self._remove_overlay_later(found["Id"], found["Name"]))
+                elif e.status not in (403, 404, 409):  # in use, gone: nothing to do
                     log.warning("could not remove network %s: %s", found["Name"], e.message)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    async def _remove_overlay_later(self, net_id: str, name: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            try:
+                net = await self.docker.networks.get(net_id)
+                if _kernels_on(await net.show()):
+                    return  # a kernel of this engine joined it again: its agent removes it
+                await net.delete()
+                return
+            except DockerError as e:
+                if e.status == 404:
+                    return
+                if "in use" not in (e.message or ""):
+                    log.warning("could not remove network %s: %s", name, e.message)
+                    return
+        log.info("overlay network %s is still in use after %g s; the agent whose kernel "
+                 "leaves it last removes it", name, timeout)
 
     async def _remove_idle_session_networks(self) -> None:
         """Networks of this agent's sessions that no container uses any more (left
@@ -409,7 +538,12 @@ class DockerBackend(Backend):
             # The session's own network: its kernels reach each other (by name too),
             # no other session's; the hub's API at the agent network's gateway and
             # whatever the host routes to (the internet the operator allows).
-            network = await self._session_network(spec["session_id"])
+            if int(spec.get("cluster_agents") or 1) > 1 and self.swarm_role is not None:
+                # multinode: kernels on several engines share a Swarm overlay network.
+                network = await self._overlay_network(
+                    spec["session_id"], main=spec.get("cluster_role", "main") == "main")
+            else:
+                network = await self._session_network(spec["session_id"])
             host_config["NetworkMode"] = network
             host_config["PortBindings"] = {
                 f"{p.container_port}/tcp": [{"HostIp": self.bind_host, "HostPort": str(p.host_port)}]
@@ -471,6 +605,8 @@ class DockerBackend(Backend):
         container = None
         try:
             container = await self.docker.containers.create(config=config, name=name)
+            if spec.get("cluster_ssh"):
+                await container.put_archive("/", _cluster_ssh_archive(spec["cluster_ssh"]))
             await container.start()
         except (DockerError, asyncio.CancelledError) as e:
             if container is not None:
