@@ -237,3 +237,175 @@ def test_navigation_links_by_role(world):
         assert ('id="backendai-nav-console"' in home) is console, who
     home = world["hub"].login().get(world["hub"].base + "/hub/home", timeout=60).text
     assert 'id="backendai-nav-console"' in home
+
+
+# -- the console's edit and delete controls --------------------------------------------
+
+
+def _controls(html: str) -> dict:
+    """The console's edit forms (id -> API path) and delete buttons (API paths) on a page."""
+    edits = dict(re.findall(r'<form class="backendai-edit[^"]*" id="([^"]+)" data-api-path="([^"]+)"',
+                            html))
+    deletes = re.findall(r'class="btn btn-sm btn-outline-danger backendai-delete" '
+                         r'data-api-method="DELETE"\s+data-api-path="([^"]+)"', html)
+    return {"edit": edits, "delete": deletes}
+
+
+def test_console_controls_follow_the_access_rules(world):
+    """Each role is offered the changes the API accepts from it, and no others."""
+    sa = world["hub"].login()
+    user = world["user"]
+
+    def page(who, section):
+        r = (sa.get(world["hub"].base + f"/hub/backendai/admin/{section}", timeout=60)
+             if who == "sa" else _get(world, who, f"admin/{section}"))
+        assert r.status_code == 200, r.text[-2000:]
+        return _controls(r.text)
+
+    # Domains, policies, resource groups are the installation's: superadmins only.
+    for section in ("domains", "policies", "resource-groups"):
+        got = page("dadmin", section)
+        assert got == {"edit": {}, "delete": []}, (section, got)
+    got = page("sa", "domains")
+    assert got["edit"]["edit-domain-otherdom"] == "domains/otherdom"
+    assert "domains/otherdom" in got["delete"] and "domains/default" not in got["delete"]
+    got = page("sa", "policies")
+    assert got["edit"]["edit-keypair-policy-default"] == "keypair-resource-policies/default"
+    assert got["edit"]["edit-user-policy-default"] == "user-resource-policies/default"
+    assert not any(d.endswith("/default") for d in got["delete"])
+    got = page("sa", "resource-groups")
+    assert "resource-groups/parked" in got["delete"] and "resource-groups/default" not in got["delete"]
+
+    # Users: a domain admin edits the domain's users, deletes them but not themselves,
+    # and nothing of a superadmin's.
+    got = page("dadmin", "users")
+    assert got["edit"]["edit-user-pageuser"] == f"users/{user['id']}"
+    assert "edit-user-pagedadmin" in got["edit"]  # their own name, email, password
+    assert "edit-user-admin" not in got["edit"]
+    assert f"users/{user['id']}" in got["delete"]
+    assert f"users/{world['dadmin']['id']}" not in got["delete"]
+    html = _get(world, "dadmin", "admin/users").text
+    own = re.search(r'<form class="backendai-edit[^>]*id="edit-user-pagedadmin".*?</form>',
+                    html, re.S).group(0)
+    assert 'name="role"' not in own and 'name="resource_policy"' not in own  # not their own
+    other = re.search(r'<form class="backendai-edit[^>]*id="edit-user-pageuser".*?</form>',
+                      html, re.S).group(0)
+    assert 'name="role"' in other and 'name="resource_policy"' in other
+
+    # Keypairs: the main keypair is not offered for deletion (the API refuses it).
+    ak = user["keypair"]["access_key"]
+    got = page("dadmin", "keypairs")
+    assert got["edit"][f"edit-keypair-{ak}"] == f"keypairs/{ak}"
+    assert f"keypairs/{ak}" not in got["delete"]
+
+    # Projects: edited and deleted by the domain's admin, members added and removed.
+    got = page("dadmin", "projects")
+    pid = world["proj_a"]["id"]
+    assert got["edit"][f"edit-project-{pid}"] == f"projects/{pid}"
+    assert f"projects/{pid}" in got["delete"]
+    html = _get(world, "dadmin", "admin/projects").text
+    assert f'data-api-path="projects/{pid}/members/{user["id"]}"' in html
+    assert f'<form class="row g-1 mt-1 backendai-add-member" data-project="{pid}">' in html
+
+
+def _as_page(w, who: str, method: str, path: str, body=None):
+    """What a console button does: the hub's API with the login cookie and the page's
+    XSRF token."""
+    web = w[who]["web"] if who != "sa" else w.setdefault("sa_web", w["hub"].login())
+    return web.request(method, w["hub"].base + "/hub/api/backendai/" + path, json=body,
+                       headers={"X-XSRFToken": web.cookies.get("_xsrf", path="/hub/")},
+                       timeout=60)
+
+
+@pytest.mark.parametrize("who, method, path, body, status, detail", [
+    # Refused by role, in words.
+    ("dadmin", "PATCH", "domains/default", {"description": "x"}, 403, "you may not change domains"),
+    ("dadmin", "DELETE", "resource-groups/parked", None, 403,
+     "you may not delete resource groups"),
+    ("dadmin", "PATCH", "keypair-resource-policies/default", {"max_concurrent_sessions": 3}, 403,
+     "you may not change the keypair resource policy 'default'"),
+    # Bad input, in words.
+    ("dadmin", "PATCH", "keypairs/{ak}", {"rate_limit": "lots"}, 400,
+     "rate_limit: must be a whole number"),
+    ("sa", "PATCH", "domains/otherdom", {"total_resource_slots": {"mem": "plenty"}}, 400,
+     "total_resource_slots.mem: invalid size: 'plenty' (use e.g. 512m, 2g)"),
+    ("sa", "PATCH", "resource-groups/parked", {"allowed_domains": ["nodomain"]}, 400,
+     "allowed_domains: no domain 'nodomain'"),
+    ("sa", "DELETE", "domains/default", None, 409, "the default domain cannot be deleted"),
+    ("dadmin", "DELETE", "users/{me}", None, 409, "you cannot delete yourself"),
+    ("dadmin", "PATCH", "users/{uid}", {"email": "not-an-email"}, 400,
+     "email: 'not-an-email' is not an email address"),
+])
+def test_console_refusals_are_plain_words_and_change_nothing(world, who, method, path, body,
+                                                             status, detail):
+    path = path.format(ak=world["user"]["keypair"]["access_key"], me=world["dadmin"]["id"],
+                       uid=world["user"]["id"])
+    before = world["sa"].ok("GET", "/" + path.split("/")[0] + "/" + path.split("/", 1)[1]) \
+        if method == "PATCH" else None
+    r = _as_page(world, who, method, path, body)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"] == detail, r.json()
+    if before is not None:
+        assert world["sa"].ok("GET", "/" + path) == before
+
+
+def test_console_edits_and_deletes_each_kind(world):
+    """Each kind the console lists, changed then deleted the way its controls do it, by
+    the role that may (a domain admin in their domain; the superadmin for the rest)."""
+    sa, hub = world["sa"], world["hub"]
+    # A domain admin: a project (renamed, a member added and removed, deleted), a user
+    # (edited, deleted), a keypair (rate limit, deleted).
+    proj = _as_page(world, "dadmin", "POST", "projects",
+                    {"name": "doomedproj", "domain_name": "default"}).json()
+    r = _as_page(world, "dadmin", "PATCH", f"projects/{proj['id']}",
+                 {"name": "renamedproj", "description": "soon gone", "is_active": False})
+    assert r.status_code == 200 and r.json()["name"] == "renamedproj", r.text
+    r = _as_page(world, "dadmin", "POST", f"projects/{proj['id']}/members",
+                 {"user_ids": [world["monitor"]["id"]]})
+    assert r.status_code == 200 and r.json()["added"] == ["pagemonitor"], r.text
+    assert 'data-member="pagemonitor"' in _get(world, "dadmin", "admin/projects").text
+    r = _as_page(world, "dadmin", "DELETE", f"projects/{proj['id']}/members/{world['monitor']['id']}")
+    assert r.status_code == 204, r.text
+    assert _as_page(world, "dadmin", "DELETE", f"projects/{proj['id']}").status_code == 204
+    assert 'data-name="renamedproj"' not in _get(world, "dadmin", "admin/projects").text
+
+    doomed = _as_page(world, "dadmin", "POST", "users", {
+        "email": "doomed@example.com", "password": PASSWORD, "username": "doomed",
+        "domain_name": "default"}).json()
+    r = _as_page(world, "dadmin", "PATCH", f"users/{doomed['id']}",
+                 {"full_name": "Doomed Person", "role": "monitor", "status": "inactive"})
+    assert r.status_code == 200, r.text
+    row = re.search(r'<tr data-username="doomed">(.*?)</tr>',
+                    _get(world, "dadmin", "admin/users").text, re.S).group(1)
+    assert "<td>monitor</td>" in row and "<td>inactive</td>" in row
+    key = _as_page(world, "dadmin", "POST", "keypairs", {"user_id": doomed["id"]}).json()
+    r = _as_page(world, "dadmin", "PATCH", f"keypairs/{key['access_key']}", {"rate_limit": 77})
+    assert r.status_code == 200 and r.json()["rate_limit"] == 77, r.text
+    assert _as_page(world, "dadmin", "DELETE", f"keypairs/{key['access_key']}").status_code == 204
+    assert _as_page(world, "dadmin", "DELETE", f"users/{doomed['id']}").status_code == 204
+    assert 'data-username="doomed"' not in _get(world, "dadmin", "admin/users").text
+
+    # The superadmin: a domain, a policy of each kind, a resource group.
+    sa.ok("POST", "/domains", json={"name": "doomeddom"})
+    r = _as_page(world, "sa", "PATCH", "domains/doomeddom",
+                 {"description": "temporary", "total_resource_slots": {"cpu": "8", "mem": "16 GiB"}})
+    assert r.status_code == 200 and r.json()["total_resource_slots"] == {
+        "cpu": "8", "mem": str(16 * 2**30)}, r.text
+    page = world["hub"].login().get(hub.base + "/hub/backendai/admin/domains", timeout=60).text
+    row = re.search(r'<tr data-name="doomeddom">(.*?)</tr>', page, re.S).group(1)
+    assert "8 cores, 16 GiB memory" in row and 'value="16 GiB"' in row  # shown, and in the form
+    assert _as_page(world, "sa", "DELETE", "domains/doomeddom").status_code == 204
+    for kind, body in (("keypair", {"max_concurrent_sessions": 4}), ("user", {"max_vfolder_count": 5}),
+                       ("project", {"max_quota_scope_size": 2**30})):
+        sa.ok("POST", f"/{kind}-resource-policies", json={"name": f"doomed-{kind}"})
+        r = _as_page(world, "sa", "PATCH", f"{kind}-resource-policies/doomed-{kind}", body)
+        assert r.status_code == 200 and {k: r.json()[k] for k in body} == body, r.text
+        r = _as_page(world, "sa", "DELETE", f"{kind}-resource-policies/doomed-{kind}")
+        assert r.status_code == 204, r.text
+    sa.ok("POST", "/resource-groups", json={"name": "doomedgroup"})
+    r = _as_page(world, "sa", "PATCH", "resource-groups/doomedgroup",
+                 {"is_public": True, "allowed_domains": ["default"], "scheduler": "lifo"})
+    assert r.status_code == 200 and r.json()["allowed_domains"] == ["default"], r.text
+    assert _as_page(world, "sa", "DELETE", "resource-groups/doomedgroup").status_code == 204
+    text = world["hub"].login().get(hub.base + "/hub/backendai/admin/resource-groups", timeout=60).text
+    assert 'data-name="doomedgroup"' not in text

@@ -106,6 +106,12 @@ def domain_filter(p: Principal):
     return true() if p.is_superadmin else Domain.name == p.domain
 
 
+def may_change_installation(p: Principal) -> bool:
+    """Create/change/delete what belongs to the whole installation: domains, resource
+    policies and resource groups (superadmins only)."""
+    return p.is_superadmin
+
+
 # -- projects ------------------------------------------------------------------
 
 
@@ -217,6 +223,17 @@ def keypair_filter(p: Principal):
 
 def can_see_keypair(p: Principal, kp: Keypair) -> bool:
     return can_see_user(p, kp.user)
+
+
+def owns_keypairs_of(p: Principal, owner: User) -> bool:
+    """Users (not monitors) manage their own keypairs, within the defaults."""
+    return owner.id == p.user_id and p.role != MONITOR
+
+
+def can_manage_keypair(p: Principal, kp: Keypair) -> bool:
+    """Change or delete ``kp``: its owner's admins, or the owner (only its activity; the
+    limits are the level above's: :func:`may_set_limits_of_user`)."""
+    return can_manage_user(p, kp.user) or owns_keypairs_of(p, kp.user)
 
 
 # -- sessions ------------------------------------------------------------------

@@ -69,7 +69,13 @@ def parse_slots(field: str, value: dict) -> ResourceSlot:
     for k, v in value.items():
         if k not in KNOWN_SLOTS:
             raise InvalidRequest(f"{field}: unknown slot {k!r} (known: {', '.join(KNOWN_SLOTS)})")
-        amount = parse_size(v) if k == MEM else parse_decimal(f"{field}.{k}", v)
+        if k == MEM:
+            try:
+                amount = parse_size(v)
+            except InvalidRequest as e:
+                raise InvalidRequest(f"{field}.{k}: {e.detail}") from None
+        else:
+            amount = parse_decimal(f"{field}.{k}", v)
         if amount < 0:
             raise InvalidRequest(f"{field}.{k} must not be negative")
         if amount >= Decimal(10) ** 18 or amount != amount.quantize(Decimal("0.001")):
@@ -312,7 +318,7 @@ def get_domain(db, p: Principal, name: str) -> dict:
 
 
 def create_domain(db, p: Principal, body: dict) -> dict:
-    access.require(p.is_superadmin, "create domains")
+    access.require(access.may_change_installation(p), "create domains")
     _check_name("name", body["name"])
     if db.get(Domain, body["name"]) is not None:
         raise Conflict(f"domain {body['name']!r} exists")
@@ -325,7 +331,7 @@ def create_domain(db, p: Principal, body: dict) -> dict:
 
 def update_domain(db, p: Principal, name: str, body: dict) -> dict:
     d = _get_domain(db, p, name)
-    access.require(p.is_superadmin, "change domains")
+    access.require(access.may_change_installation(p), "change domains")
     if name == p.domain and body.get("is_active") is False:
         raise Conflict("you cannot deactivate your own domain")
     _apply(d, body, DOMAIN_FIELDS)
@@ -335,7 +341,7 @@ def update_domain(db, p: Principal, name: str, body: dict) -> dict:
 
 def delete_domain(db, p: Principal, name: str) -> None:
     d = _get_domain(db, p, name)
-    access.require(p.is_superadmin, "delete domains")
+    access.require(access.may_change_installation(p), "delete domains")
     if name == DEFAULT:
         raise Conflict("the default domain cannot be deleted")
     if db.scalar(select(func.count()).select_from(User).where(User.domain_name == name)) or \
@@ -677,8 +683,7 @@ def get_keypair(db, p: Principal, ak: str) -> dict:
 
 
 def _owner_may(p: Principal, owner: User) -> bool:
-    """Users (not monitors) manage their own keypairs, within the defaults."""
-    return owner.id == p.user_id and p.role != UserRole.MONITOR
+    return access.owns_keypairs_of(p, owner)
 
 
 def main_keypair(owner: User) -> Keypair | None:
@@ -805,7 +810,7 @@ def get_policy(db, p: Principal, kind: str, name: str) -> dict:
 
 def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
     model, ser, label, fields, _ = POLICIES[kind]
-    access.require(p.is_superadmin, f"create {label.removesuffix('policy')}policies")
+    access.require(access.may_change_installation(p), f"create {label.removesuffix('policy')}policies")
     _check_name("name", body["name"])
     if db.get(model, body["name"]) is not None:
         raise Conflict(f"{label} {body['name']!r} exists")
@@ -818,7 +823,7 @@ def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
 
 def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
     _, ser, label, fields, _ = POLICIES[kind]
-    access.require(p.is_superadmin, f"change the {label} {name!r}")
+    access.require(access.may_change_installation(p), f"change the {label} {name!r}")
     row = _get_policy(db, p, kind, name)
     _apply(row, body, fields)
     db.flush()
@@ -827,7 +832,7 @@ def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
 
 def delete_policy(db, p: Principal, kind: str, name: str) -> None:
     _, _, label, _, ref = POLICIES[kind]
-    access.require(p.is_superadmin, f"delete the {label} {name!r}")
+    access.require(access.may_change_installation(p), f"delete the {label} {name!r}")
     row = _get_policy(db, p, kind, name)
     if name == DEFAULT:
         raise Conflict(f"the default {label} cannot be deleted")
@@ -882,7 +887,7 @@ def _check_group_body(db, body: dict) -> None:
 
 
 def create_resource_group(db, p: Principal, body: dict) -> dict:
-    access.require(p.is_superadmin, "create resource groups")
+    access.require(access.may_change_installation(p), "create resource groups")
     _check_name("name", body["name"])
     _check_group_body(db, body)
     if db.get(ResourceGroup, body["name"]) is not None:
@@ -896,7 +901,7 @@ def create_resource_group(db, p: Principal, body: dict) -> dict:
 
 def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
     g = _get_group(db, p, name)
-    access.require(p.is_superadmin, "change resource groups")
+    access.require(access.may_change_installation(p), "change resource groups")
     _check_group_body(db, body)
     _apply(g, body, GROUP_FIELDS)
     db.flush()
@@ -905,7 +910,7 @@ def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
 
 def delete_resource_group(db, p: Principal, name: str) -> None:
     g = _get_group(db, p, name)
-    access.require(p.is_superadmin, "delete resource groups")
+    access.require(access.may_change_installation(p), "delete resource groups")
     if name == DEFAULT:
         raise Conflict("the default resource group cannot be deleted")
     if db.scalar(select(func.count()).select_from(Agent).where(Agent.resource_group == name)) or \

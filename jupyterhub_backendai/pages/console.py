@@ -19,7 +19,7 @@ from tornado import web
 
 from ..api import spec
 from ..common.errors import BackendAIError
-from ..common.slots import format_bytes, format_slots
+from ..common.slots import format_bytes, format_slots, parse_size
 from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
 from ..manager import access, admin, vfolders
 from ..manager.core import BackendAIManager
@@ -65,6 +65,19 @@ def human_duration(seconds: float | None) -> str:
         return f"{h} h {m} min" if m else f"{h} h"
     d, h = divmod(h, 24)
     return f"{d} d {h} h" if h else f"{d} d"
+
+
+def mem_text(value) -> str:
+    """A memory amount for an edit field: in human units when they read back exactly
+    (``8 GiB``), else the bytes; nothing: ''."""
+    if value in (None, ""):
+        return ""
+    n = int(value)
+    words = format_bytes(n)
+    try:
+        return words if parse_size(words) == n else str(n)
+    except (ValueError, BackendAIError):
+        return str(n)
 
 
 def _since(iso: str | dt.datetime | None, now: dt.datetime) -> float | None:
@@ -122,7 +135,7 @@ class PageBase(BaseHandler):
         p = self.principal
         html = await self.render_template(
             template, principal=p, api=spec.PREFIX + "/", human_slots=human_slots,
-            human_duration=human_duration, format_bytes=format_bytes, **ns)
+            human_duration=human_duration, format_bytes=format_bytes, mem_text=mem_text, **ns)
         self.finish(html)
 
 
@@ -285,34 +298,74 @@ def _all(fn, db, p, *args, filters=None):
     return fn(db, p, *args, filters or {}, 0, spec.MAX_LIMIT)
 
 
+def _policy_names(db, p: access.Principal, kind: str) -> list[str]:
+    return [r["name"] for r in _all(admin.list_policies, db, p, kind)["items"]]
+
+
 def _console(db, p: access.Principal, section: str, filters: dict) -> dict:
+    """What a console page shows, and per row what the caller may change there: each
+    ``may_*`` is asked of :mod:`..manager.access`, the rules the API itself applies
+    when the page's buttons call it (a button shown is a change the API will accept
+    from this role; its other checks, such as "not your own role", answer in words)."""
     out: dict = {}
+    installation = access.may_change_installation(p)
     if section == "domains":
         out["domains"] = _all(admin.list_domains, db, p)["items"]
+        for d in out["domains"]:
+            d["may_edit"] = installation
+            d["may_delete"] = installation and d["name"] != admin.DEFAULT
     elif section == "projects":
         projects = _all(admin.list_projects, db, p)["items"]
+        users = _all(admin.list_users, db, p)["items"]
         for pr in projects:
             members = admin.list_members(db, p, pr["id"], 0, spec.MAX_LIMIT)["items"]
-            pr["members"] = [m.get("username") or m.get("email") for m in members]
-            pr["can_set_limits"] = access.may_set_limits_of_project(p, db.get(admin.Project,
-                                                                             pr["id"]))
+            pr["member_rows"] = [{"id": m["id"], "name": m.get("username") or m.get("email")}
+                                 for m in members]
+            pr["members"] = [m["name"] for m in pr["member_rows"]]
+            row = db.get(admin.Project, pr["id"])
+            pr["can_set_limits"] = access.may_set_limits_of_project(p, row)
+            pr["may_edit"] = pr["may_delete"] = access.can_manage_domain_objects(
+                p, pr["domain_name"])
+            ids = {m["id"] for m in members}
+            pr["candidates"] = [u for u in users
+                                if u["domain_name"] == pr["domain_name"] and u["id"] not in ids]
         out["projects"] = projects
     elif section == "users":
         out["users"] = _all(admin.list_users, db, p)["items"]
+        for u in out["users"]:
+            row = db.get(User, u["id"])
+            u["self"] = u["id"] == p.user_id
+            u["may_edit"] = access.can_manage_user(p, row)
+            u["may_delete"] = u["may_edit"] and not u["self"]
+            u["may_set_limits"] = access.may_set_limits_of_user(p, row)
         out["domains"] = [d["name"] for d in _all(admin.list_domains, db, p)["items"]]
         out["projects"] = _all(admin.list_projects, db, p)["items"]
+        out["user_policies"] = _policy_names(db, p, "user")
     elif section == "keypairs":
         keys = _all(admin.list_keypairs, db, p)["items"]
         names = dict(db.execute(select(User.id, User.username).where(
             User.id.in_({k["user_id"] for k in keys}))).all())
         for k in keys:
             k["username"] = names.get(k["user_id"], "")
+            row = db.get(admin.Keypair, k["access_key"])
+            k["may_edit"] = access.can_manage_keypair(p, row)
+            k["may_set_limits"] = access.may_set_limits_of_user(p, row.user)
+            k["may_delete"] = k["may_edit"] and not k["is_default"]
         out["keypairs"] = keys
+        out["keypair_policies"] = _policy_names(db, p, "keypair")
     elif section == "policies":
         out["policies"] = {kind: _all(admin.list_policies, db, p, kind)["items"]
                            for kind in spec.POLICY_KINDS}
+        for rows in out["policies"].values():
+            for r in rows:
+                r["may_edit"] = installation
+                r["may_delete"] = installation and r["name"] != admin.DEFAULT
     elif section == "resource-groups":
         out["groups"] = _all(admin.list_resource_groups, db, p)["items"]
+        for g in out["groups"]:
+            g["may_edit"] = installation
+            g["may_delete"] = installation and g["name"] != admin.DEFAULT
+        out["schedulers"] = sorted(admin.KNOWN_SCHEDULERS)
     elif section == "agents":
         out["agents"] = _all(admin.list_agents, db, p)["items"]
     elif section == "sessions":
