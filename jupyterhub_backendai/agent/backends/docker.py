@@ -96,6 +96,12 @@ def _rewrite_host(url: str, host: str) -> str:
     return url
 
 
+def _gone(e: DockerError) -> bool:
+    """A Swarm network another agent removed a moment ago (the Swarm says so with a
+    status other than 404)."""
+    return bool(re.search(r"network \S+ not found", e.message or ""))
+
+
 def _kernels_on(network: dict) -> list[str]:
     """The containers of this engine on a network, less the Swarm's load-balancer
     endpoint of an overlay network ("lb-<name>", no container; it goes with the network)."""
@@ -385,7 +391,7 @@ class DockerBackend(Backend):
             except DockerError as e:
                 if found.get("Driver") == "overlay" and e.status != 404 and "in use" in (e.message or ""):
                     self._spawn(self._remove_overlay_later(found["Id"], found["Name"]))
-                elif e.status not in (403, 404, 409):  # in use, gone: nothing to do
+                elif e.status not in (403, 404, 409) and not _gone(e):  # in use, gone: nothing to do
                     log.warning("could not remove network %s: %s", found["Name"], e.message)
 
     def _spawn(self, coro) -> None:
@@ -404,7 +410,7 @@ class DockerBackend(Backend):
                 await net.delete()
                 return
             except DockerError as e:
-                if e.status == 404:
+                if e.status == 404 or _gone(e):
                     return
                 if "in use" not in (e.message or ""):
                     log.warning("could not remove network %s: %s", name, e.message)
