@@ -279,35 +279,30 @@ def test_26_09_client_folders_transfers_and_sessions(hub, bob26):
     with open(os.path.join(dl, "f26.bin"), "rb") as fh:
         assert fh.read() == data
 
-    # rename-file and mv
-    out = bai("vfolder", "rename-file", name, "f26.bin", "g26.bin")
-    assert "Renamed." in out and os.path.isfile(os.path.join(path, "g26.bin"))
-    out = bai("vfolder", "mv", name, "g26.bin", "sub")
-    assert "Moved." in out and os.path.isfile(os.path.join(path, "sub", "g26.bin"))
-    out = bai("vfolder", "mv", name, "sub/g26.bin", "sub/../../x", rc=1)
-    assert "400" in out and os.path.isfile(os.path.join(path, "sub", "g26.bin"))
-    # the trash: delete keeps the files, restore brings the folder back, purge ends it
+    # the trash (rename-file and mv: the routes of the 23.09 test, here by id too): delete
+    # keeps the files, restore brings the folder back, purge ends it. (Each 26.09 call
+    # costs seconds of start-up: few of them.)
+    fid = f[0]["id"]
     out = bai("vfolder", "purge", name, rc=1)  # not in the trash
     assert "409" in out and "not in the trash" in out
     out = bai("vfolder", "delete", name)
     assert "Deleted." in out
-    assert admin_api(hub, "GET", f"/vfolders/{f[0]['id']}")["status"] == "delete-pending"
-    assert os.path.isfile(os.path.join(path, "sub", "g26.bin"))
-    out = bai("vfolder", "ls", name, rc=None)  # (26.09's ls exits 0 after printing an error)
-    assert "409" in out and "delete-pending" in out
-    out = bai("vfolder", "delete", name, rc=1)
-    assert "already in the trash" in out
+    assert admin_api(hub, "GET", f"/vfolders/{fid}")["status"] == "delete-pending"
+    assert os.path.isfile(os.path.join(path, "f26.bin"))
+    r = bai.user["client"]("GET", f"/vfolders/{fid}/files")  # not usable while in the trash
+    assert r.status_code == 409 and "delete-pending" in r.text
+    r = superadmin(hub)("DELETE", f"/vfolders/{fid}")  # nor deleted by the admin API's delete
+    assert r.status_code == 409 and "in the trash" in r.text
     out = bai("vfolder", "restore", name)
     assert "Restored." in out
-    assert admin_api(hub, "GET", f"/vfolders/{f[0]['id']}")["status"] == "ready"
-    assert re.search(r"g26\.bin", bai("vfolder", "ls", name, "sub"))
+    assert admin_api(hub, "GET", f"/vfolders/{fid}")["status"] == "ready"
+    items = bai.user["client"].ok("GET", f"/vfolders/{fid}/files")["items"]
+    assert "f26.bin" in [i["name"] for i in items]
     bai("vfolder", "delete", name)
     out = bai("vfolder", "purge", name)
     assert "Purged." in out
     assert admin_api(hub, "GET", "/vfolders", params={"name": name})["total"] == 0
     assert not os.path.exists(path)
-    out = bai("vfolder", "restore", name, rc=1)
-    assert "404" in out
 
     sname = f"b26-{uuid.uuid4().hex[:6]}"
     out = bai("session", "create", "--type", "batch", "--name", sname, *RES,
@@ -371,58 +366,84 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
     assert len(s26) == 1 and wait_dead(hub, s26[0]["id"])["status"] == "TERMINATED"
 
 
-def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26):
+def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
     """invite -> the invitee accepts (shared with the invitation's permission) or declines;
-    also through the hub's own REST API; share at once; refusals leave nothing."""
-    bob = bob26
-    bob_email = bob.user["email"]
+    also through the hub's own REST API; share at once (user and project folders);
+    refusals leave nothing. Mostly the 23.09 CLI (the 26.09 one takes seconds to start)."""
+    sa = superadmin(hub)
+    pname = f"proj-{uuid.uuid4().hex[:6]}"
+    project = sa.ok("POST", "/projects", json={"name": pname, "domain_name": "default"})
+    carol = BAI(hub, new_user(sa, name=f"carol-{uuid.uuid4().hex[:6]}",
+                              projects=[project["id"]]), str(tmp_path / "carol"))
+    os.mkdir(carol.env["HOME"])
+    c_email = carol.user["email"]
     name = f"inv-{uuid.uuid4().hex[:6]}"
     alice("vfolder", "create", name, "local:volume1")
     fid = admin_api(hub, "GET", "/vfolders", params={"name": name})["items"][0]["id"]
     # bad input first: an unknown user (with a known one) invites nobody; 400
-    out = alice("vfolder", "invite", "-p", "ro", name, bob_email, "nobody@example.com", rc=1)
+    out = alice("vfolder", "invite", "-p", "ro", name, c_email, "nobody@example.com", rc=1)
     assert "400" in out and "nobody@example.com" in out
-    out = bob("vfolder", "invitations")
-    assert "No invitations." in out
-    out = alice("vfolder", "invite", "-p", "ro", name, bob_email)
-    assert f"Invitation sent to:\n\t- {bob_email}" in out, out
-    out = alice("vfolder", "invite", "-p", "ro", name, bob_email, rc=1)
+    assert "No invitations." in carol("vfolder", "invitations")
+    out = alice("vfolder", "invite", "-p", "ro", name, c_email)
+    assert f"Invitation sent to:\n\t- {c_email}" in out, out
+    out = alice("vfolder", "invite", "-p", "ro", name, c_email, rc=1)
     assert "409" in out and "pending invitation" in out
-    # not yet shared: bob cannot see the folder
+    # not yet shared: carol cannot see the folder
     assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["total"] == 0
-    out = bob("vfolder", "invitations", answer="1\na\n")
+    out = carol("vfolder", "info", name, rc=1)
+    assert "404" in out
+    out = carol("vfolder", "invitations", answer="1\na\n")
     assert f"{alice.user['email']}, {uuid.UUID(fid)}, read-only" in out, out
     assert f"You can now access vfolder {name}" in out
     shares = admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"]
-    assert [(s["email"], s["permission"]) for s in shares] == [(bob_email, "ro")]
-    out = bob("vfolder", "ls", name)  # by name, shared with him (26.09 looks the id up)
-    assert "Retrieved." in out or "No files" in out or out.strip(), out
-    out = bob("vfolder", "mkdir", name, "nope", rc=1)
+    assert [(s["email"], s["permission"]) for s in shares] == [(c_email, "ro")]
+    out = carol("vfolder", "info", name)  # by name: shared with her
+    assert "- Owner: False" in out and "- Permission: ro" in out, out
+    out = carol("vfolder", "mkdir", name, "nope", rc=1)
     assert "403" in out and "ro" in out
-    # share: at once, a new permission for an existing share
-    out = alice("vfolder", "share", "-p", "rw", name, bob_email)
-    assert f"Shared with rw permission to:\n\t- {bob_email}" in out, out
+    # share: at once; an existing share takes the new permission
+    out = alice("vfolder", "share", "-p", "rw", name, c_email)
+    assert f"Shared with rw permission to:\n\t- {c_email}" in out, out
     assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"][0]["permission"] == "rw"
-    bob("vfolder", "mkdir", name, "yes")
-    out = bob("vfolder", "share", "-p", "rw", name, alice.user["email"], rc=1)
+    carol("vfolder", "mkdir", name, "yes")
+    out = carol("vfolder", "share", "-p", "rw", name, alice.user["email"], rc=1)
     assert "403" in out  # only the owner shares
     out = alice("vfolder", "share", "-p", "rw", name, "nobody@example.com", rc=1)
     assert "400" in out
+    assert len(admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"]) == 1
 
-    # decline, through the CLI, and through the hub's REST API (invite, list, decline,
-    # accept, withdraw)
+    # a project folder: an admin of the domain gives a member their own permission
+    admin = BAI(hub, new_user(sa, role="admin", name=f"adm-{uuid.uuid4().hex[:6]}",
+                              projects=[project["id"]]), str(tmp_path / "adm"))
+    os.mkdir(admin.env["HOME"])
+    pf = f"pf-{uuid.uuid4().hex[:6]}"
+    admin("vfolder", "create", "-g", pname, pf, "local:volume1")
+    pfid = admin_api(hub, "GET", "/vfolders", params={"name": pf})["items"][0]["id"]
+    assert carol.user["client"].ok("GET", f"/vfolders/{pfid}")["my_permission"] == "rw"
+    out = admin("vfolder", "share", "-p", "ro", pf, alice.user["email"], rc=1)
+    assert "400" in out and "not in the vfolder's project" in out
+    out = admin("vfolder", "share", "-p", "ro", pf, c_email)
+    assert f"Shared with ro permission to:\n\t- {c_email}" in out, out
+    assert carol.user["client"].ok("GET", f"/vfolders/{pfid}")["my_permission"] == "ro"
+    out = carol("vfolder", "share", "-p", "rw", pf, c_email, rc=1)
+    assert "403" in out
+
+    # decline with the 26.09 CLI, then the hub's REST API (invite, list, decline, accept,
+    # withdraw)
+    bob = bob26
+    b_email = bob.user["email"]
     name2 = f"inv2-{uuid.uuid4().hex[:6]}"
     alice("vfolder", "create", name2, "local:volume1")
     fid2 = admin_api(hub, "GET", "/vfolders", params={"name": name2})["items"][0]["id"]
-    alice("vfolder", "invite", "-p", "rw", name2, bob_email)
+    alice("vfolder", "invite", "-p", "rw", name2, b_email)
     out = bob("vfolder", "invitations", answer="1\nr\n")
     assert f"vfolder invitation rejected: {name2}" in out, out
     assert admin_api(hub, "GET", f"/vfolders/{fid2}/shares")["total"] == 0
-    assert "No invitations." in bob("vfolder", "invitations")
     a_api, b_api = alice.user["client"], bob.user["client"]
+    assert b_api.ok("GET", "/vfolder-invitations")["total"] == 0
     inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations",
-                   json={"email": bob_email, "permission": "wd"})
-    assert (inv["state"], inv["permission"], inv["invitee"]) == ("pending", "wd", bob_email)
+                   json={"email": b_email, "permission": "wd"})
+    assert (inv["state"], inv["permission"], inv["invitee"]) == ("pending", "wd", b_email)
     listed = b_api.ok("GET", "/vfolder-invitations")
     assert [i["id"] for i in listed["items"]] == [inv["id"]] and listed["total"] == 1
     r = a_api("POST", f"/vfolder-invitations/{inv['id']}/accept")  # not the invitee
@@ -431,14 +452,16 @@ def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26):
     assert out["state"] == "rejected"
     r = b_api("POST", f"/vfolder-invitations/{inv['id']}/accept")
     assert r.status_code == 409
-    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations", json={"email": bob_email})
-    assert a_api.ok("POST", f"/vfolder-invitations/{inv['id']}/decline", status=200)["state"] == "canceled"
-    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations", json={"email": bob_email})
-    assert b_api.ok("POST", f"/vfolder-invitations/{inv['id']}/accept", status=200)["state"] == "accepted"
+    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations", json={"email": b_email})
+    out = a_api.ok("POST", f"/vfolder-invitations/{inv['id']}/decline", status=200)
+    assert out["state"] == "canceled"
+    inv = a_api.ok("POST", f"/vfolders/{fid2}/invitations", json={"email": b_email})
+    out = b_api.ok("POST", f"/vfolder-invitations/{inv['id']}/accept", status=200)
+    assert out["state"] == "accepted"
     shares = admin_api(hub, "GET", f"/vfolders/{fid2}/shares")["items"]
-    assert [(s["email"], s["permission"]) for s in shares] == [(bob_email, "ro")]
-    r = b_api("POST", f"/vfolders/{fid2}/invitations", json={"email": bob_email})
-    assert r.status_code in (403, 404)  # only the owner invites
+    assert [(s["email"], s["permission"]) for s in shares] == [(b_email, "ro")]
+    r = b_api("POST", f"/vfolders/{fid2}/invitations", json={"email": c_email})
+    assert r.status_code == 403  # only the owner invites
     r = a_api("POST", f"/vfolders/{fid2}/invitations", json={"email": "x@y"})
     assert r.status_code == 400
     assert b_api.ok("GET", "/vfolder-invitations")["total"] == 0
