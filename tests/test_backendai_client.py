@@ -467,3 +467,48 @@ def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
     assert b_api.ok("GET", "/vfolder-invitations")["total"] == 0
     alice("vfolder", "delete", name)
     alice("vfolder", "delete", name2)
+
+
+def test_admin_commands_through_graphql(hub, alice, tmp_path):
+    """`backend.ai admin ... list/info`: GraphQL resolved by the admin API's services, with
+    its rules (a user sees only what the admin API shows them)."""
+    sa = superadmin(hub)
+    root = BAI(hub, new_user(sa, role="superadmin", name=f"root-{uuid.uuid4().hex[:6]}"),
+               str(tmp_path))
+    pname = f"grp-{uuid.uuid4().hex[:6]}"
+    proj = sa.ok("POST", "/projects", json={"name": pname, "domain_name": "default",
+                                            "description": "a project"})
+    out = root("admin", "domain", "info", "default")
+    assert re.search(r"Name\s+default\n", out) and '"local:volume1": ["create-vfolder"' in out
+    out = root("admin", "group", "list")
+    assert re.search(rf"{uuid.UUID(proj['id'])}\s+{pname}\s+True", out), out
+    out = root("admin", "group", "info", pname)
+    assert re.search(r"Description\s+a project\n", out) and re.search(
+        r"Domain Name\s+default\n", out), out
+    out = root("admin", "user", "list")
+    assert alice.user["email"] in out and "admin@example.com" in out
+    out = root("admin", "user", "info", "-e", alice.user["email"])
+    assert re.search(rf"UUID\s+{uuid.UUID(alice.user['id'])}\n", out)
+    assert re.search(rf"Main Access Key\s+{alice.user['keypair']['access_key']}\n", out), out
+    out = root("admin", "keypair", "list")
+    assert alice.user["keypair"]["access_key"] in out and "admin@example.com" in out
+    out = root("admin", "keypair-resource-policy", "info", "default")
+    assert re.search(r"Name\s+default\n", out), out
+    out = root("admin", "scaling-group", "info", "default")
+    assert re.search(r"Scheduler\s+fifo\n", out) and re.search(r"Active\?\s+True\n", out), out
+    out = root("admin", "storage", "info", "local:volume1")
+    assert re.search(r"Backend\s+vfs\n", out) and hub.volume_path in out, out
+    # a user: only what the admin API shows them
+    out = alice("admin", "user", "list")
+    assert alice.user["email"] in out and "admin@example.com" not in out
+    out = alice("admin", "keypair", "list")
+    assert alice.user["keypair"]["access_key"] in out and "admin@example.com" not in out
+    out = alice("admin", "keypair-resource-policy", "list", rc=1)
+    assert "you may not read resource policies" in out
+    out = alice("admin", "storage", "list")
+    assert "local:volume1" in out and hub.volume_path not in out
+    # unknown names: the CLI fails with the reason
+    out = root("admin", "group", "info", "no-such-group", rc=1)
+    assert "no group (project) 'no-such-group'" in out
+    out = root("admin", "storage", "info", "nope:vol", rc=1)
+    assert "no storage volume 'nope:vol'" in out

@@ -16,9 +16,10 @@ from graphql import GraphQLError, build_schema, graphql_sync
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
+from ...common.errors import BackendAIError
 from ...common.types import SessionStatus
 from ...manager import access, admin, vfolders
-from ...models import Session, VFolder
+from ...models import Keypair, Session, VFolder
 
 SDL = """
 scalar UUID
@@ -31,6 +32,13 @@ type KeyPair {
   is_admin: Boolean
   resource_policy: String
   rate_limit: Int
+  created_at: String
+  modified_at: String
+  last_used: String
+  concurrency_used: Int
+  num_queries: Int
+  projects: [String]
+  user_info: UserInfo
 }
 
 type Dependency { id: UUID name: String status: String }
@@ -126,8 +134,128 @@ type VirtualFolder {
 
 type VirtualFolderList { items: [VirtualFolder]! total_count: Int! }
 
+type Domain {
+  name: String
+  description: String
+  is_active: Boolean
+  created_at: String
+  modified_at: String
+  total_resource_slots: String
+  allowed_vfolder_hosts: String
+  allowed_docker_registries: [String]
+  integration_id: String
+}
+
+type Group {
+  id: UUID
+  name: String
+  description: String
+  is_active: Boolean
+  created_at: String
+  modified_at: String
+  domain_name: String
+  total_resource_slots: String
+  allowed_vfolder_hosts: String
+  integration_id: String
+  resource_policy: String
+}
+
+type UserGroup { id: UUID name: String }
+
+type User {
+  id: ID
+  uuid: UUID
+  username: String
+  email: String
+  full_name: String
+  description: String
+  need_password_change: Boolean
+  status: String
+  status_info: String
+  is_active: Boolean
+  created_at: String
+  modified_at: String
+  domain_name: String
+  role: String
+  resource_policy: String
+  groups: [UserGroup]
+  allowed_client_ip: [String]
+  totp_activated: Boolean
+  sudo_session_enabled: Boolean
+  main_access_key: String
+}
+
+type UserList { items: [User]! total_count: Int! }
+
+type UserInfo { email: String full_name: String }
+
+type KeyPairList { items: [KeyPair]! total_count: Int! }
+
+type KeyPairResourcePolicy {
+  name: String
+  created_at: String
+  default_for_unspecified: String
+  total_resource_slots: String
+  max_session_lifetime: Int
+  max_concurrent_sessions: Int
+  max_containers_per_session: Int
+  idle_timeout: Int
+  max_vfolder_count: Int
+  max_vfolder_size: Float
+  max_quota_scope_size: Float
+  allowed_vfolder_hosts: String
+  max_pending_session_count: Int
+}
+
+type ScalingGroup {
+  name: String
+  description: String
+  is_active: Boolean
+  is_public: Boolean
+  created_at: String
+  wsproxy_addr: String
+  wsproxy_api_token: String
+  driver: String
+  driver_opts: String
+  scheduler: String
+  scheduler_opts: String
+  use_host_network: Boolean
+}
+
+type StorageVolume {
+  id: String
+  backend: String
+  fsprefix: String
+  path: String
+  capabilities: [String]
+  hardware_metadata: String
+  performance_metric: String
+  usage: String
+}
+
+type StorageVolumeList { items: [StorageVolume]! total_count: Int! }
+
 type Query {
-  keypair(access_key: String): KeyPair
+  domain(name: String): Domain
+  domains(is_active: Boolean): [Domain]
+  group(id: UUID!, domain_name: String): Group
+  groups(domain_name: String, is_active: Boolean): [Group]
+  groups_by_name(name: String!, domain_name: String): [Group]
+  user(domain_name: String, email: String): User
+  user_from_uuid(domain_name: String, user_id: ID): User
+  users(domain_name: String, group_id: UUID, is_active: Boolean, status: String): [User]
+  user_list(limit: Int!, offset: Int!, filter: String, order: String, domain_name: String,
+            group_id: UUID, is_active: Boolean, status: String): UserList
+  keypairs(domain_name: String, email: String, is_active: Boolean): [KeyPair]
+  keypair_list(limit: Int!, offset: Int!, filter: String, order: String, domain_name: String,
+               email: String, is_active: Boolean): KeyPairList
+  keypair_resource_policy(name: String): KeyPairResourcePolicy
+  keypair_resource_policies: [KeyPairResourcePolicy]
+  scaling_group(name: String): ScalingGroup
+  scaling_groups(name: String, is_active: Boolean): [ScalingGroup]
+  storage_volume(id: String): StorageVolume
+  storage_volume_list(limit: Int!, offset: Int!, filter: String, order: String): StorageVolumeList
+  keypair(domain_name: String, access_key: String): KeyPair
   compute_session(id: UUID!): ComputeSession
   compute_session_list(limit: Int!, offset: Int!, status: String, access_key: String,
                        filter: String, order: String): ComputeSessionList
@@ -148,6 +276,7 @@ _STATUS_IN = {
     "PREPARED": [], "CREATING": ["CREATING"], "DEPRIORITIZING": [],
 }
 MAX_PAGE = 100
+ALL = 10_000  # the unpaginated lists (domains, groups, ...): at most this many
 
 
 def dashed(hex_id: str | None) -> str | None:
@@ -262,17 +391,130 @@ class Root:
     def __init__(self, db, p: access.Principal):
         self.db, self.p = db, p
 
-    def keypair(self, info, access_key=None):
+    def keypair(self, info, access_key=None, domain_name=None):
         ak = access_key or self.p.access_key
         if ak is None:
             return None
-        try:
-            kp = admin._get_keypair(self.db, self.p, ak)
-        except Exception as e:  # noqa: BLE001 - a refusal is a GraphQL error with its words
-            raise GraphQLError(getattr(e, "detail", str(e))) from None
-        return {"user_id": dashed(kp.user_id), "access_key": kp.access_key, "secret_key": None,
-                "is_active": kp.is_active, "is_admin": bool(kp.is_admin),
-                "resource_policy": kp.resource_policy, "rate_limit": kp.rate_limit}
+        return _keypair_item(self.db, _call(admin._get_keypair, self.db, self.p, ak))
+
+    # -- admin: the same services and rules as the admin REST API (manager/admin.py) --
+
+    def domain(self, info, name=None):
+        return _domain_item(_call(admin.get_domain, self.db, self.p, name or self.p.domain))
+
+    def domains(self, info, is_active=None):
+        f = {} if is_active is None else {"is_active": is_active}
+        return [_domain_item(d) for d in _all(admin.list_domains, self.db, self.p, f)]
+
+    def group(self, info, id, domain_name=None):
+        return _group_item(_call(admin.get_project, self.db, self.p, _hex(id, "group id")))
+
+    def groups(self, info, domain_name=None, is_active=None, name=None):
+        f = {k: v for k, v in (("domain", domain_name), ("is_active", is_active),
+                               ("name", name)) if v is not None}
+        return [_group_item(g) for g in _all(admin.list_projects, self.db, self.p, f)]
+
+    def groups_by_name(self, info, name, domain_name=None):
+        found = self.groups(info, domain_name=domain_name, name=name)
+        if not found:
+            raise GraphQLError(f"no group (project) {name!r}")
+        return found
+
+    def user(self, info, email=None, domain_name=None):
+        if email is None:
+            return _user_item(self.db, _call(admin.get_user, self.db, self.p, self.p.user_id))
+        rows = _all(admin.list_users, self.db, self.p, {"email": email})
+        if not rows:
+            raise GraphQLError(f"no user {email!r}")
+        return _user_item(self.db, rows[0])
+
+    def user_from_uuid(self, info, user_id=None, domain_name=None):
+        uid = _hex(user_id, "user id") if user_id else self.p.user_id
+        return _user_item(self.db, _call(admin.get_user, self.db, self.p, uid))
+
+    def _user_filters(self, domain_name, group_id, is_active, status):
+        f = {}
+        if domain_name:
+            f["domain"] = domain_name
+        if group_id:
+            f["project"] = _hex(group_id, "group id")
+        if status:
+            f["status"] = status.lower()
+        elif is_active is not None:
+            f["status"] = "active" if is_active else "inactive"
+        return f
+
+    def users(self, info, domain_name=None, group_id=None, is_active=None, status=None):
+        f = self._user_filters(domain_name, group_id, is_active, status)
+        return [_user_item(self.db, u) for u in _all(admin.list_users, self.db, self.p, f)]
+
+    def user_list(self, info, limit, offset, filter=None, order=None, domain_name=None,
+                  group_id=None, is_active=None, status=None):
+        _page_args(limit, offset)
+        _unsupported(filter=filter, order=order)
+        f = self._user_filters(domain_name, group_id, is_active, status)
+        page = _call(admin.list_users, self.db, self.p, f, offset, limit)
+        return {"items": [_user_item(self.db, u) for u in page["items"]],
+                "total_count": page["total"]}
+
+    def _keypair_filters(self, email, is_active):
+        f = {} if is_active is None else {"is_active": is_active}
+        if email:
+            users = _all(admin.list_users, self.db, self.p, {"email": email})
+            if not users:
+                raise GraphQLError(f"no user {email!r}")
+            f["user_id"] = users[0]["id"]
+        return f
+
+    def keypairs(self, info, domain_name=None, email=None, is_active=None):
+        f = self._keypair_filters(email, is_active)
+        return [_keypair_item(self.db, self.db.get(Keypair, k["access_key"]))
+                for k in _all(admin.list_keypairs, self.db, self.p, f)]
+
+    def keypair_list(self, info, limit, offset, filter=None, order=None, domain_name=None,
+                     email=None, is_active=None):
+        _page_args(limit, offset)
+        _unsupported(filter=filter, order=order)
+        page = _call(admin.list_keypairs, self.db, self.p,
+                     self._keypair_filters(email, is_active), offset, limit)
+        return {"items": [_keypair_item(self.db, self.db.get(Keypair, k["access_key"]))
+                          for k in page["items"]], "total_count": page["total"]}
+
+    def keypair_resource_policy(self, info, name=None):
+        if name is None:
+            kp = self.db.get(Keypair, self.p.access_key) if self.p.access_key else None
+            if kp is None:
+                raise GraphQLError("name: which keypair resource policy")
+            name = kp.resource_policy
+        return _policy_item(_call(admin.get_policy, self.db, self.p, "keypair", name))
+
+    def keypair_resource_policies(self, info):
+        return [_policy_item(r) for r in _all(admin.list_policies, self.db, self.p, "keypair", {})]
+
+    def scaling_group(self, info, name=None):
+        return _rg_item(_call(admin.get_resource_group, self.db, self.p, name or ""))
+
+    def scaling_groups(self, info, name=None, is_active=None):
+        f = {} if is_active is None else {"is_active": is_active}
+        rows = _all(admin.list_resource_groups, self.db, self.p, f)
+        return [_rg_item(g) for g in rows if name is None or g["name"] == name]
+
+    def _volumes(self) -> list[dict]:
+        view = vfolders.host_view(self.db, self.p, self.volumes, "")
+        return [_volume_item(h, v) for h, v in view["hosts"].items()
+                if self.p.is_superadmin or v["permissions"]]
+
+    def storage_volume(self, info, id=None):
+        for v in self._volumes():
+            if v["id"] == id:
+                return v
+        raise GraphQLError(f"no storage volume {id!r} (hosts are proxy:volume)")
+
+    def storage_volume_list(self, info, limit, offset, filter=None, order=None):
+        _page_args(limit, offset)
+        _unsupported(filter=filter, order=order)
+        vols = self._volumes()
+        return {"items": vols[offset:offset + limit], "total_count": len(vols)}
 
     def compute_session(self, info, id):
         s = self.db.get(Session, _hex(id, "session id"))
@@ -317,6 +559,88 @@ class Root:
         return {"items": [folder_item(self.db, self.p, f) for f in rows], "total_count": total}
 
 
+def _call(fn, *args):
+    """A service call; its refusal (not found, forbidden, ...) is a GraphQL error in its words."""
+    try:
+        return fn(*args)
+    except BackendAIError as e:
+        raise GraphQLError(e.detail) from None
+
+
+def _all(fn, *args) -> list:
+    return _call(fn, *args, 0, ALL)["items"]
+
+
+def _json(v) -> str:
+    return json.dumps(v if v is not None else {})
+
+
+def _domain_item(d: dict) -> dict:
+    return {**d, "total_resource_slots": _json(d["total_resource_slots"]),
+            "allowed_vfolder_hosts": _json(d["allowed_vfolder_hosts"]), "modified_at": None,
+            "integration_id": None}
+
+
+def _group_item(g: dict) -> dict:
+    return {**g, "id": dashed(g["id"]), "total_resource_slots": _json(g["total_resource_slots"]),
+            "allowed_vfolder_hosts": _json(g["allowed_vfolder_hosts"]), "modified_at": None,
+            "integration_id": None}
+
+
+def _user_item(db, u: dict) -> dict:
+    from ...models import Project, User
+
+    row = db.get(User, u["id"])
+    main = admin.main_keypair(row) if row is not None else None
+    groups = [db.get(Project, pid) for pid in u["project_ids"]]
+    return {**u, "id": dashed(u["id"]), "uuid": dashed(u["id"]), "description": None,
+            "status_info": None, "is_active": u["status"] == "active", "modified_at": None,
+            "groups": [{"id": dashed(g.id), "name": g.name} for g in groups if g is not None],
+            "totp_activated": False, "sudo_session_enabled": False,
+            "main_access_key": main.access_key if main is not None else None}
+
+
+def _keypair_item(db, kp) -> dict:
+    from sqlalchemy import func
+
+    from ...models import User
+
+    owner = db.get(User, kp.user_id)
+    live = db.scalar(select(func.count()).select_from(Session).where(
+        Session.access_key == kp.access_key, Session.alive_marker.is_not(None)))
+    return {"user_id": owner.email if owner else dashed(kp.user_id),
+            "access_key": kp.access_key, "secret_key": None, "is_active": kp.is_active,
+            "is_admin": bool(kp.is_admin), "resource_policy": kp.resource_policy,
+            "rate_limit": kp.rate_limit, "num_queries": kp.num_queries,
+            "created_at": kp.created_at.isoformat() if kp.created_at else None,
+            "last_used": kp.last_used.isoformat() if kp.last_used else None,
+            "modified_at": None, "concurrency_used": live,
+            "projects": sorted(p.name for p in owner.projects) if owner else [],
+            "user_info": {"email": owner.email if owner else None,
+                          "full_name": owner.full_name if owner else None}}
+
+
+def _policy_item(r: dict) -> dict:
+    # Folder count and size limits are the user's and project's resource policies here
+    # (quota scopes), not the keypair's: 0, Backend.AI's "no limit".
+    return {**r, "total_resource_slots": _json(r["total_resource_slots"]),
+            "allowed_vfolder_hosts": _json(r["allowed_vfolder_hosts"]),
+            "max_vfolder_count": 0, "max_vfolder_size": 0, "max_quota_scope_size": 0}
+
+
+def _rg_item(g: dict) -> dict:
+    return {**g, "scheduler_opts": _json(g["scheduler_opts"]), "driver": "static",
+            "driver_opts": "{}", "wsproxy_addr": None, "wsproxy_api_token": None,
+            "use_host_network": False}
+
+
+def _volume_item(host: str, v: dict) -> dict:
+    vol = v["volume"]
+    return {"id": host, "backend": vol.get("backend"), "fsprefix": "", "path": vol.get("path"),
+            "capabilities": sorted(vol.get("capabilities") or ["vfolder", "quota"]),
+            "hardware_metadata": "{}", "performance_metric": "{}", "usage": "{}"}
+
+
 def _field_resolver(source, info, **args):
     if isinstance(source, Root):
         return getattr(source, info.field_name)(info, **args)
@@ -328,8 +652,12 @@ def _field_resolver(source, info, **args):
 async def execute(manager, p: access.Principal, query: str, variables: dict | None) -> dict:
     """Run one query for ``p``; answers ``{"data": ..., "errors": [...]}`` as GraphQL does."""
 
+    volumes = await vfolders._volumes(manager) if "storage_volume" in query else {}
+
     def run(db):
-        return graphql_sync(SCHEMA, query, root_value=Root(db, p),
+        root = Root(db, p)
+        root.volumes = volumes
+        return graphql_sync(SCHEMA, query, root_value=root,
                             variable_values=variables or {}, field_resolver=_field_resolver)
 
     result = await manager.db_read(run)
