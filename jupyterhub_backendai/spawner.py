@@ -18,7 +18,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Integer, List, TraitError, Unicode, default, validate
 
 from . import pages
-from .common.errors import BackendAIError, InvalidRequest
+from .common.errors import BackendAIError
+from .common.session_request import SessionRequest, SessionRequestError
 from .common.slots import CPU, CUDA, MEM, format_slots
 from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
 from .manager.core import BackendAIManager
@@ -105,11 +106,7 @@ class BackendAISpawner(Spawner):
     _reported_activity = None
     # Whether JupyterHub has taken this server over (its first poll() after start()).
     _handed_over = False
-    _image = None
-    _slots = None
-    _project = None
-    _mounts: list[str] = []
-    _cluster = (1, "single-node")
+    _request = None  # the SessionRequest apply_user_options built and the manager checked
 
     @property
     def manager(self) -> BackendAIManager:
@@ -222,46 +219,33 @@ class BackendAISpawner(Spawner):
             if choices:
                 opts["image"] = choices[0]
         await self.manager.ready()
-        project = opts.pop("project", None)
-        mounts = opts.pop("mounts", [])
-        cluster_size = opts.pop("cluster_size", 1)
-        cluster_mode = opts.pop("cluster_mode", "single-node")
         try:
-            cluster_size = _whole_number("cluster_size", cluster_size)
-            if cluster_size < 1:
-                raise InvalidRequest(f"cluster_size must be at least 1, not {cluster_size}")
-            if project is not None:
+            # The one session request, checked once: its form here, what depends on the
+            # record by the manager (enqueue does not check it again).
+            request = SessionRequest.from_options(opts, resource_group=self.resource_group)
+            if request.project is not None:
                 projects = await self.manager.user_projects(self.user.name)
-                if project not in projects:
-                    raise InvalidRequest(
-                        f"project {project!r} is not one of yours ({', '.join(projects) or 'none'})"
-                    )
-            image, slots = self.manager.parse_request(opts)
-            if self.images and image not in self.images:
-                raise InvalidRequest(f"image {image!r} is not offered here")
-            if cluster_mode not in ("single-node", "multi-node"):
-                raise InvalidRequest(
-                    f"cluster_mode must be single-node or multi-node, not {cluster_mode!r}"
-                )
-            await self.manager.validate(
-                image, slots, self.resource_group, cluster_size=cluster_size, cluster_mode=cluster_mode
-            )
-            # Names or ids of vfolders; enqueue checks them again when it creates the session.
-            await self.manager.check_mounts(self.user.name, project, mounts)
+                if request.project not in projects:
+                    raise SessionRequestError(
+                        f"project {request.project!r} is not one of yours "
+                        f"({', '.join(projects) or 'none'})")
+            if self.images and request.image not in self.images:
+                raise SessionRequestError(f"image {request.image!r} is not offered here")
+            await self.manager.check_request(request)
+            # Names or ids of vfolders; enqueue resolves them when it creates the session.
+            await self.manager.check_mounts(self.user.name, request.project, list(request.mounts))
             # A request beyond the quota's limits would wait forever: refused now.
             quota = await self.manager.db_read(_presets.quota_left, self.user.name)
-            q = quota.get(project) or next(iter(quota.values()), None)
-            over = q and _presets.quota_excess(q, slots, cluster_size)
+            q = quota.get(request.project) or next(iter(quota.values()), None)
+            over = q and _presets.quota_excess(q, request.slots, request.cluster_size)
             if over:
-                raise InvalidRequest(over)
+                raise SessionRequestError(over)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
-        self._image, self._slots, self._project = image, slots, project
-        self._mounts = list(mounts)
-        self._cluster = (cluster_size, cluster_mode)
+        self._request = request
         _SUBMITTED.pop(self.user.name, None)  # accepted: the next form starts from the defaults
-        self.mem_limit = int(slots[MEM])
-        self.cpu_limit = float(slots[CPU])
+        self.mem_limit = int(request.slots[MEM])
+        self.cpu_limit = float(request.slots[CPU])
 
     async def _preset_options(self, user_options: dict) -> dict:
         """The request with its preset (``{"preset": slug}``) applied: the preset's
@@ -312,7 +296,7 @@ class BackendAISpawner(Spawner):
     async def start(self):
         deadline = time.monotonic() + self._start_budget()
         await self.manager.ready()
-        if self._slots is None:  # started without apply_user_options (older hubs)
+        if self._request is None:  # started without apply_user_options (older hubs)
             await self._apply_options(self, self.user_options or {})
         # JupyterHub starts this server, so it knows no session of it: one left by a
         # start that a stopped hub never finished is ended first (else 409).
@@ -320,17 +304,11 @@ class BackendAISpawner(Spawner):
         lease = self.manager.spawner_wait_lease
         try:
             self.session_id = await self.manager.enqueue(
+                self._request,
                 username=self.user.name,
                 name=self.session_name,
-                image=self._image,
-                slots=self._slots,
                 environ=self.get_env(),
                 service_prefix=self.server.base_url,
-                resource_group=self.resource_group,
-                project=self._project,
-                cluster_size=self._cluster[0],
-                cluster_mode=self._cluster[1],
-                mounts=self._mounts,
                 home_folder=self.home_folder or None,
                 awaited_for=lease,
             )
@@ -535,17 +513,6 @@ def _state_words(sess) -> str:
     if not info or info.lower() == word:
         return word
     return f"{word}: {info}"
-
-
-def _whole_number(name: str, value) -> int:
-    """A whole number from the form (text) or the API (number); InvalidRequest otherwise."""
-    if isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    raise InvalidRequest(f"{name} must be a whole number, not {value!r}")
 
 
 def _passed_states(current: SessionStatus, history: dict) -> list[SessionStatus]:

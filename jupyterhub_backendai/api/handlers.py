@@ -17,6 +17,7 @@ from jupyterhub.utils import new_token
 from tornado import web
 
 from ..common.errors import BackendAIError, InvalidRequest
+from ..common.session_request import SessionRequest, resources
 from ..common.types import SessionStatus, UserRole, UserStatus
 from ..manager import admin, vfolders
 from . import spec
@@ -365,15 +366,10 @@ class SessionsHandler(APIBase):
         body = self.body("SessionCreate")
         group = body.get("resource_group", "default")
         await self.manager.db(admin.check_session_create, self.principal, group)
-        resources = body.get("resources", {})
-        image, slots = self.manager.parse_request({"image": body["image"], **resources})
-        sid = await self.manager.enqueue(
-            username=self.principal.username,
-            name=body["name"],
+        image, slots = resources({"image": body["image"], **body.get("resources", {})})
+        request = SessionRequest(
             image=image,
             slots=slots,
-            environ={},
-            service_prefix="/",
             resource_group=group,
             session_type=body.get("type", "batch"),
             project=body.get("project"),
@@ -386,6 +382,8 @@ class SessionsHandler(APIBase):
             dependencies=body.get("dependencies", []),
             mounts=body.get("mounts", []),
         )
+        sid = await self.manager.enqueue(request, username=self.principal.username,
+                                         name=body["name"], environ={}, service_prefix="/")
         self.reply(await self.manager.db_read(admin.get_session, self.principal, sid), 201)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import weakref
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ from traitlets.config import SingletonConfigurable
 
 from ..agent.backends.base import BATCH, IDLE, INTERACTIVE
 from ..agent.core import Agent as LocalAgent
+from ..common import session_request
 from ..common.errors import (
     AgentError,
     BackendAIError,
@@ -32,6 +34,7 @@ from ..common.errors import (
     NotFound,
 )
 from ..common.events import make_event_bus
+from ..common.session_request import ClusterMode, SessionRequest, SessionType
 from ..common.slots import (
     CPU,
     CUDA,
@@ -41,7 +44,6 @@ from ..common.slots import (
     format_bytes,
     format_cores,
     format_slots,
-    parse_decimal,
     parse_size,
 )
 from ..common.types import (
@@ -93,10 +95,12 @@ START_RETRIES = Counter(
     ["resource_group"],
 )
 
-SESSION_TYPES = ("interactive", "batch")
+SESSION_TYPES = tuple(t.value for t in SessionType)
 # The broadcast of a session's state change to every manager (common/events.py).
 SESSION_CHANGED = "session_changed"
-CLUSTER_MODES = ("single-node", "multi-node")
+CLUSTER_MODES = tuple(m.value for m in ClusterMode)
+# Requests check_request passed (enqueue does not check them again); by identity, while alive.
+_CHECKED_REQUESTS: weakref.WeakSet = weakref.WeakSet()
 # Session.result once a session is dead: dependencies start only after SUCCESS.
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
@@ -715,28 +719,18 @@ class BackendAIManager(SingletonConfigurable):
         unknown = set(options) - {"image", "cpu", "mem", "gpu", "resource_group"}
         if unknown:
             raise InvalidRequest(f"unknown option(s): {', '.join(sorted(unknown))}")
-        image = options.get("image")
-        if not isinstance(image, str) or not image.strip():
-            raise InvalidRequest("image is required")
-        cpu = parse_decimal("cpu", options.get("cpu", 1))
-        try:
-            mem = parse_size(options.get("mem", "1g"))
-        except InvalidRequest:
-            raise InvalidRequest(
-                f"mem must be a size like 512m, 2g or 1.5 GiB, not {options.get('mem')!r}") from None
-        gpu = parse_decimal("gpu", options.get("gpu", 0))
-        if cpu <= 0:
-            raise InvalidRequest(f"cpu must be positive, not {cpu}")
-        if cpu != cpu.quantize(Decimal("0.01")):
-            raise InvalidRequest("cpu takes at most two decimal places")
-        if mem < 64 * 2**20:
-            raise InvalidRequest(f"mem must be at least 64m (64 MiB), not {format_bytes(mem)}")
-        if gpu < 0 or gpu != gpu.to_integral_value():
-            raise InvalidRequest(f"gpu must be a whole number >= 0, not {gpu}")
-        slots = ResourceSlot({CPU: cpu, MEM: mem})
-        if gpu:
-            slots[CUDA] = gpu
-        return image.strip(), slots
+        return session_request.resources(options)
+
+    async def check_request(self, request: SessionRequest) -> SessionRequest:
+        """What of ``request`` depends on the record (:meth:`validate`: the image, an
+        agent that could ever fit it), checked once: :meth:`enqueue` does not check a
+        request again that passed here."""
+        await self.validate(
+            request.image, request.slots, request.resource_group,
+            cluster_size=request.cluster_size, cluster_mode=request.cluster_mode.value,
+            architecture=request.architecture, designated_agents=request.designated_agents)
+        _CHECKED_REQUESTS.add(request)
+        return request
 
     async def validate(
         self,
@@ -827,30 +821,18 @@ class BackendAIManager(SingletonConfigurable):
 
     async def enqueue(
         self,
+        request: SessionRequest | None = None,
         *,
         username: str,
         name: str,
-        image: str,
-        slots: ResourceSlot,
         environ: dict,
         service_prefix: str,
-        resource_group: str = "default",
-        session_type: str = "interactive",
-        project: str | None = None,
-        cluster_size: int = 1,
-        cluster_mode: str = "single-node",
-        priority: int | None = None,
-        startup_command: str | None = None,
-        batch_timeout: int | None = None,
-        starts_at=None,
-        dependencies: list[str] | tuple = (),
-        designated_agents: list[str] | tuple = (),
-        architecture: str | None = None,
-        mounts: list[str] | tuple = (),
         home_folder: str | None = None,
         awaited_for: float | None = None,
+        **fields,
     ) -> str:
-        """Validate and record a PENDING session; returns its id.
+        """Record a PENDING session of ``request`` (a :class:`SessionRequest`, or its
+        fields as keywords, which build one); returns its id.
 
         ``slots`` are per kernel; the session has ``cluster_size`` kernels.
         ``project`` is a project id or name in the user's domain (default: the
@@ -867,27 +849,25 @@ class BackendAIManager(SingletonConfigurable):
         refuses (pending limits, containers per session, priority cap, resource
         group permission); nothing is created then.
         """
-        starts_at = _check_session_args(
-            session_type=session_type,
-            cluster_size=cluster_size,
-            cluster_mode=cluster_mode,
-            priority=priority,
-            startup_command=startup_command,
-            batch_timeout=batch_timeout,
-            starts_at=starts_at,
-            dependencies=dependencies,
-            designated_agents=designated_agents,
-            architecture=architecture,
-        )
-        await self.validate(
-            image,
-            slots,
-            resource_group,
-            cluster_size=cluster_size,
-            cluster_mode=cluster_mode,
-            architecture=architecture,
-            designated_agents=designated_agents,
-        )
+        if request is None:
+            # The request's fields as keywords (image=, slots=, session_type=, project=,
+            # cluster_size=, ... as SessionRequest): the one validation, here.
+            try:
+                request = SessionRequest(**fields)
+            except TypeError as e:
+                raise TypeError(f"enqueue: {e}") from None
+        elif fields:
+            raise TypeError(f"enqueue: a request and its fields ({', '.join(sorted(fields))})")
+        if request not in _CHECKED_REQUESTS:
+            await self.check_request(request)
+        r = request
+        image, slots, resource_group, project = r.image, r.slots, r.resource_group, r.project
+        session_type, cluster_mode = r.session_type.value, r.cluster_mode.value
+        cluster_size, priority, starts_at = r.cluster_size, r.priority, r.starts_at
+        startup_command, batch_timeout, architecture = (
+            r.startup_command, r.batch_timeout, r.architecture)
+        dependencies, designated_agents, mounts = (
+            list(r.dependencies), list(r.designated_agents), list(r.mounts))
         if home_folder:
             # Kept when the session is refused below: it is the user's, like any folder.
             await vfmounts.ensure_home(self, username, home_folder)
@@ -1542,62 +1522,6 @@ def _beyond_every_agent(need: ResourceSlot, caps: list) -> str:
         else:
             out.append(f"{label}: {fmt(v)} is more than the {fmt(most)} this resource group offers")
     return "; ".join(out)
-
-
-def _check_session_args(
-    *,
-    session_type,
-    cluster_size,
-    cluster_mode,
-    priority,
-    startup_command,
-    batch_timeout,
-    starts_at,
-    dependencies,
-    designated_agents,
-    architecture,
-) -> dt.datetime | None:
-    """Reject malformed session arguments with a message naming the argument; returns starts_at."""
-
-    def whole(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if session_type not in SESSION_TYPES:
-        raise InvalidRequest(f"session_type must be one of {', '.join(SESSION_TYPES)}, not {session_type!r}")
-    if not whole(cluster_size) or cluster_size < 1:
-        raise InvalidRequest(f"cluster_size must be a whole number >= 1, not {cluster_size!r}")
-    if cluster_mode not in CLUSTER_MODES:
-        raise InvalidRequest(f"cluster_mode must be one of {', '.join(CLUSTER_MODES)}, not {cluster_mode!r}")
-    if priority is not None and (not whole(priority) or not 0 <= priority <= 100):
-        raise InvalidRequest(f"priority must be a whole number from 0 to 100, not {priority!r}")
-    if session_type == BATCH:
-        if not isinstance(startup_command, str) or not startup_command.strip():
-            raise InvalidRequest("a batch session needs a startup_command")
-    elif startup_command is not None:
-        raise InvalidRequest("startup_command is for batch sessions (session_type='batch') only")
-    if batch_timeout is not None:
-        if session_type != BATCH:
-            raise InvalidRequest("batch_timeout is for batch sessions (session_type='batch') only")
-        if not whole(batch_timeout) or batch_timeout <= 0:
-            raise InvalidRequest(f"batch_timeout must be a whole number of seconds > 0, not {batch_timeout!r}")
-    if starts_at is not None:
-        if isinstance(starts_at, str):
-            try:
-                starts_at = dt.datetime.fromisoformat(starts_at)
-            except ValueError:
-                raise InvalidRequest(f"starts_at must be an ISO 8601 time, not {starts_at!r}") from None
-        if not isinstance(starts_at, dt.datetime):
-            raise InvalidRequest(f"starts_at must be a time, not {starts_at!r}")
-        if starts_at.tzinfo is None or starts_at.utcoffset() is None:
-            raise InvalidRequest("starts_at needs a time zone (e.g. 2030-01-01T09:00:00+00:00)")
-    for label, values in (("dependencies", dependencies), ("designated_agents", designated_agents)):
-        if isinstance(values, str) or not all(isinstance(v, str) and v for v in values):
-            raise InvalidRequest(f"{label} must be a list of ids")
-    if len(set(dependencies)) != len(list(dependencies)):
-        raise InvalidRequest("dependencies lists a session twice")
-    if architecture is not None and (not isinstance(architecture, str) or not architecture.strip()):
-        raise InvalidRequest(f"architecture must be a name such as x86_64, not {architecture!r}")
-    return starts_at
 
 
 def _failure_reason(e: BaseException) -> str:

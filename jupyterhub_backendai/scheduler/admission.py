@@ -46,7 +46,7 @@ def admit(db: DBSession, session: Session) -> None:
 
     Checks: the resource group exists, is active and may be used by the
     session's domain, project or keypair (403 otherwise); ``priority`` within
-    0-100 and the keypair policy's ``max_priority``; ``cluster_size`` within
+    the keypair policy's ``max_priority``; ``cluster_size`` within
     ``max_containers_per_session``; the user, its domain and the project are
     active; the user's pending sessions (any keypair) within
     ``max_pending_session_count`` and ``max_pending_session_resource_slots``;
@@ -83,9 +83,9 @@ def admit(db: DBSession, session: Session) -> None:
             raise Forbidden(
                 f"resource group {rg.name!r} is not allowed for this domain, project or keypair"
             )
+        # The request's form (priority 0-100, cluster_size >= 1) was checked when it
+        # was built (common/session_request.py); here only what the policies allow.
         priority = session.priority if session.priority is not None else 50
-        if not 0 <= priority <= 100:
-            raise InvalidRequest(f"priority must be within 0-100, not {priority}")
         if priority > policy.max_priority:
             raise QuotaExceeded(
                 f"quota exceeded: keypair max_priority (priority {priority} requested, "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from ..common.errors import InvalidRequest
+from ..common.session_request import whole_number
 from ..common.slots import CPU, CUDA, MEM
 
 DEFAULT_RESOURCE_PRIORITY = (CUDA, CPU, MEM)
@@ -97,9 +98,9 @@ class SchedulerOptions:
                 except (ValueError, ArithmeticError):
                     problems.append(f"{name} must be a number of seconds >= 0, not {v!r}")
         if "max_reservations" in data:
-            v = data["max_reservations"]
-            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-                kw["max_reservations"] = v
-            else:
-                problems.append(f"max_reservations must be an integer >= 0, not {v!r}")
+            try:
+                kw["max_reservations"] = whole_number("max_reservations", data["max_reservations"],
+                                                      minimum=0)
+            except InvalidRequest as e:
+                problems.append(e.detail)
         return cls(**kw, problems=tuple(problems))
