@@ -427,6 +427,17 @@ def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
     assert carol.user["client"].ok("GET", f"/vfolders/{pfid}")["my_permission"] == "ro"
     out = carol("vfolder", "share", "-p", "rw", pf, c_email, rc=1)
     assert "403" in out
+    out = carol("vfolder", "info", pf)
+    assert "- Ownership Type: group" in out and "- Permission: ro" in out, out
+    # unshare (a project folder: the member's own permission ends) and leave (a user folder)
+    out = admin("vfolder", "unshare", pf, c_email)
+    assert f"Unshared from:\n\t- {c_email}" in out, out
+    assert carol.user["client"].ok("GET", f"/vfolders/{pfid}")["my_permission"] == "rw"
+    out = admin("vfolder", "unshare", pf, c_email, rc=1)
+    assert "404" in out and "not shared with" in out
+    out = carol("vfolder", "leave", name)
+    assert f'Left the shared virtual folder "{name}".' in out
+    assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["total"] == 0
 
     # decline with the 26.09 CLI, then the hub's REST API (invite, list, decline, accept,
     # withdraw)

@@ -879,3 +879,26 @@ def share_with(db: DBSession, p: Principal, fid: str, who: list, permission: str
             row.permission = permission
     db.flush()
     return [t.email for t in targets]
+
+
+def unshare_with(db: DBSession, p: Principal, fid: str, who: list) -> list[str]:
+    """Backend.AI's ``vfolder unshare``: ends the shares of a user folder (its owner, or an
+    admin of its domain), or a project folder's per-member permissions (admins of its
+    domain; the members keep the folder's own permission). All or nothing."""
+    f = _get_folder(db, p, fid)
+    if f.ownership_type == VFolderOwnership.PROJECT:
+        access.require(can_manage_folder(p, f), "unshare this project vfolder (admins of "
+                                                "its domain may)")
+    else:
+        access.require(can_manage_folder(p, f), "unshare this vfolder (its owner may)")
+    targets = _targets(db, f, who)
+    rows = []
+    for t in targets:
+        row = db.get(VFolderPermissionRow, (f.id, t.id))
+        if row is None:
+            raise NotFound(f"vfolder {f.name!r} is not shared with {t.email!r}")
+        rows.append(row)
+    for row in rows:
+        db.delete(row)
+    db.flush()
+    return [t.email for t in targets]

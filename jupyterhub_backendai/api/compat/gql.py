@@ -359,7 +359,8 @@ def folder_item(db, p, f: VFolder) -> dict:
         "group": dashed(f.project_id), "group_name": proj.name if proj else None,
         "creator": f.creator, "domain_name": f.domain_name, "unmanaged_path": None,
         "usage_mode": f.usage_mode, "permission": out["my_permission"] or f.permission,
-        "ownership_type": f.ownership_type, "max_files": 0, "max_size": 0,
+        "ownership_type": "group" if f.ownership_type == "project" else f.ownership_type,
+        "max_files": 0, "max_size": 0,
         "created_at": out["created_at"], "last_used": None, "num_files": None, "cur_size": None,
         "cloneable": False, "status": f.status,
     }

@@ -380,7 +380,10 @@ def _folder_rest(db, p, fid: str) -> dict:
         "quota_scope_id": f.quota_scope_id, "usage_mode": f.usage_mode,
         "created_at": out["created_at"], "is_owner": f.user_id == p.user_id,
         "permission": out["my_permission"] or f.permission, "user": gql.dashed(f.user_id),
-        "group": gql.dashed(f.project_id), "type": f.ownership_type, "status": f.status,
+        "group": gql.dashed(f.project_id),
+        # Backend.AI's words: a project folder is a "group" folder
+        "type": "group" if f.ownership_type == "project" else f.ownership_type,
+        "status": f.status,
         "numFiles": 0, "cloneable": False, "max_files": 0, "max_size": 0,
     }
 
@@ -529,6 +532,29 @@ class FolderShareHandler(CompatBase):
         emails = await self.manager.db(vfolders.share_with, self.principal, fid,
                                        body.get("emails"), body.get("permission", "rw"))
         self.reply({"shared_emails": emails}, 201)
+
+
+class FolderUnshareHandler(CompatBase):
+    """``vfolder unshare NAME EMAIL...``: ``DELETE {"emails"}`` -> ``{"unshared_emails"}``."""
+
+    async def delete(self, ref):
+        body = self.json_body()
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        emails = await self.manager.db(vfolders.unshare_with, self.principal, fid,
+                                       body.get("emails"))
+        self.reply({"unshared_emails": emails})
+
+
+class FolderLeaveHandler(CompatBase):
+    """``vfolder leave NAME``: the caller leaves a user folder shared with them."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        who = body.get("shared_user_uuid") or self.principal.user_id
+        who = _as_hex(str(who)) or str(who)
+        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        await self.manager.db(vfolders.remove_share, self.principal, fid, who)
+        self.reply({})
 
 
 def _invitation_bai(inv: dict) -> dict:
@@ -793,6 +819,8 @@ def routes() -> list[tuple]:
         (f"/folders/{SEG}/move-file", FolderMoveFileHandler),
         (f"/folders/{SEG}/invite", FolderInviteHandler),
         (f"/folders/{SEG}/share", FolderShareHandler),
+        (f"/folders/{SEG}/unshare", FolderUnshareHandler),
+        (f"/folders/{SEG}/leave", FolderLeaveHandler),
         (f"/folders/{SEG}/delete-files", FolderDeleteFilesHandler),
         (f"/folders/{SEG}/request-upload", FolderRequestUploadHandler),
         (f"/folders/{SEG}/request-download", FolderRequestDownloadHandler),
