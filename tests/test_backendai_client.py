@@ -509,6 +509,12 @@ def test_admin_commands_through_graphql(hub, alice, tmp_path):
     assert re.search(r"Scheduler\s+fifo\n", out) and re.search(r"Active\?\s+True\n", out), out
     out = root("admin", "storage", "info", "local:volume1")
     assert re.search(r"Backend\s+vfs\n", out) and hub.volume_path in out, out
+    # the 26.09 client reads the same fields (and a few more)
+    root26 = BAI(hub, root.user, str(tmp_path), cli=CLI26)
+    out = root26("admin", "keypair-resource-policy", "list")
+    assert re.search(r"\ndefault\s", out), out
+    out = root26("admin", "user", "list")
+    assert alice.user["email"] in out and "admin@example.com" in out
     # a user: only what the admin API shows them
     out = alice("admin", "user", "list")
     assert alice.user["email"] in out and "admin@example.com" not in out

@@ -205,6 +205,8 @@ type KeyPairResourcePolicy {
   max_quota_scope_size: Float
   allowed_vfolder_hosts: String
   max_pending_session_count: Int
+  max_pending_session_resource_slots: String
+  max_concurrent_sftp_sessions: Int
 }
 
 type ScalingGroup {
@@ -626,6 +628,10 @@ def _policy_item(r: dict) -> dict:
     # (quota scopes), not the keypair's: 0, Backend.AI's "no limit".
     return {**r, "total_resource_slots": _json(r["total_resource_slots"]),
             "allowed_vfolder_hosts": _json(r["allowed_vfolder_hosts"]),
+            "max_pending_session_resource_slots": (
+                None if r["max_pending_session_resource_slots"] is None
+                else _json(r["max_pending_session_resource_slots"])),
+            "max_concurrent_sftp_sessions": 0,  # no SFTP sessions here
             "max_vfolder_count": 0, "max_vfolder_size": 0, "max_quota_scope_size": 0}
 
 
