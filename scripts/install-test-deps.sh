@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc)
+# openssh-client: ssh/sftp into a session's published sshd (tests/test_ssh_port.py).
+pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client)
 # npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
 # (only when missing: a NodeSource nodejs brings its own npm).
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)

@@ -457,7 +457,8 @@ class Agent(LoggingConfigurable):
         """Start one kernel. ``spec``: kernel_id, session_id, owner, image, slots, environ,
         service_prefix, and optionally kernel_type (interactive, batch, idle), command
         (batch), cluster_hostname and network_alias (multi-kernel sessions), mounts
-        (vfolders, see :func:`check_mounts`). Returns the kernel record (host,
+        (vfolders, see :func:`check_mounts`), ssh_public_key (issue 12: publish the
+        kernel's sshd for this key, where the backend can). Returns the kernel record (host,
         service ports, container id)."""
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         if kernel_type not in KERNEL_TYPES:
@@ -474,6 +475,13 @@ class Agent(LoggingConfigurable):
         # Only a kernel that serves Jupyter needs a host port, and only one: its Jupyter
         # server (the first service port) proxies every other app of the image.
         n_ports = 1 if kernel_type == INTERACTIVE and image.service_ports else 0
+        # Issue 12: SSH/SFTP from outside, where the manager asks for it (the session's
+        # resource group opted in) and the backend can publish the kernel's sshd: one
+        # more host port from the range, the last one (released with the others).
+        if spec.get("ssh_public_key") and getattr(self.impl, "publishes_ssh", False):
+            n_ports += 1
+        else:
+            spec.pop("ssh_public_key", None)
         async with self._lock:
             ports = self._take_ports(n_ports)
             # All or nothing: raises with nothing taken when the devices are not free.

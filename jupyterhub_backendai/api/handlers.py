@@ -425,6 +425,7 @@ def _service_ports(db, p, sid: str) -> dict:
         "username": owner.username if owner else None,
         "service_prefix": s.service_prefix,
         "ports": list(main.service_ports or []) if main is not None else [],
+        "host": main.kernel_host if main is not None else None,
     }
 
 
@@ -450,8 +451,13 @@ class SessionServicePortsHandler(APIBase):
             url = None
             if server_url and sp.get("protocol") == "http":
                 url = server_url if idx == 0 else f"{server_url}{sp['name']}/"
-            ports.append({"name": sp.get("name"), "protocol": sp.get("protocol"),
-                          "container_port": sp.get("container_port"), "url": url})
+            entry = {"name": sp.get("name"), "protocol": sp.get("protocol"),
+                     "container_port": sp.get("container_port"), "url": url}
+            if sp.get("protocol") == "tcp" and sp.get("host_port"):
+                # Issue 12: a non-HTTP port the agent published (sshd, sftp): no hub
+                # in front, straight to the node (docs/service-ports.md).
+                entry.update(host=rec["host"], port=sp["host_port"])
+            ports.append(entry)
         self.reply({
             "session_id": rec["session_id"],
             "status": rec["status"],
@@ -459,6 +465,42 @@ class SessionServicePortsHandler(APIBase):
             "adhoc_url_template": server_url + "proxy/{port}/" if server_url else None,
             "service_ports": ports,
         })
+
+
+def _ssh_key(db, p, sid: str) -> dict:
+    """Issue 12: the key of a session's published sshd, for its owner only (others who
+    may see the session, admins included, get 403; the rest 404 as for the session)."""
+    from ..common.errors import Forbidden, NotFound
+    from ..manager import sshkeys
+    from ..models import Keypair
+
+    s = admin._get_session(db, p, sid)
+    if s.user_id != p.user_id:
+        raise Forbidden("only the session's owner gets its SSH key")
+    main = next((k for k in s.kernels if k.cluster_role == "main"), None)
+    sshd = next((sp for sp in (main.service_ports or []) if sp.get("name") == "sshd"
+                 and sp.get("host_port")), None) if main is not None else None
+    kp = db.get(Keypair, s.access_key)
+    if sshd is None or kp is None:
+        raise NotFound(f"session {sid} has no SSH port (its resource group "
+                       f"{s.resource_group!r} does not offer SSH, or it is not running)")
+    return {
+        "session_id": s.id, "access_key": kp.access_key, "user": sshkeys.SSH_USER,
+        "host": main.kernel_host, "port": sshd["host_port"],
+        "public_key": sshkeys.public_key(kp.secret_key, kp.access_key),
+        "private_key": sshkeys.private_key(kp.secret_key),
+    }
+
+
+class SessionSSHKeyHandler(APIBase):
+    """``GET /sessions/{id}/ssh-key``: the private key (OpenSSH format) that logs in to
+    the session's sshd as ``work``, derived from the session's keypair
+    (manager/sshkeys.py), with where the sshd listens. The owner only."""
+
+    async def get(self, sid):
+        self.query()
+        self.set_header("Cache-Control", "no-store")
+        self.reply(await self.manager.db_read(_ssh_key, self.principal, sid))
 
 
 # -- vfolders ------------------------------------------------------------------
@@ -683,6 +725,7 @@ def routes() -> list[tuple]:
         (f"/sessions/{SEG}", SessionHandler),
         (f"/sessions/{SEG}/logs", SessionLogsHandler),
         (f"/sessions/{SEG}/service-ports", SessionServicePortsHandler),
+        (f"/sessions/{SEG}/ssh-key", SessionSSHKeyHandler),
         ("/vfolder-hosts", VFolderHostsHandler),
         ("/vfolders", VFoldersHandler),
         (f"/vfolders/{SEG}", VFolderHandler),

@@ -277,12 +277,24 @@ SCHEMAS: dict[str, dict] = {
                        "the session's Jupyter server (null: a batch session serves nothing)"},
         "adhoc_url_template": {"type": ["string", "null"], "description":
                                "any other port: replace {port} (jupyter-server-proxy)"},
-        "service_ports": {"type": "array", "items": _out({
-            "name": {"type": "string"}, "protocol": {"type": "string"},
-            "container_port": {"type": "integer"},
-            "url": {"type": ["string", "null"],
-                    "description": "where the app answers, behind the hub's login "
-                                   "(null: not an HTTP port)"}})},
+        "service_ports": {"type": "array", "items": {
+            "type": "object", "required": ["name", "protocol", "container_port", "url"],
+            "properties": {
+                "name": {"type": "string"}, "protocol": {"type": "string"},
+                "container_port": {"type": "integer"},
+                "url": {"type": ["string", "null"],
+                        "description": "where the app answers, behind the hub's login "
+                                       "(null: not an HTTP port)"},
+                "host": {"type": "string", "description": "tcp ports the agent published "
+                         "(sshd, sftp; opt-in per resource group): the node's address"},
+                "port": {"type": "integer", "description": "tcp ports: the host port"}}}},
+    }),
+    "SessionSSHKey": _out({
+        "session_id": {"type": "string"},
+        "access_key": {"type": "string", "description": "the keypair the key derives from"},
+        "user": {"type": "string"}, "host": {"type": "string"}, "port": {"type": "integer"},
+        "public_key": {"type": "string"},
+        "private_key": {"type": "string", "description": "OpenSSH format, unencrypted"},
     }),
     "Whoami": _out({
         "user": _ref("User"), "role": {"enum": list(UserRole)}, "domain": _ref("Domain"),
@@ -478,6 +490,9 @@ ROUTES += [
      200, "SessionLogs"),
     ("get", "/sessions/{id}/service-ports", "getSessionServicePorts",
      "A session's service ports (apps) with their URLs", None, None, 200, "SessionServicePorts"),
+    ("get", "/sessions/{id}/ssh-key", "getSessionSSHKey",
+     "The owner's key to the session's sshd (resource groups with SSH)", None, None, 200,
+     "SessionSSHKey"),
     ("get", "/scheduler", "schedulerStatus", "What the scheduler is doing (admins)", None, None,
      200, "SchedulerStatus"),
     ("get", "/vfolder-hosts", "listVFolderHosts", "Storage hosts the caller may use, and for what",

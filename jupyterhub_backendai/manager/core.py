@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from prometheus_client import Counter
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import selectinload
-from traitlets import Bool, Dict, Float, Integer, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from ..agent.backends.base import BATCH, IDLE, INTERACTIVE
@@ -77,7 +77,7 @@ from ..scheduler import (
 )
 from ..scheduler.metrics import PLACEMENTS, REJECTIONS
 from ..storageproxy.client import make_storage_registry
-from . import lifecycle, tenancy
+from . import lifecycle, sshkeys, tenancy
 from . import mounts as vfmounts
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient, close_agent_clients
 from .discovery import BackendAICluster
@@ -233,6 +233,13 @@ class BackendAIManager(SingletonConfigurable):
         tenancy.DEFAULT_VFOLDER_HOST,
         help="""Where new vfolders go when the request names no host; the default
         domain of a new installation may use it fully.""",
+    ).tag(config=True)
+    ssh_resource_groups = List(
+        Unicode(),
+        help="""Issue 12: resource groups whose sessions get SSH/SFTP from outside: the
+        main kernel's sshd is published on a host port of its agent's range, for a key
+        derived from the session's keypair (manager/sshkeys.py). Default: none (see
+        docs/service-ports.md for the trade-off).""",
     ).tag(config=True)
 
     def __init__(self, **kw):
@@ -995,7 +1002,11 @@ class BackendAIManager(SingletonConfigurable):
             ):
                 return
             owner = await self.db(lambda s: s.get(User, sess.user_id).username)
-            specs = self._kernel_specs(sess, kernels, agents, owner, mounts)
+            ssh_key = None
+            if sess.resource_group in self.ssh_resource_groups:  # issue 12: opted in
+                ssh_key = await self.db_read(
+                    sshkeys.session_public_key, sess, self.ssh_resource_groups)
+            specs = self._kernel_specs(sess, kernels, agents, owner, mounts, ssh_key=ssh_key)
 
             async def create(k, spec):
                 rec = await clients[k.agent_id].create_kernel(spec)
@@ -1116,10 +1127,11 @@ class BackendAIManager(SingletonConfigurable):
         return out
 
     def _kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str,
-                      mounts: list[dict] = ()) -> list[dict]:
+                      mounts: list[dict] = (), ssh_key: str | None = None) -> list[dict]:
         """What each agent gets: the main kernel serves Jupyter (or runs the batch
         command), the others idle; all know the session's cluster and mount the
-        session's vfolders."""
+        session's vfolders. ``ssh_key``: the public key the main kernel's sshd is
+        published for (issue 12, :func:`sshkeys.session_public_key`)."""
         hosts = [_cluster_host(k, sess.id, *agents[k.agent_id], self.local_agents) for k in kernels]
         cluster_env = {
             "BACKENDAI_SESSION_ID": sess.id,
@@ -1169,6 +1181,7 @@ class BackendAIManager(SingletonConfigurable):
                     "cluster_role": k.cluster_role,
                     "cluster_agents": n_agents,
                     "cluster_ssh": cluster_ssh,
+                    **({"ssh_public_key": ssh_key} if main and ssh_key else {}),
                 }
             )
         return specs

@@ -28,6 +28,7 @@ from .base import (
     ExitCallback,
     ImageInfo,
     KernelRecord,
+    ServicePort,
     tail_text,
 )
 
@@ -54,6 +55,8 @@ ICC_OPTION = "com.docker.network.bridge.enable_icc"
 # the uid/gid of the image's user who owns it (its sshd runs as that user), and how long
 # a kernel that is not the main one waits for the session's overlay network.
 CLUSTER_SSH_DIR = "home/config/ssh"
+# Issue 12: the port of the kernel's sshd (images/kernel/backendai-sshd.conf).
+SSH_CONTAINER_PORT = 2200
 KERNEL_UID = 1000
 OVERLAY_WAIT = 30.0
 # One lock per event loop for making session networks, shared by the agents of this
@@ -108,10 +111,12 @@ def _kernels_on(network: dict) -> list[str]:
     return [k for k in network.get("Containers") or {} if not k.startswith("lb-")]
 
 
-def _cluster_ssh_archive(keys: dict) -> bytes:
+def _cluster_ssh_archive(keys: dict | None, user_key: str | None = None) -> bytes:
     """multinode: a tar of /home/config/ssh for a cluster session's kernel: the session's
     private key (id_cluster), its public key (id_cluster.pub) and authorized_keys, owned
-    by the image's user (its sshd and ssh run as that user; sshd checks the modes)."""
+    by the image's user (its sshd and ssh run as that user; sshd checks the modes).
+    Issue 12: ``user_key``, the public key derived from the owner's keypair (SSH/SFTP
+    from outside, manager/sshkeys.py), is authorized too (beside the cluster key)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         def add(path: str, mode: int, data: bytes | None = None) -> None:
@@ -126,12 +131,17 @@ def _cluster_ssh_archive(keys: dict) -> bytes:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
 
-        public = keys["public_key"].encode()
         add("home/config", 0o755)
         add(CLUSTER_SSH_DIR, 0o700)
-        add(f"{CLUSTER_SSH_DIR}/id_cluster", 0o600, keys["private_key"].encode())
-        add(f"{CLUSTER_SSH_DIR}/id_cluster.pub", 0o644, public)
-        add(f"{CLUSTER_SSH_DIR}/authorized_keys", 0o600, public)
+        authorized = b""
+        if keys:
+            public = keys["public_key"].encode()
+            add(f"{CLUSTER_SSH_DIR}/id_cluster", 0o600, keys["private_key"].encode())
+            add(f"{CLUSTER_SSH_DIR}/id_cluster.pub", 0o644, public)
+            authorized += public
+        if user_key:
+            authorized += user_key.rstrip("\n").encode() + b"\n"
+        add(f"{CLUSTER_SSH_DIR}/authorized_keys", 0o600, authorized)
     return buf.getvalue()
 
 
@@ -491,14 +501,32 @@ class DockerBackend(Backend):
             )
         return info
 
+    @property
+    def publishes_ssh(self) -> bool:
+        """Issue 12: whether this backend can publish a kernel's sshd (port 2200 of the
+        container) on a host port of its own; not on the host's network (every kernel's
+        sshd would want the host's port 2200)."""
+        return not self.use_host_network
+
     async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         ports = image.service_ports if kernel_type == INTERACTIVE else []
+        # Issue 12: SSH/SFTP from outside (the agent took one more host port, the last).
+        user_key = spec.get("ssh_public_key") if self.publishes_ssh else None
+        ssh_port = host_ports[-1] if user_key and host_ports else None
+        if ssh_port is None:
+            user_key = None
         bound = []
         for i, sp in enumerate(ports):
             # Only the Jupyter server is published; it proxies the other apps.
-            sp.host_port = host_ports[i] if i < len(host_ports) else None
+            sp.host_port = host_ports[i] if i < len(host_ports) and host_ports[i] != ssh_port else None
             bound.append(sp.to_json())
+        published = [p for p in ports if p.host_port]
+        if ssh_port is not None:
+            # One sshd, two entries: a shell (ssh) and files (its internal-sftp subsystem).
+            for name in ("sshd", "sftp"):
+                bound.append(ServicePort(name, "tcp", SSH_CONTAINER_PORT, ssh_port).to_json())
+            published.append(ServicePort("sshd", "tcp", SSH_CONTAINER_PORT, ssh_port))
         env = dict(spec.get("environ") or {})
         if kernel_type == INTERACTIVE:
             main = ports[0]
@@ -553,7 +581,7 @@ class DockerBackend(Backend):
             host_config["NetworkMode"] = network
             host_config["PortBindings"] = {
                 f"{p.container_port}/tcp": [{"HostIp": self.bind_host, "HostPort": str(p.host_port)}]
-                for p in ports if p.host_port
+                for p in published
             }
             # The names under which the other kernels of the session reach this one.
             aliases = [a for a in (spec.get("network_alias"), spec.get("cluster_hostname")) if a]
@@ -598,7 +626,7 @@ class DockerBackend(Backend):
                 L_SLOTS: json.dumps(slots, separators=(",", ":")),
                 **({L_NANO_CPUS: str(nano_cpus)} if burst else {}),
             },
-            "ExposedPorts": {f"{p.container_port}/tcp": {} for p in ports},
+            "ExposedPorts": {f"{p.container_port}/tcp": {} for p in [*ports, *published]},
             "HostConfig": host_config,
             **config_extra,
         }
@@ -611,8 +639,9 @@ class DockerBackend(Backend):
         container = None
         try:
             container = await self.docker.containers.create(config=config, name=name)
-            if spec.get("cluster_ssh"):
-                await container.put_archive("/", _cluster_ssh_archive(spec["cluster_ssh"]))
+            if spec.get("cluster_ssh") or user_key:
+                await container.put_archive(
+                    "/", _cluster_ssh_archive(spec.get("cluster_ssh"), user_key))
             await container.start()
         except (DockerError, asyncio.CancelledError) as e:
             if container is not None:
@@ -636,6 +665,8 @@ class DockerBackend(Backend):
                 except DockerError:
                     pass
                 raise
+        if ssh_port is not None:
+            await self._wait_sshd(container, ssh_port)
         host = self.bind_host
         return KernelRecord(
             kernel_id=spec["kernel_id"],
@@ -666,6 +697,37 @@ class DockerBackend(Backend):
             return False
         finally:
             writer.close()
+
+    async def _wait_sshd(self, container, port: int, timeout: float = 15.0) -> None:
+        """Issue 12: until the kernel's sshd sends its banner on the published port (the
+        init starts it a moment after the container; Docker's proxy accepts before), so
+        that a RUNNING session takes SSH at once. Not fatal: a kernel whose sshd does not
+        come up still runs (its log: /home/config/ssh/sshd.log); one that ended (a short
+        batch command) is not waited for."""
+        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "") else self.bind_host
+        host = "::1" if host == "::" else host
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
+            except (OSError, TimeoutError):
+                try:
+                    if not (await container.show())["State"].get("Running"):
+                        return
+                except DockerError:
+                    return
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                if (await asyncio.wait_for(reader.readline(), 2)).startswith(b"SSH-"):
+                    return
+            except (OSError, TimeoutError):
+                pass
+            finally:
+                writer.close()
+            await asyncio.sleep(0.1)
+        log.warning("the sshd of the kernel on port %s did not answer in %ss", port, timeout)
 
     async def _set_cpus(self, container_id: str, nano_cpus: int) -> None:
         await self.docker._query_json(
