@@ -17,6 +17,7 @@ import pytest
 from jupyterhub_backendai.api import spec
 from jupyterhub_backendai.common.types import HOST_PERMISSIONS
 from jupyterhub_backendai.models import Agent, VFolder, VFolderPermissionRow
+from jupyterhub_backendai.models.vfolder import VFolderInvitation
 
 from . import api_world
 from .api_world import Client, new_user, park_session, snapshot, superadmin
@@ -140,6 +141,15 @@ class World:
                 return {"id": self.folder(owner=us, share=(peer, "ro")), "user": peer["id"]}
             return {"id": self.folder(owner=other, share=(self.other2, "ro")),
                     "user": self.other2["id"]}
+        if kind == "inv":  # a fresh pending invitation to a new folder of the peer
+            invitee = {"me": me, "us": us}[which]
+            fid = self.folder(owner=peer)
+            with self.hub.sm.begin() as s:
+                inv = VFolderInvitation(vfolder_id=fid, inviter_id=peer["id"],
+                                        invitee_id=invitee["id"], permission="ro")
+                s.add(inv)
+                s.flush()
+                return {"id": inv.id}
         if kind == "dom":
             if which == "new":
                 return {"name": sa.ok("POST", "/domains", json={"name": f"d-{uid()}"})["name"]}
@@ -301,6 +311,10 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
     ("get", "/sessions/{id}/service-ports"): [("sess:self", ALL200, None),
                                               ("sess:peer", E(200, 200, 404, 200), None),
                                               ("sess:other", E(200, 404, 404, 404), None)],
+    # Only the owner gets the key; this world's sessions are in groups without SSH (404).
+    ("get", "/sessions/{id}/ssh-key"): [("sess:self", E(404, 404, 404, 404), None),
+                                        ("sess:peer", E(403, 403, 404, 403), None),
+                                        ("sess:other", E(403, 404, 404, 404), None)],
     ("get", "/scheduler"): [(None, E(200, 200, 403, 403), None)],
 }
 for _kind in spec.POLICY_KINDS:
@@ -346,6 +360,17 @@ MATRIX.update({
         ("vf:new-shared", E(403, 403, 403, 403), "share-peer"),
         ("vf:new-other", E(403, 404, 404, 404), "share-other2"),
         ("vf:new-proj", E(400, 400, 400, 400), "share-peer")],
+    ("post", "/vfolders/{id}/invitations"): [
+        ("vf:new-us", E(403, 403, 201, 403), "share-peer"),
+        ("vf:new-shared", E(403, 403, 403, 403), "share-peer"),
+        ("vf:new-other", E(403, 404, 404, 404), "share-other2"),
+        ("vf:new-proj", E(400, 400, 400, 400), "share-peer")],
+    ("get", "/vfolder-invitations"): [(None, ALL200, None)],
+    # Only the invitee answers (a monitor changes nothing); others do not see it.
+    ("post", "/vfolder-invitations/{id}/accept"): [
+        ("inv:me", E(200, 200, 200, 403), None), ("inv:us", E(404, 404, 200, 404), None)],
+    ("post", "/vfolder-invitations/{id}/decline"): [
+        ("inv:me", E(200, 200, 200, 403), None), ("inv:us", E(404, 404, 200, 404), None)],
     ("patch", "/vfolders/{id}/shares/{user}"): [
         ("share:us", E(403, 403, 200, 403), {"permission": "rw"}),
         ("share:other", E(403, 404, 404, 404), {"permission": "rw"})],

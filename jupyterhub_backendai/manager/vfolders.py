@@ -820,6 +820,7 @@ def _pending(db: DBSession, p: Principal, inv_id: str, *, inviter_too: bool) -> 
                                 or (inviter_too and inv.inviter_id == p.user_id))
     if not mine:
         raise NotFound(f"no invitation {inv_id!r} for you")
+    access.require(p.role != UserRole.MONITOR, "answer vfolder invitations (a monitor changes nothing)")
     if inv.state != "pending":
         raise Conflict(f"invitation {inv_id!r} is {inv.state}")
     return inv
