@@ -234,3 +234,28 @@ def test_home_folder_switched_off(tmp_path, docker_image):
         hub.stop_server("admin", "nohome")
     finally:
         shutdown_hub(hub)
+
+
+def test_home_folder_in_the_trash_refuses_the_start_in_plain_words(hub):
+    """A home folder trashed with Backend.AI 26.09's `vfolder delete` (its status set
+    here in the record, as the trash does) must not make a start wait and fail late: it
+    is refused at once, saying how to get going again, and nothing is made."""
+    from sqlalchemy import update
+
+    from jupyterhub_backendai.models import VFolder
+    from jupyterhub_backendai.models.db import make_engine
+
+    sa = superadmin(hub)
+    u = new_user(sa)
+    home = u["client"].ok("POST", "/vfolders", json={"name": HOME})
+    engine = make_engine(hub.db_url)
+    with engine.begin() as c:
+        c.execute(update(VFolder).where(VFolder.id == home["id"]).values(status="delete-pending"))
+    engine.dispose()
+    r = hub.spawn(u["username"], "trashed", token=u["token"])
+    assert r.status_code == 409, r.text
+    detail = r.json()["message"]
+    assert f"your home folder '{HOME}' is in the trash" in detail and "restore" in detail, detail
+    assert [f["name"] for f in folders(u["client"])] == [HOME]
+    assert containers_of(hub.agent_id) == []
+    assert sa.ok("GET", "/sessions", params={"user_id": u["id"]})["total"] == 0

@@ -26,6 +26,7 @@ from ..common.types import VFolderOwnership, VFolderStatus
 from ..models import Keypair, Project, User, VFolder, VFolderPermissionRow
 from . import access
 from .vfolders import (
+    TRASHED,
     check_name,
     create,
     host_permissions,
@@ -203,6 +204,10 @@ async def ensure_home(manager, username: str, name: str) -> None:
         if status == VFolderStatus.DELETING:
             raise Conflict(f"your home folder {name!r} is being deleted; start again once it "
                            "is gone (a new, empty one is made then)")
+        if status == TRASHED:
+            raise Conflict(f"your home folder {name!r} is in the trash: restore it (`backend.ai "
+                           f"vfolder restore {name}`) to start with your files, or purge it "
+                           "to start with a new, empty one")
         if status is None:
             try:
                 await create(manager, p, {"name": name}, home=True)
