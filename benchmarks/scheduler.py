@@ -6,7 +6,8 @@ A agents (half CPU nodes: 64 cores, 256 GiB; half GPU nodes: 64 cores,
 multi-node 2 x 4/16 5 %) are written straight into the database, then
 ``schedule_pass`` runs until a pass places nothing. Reported: placements per
 second over the passes, time per pass and where it went (lock, load, decide in
-memory, write, commit), and ``check_consistency`` at the end.
+memory, write, commit; with the process's own CPU time per phase, the rest being
+the database's work or waiting for a CPU), and ``check_consistency`` at the end.
 
     python benchmarks/scheduler.py --agents 1000 --pending 10000            # SQLite file
     python benchmarks/scheduler.py --agents 1000 --pending 10000 --db postgres
@@ -128,6 +129,7 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
     t = time.perf_counter()
     populate(sm, agents, pending)
     setup_s = time.perf_counter() - t
+    backend_cpu = _backend_cpu_probe(engine)
     passes = []
     placed = 0
     while True:
@@ -145,6 +147,7 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         idle.append(time.perf_counter() - t)
         assert dispatcher.LAST_PASS["skipped"], "an idle pass was not skipped"
     idle.sort()
+    db_cpu_s = backend_cpu()
     problems = dispatcher.check_consistency(sm)
     engine.dispose()
     seconds = sum(p["total_s"] for p in passes)
@@ -159,20 +162,50 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         decide_us_per_session=1e6 * sum(p["decide_s"] for p in passes) / considered
         if considered else 0.0,
         first_pass=passes[0], last_pass=passes[-1], idle_loop_s=idle[len(idle) // 2],
-        waiting=pending - placed,
+        waiting=pending - placed, db_cpu_s=db_cpu_s,
     )
     if verbose:
         for i, p in enumerate(passes):
+            cpu = (f"; this process's CPU: load {p['load_cpu_s']:.3f}, decide "
+                   f"{p['decide_cpu_s']:.3f}, write {p['write_cpu_s']:.3f}; "
+                   f"{p['streamed_batches']} batches written while deciding"
+                   if "load_cpu_s" in p else "")
             print(f"  pass {i}: pending={p['pending']} placed={p['placed']} "
                   f"total={p['total_s']:.3f}s (lock {p['lock_s']:.3f}, load {p['load_s']:.3f}, "
                   f"decide {p['decide_s']:.3f}, write {p['write_s']:.3f}, "
-                  f"commit {p['commit_s']:.3f})")
+                  f"commit {p['commit_s']:.3f}{cpu})")
         print(f"  setup {setup_s:.1f}s; decide {out['decide_us_per_placement']:.1f} us per "
               f"placement, {out['decide_us_per_session']:.1f} us per session considered; "
               f"consistency: {'ok' if not problems else problems[:3]}")
+        if db_cpu_s is not None:
+            print(f"  the database server's CPU time (the passes' backend process): "
+                  f"{db_cpu_s:.2f} s over the passes and idle loops")
         print(f"  idle loop (skipped pass) with {pending - placed} waiting: "
               f"median {out['idle_loop_s']:.4f}s, max {idle[-1]:.4f}s")
     return out
+
+
+def _backend_cpu_probe(engine):
+    """A function returning the CPU seconds used since now by the PostgreSQL backend
+    process that serves this (single-threaded) benchmark's pooled connection, or None
+    (SQLite, or a server whose processes this machine cannot see)."""
+    if engine.dialect.name != "postgresql":
+        return lambda: None
+    from sqlalchemy import text
+
+    with engine.connect() as c:
+        pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
+
+    def cpu():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    start = cpu()
+    return lambda: None if start is None or cpu() is None else cpu() - start
 
 
 class Databases:

@@ -243,15 +243,19 @@ class RedisEventBus(EventBus):
                 last = ">"
                 continue
             for _stream, entries in streams:
-                for entry_id, fields in entries:
+                for _entry_id, fields in entries:
                     try:
                         await handler(fields["name"], json.loads(fields["payload"]))
                     except Exception:
                         log.exception("event handler failed for %s", fields.get("name"))
+                # One XACK for what this read delivered (was one round trip per event).
+                # Entries handled but not acknowledged (Redis went away, this process was
+                # killed) are delivered again: handlers are idempotent.
+                if entries:
                     try:
-                        await self.redis.xack(self.stream, self.group, entry_id)
+                        await self.redis.xack(self.stream, self.group, *[e for e, _f in entries])
                     except redis.exceptions.RedisError:
-                        pass  # handled once more after a reconnect: handlers are idempotent
+                        pass
             if last == "0":
                 # Pending entries are read page by page: go on after the last one.
                 ids = [eid for _s, entries in streams for eid, _f in entries]

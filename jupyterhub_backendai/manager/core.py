@@ -517,7 +517,8 @@ class BackendAIManager(SingletonConfigurable):
 
     async def handle_event(self, name: str, payload: dict) -> None:
         if name == "agent_heartbeat":
-            before = await self.db(_upsert_agent, payload)
+            # H-agents: a routine heartbeat is one autocommit UPDATE (manager/discovery.py).
+            before = await self.cluster.record_heartbeat(self, payload)
             if before != AgentStatus.ALIVE and payload.get("id") not in self.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now.
                 self._background(self.reconcile_agent(payload["id"]))

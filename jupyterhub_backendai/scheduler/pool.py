@@ -40,6 +40,7 @@ class AgentPool:
             {s for a in self.agents.values() for s in a.available} - set(resource_priority)
         )
         self.dims: tuple[str, ...] = tuple(resource_priority) + tuple(extra)
+        self._zeros = (ZERO,) * len(self.dims)
         self._index: dict[str, SortedList] = {}
         self._keys: dict[str, tuple] = {}
         self.held: set[str] = set()
@@ -51,7 +52,7 @@ class AgentPool:
     # -- keys ---------------------------------------------------------------
 
     def vector(self, slots: ResourceSlot) -> tuple:
-        return tuple(slots.get(d, ZERO) for d in self.dims)
+        return tuple(map(slots.get, self.dims, self._zeros))
 
     def covers_dims(self, need: ResourceSlot) -> bool:
         """A request naming a slot no agent has can only fit if it asks for zero of it."""
@@ -72,14 +73,16 @@ class AgentPool:
 
     def take(self, agent_id: str, slots: ResourceSlot) -> None:
         a = self.agents[agent_id]
-        indexed = agent_id in self._keys
-        if indexed:
-            self._remove(a)
+        key = self._keys.get(agent_id)
+        occupied, free = a.occupied, a.free
         for k, v in slots.items():
-            a.occupied[k] = a.occupied.get(k, ZERO) + v
-            a.free[k] = a.free.get(k, ZERO) - v
-        if indexed:
-            self._insert(a)
+            occupied[k] = occupied.get(k, ZERO) + v
+            free[k] = free.get(k, ZERO) - v
+        if key is not None:
+            index = self._index[a.architecture]
+            index.remove(key)
+            key = self._keys[agent_id] = self.vector(free) + (agent_id,)
+            index.add(key)
 
     def give(self, agent_id: str, slots: ResourceSlot) -> None:
         self.take(agent_id, ResourceSlot({k: -v for k, v in slots.items()}))

@@ -7,10 +7,11 @@ Core queries (no ORM objects): a pass over 10,000 pending sessions reads
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import select, text
+from sqlalchemy import Text, cast, select, text
 from sqlalchemy.orm import Session as DBSession
 
 from ..common.slots import ResourceSlot
@@ -90,43 +91,67 @@ def load_group(db: DBSession, name: str) -> GroupInfo | None:
     )
 
 
+class SlotCache:
+    """JSON text of a slot map -> its :class:`ResourceSlot` (zeros dropped), parsed once.
+
+    A queue holds a handful of distinct shapes; parsing 100,000 kernels' slots one by
+    one (JSON, then a Decimal per amount) was a third of a large pass's load. The
+    objects are shared: callers must not modify them."""
+
+    def __init__(self):
+        self._by_text: dict[str, ResourceSlot] = {}
+
+    def __call__(self, text) -> ResourceSlot:
+        if text is None:
+            return ResourceSlot()
+        if not isinstance(text, str):  # a driver that decoded the JSON already
+            return ResourceSlot.from_json(text).nonzero()
+        got = self._by_text.get(text)
+        if got is None:
+            got = self._by_text[text] = ResourceSlot.from_json(json.loads(text)).nonzero()
+        return got
+
+
+def _as_text(col):
+    """A JSON column read as its text: the driver does not decode it (we decode lazily,
+    or once per distinct value)."""
+    return cast(col, Text)
+
+
 def load_pending(db: DBSession, group: str) -> list[PendingSession]:
     pending_cond = (S.c.status == SessionStatus.PENDING, S.c.resource_group == group)
     rows = db.execute(
         select(
             S.c.id, S.c.name, S.c.user_id, S.c.access_key, S.c.domain_name, S.c.project_id,
-            S.c.priority, S.c.created_at, S.c.status_info, S.c.status_history,
+            S.c.priority, S.c.created_at, S.c.status_info, _as_text(S.c.status_history),
             S.c.cluster_size, S.c.cluster_mode, S.c.starts_at, S.c.architecture,
-            S.c.designated_agents, S.c.retries,
+            _as_text(S.c.designated_agents), S.c.retries,
         )
         .where(*pending_cond)
         .with_for_update(skip_locked=True)
-    ).all()
-    sessions = {
-        r.id: PendingSession(
-            id=r.id, name=r.name, user_id=r.user_id, access_key=r.access_key,
-            domain_name=r.domain_name, project_id=r.project_id,
-            priority=r.priority if r.priority is not None else 50,
-            created_at=r.created_at, status_info=r.status_info or "",
-            status_history=dict(r.status_history or {}), cluster_size=r.cluster_size or 1,
-            cluster_mode=r.cluster_mode or "single-node", starts_at=r.starts_at,
-            architecture=r.architecture or None,
-            designated_agents=tuple(r.designated_agents or ()),
-            retries=r.retries or 0,
+    )
+    sessions = {}
+    for (sid, name, uid, ak, dom, pid, prio, created, info, hist, size, mode, starts, arch,
+         designated, retries) in rows:
+        sessions[sid] = PendingSession(
+            id=sid, name=name, user_id=uid, access_key=ak, domain_name=dom, project_id=pid,
+            priority=prio if prio is not None else 50, created_at=created,
+            status_info=info or "", history_raw=hist, cluster_size=size or 1,
+            cluster_mode=mode or "single-node", starts_at=starts, architecture=arch or None,
+            designated_agents=_designated(designated), retries=retries or 0,
         )
-        for r in rows
-    }
     if not sessions:
         return []
+    parse = SlotCache()
     for kid, sid, slots in db.execute(
-        select(K.c.id, K.c.session_id, K.c.requested_slots)
+        select(K.c.id, K.c.session_id, _as_text(K.c.requested_slots))
         .select_from(K.join(S, K.c.session_id == S.c.id))
         .where(*pending_cond)
         .order_by(K.c.session_id, K.c.cluster_idx)
     ):
         s = sessions.get(sid)
         if s is not None:
-            s.kernels.append((kid, slots.nonzero() if slots else ResourceSlot()))
+            s.kernels.append((kid, parse(slots)))
     dep = S.alias("dep")
     me = S.alias("me")
     for sid, dep_id, dep_name, dep_status, dep_result in db.execute(
@@ -140,10 +165,29 @@ def load_pending(db: DBSession, group: str) -> list[PendingSession]:
     return list(sessions.values())
 
 
+def _designated(text) -> tuple[str, ...]:
+    if not text:
+        return ()
+    if isinstance(text, str):
+        if text.strip() == "[]":
+            return ()
+        text = json.loads(text)
+    return tuple(text or ())
+
+
+def _copy_slots(slots: ResourceSlot) -> ResourceSlot:
+    """A copy of a (valid) ResourceSlot without re-checking every amount."""
+    out = ResourceSlot()
+    dict.update(out, slots)
+    return out
+
+
 def load_agents(db: DBSession, group: str) -> list[PoolAgent]:
     out = []
-    for r in db.execute(
-        select(A.c.id, A.c.architecture, A.c.available_slots, A.c.occupied_slots)
+    parse = _FullSlotCache()
+    for aid, arch, avail, occ in db.execute(
+        select(A.c.id, A.c.architecture, _as_text(A.c.available_slots),
+               _as_text(A.c.occupied_slots))
         .where(
             A.c.resource_group == group,
             A.c.status == AgentStatus.ALIVE,
@@ -152,10 +196,40 @@ def load_agents(db: DBSession, group: str) -> list[PoolAgent]:
         .order_by(A.c.id)
         .with_for_update()
     ):
-        avail = r.available_slots or ResourceSlot()
-        occ = r.occupied_slots or ResourceSlot()
-        out.append(PoolAgent(r.id, r.architecture or "", avail, occ, avail - occ))
+        # Agents are mostly alike: each distinct text is parsed once; the pool changes
+        # ``occupied`` and ``free`` in place, so those are the agent's own copies.
+        avail, occ, free = parse(avail, occ)
+        out.append(PoolAgent(aid, arch or "", avail, _copy_slots(occ), _copy_slots(free)))
     return out
+
+
+class _FullSlotCache:
+    """(available text, occupied text) -> (available, occupied, available - occupied),
+    as the SlotsType column would give them (zeros kept)."""
+
+    def __init__(self):
+        self._slots: dict[str, ResourceSlot] = {}
+        self._pairs: dict[tuple, tuple] = {}
+
+    def _one(self, text) -> ResourceSlot:
+        if text is None:
+            return ResourceSlot()
+        if not isinstance(text, str):
+            return ResourceSlot.from_json(text)
+        got = self._slots.get(text)
+        if got is None:
+            got = self._slots[text] = ResourceSlot.from_json(json.loads(text))
+        return got
+
+    def __call__(self, avail, occ) -> tuple:
+        key = (avail if isinstance(avail, str) else None, occ if isinstance(occ, str) else None)
+        got = self._pairs.get(key) if None not in key else None
+        if got is None:
+            a, o = self._one(avail), self._one(occ)
+            got = (a, o, a - o)
+            if None not in key:
+                self._pairs[key] = got
+        return got
 
 
 def load_usage(db: DBSession, group: str) -> Usage:

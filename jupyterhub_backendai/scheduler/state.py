@@ -10,6 +10,7 @@ keypair, user, project and domain limits are not per group.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -33,7 +34,9 @@ class PendingSession:
     priority: int
     created_at: dt.datetime
     status_info: str
-    status_history: dict
+    #: ``status_history`` as the database holds it (JSON text, decoded on first use:
+    #: a pass over 100,000 sessions needs it for a few, and writes it as text).
+    history_raw: str | dict | None
     cluster_size: int
     cluster_mode: str
     starts_at: dt.datetime | None
@@ -46,16 +49,29 @@ class PendingSession:
     #: (id, name, status, result) of each session this one waits for.
     dependencies: list[tuple[str, str, str, str]] = field(default_factory=list)
     _need: ResourceSlot | None = None
+    _history: dict | None = None
 
     @property
     def need(self) -> ResourceSlot:
-        """Slots of all kernels together (computed once: kernels do not change in a pass)."""
+        """Slots of all kernels together (computed once: kernels do not change in a pass).
+        Read-only: with one kernel it is that kernel's (shared) slots."""
         if self._need is None:
-            total = ResourceSlot()
-            for _, slots in self.kernels:
-                add_into(total, slots)
-            self._need = total.nonzero()
+            if len(self.kernels) == 1:
+                self._need = self.kernels[0][1]
+            else:
+                total = ResourceSlot()
+                for _, slots in self.kernels:
+                    add_into(total, slots)
+                self._need = total.nonzero()
         return self._need
+
+    @property
+    def status_history(self) -> dict:
+        """The session's status history (decoded once; do not modify)."""
+        if self._history is None:
+            raw = self.history_raw
+            self._history = dict(json.loads(raw) if isinstance(raw, str) else (raw or {}))
+        return self._history
 
 
 @dataclass(slots=True)
@@ -106,13 +122,12 @@ def first_excess(
     used: ResourceSlot, need: ResourceSlot, limit_of
 ) -> tuple[str, Decimal, Decimal] | None:
     """The first slot (sorted) where ``used + need`` passes ``limit_of(slot)``."""
-    for slot in sorted(need):
-        n = need[slot]
+    for slot, n in sorted(need.items()):
         if n <= 0:
             continue
         lim = limit_of(slot)
-        if lim is not None and used.get(slot, Decimal(0)) + n > lim:
-            return slot, used.get(slot, Decimal(0)), lim
+        if lim is not None and used.get(slot, ZERO) + n > lim:
+            return slot, used.get(slot, ZERO), lim
     return None
 
 
