@@ -12,6 +12,7 @@ that fails gives its ports back.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import json
 import os
@@ -230,6 +231,34 @@ def test_jupyter_server_gets_ssh_beside_its_own_port(ssh_hub, tmp_path):
     r = requests.get(hub.base + model["url"] + "api/status",
                      headers={"Authorization": f"token {token}"}, timeout=60)
     assert r.status_code == 200, r.text
+
+    # SSH counts as activity of the server (what jupyterhub-singleuser reports to the hub
+    # for the idle timeout): with no connection open, a look of the image's check
+    # (every SSH_ACTIVITY_INTERVAL = 10 s) leaves last_activity where it was; while an
+    # ssh connection is open, it moves forward.
+    def last_activity() -> dt.datetime:
+        r = requests.get(hub.base + model["url"] + "api/status?no_track_activity=1",
+                         headers={"Authorization": f"token {token}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        return dt.datetime.fromisoformat(r.json()["last_activity"].replace("Z", "+00:00"))
+
+    time.sleep(1)  # the hostname connection above is closed on both ends
+    idle = last_activity()
+    time.sleep(12)  # more than one check
+    assert last_activity() == idle
+    held = subprocess.Popen(["ssh", *SSH_OPTS, "-i", key, "-p", str(port), "work@127.0.0.1",
+                             "sleep 40"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        moved = idle
+        deadline = time.monotonic() + 30  # bounds a hang: 10 s checks
+        while time.monotonic() < deadline and moved == idle:
+            time.sleep(1)
+            moved = last_activity()
+        assert held.poll() is None, held.stderr.read()  # still connected throughout
+        assert moved > idle, (idle, moved)
+    finally:
+        held.kill()
+        held.wait()
     hub.stop_server(name, "term", token=token)
     assert not _listening(port)
     assert containers_of(hub.agent_id) == []

@@ -19,7 +19,9 @@ entry with a JupyterLab launcher tile, reachable at ``<server base url><name>/``
 
 The server extension in this module (enabled by the same config) answers a proxied
 request whose port has nothing listening with a plain 502 page that says so, instead of
-jupyter-server-proxy's bare 500.
+jupyter-server-proxy's bare 500, and counts open SSH/SFTP connections to the kernel's
+sshd (port 2200, which does not pass the proxy) as activity of the Jupyter server, so
+that they keep the session from the idle timeout as proxied traffic does.
 """
 
 from __future__ import annotations
@@ -275,9 +277,59 @@ def _stream_or_buffer(original):
     return _proxy_buffered
 
 
+# -- SSH/SFTP as activity ---------------------------------------------------------------
+
+SSH_PORT = 2200  # backendai-sshd.conf
+# Seconds between looks at the kernel's TCP connections (two small /proc reads).
+SSH_ACTIVITY_INTERVAL = 10.0
+_PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def ssh_connections(port: int = SSH_PORT, files=_PROC_NET_TCP) -> int:
+    """Established TCP connections to local ``port`` in this network namespace (the
+    kernel's: the sshd's clients), from ``/proc/net/tcp`` and ``tcp6`` (state ``01``)."""
+    suffix = f":{port:04X}"
+    n = 0
+    for path in files:
+        try:
+            with open(path) as f:
+                next(f, None)  # header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "01" and fields[1].endswith(suffix):
+                        n += 1
+        except OSError:
+            continue
+    return n
+
+
+def _start_ssh_activity(serverapp) -> None:
+    """Every SSH_ACTIVITY_INTERVAL s: while any SSH/SFTP connection is open, record
+    activity as ``settings["backendai_ssh_last_activity"]`` (jupyter_server counts every
+    setting ending in ``_last_activity`` in ``last_activity()``, which ``/api/status``
+    answers and jupyterhub-singleuser reports to the hub, and so to the idle check)."""
+    from jupyter_server._tz import utcnow
+    from tornado.ioloop import PeriodicCallback
+
+    settings = serverapp.web_app.settings
+    if settings.get("backendai_ssh_activity_started"):
+        return
+    settings["backendai_ssh_activity_started"] = True
+
+    def check() -> None:
+        try:
+            if ssh_connections():
+                settings["backendai_ssh_last_activity"] = utcnow()
+        except Exception:  # never take the server down for this
+            serverapp.log.debug("backendai: ssh activity check failed", exc_info=True)
+
+    PeriodicCallback(check, SSH_ACTIVITY_INTERVAL * 1000).start()
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
     from jupyter_server_proxy.handlers import ProxyHandler
 
+    _start_ssh_activity(serverapp)
     if getattr(ProxyHandler, "_backendai_502", False):
         return
     ProxyHandler._proxy_buffered = _stream_or_buffer(ProxyHandler._proxy_buffered)
