@@ -199,6 +199,21 @@ def test_session_from_preset_lab_file_stop_download(world, browser, tmp_path):
             assert cells[5] == "0.5 cores, 512 MiB memory", cells
             assert row.locator(".backendai-stop").inner_text() == "Force-stop"
             a.shot("console-sessions-running")
+            # The agent's live statistics: the running kernel's own memory use, by name
+            # (sampled every heartbeat: reload until the sample after the start is in).
+            deadline = time.monotonic() + 40
+            while True:
+                a.goto("admin/agents")
+                live = a.page.locator('.backendai-live-kernels tr[data-session-name="work"]')
+                if live.count() or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+            cells = live.locator("td").all_inner_texts()
+            assert cells[:2] == ["work", "webuser"], cells
+            used, limit = cells[3].split(" of ")
+            assert used not in ("0 B", "0 bytes") and limit == "512 MiB", cells
+            assert "cores busy" in a.page.locator(".backendai-live").first.inner_text()
+            a.shot("console-agents-live")
             assert a.errors == [], a.errors
         finally:
             a.close()
@@ -208,7 +223,21 @@ def test_session_from_preset_lab_file_stop_download(world, browser, tmp_path):
         row = page.locator('tr[data-session-name="work"]')
         assert row.locator(".backendai-status").inner_text() == "RUNNING"
         assert row.locator("a", has_text="Open").get_attribute("href") == "/user/webuser/work/"
+        # The image's apps (its service ports), each a link below the server; one opens.
+        apps = row.locator(".backendai-apps a")
+        assert {apps.nth(i).get_attribute("data-app"): apps.nth(i).get_attribute("href")
+                for i in range(apps.count())} == {
+            "jupyter": "/user/webuser/work/", "tensorboard": "/user/webuser/work/tensorboard/",
+            "hello": "/user/webuser/work/hello/"}
         u.shot("sessions-running")
+        with u.ctx.expect_page() as new:
+            row.locator('.backendai-apps a[data-app="hello"]').click()
+        app = new.value
+        try:
+            app.locator("#greeting").wait_for(timeout=90_000)
+            assert app.url == hub.base + "/user/webuser/work/hello/", app.url
+        finally:
+            app.close()
         page.once("dialog", lambda d: d.accept())
         with page.expect_navigation():
             row.locator(".backendai-stop").click()

@@ -123,6 +123,107 @@ def test_session_logs_page(world):
     assert escape(f"no session {sid!r}") in r.text
 
 
+def _running_with_apps(hub: Hub, user: dict, name: str) -> str:
+    """A RUNNING interactive session record whose main kernel declares the shipped
+    image's apps and a published sshd (what the Docker agent records; no kernel runs:
+    the page reads the record, as the API's service-ports answer does)."""
+    from jupyterhub_backendai.common.slots import ResourceSlot
+    from jupyterhub_backendai.models import Kernel, Session
+
+    ports = [{"name": "jupyter", "protocol": "http", "container_port": 8888, "host_port": 30001},
+             {"name": "tensorboard", "protocol": "http", "container_port": 6006},
+             {"name": "hello", "protocol": "http", "container_port": 8070},
+             {"name": "sshd", "protocol": "tcp", "container_port": 2200, "host_port": 30002}]
+    with hub.sm.begin() as s:
+        sess = Session(
+            name=name, session_type="interactive", user_id=user["id"],
+            access_key=user["keypair"]["access_key"], domain_name=user["domain_name"],
+            project_id=(user["project_ids"] or [None])[0], resource_group="parked",
+            image="local/python", status="RUNNING", service_prefix=f"/user/{user['username']}/{name}/",
+            requested_slots=ResourceSlot(cpu="0.5", mem=256 * 2**20))
+        sess.kernels.append(Kernel(status="RUNNING", kernel_host="10.9.8.7", service_ports=ports))
+        s.add(sess)
+        s.flush()
+        return sess.id
+
+
+def test_my_sessions_links_the_service_ports_as_the_api_does(world):
+    hub = world["hub"]
+    sid = _running_with_apps(hub, world["user"], "appsession")
+    try:
+        api = world["user"]["client"].ok("GET", f"/sessions/{sid}/service-ports")
+        want = {sp["name"]: sp["url"].removeprefix(hub.base) for sp in api["service_ports"]
+                if sp["url"]}
+        assert want == {"jupyter": "/user/pageuser/appsession/",
+                        "tensorboard": "/user/pageuser/appsession/tensorboard/",
+                        "hello": "/user/pageuser/appsession/hello/"}, api
+        for who, page in (("user", "sessions"), ("dadmin", "admin/sessions?status=RUNNING")):
+            text = _get(world, who, page).text
+            row = re.search(rf'<tr data-session-id="{sid}"[^>]*>(.*?)</tr>', text, re.S)
+            assert row, (who, text[-3000:])
+            cell = re.search(r'<td class="backendai-apps">(.*?)</td>', row.group(1), re.S).group(1)
+            links = dict((n, u) for u, n in re.findall(
+                r'<a href="([^"]+)"[^>]*data-app="([^"]+)"', cell))
+            assert links == want, (who, cell)
+            # The published sshd: where to connect, not a link.
+            assert re.search(r'data-app="sshd">sshd: <code>10\.9\.8\.7:30002</code>', cell), cell
+        # A session that is not running has no apps; someone else's is not shown at all.
+        mine = _get(world, "user", "sessions").text
+        pending = re.search(r'data-session-name="visiblesession">(.*?)</tr>', mine, re.S).group(1)
+        assert re.search(r'<td class="backendai-apps">\s*-\s*</td>', pending), pending
+        assert sid not in _get(world, "user_b", "sessions").text
+    finally:
+        # Ended, so that no other test sees a running session without a kernel.
+        with hub.sm.begin() as s:
+            from jupyterhub_backendai.models import Session
+
+            sess = s.get(Session, sid)
+            sess.status = "TERMINATED"
+            for k in sess.kernels:
+                k.status = "TERMINATED"
+
+
+def test_live_view_counts_every_kernel_and_names_only_visible_ones():
+    from jupyterhub_backendai.pages.console import live_view
+
+    stats = {"ts": 1000.0, "available_slots": {"cpu": "4", "mem": str(8 * 2**30)},
+             "kernels": {
+                 "k1": {"cpu_pct": 150.0, "mem_bytes": 300 * 2**20,
+                        "mem_limit_bytes": 2**30, "gpu_util_pct": 42.5},
+                 "k2": {"cpu_pct": None, "mem_bytes": 100 * 2**20,
+                        "mem_limit_bytes": 2**30, "gpu_util_pct": None},
+                 "k3": {"cpu_pct": 50.0, "mem_bytes": 2**30, "mem_limit_bytes": 0}}}
+    seen = {"k1": {"session": "mine", "session_id": "s1", "user": "alice"},
+            "k2": {"session": "fresh", "session_id": "s2", "user": "alice"}}
+    v = live_view(stats, seen, now=1075.0)
+    # Totals count the kernel outside the view (k3) too; its session is not named.
+    assert v["cpu"] == "2.00 of 4 cores busy"
+    # k3 has no memory limit: no total limit is claimed.
+    assert v["mem"] == "1.4 GiB in use", v["mem"]
+    assert live_view({**stats, "kernels": {"k1": stats["kernels"]["k1"]}}, seen, now=1000.0)[
+        "mem"] == "300 MiB in use of 1 GiB allowed"
+    assert v["age"] == "1 min" and v["kernels"] == 3 and v["hidden"] == 1
+    assert [(r["session"], r["cpu"], r["mem"], r["mem_limit"], r["gpu"]) for r in v["rows"]] == [
+        ("fresh", "-", "100 MiB", "1 GiB", "-"), ("mine", "150%", "300 MiB", "1 GiB", "42.5%")]
+    assert live_view(None, seen, now=1.0) is None
+
+
+def test_console_agents_show_live_statistics(world):
+    """The embedded agent's last sample (no Redis here: the hub reads the agent in its
+    process); it samples every heartbeat, so the first may take one."""
+    deadline = time.monotonic() + 40
+    while True:
+        text = _get(world, "dadmin", "admin/agents").text
+        live = re.search(r'<td class="small backendai-live">(.*?)</td>\s*<td class="small">',
+                         text, re.S)
+        assert live, text[-3000:]
+        if "sampled" in live.group(1) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert re.search(r"cores busy; .* in use .*\(sampled .* ago, 0 kernels\)", live.group(1),
+                     re.S), live.group(1)
+
+
 def test_folders_of_others_are_not_found(world):
     fid = world["folder_b"]["id"]
     assert _get(world, "user_b", f"folders/{fid}").status_code == 200

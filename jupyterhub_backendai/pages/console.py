@@ -12,6 +12,7 @@ so a change made from a page passes exactly the API's checks.
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 from jupyterhub.handlers import BaseHandler
 from sqlalchemy import select
@@ -131,6 +132,14 @@ class PageBase(BaseHandler):
                 403, "%s", f"The admin console is for superadmins and domain admins; your role "
                 f"is {p.role}.")
 
+    def server_origin(self, username: str) -> str:
+        """Where ``username``'s servers answer: '' (this origin) unless the hub runs in
+        subdomain mode, then the user's own host (as the API's service-ports answer)."""
+        if not self.subdomain_host or not username:
+            return ""
+        orm_user = self.find_user(username)
+        return self.users[orm_user].host if orm_user is not None else ""
+
     async def page(self, template: str, **ns) -> None:
         p = self.principal
         html = await self.render_template(
@@ -164,13 +173,46 @@ def _newest_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_RO
         r["last_activity"] = last
         r["service_prefix"] = prefix or "/"
         r["username"] = names.get(uid, "")
+        # The apps of a running interactive session: the record the API's
+        # ``GET /sessions/{id}/service-ports`` answers from (the same visibility).
+        r["service_ports"] = []
+        if r["status"] == SessionStatus.RUNNING and r["type"] != "batch":
+            rec = _api_service_ports(db, p, r["id"])
+            r["service_ports"] = [{**sp, "host": rec["host"]} for sp in rec["ports"]]
     return {"items": rows, "total": total}
 
 
-def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime) -> list[dict]:
+def _api_service_ports(db, p: access.Principal, sid: str) -> dict:
+    from ..api.handlers import _service_ports
+
+    return _service_ports(db, p, sid)
+
+
+def service_links(ports: list[dict], server_url: str | None) -> list[dict]:
+    """A session's apps as the API's ``service-ports`` answer gives them: an HTTP port
+    is a link below the session's server (the first port is the server itself, the
+    others ``<server>/<name>/`` through jupyter-server-proxy); a TCP port the agent
+    published (sshd, sftp) is its host and port, no link (docs/service-ports.md)."""
+    out = []
+    for idx, sp in enumerate(ports):
+        name, proto = sp.get("name") or f"port {sp.get('container_port')}", sp.get("protocol")
+        if proto == "http" and server_url:
+            out.append({"name": name, "url": server_url if idx == 0 else f"{server_url}{name}/"})
+        elif proto == "tcp" and sp.get("host_port"):
+            out.append({"name": name, "address": f"{sp.get('host') or 'the agent'}:"
+                                                 f"{sp['host_port']}"})
+    return out
+
+
+def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime,
+                  origin=lambda username: "") -> list[dict]:
+    """Rows in human units; ``origin(username)`` is where that user's servers answer
+    ('' on the hub's own origin; the user's host in subdomain mode)."""
     out = []
     for r in rows:
         alive = r["status"] in ALIVE_STATUSES
+        running_server = (r["status"] == SessionStatus.RUNNING
+                          and r["service_prefix"].startswith("/user/"))
         out.append({
             **r,
             "resources": human_slots(r["requested_slots"])
@@ -179,8 +221,9 @@ def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime) -> li
             "idle": (human_duration(_since(r["last_activity"], now))
                      if r["last_activity"] and r["status"] == SessionStatus.RUNNING else "-"),
             "alive": alive,
-            "open_url": (r["service_prefix"] if r["status"] == SessionStatus.RUNNING
-                         and r["service_prefix"].startswith("/user/") else ""),
+            "open_url": origin(r["username"]) + r["service_prefix"] if running_server else "",
+            "apps": service_links(r.get("service_ports") or [], origin(r["username"])
+                                  + r["service_prefix"] if running_server else None),
         })
     return out
 
@@ -190,7 +233,8 @@ class SessionsPage(PageBase):
     async def get(self):
         p = await self.load_principal()
         data = await self.read(_newest_sessions, p, {"user_id": p.user_id})
-        await self.page("backendai/sessions.html", sessions=_session_view(data["items"], p, _now()),
+        await self.page("backendai/sessions.html",
+                        sessions=_session_view(data["items"], p, _now(), self.server_origin),
                         total=data["total"], shown=SESSION_ROWS)
 
 
@@ -381,7 +425,82 @@ def _console(db, p: access.Principal, section: str, filters: dict) -> dict:
     return out
 
 
-def _agent_view(a: dict) -> dict:
+async def live_stats(manager: BackendAIManager, agent_ids: list[str]) -> dict[str, dict]:
+    """The agents' live statistics (:mod:`..agent.stats`): from Redis where the hub has
+    one (every agent writes its hash there each heartbeat), else, and for agents
+    running in this process, their last sample. Agents without fresh ones are left out."""
+    from ..agent.stats import read_stats
+
+    out: dict[str, dict] = {}
+    redis = getattr(manager.bus, "redis", None)
+    if redis is not None and agent_ids:
+        try:
+            out.update(await read_stats(redis, agent_ids))
+        except Exception as e:  # Redis away: the page still shows the record
+            manager.log.warning("live statistics unreadable: %s", e)
+    for aid in agent_ids:
+        agent = manager.local_agents.get(aid)
+        if aid not in out and agent is not None and agent.last_stats:
+            out[aid] = agent.last_stats
+    return out
+
+
+def _kernel_sessions(db, p: access.Principal, kernel_ids: set[str]) -> dict[str, dict]:
+    """Kernel id -> its session's name and owner, for the sessions ``p`` may see."""
+    from ..models import Kernel
+
+    if not kernel_ids:
+        return {}
+    rows = db.execute(
+        select(Kernel.id, Session.name, Session.id, User.username)
+        .join(Session, Kernel.session_id == Session.id).join(User, Session.user_id == User.id)
+        .where(Kernel.id.in_(kernel_ids), access.session_filter(p))).all()
+    return {kid: {"session": name, "session_id": sid, "user": user}
+            for kid, name, sid, user in rows}
+
+
+def _percent(v) -> str:
+    return "-" if v is None else f"{float(v):g}%"
+
+
+def live_view(stats: dict | None, sessions: dict[str, dict], now: float) -> dict | None:
+    """An agent's live statistics in words: the kernels' CPU (cores busy, from each
+    kernel's percent of one core), memory in use against their limits, and per kernel
+    of a session the caller may see its CPU, memory and GPU utilisation (the mean of
+    its GPUs, as NVML gives it). Kernels of sessions the caller may not see count in
+    the totals only."""
+    if not stats:
+        return None
+    kernels = stats.get("kernels") or {}
+    busy = sum(float(k.get("cpu_pct") or 0) for k in kernels.values()) / 100
+    mem = sum(int(k.get("mem_bytes") or 0) for k in kernels.values())
+    # The kernels' limits together, when every one has a limit.
+    limits = [int(k.get("mem_limit_bytes") or 0) for k in kernels.values()]
+    limit = sum(limits) if limits and all(limits) else 0
+    cores = float((stats.get("available_slots") or {}).get("cpu") or 0)
+    rows = []
+    for kid, k in sorted(kernels.items(), key=lambda kv: (sessions.get(kv[0]) or {}).get(
+            "session", "~")):
+        who = sessions.get(kid)
+        if who is None:
+            continue
+        rows.append({**who, "kernel": kid, "cpu": _percent(k.get("cpu_pct")),
+                     "mem": format_bytes(int(k.get("mem_bytes") or 0)),
+                     "mem_limit": (format_bytes(int(k["mem_limit_bytes"]))
+                                   if k.get("mem_limit_bytes") else "no limit"),
+                     "gpu": _percent(k.get("gpu_util_pct"))})
+    return {
+        "age": human_duration(now - float(stats.get("ts") or now)),
+        "cpu": f"{busy:.2f} of {cores:g} cores busy" if cores else f"{busy:.2f} cores busy",
+        "mem": f"{format_bytes(mem)} in use" + (f" of {format_bytes(limit)} allowed"
+                                                  if limit else ""),
+        "kernels": len(kernels),
+        "rows": rows,
+        "hidden": len(kernels) - len(rows),
+    }
+
+
+def _agent_view(a: dict, live: dict | None = None) -> dict:
     avail, used = a.get("available_slots") or {}, a.get("occupied_slots") or {}
     rows = []
     for key in sorted(set(avail) | set(used), key=lambda k: ("cpu", "mem", "cuda.device").index(k)
@@ -390,7 +509,7 @@ def _agent_view(a: dict) -> dict:
         rows.append({"slot": key, "used": human_slots({key: used.get(key, 0)}),
                      "total": human_slots({key: avail.get(key, 0)}),
                      "percent": round(100 * taken / total) if total else 0})
-    return {**a, "use": rows}
+    return {**a, "use": rows, "live": live}
 
 
 class AdminPage(PageBase):
@@ -416,9 +535,14 @@ class AdminPage(PageBase):
         data = await self.read(_console, p, section, filters)
         now = _now()
         if "sessions" in data:
-            data["sessions"] = _session_view(data["sessions"], p, now)
+            data["sessions"] = _session_view(data["sessions"], p, now, self.server_origin)
         if "agents" in data:
-            data["agents"] = [_agent_view(a) for a in data["agents"]]
+            stats = await live_stats(self.manager, [a["id"] for a in data["agents"]])
+            kids = {kid for st in stats.values() for kid in (st.get("kernels") or {})}
+            names = await self.read(_kernel_sessions, p, kids)
+            t = time.time()
+            data["agents"] = [_agent_view(a, live_view(stats.get(a["id"]), names, t))
+                              for a in data["agents"]]
         if section == "queue":
             status = await self.manager.scheduler_status()
             visible = data.pop("visible")
