@@ -10,7 +10,9 @@ mode), which is what a browser resolving ``*.localhost`` to loopback sends.
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
+import re
 import socket
 import subprocess
 import time
@@ -129,11 +131,11 @@ class Login:
     (``localhost:<port>`` in subdomain mode), cookies kept by name (requests' cookie jar
     mishandles "localhost")."""
 
-    def __init__(self, hub: Hub, email: str, host: str):
+    def __init__(self, hub: Hub, email: str, host: str, password: str = "victim-pass-1"):
         self.hub, self.host, self.cookies = hub, host, {}
         self.request("GET", "/hub/login")
         r = self.request("POST", "/hub/login", data={
-            "username": email, "password": "victim-pass-1", "_xsrf": self.cookies["_xsrf"]})
+            "username": email, "password": password, "_xsrf": self.cookies["_xsrf"]})
         assert r.status_code == 302 and "jupyterhub-session-id" in self.cookies, r.text[:500]
 
     def request(self, method: str, url: str, **kw) -> requests.Response:
@@ -364,6 +366,70 @@ def test_other_users_login_cookie_does_not_open_alices_apps(world):
     # alice, logged in the same way, gets her app.
     r = world.alice_login.get_following(url, world.server.host)
     assert r.status_code == 200 and "Hello from the Backend.AI session" in r.text
+
+
+def test_a_server_shared_through_the_hub_opens_its_apps_to_that_user(world):
+    """JupyterHub's sharing is the one way to let another user in: once alice's server is
+    shared with bob, his token and his browser login reach her apps (HTTP and websocket);
+    once the share is revoked, a token of his is refused again. Fresh credentials each
+    time: the server caches what a token or login may do (HubAuth's cache_max_age)."""
+    hub = world.hub
+    a, b = world.alice["username"], world.bob["username"]
+    admin = mint_token(Login(hub, ADMIN_EMAIL, world.bob_login.host, ADMIN_PASSWORD), "admin")
+    r = hub.api("POST", f"/shares/{a}/{world.server_name}", token=admin, json={"user": b})
+    assert r.status_code in (200, 201), r.text
+    try:
+        token = mint_token(world.bob_login, b)
+        r = world.server.get("hello/", token=token)
+        assert r.status_code == 200 and "Hello from the Backend.AI session" in r.text, (
+            r.status_code, r.text[:500])
+        with world.server.ws(f"proxy/{ECHO_PORT}/", token=token) as ws:
+            ws.send("shared")
+            assert ws.recv(timeout=30) == "echo:shared"
+        login = Login(hub, world.bob["email"], world.bob_login.host)
+        r = login.get_following(world.server.url("hello/"), world.server.host)
+        # Someone else's server: the hub asks bob once to let it identify him.
+        assert r.status_code == 200 and "Authorize access" in r.text, r.text[:500]
+        form = re.findall(r'name="(_xsrf|scopes)" value="([^"]*)"', r.text)
+        r = login.request("POST", r.url, data=[(k, html.unescape(v)) for k, v in form],
+                          headers={"Host": login.host})
+        assert r.status_code == 302, (r.status_code, r.text[:500])
+        loc = urllib.parse.urlsplit(urllib.parse.urljoin(f"http://{login.host}/",
+                                                         r.headers["Location"]))
+        r = login.get_following(f"http://127.0.0.1:{hub.port}{loc.path}?{loc.query}",
+                                loc.netloc)
+        assert r.status_code == 200 and "Hello from the Backend.AI session" in r.text, (
+            r.status_code, r.text[:500])
+    finally:
+        r = hub.api("DELETE", f"/shares/{a}/{world.server_name}", token=admin)
+        assert r.status_code in (200, 204), r.text
+    token = mint_token(world.bob_login, b)
+    r = world.server.get("hello/", token=token)
+    assert r.status_code == 403, (r.status_code, r.text[:500])
+    with pytest.raises(InvalidStatus) as e:
+        with world.server.ws(f"proxy/{ECHO_PORT}/", token=token):
+            pass
+    assert e.value.response.status_code == 403
+
+
+def test_the_image_runs_the_pinned_jupyter_server_proxy(single):
+    """Pinned (the hub's CI pins and the image's) at a release with the fixes for
+    CVE-2024-28179 (4.1.1) and CVE-2024-35225 (4.2.0); the session runs exactly it."""
+    root = __file__.rsplit("/tests/", 1)[0]
+    pins = set()
+    for path in ("requirements/ci.txt", "images/kernel/requirements.txt"):
+        with open(f"{root}/{path}") as f:
+            pins |= {ln.split("==", 1)[1].split()[0] for ln in f
+                     if ln.lower().startswith("jupyter-server-proxy==")}
+    assert len(pins) == 1, pins
+    [pin] = pins
+    assert tuple(int(x) for x in pin.split(".")[:2]) >= (4, 2), pin
+    [cid] = containers_of(single.hub.agent_id)
+    out = subprocess.run(["docker", "exec", cid, "python", "-c",
+                          "import importlib.metadata as m;"
+                          "print(m.version('jupyter-server-proxy'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == pin
 
 
 @pytest.mark.parametrize("host", ["169.254.169.254:80", "172.17.0.1:80", "example.org:80",
