@@ -75,7 +75,8 @@ def test_bad_options_one_error_in_plain_words(options, message):
      "batch_timeout must be a whole number of seconds > 0, not False"),
     ({"starts_at": "2030-01-01T09:00:00"}, "starts_at needs a time zone (e.g. 2030-01-01T09:00:00+00:00)"),
     ({"dependencies": ["a", "a"]}, "dependencies lists a session twice"),
-    ({"slots": {"cpu": 1, "disk": 5}}, "slots must name only cpu, mem, cuda.device"),
+    ({"slots": {"cpu": 1, "disk": 5}}, "slots: unknown slot 'disk' (slots are cpu, mem, cuda.device "
+     "or cuda.mig-<profile> (an NVML MIG profile such as 1g.10gb, 3g.40gb or 1g.10gb+me))"),
 ])
 def test_bad_fields_one_error_in_plain_words(kw, message):
     with pytest.raises(SessionRequestError) as e:

@@ -19,7 +19,7 @@ import sys
 
 import yaml
 
-from ..common.slots import KNOWN_SLOTS
+from ..common.slots import MIG_PROFILE_WORDS, MIG_SLOT_PATTERN, SLOT_NAME_PATTERN, SLOT_NAMES_WORDS
 from ..common.types import (
     SessionStatus,
     UserRole,
@@ -63,12 +63,22 @@ ID = _str(32)
 TIME = {"type": "string", "format": "date-time"}
 BOOL = {"type": "boolean"}
 TEXT = _str(512)
+AMOUNT = {"anyOf": [_str(32), {"type": "number"}]}
+# Slot names (cpu, mem, cuda.device, cuda.mig-<profile>); x-message: the pattern in words.
+SLOT_NAME = {"type": "string", "pattern": SLOT_NAME_PATTERN,
+             "x-message": "slot names must be " + SLOT_NAMES_WORDS}
+RESOURCE_NAME = {"type": "string",
+                 "pattern": "^(?:cpu|mem|gpu|" + MIG_SLOT_PATTERN[1:-1] + ")$",
+                 "x-message": "resources are cpu, mem, gpu or cuda.mig-<profile> (" +
+                              MIG_PROFILE_WORDS + ")"}
 SLOTS_IN = {
     "type": "object",
     "description": "Resource slots: cpu (cores), mem (bytes, or a size such as 4g), "
-                   "cuda.device (GPUs). Amounts as decimal strings or numbers.",
-    "propertyNames": {"enum": list(KNOWN_SLOTS)},
-    "additionalProperties": {"anyOf": [_str(32), {"type": "number"}]},
+                   "cuda.device (GPUs), cuda.mig-<profile> (MIG instances of that profile, "
+                   "e.g. cuda.mig-1g.10gb; whole numbers). Amounts as decimal strings or "
+                   "numbers.",
+    "propertyNames": SLOT_NAME,
+    "additionalProperties": AMOUNT,
 }
 SLOTS_OUT = {"type": "object", "additionalProperties": {"type": "string"},
              "description": "Resource slots as exact decimal strings."}
@@ -248,9 +258,11 @@ SCHEMAS: dict[str, dict] = {
     "SessionCreate": _obj({
         "name": NAME,
         "image": _str(512, minLength=1),
-        "resources": _obj({"cpu": {"anyOf": [_str(32), {"type": "number"}]},
-                           "mem": {"anyOf": [_str(32), {"type": "number"}]},
-                           "gpu": {"anyOf": [_str(32), {"type": "number"}]}}),
+        "resources": {**_obj({"cpu": AMOUNT, "mem": AMOUNT, "gpu": AMOUNT}, closed=False),
+                      "propertyNames": RESOURCE_NAME, "additionalProperties": AMOUNT,
+                      "description": "cpu (cores), mem (a size such as 4g), gpu (whole "
+                                     "GPUs), cuda.mig-<profile> (whole MIG instances of "
+                                     "that profile, e.g. cuda.mig-1g.10gb)"},
         "resource_group": _str(64),
         "type": {"enum": ["batch"], "description":
                  "API sessions are batch sessions; interactive sessions are JupyterHub servers."},

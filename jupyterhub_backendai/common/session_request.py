@@ -23,12 +23,15 @@ from .errors import InvalidRequest
 from .slots import (
     CPU,
     CUDA,
-    KNOWN_SLOTS,
     MEM,
+    MIG_PREFIX,
     ResourceSlot,
     format_bytes,
+    is_known_slot,
+    is_mig_slot,
     parse_decimal,
     parse_size,
+    unknown_slot_words,
 )
 
 
@@ -80,8 +83,10 @@ def _choice(enum: type[StrEnum], name: str, value) -> StrEnum:
 
 
 def resources(options: dict) -> tuple[str, ResourceSlot]:
-    """``image``, ``cpu`` (cores), ``mem`` (a size: 512m, 2g, 1.5 GiB), ``gpu`` (whole)
-    as (image, slots per kernel). Missing cpu/mem/gpu: 1 core, 1 GiB, none."""
+    """``image``, ``cpu`` (cores), ``mem`` (a size: 512m, 2g, 1.5 GiB), ``gpu`` (whole
+    devices) and ``cuda.mig-<profile>`` (whole MIG instances of that profile, e.g.
+    ``cuda.mig-1g.10gb``) as (image, slots per kernel). Missing cpu/mem/gpu: 1 core,
+    1 GiB, none."""
     image = options.get("image")
     if not isinstance(image, str) or not image.strip():
         raise SessionRequestError("image is required")
@@ -106,7 +111,25 @@ def resources(options: dict) -> tuple[str, ResourceSlot]:
     slots = ResourceSlot({CPU: cpu, MEM: mem})
     if gpu:
         slots[CUDA] = gpu
+    for key in sorted(k for k in options if isinstance(k, str) and k.startswith(MIG_PREFIX)):
+        if not is_mig_slot(key):
+            raise SessionRequestError(unknown_slot_words(key))
+        n = mig_count(key, options[key])
+        if n:
+            slots[key] = Decimal(n)
     return image.strip(), slots
+
+
+def mig_count(slot: str, value) -> int:
+    """A ``cuda.mig-<profile>`` amount: a whole number of MIG instances (text digits too)."""
+    try:
+        d = parse_decimal(slot, value)
+    except InvalidRequest:
+        d = None
+    if d is None or d < 0 or d != d.to_integral_value():
+        raise SessionRequestError(
+            f"{slot} must be a whole number of MIG instances (0 or more), not {value!r}")
+    return int(d)
 
 
 def _ids(name: str, values) -> tuple[str, ...]:
@@ -145,8 +168,13 @@ class SessionRequest:
         if not isinstance(self.image, str) or not self.image.strip():
             raise SessionRequestError("image is required")
         put("image", self.image.strip())
-        if not isinstance(self.slots, dict) or not set(self.slots) <= set(KNOWN_SLOTS):
-            raise SessionRequestError(f"slots must name only {', '.join(KNOWN_SLOTS)}")
+        if not isinstance(self.slots, dict):
+            raise SessionRequestError("slots must be an object of slot names and amounts")
+        for key in self.slots:
+            if not is_known_slot(key):
+                raise SessionRequestError(f"slots: {unknown_slot_words(key)}")
+            if is_mig_slot(key):
+                mig_count(key, self.slots[key])
         put("slots", ResourceSlot(self.slots))
         put("session_type", _choice(SessionType, "session_type", self.session_type))
         put("cluster_mode", _choice(ClusterMode, "cluster_mode", self.cluster_mode))
@@ -209,7 +237,8 @@ class SessionRequest:
         what the caller fixes (resource_group, ...)."""
         if not isinstance(options, dict):
             raise SessionRequestError("user_options must be an object")
-        unknown = sorted(set(options) - set(OPTION_KEYS) - {"resource_group"})
+        unknown = sorted(k for k in set(options) - set(OPTION_KEYS) - {"resource_group"}
+                         if not (isinstance(k, str) and k.startswith(MIG_PREFIX)))
         if unknown:
             raise SessionRequestError(f"unknown option(s): {', '.join(unknown)}")
         image, slots = resources(options)

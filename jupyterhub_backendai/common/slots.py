@@ -1,7 +1,9 @@
 """Resource slots: exact (Decimal) amounts of named resources.
 
 Slot names follow Backend.AI: ``cpu`` (cores), ``mem`` (bytes), ``cuda.device``
-(whole GPUs). Arithmetic is exact so that freeing exactly what was taken always
+(whole GPUs) and ``cuda.mig-<profile>`` (MIG instances of one NVML profile, such as
+``cuda.mig-1g.10gb``; a count). :func:`is_known_slot` is the one definition of
+what a slot name may be. Arithmetic is exact so that freeing exactly what was taken always
 returns an agent to zero.
 """
 
@@ -16,7 +18,44 @@ from .errors import InvalidRequest
 CPU = "cpu"
 MEM = "mem"
 CUDA = "cuda.device"
+#: The fixed slot names; MIG slots (:data:`MIG_SLOT_RE`) come on top.
 KNOWN_SLOTS = (CPU, MEM, CUDA)
+MIG_PREFIX = "cuda.mig-"
+#: An NVML MIG profile as ``nvidia-smi`` names it: ``1g.5gb``, ``1g.10gb``, ``3g.40gb``,
+#: ``7g.80gb``, with media-engine or other suffixes (``1g.10gb+me``, ``1g.24gb+gfx``,
+#: ``1g.10gb-me``) and compute-instance profiles (``1c.3g.40gb``).
+_PROFILE = r"(?:[1-9][0-9]?c\.)?[1-9][0-9]?g\.[0-9]{1,4}gb(?:[+-][a-z]{1,8}(?:\.[a-z]{1,8})?){0,3}"
+MIG_PROFILE_RE = re.compile(f"^{_PROFILE}$")
+#: The pattern of a MIG slot name (also the API document's, so it stays ECMA-262 too).
+MIG_SLOT_PATTERN = "^cuda\\.mig-" + _PROFILE + "$"
+MIG_SLOT_RE = re.compile(MIG_SLOT_PATTERN)
+#: Any slot name (the API document's ``propertyNames``).
+SLOT_NAME_PATTERN = "^(?:cpu|mem|cuda\\.device|cuda\\.mig-" + _PROFILE + ")$"
+#: What a slot name may be, said in words (errors and the API document).
+MIG_PROFILE_WORDS = "an NVML MIG profile such as 1g.10gb, 3g.40gb or 1g.10gb+me"
+SLOT_NAMES_WORDS = f"{CPU}, {MEM}, {CUDA} or {MIG_PREFIX}<profile> ({MIG_PROFILE_WORDS})"
+
+
+def is_mig_slot(name) -> bool:
+    """``cuda.mig-<profile>`` with a well-formed NVML MIG profile."""
+    return isinstance(name, str) and MIG_SLOT_RE.fullmatch(name) is not None
+
+
+def is_known_slot(name) -> bool:
+    """A slot name the platform knows: cpu, mem, cuda.device or cuda.mig-<profile>."""
+    return name in KNOWN_SLOTS or is_mig_slot(name)
+
+
+def mig_slot(profile: str) -> str:
+    return f"{MIG_PREFIX}{profile}"
+
+
+def unknown_slot_words(name) -> str:
+    """Why ``name`` is not a slot name, in plain words."""
+    if isinstance(name, str) and name.startswith(MIG_PREFIX):
+        return (f"{name!r} is not a MIG slot: the profile after {MIG_PREFIX!r} must be "
+                f"{MIG_PROFILE_WORDS}")
+    return f"unknown slot {name!r} (slots are {SLOT_NAMES_WORDS})"
 
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -90,7 +129,11 @@ def format_slots(slots: Mapping) -> str:
             text = _one_decimal(v)
             parts.append(f"{text} GPU" + ("" if text == "1" else "s"))
     for k in sorted(set(slots) - {CPU, MEM, CUDA}):
-        parts.append(f"{slots[k]} {k}")
+        if is_mig_slot(k):
+            text = _one_decimal(Decimal(slots[k]))
+            parts.append(f"{text} MIG {k[len(MIG_PREFIX):]} instance" + ("" if text == "1" else "s"))
+        else:
+            parts.append(f"{slots[k]} {k}")
     return ", ".join(parts)
 
 

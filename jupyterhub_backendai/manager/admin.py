@@ -24,7 +24,15 @@ from sqlalchemy.orm import Session as DBSession
 from sqlalchemy.orm import selectinload
 
 from ..common.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from ..common.slots import KNOWN_SLOTS, MEM, ResourceSlot, parse_decimal, parse_size
+from ..common.slots import (
+    MEM,
+    ResourceSlot,
+    is_known_slot,
+    is_mig_slot,
+    parse_decimal,
+    parse_size,
+    unknown_slot_words,
+)
 from ..common.types import UserRole, UserStatus
 from ..models import (
     Agent,
@@ -64,11 +72,12 @@ def _slots_out(v: ResourceSlot | None) -> dict | None:
 
 
 def parse_slots(field: str, value: dict) -> ResourceSlot:
-    """Slots from JSON: known slot names only, non-negative exact amounts, ``mem`` with units."""
+    """Slots from JSON: known slot names only (cpu, mem, cuda.device, cuda.mig-<profile>),
+    non-negative exact amounts, ``mem`` with units, MIG instances whole."""
     out = ResourceSlot()
     for k, v in value.items():
-        if k not in KNOWN_SLOTS:
-            raise InvalidRequest(f"{field}: unknown slot {k!r} (known: {', '.join(KNOWN_SLOTS)})")
+        if not is_known_slot(k):
+            raise InvalidRequest(f"{field}: {unknown_slot_words(k)}")
         if k == MEM:
             try:
                 amount = parse_size(v)
@@ -80,6 +89,8 @@ def parse_slots(field: str, value: dict) -> ResourceSlot:
             raise InvalidRequest(f"{field}.{k} must not be negative")
         if amount >= Decimal(10) ** 18 or amount != amount.quantize(Decimal("0.001")):
             raise InvalidRequest(f"{field}.{k}: at most 18 digits and 3 decimal places")
+        if is_mig_slot(k) and amount != amount.to_integral_value():
+            raise InvalidRequest(f"{field}.{k} must be a whole number of MIG instances, not {v!r}")
         out[k] = amount
     return out
 

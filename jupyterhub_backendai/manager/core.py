@@ -38,12 +38,12 @@ from ..common.session_request import ClusterMode, SessionRequest, SessionType
 from ..common.slots import (
     CPU,
     CUDA,
-    KNOWN_SLOTS,
     MEM,
     ResourceSlot,
     format_bytes,
     format_cores,
     format_slots,
+    is_known_slot,
     parse_size,
 )
 from ..common.types import (
@@ -757,7 +757,7 @@ class BackendAIManager(SingletonConfigurable):
         one agent; a multi-node one needs ``cluster_size`` distinct agents that
         each fit one kernel.
         """
-        assert set(slots) <= set(KNOWN_SLOTS)
+        assert all(is_known_slot(k) for k in slots)
         rows = await self.db(
             lambda s: [
                 (a.id, a.architecture, a.available_slots)

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from sqlalchemy import select
 
 from ..common.errors import InvalidRequest
-from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, format_slots, parse_size
+from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, format_slots, is_mig_slot, parse_size
 from ..scheduler.snapshot import load_limits, load_policies, load_usage
 from ..scheduler.state import slot_limit
 
@@ -72,7 +72,7 @@ def check_presets(value) -> list[dict]:
         opts = p.get("user_options", {})
         if not isinstance(opts, dict):
             raise ValueError(f"preset {slug!r}: user_options must be a dict")
-        unknown = set(opts) - OPTION_KEYS
+        unknown = {k for k in set(opts) - OPTION_KEYS if not is_mig_slot(k)}  # cuda.mig-<profile>
         if unknown:
             raise ValueError(f"preset {slug!r}: unknown user_options key(s): "
                              f"{', '.join(sorted(unknown))}")

@@ -18,6 +18,8 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 
+from ...common.slots import mig_slot  # cuda.mig-<profile>: one definition of slot names
+
 log = logging.getLogger(__name__)
 
 # nvmlDeviceGetTopologyCommonAncestor levels, named as ``nvidia-smi topo -m`` does.
@@ -107,10 +109,6 @@ class GPUTopology:
                 for (i, j), ln in sorted(self.links.items())
             ],
         }
-
-
-def mig_slot(profile: str) -> str:
-    return f"cuda.mig-{profile}"
 
 
 def format_cpuset(cpus) -> str:

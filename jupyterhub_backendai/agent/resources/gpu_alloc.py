@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from ...common.errors import AgentError, InvalidRequest
-from ...common.slots import CUDA
+from ...common.slots import CUDA, MIG_PREFIX
 from .cuda import CUDADevice, GPUTopology, MIGInstance, format_cpuset
 
 log = logging.getLogger(__name__)
 
-MIG_PREFIX = "cuda.mig-"
 # Pair ranks (lower is better).
 NVLINK, PIX, PXB, PHB, NODE, SYS = range(6)
 _LEVEL_RANK = {0: PIX, 10: PIX, 20: PXB, 30: PHB, 40: NODE, 50: SYS}
