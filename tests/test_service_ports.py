@@ -342,12 +342,14 @@ def test_http_to_service_ports_needs_the_hubs_auth(world, who):
         assert r.status_code in (401, 403), (who, path, r.status_code)
 
 
-@pytest.mark.parametrize("who", ["anonymous", "other-user", "token-without-access-servers"])
+@pytest.mark.parametrize("who", ["anonymous", "other-user", "token-without-access-servers",
+                                 "bogus-token"])
 def test_websocket_to_service_ports_needs_the_hubs_auth(world, who):
     """CVE-2024-28179: jupyter-server-proxy once proxied websockets without checking the
     user. Both a proxied app's websocket and the terminal's are refused."""
     token = {"anonymous": None, "other-user": world.bob_token,
-             "token-without-access-servers": world.scopeless_token}[who]
+             "token-without-access-servers": world.scopeless_token,
+             "bogus-token": "x" * 32}[who]
     for path in (f"proxy/{ECHO_PORT}/", f"proxy/absolute/{ECHO_PORT}/", "terminals/websocket/1"):
         with pytest.raises(InvalidStatus) as e:
             with world.server.ws(path, token=token) as ws:
@@ -610,3 +612,71 @@ def test_streamed_responses_keep_redirects_head_and_survive_a_client_that_leaves
     assert (r.status_code, len(r.content), r.content.count(b"\0")) == (200, 8388608, 8388608)
     assert single.server.get(f"proxy/{HTTP_PORT}/x.txt").text == "served-by-http-server\n"
     single.server.run("rm -rf /tmp/www/sub /tmp/www/zeros.bin", "STREAM-GONE")
+
+
+# -- an operator's own image: the label and service-defs alone (no Docker) -------------
+
+
+def _kernel_services():
+    import importlib.util
+
+    root = __file__.rsplit("/tests/", 1)[0]
+    spec = importlib.util.spec_from_file_location(
+        "backendai_kernel_services_under_test", f"{root}/images/kernel/backendai_kernel_services.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_an_operators_labels_and_service_defs_become_proxy_entries(tmp_path, monkeypatch):
+    """Any image with the label and service-defs gets its apps: HTTP ports become
+    entries (with the image's command, placeholders filled), a port without a definition
+    is proxied as is, the first port and non-HTTP ports get none, a malformed item is
+    skipped without taking the rest down."""
+    ksvc = _kernel_services()
+    (tmp_path / "vscode.json").write_text(json.dumps({
+        "title": "VS Code", "command": ["code-server", "--bind-addr", "127.0.0.1:{port}",
+                                         "{home_dir}/project"], "timeout": 60,
+        "new_browser_tab": False}))
+    (tmp_path / "broken.json").write_text("{not json")
+    monkeypatch.setenv("HOME", "/home/op")
+    label = ("notebook:http:8888,vscode:http:8180,ssh:tcp:2222,broken:http:9100,"
+             "multi:http:[9001,9002],not an item,terminal:http:7681")
+    assert ksvc.parse_service_ports(label) == [
+        ("notebook", "http", 8888), ("vscode", "http", 8180), ("ssh", "tcp", 2222),
+        ("broken", "http", 9100), ("multi", "http", 9001), ("terminal", "http", 7681)]
+    entries = ksvc.server_entries(label, defs_dir=str(tmp_path))
+    assert sorted(entries) == ["broken", "multi", "vscode"]
+    vs = entries["vscode"]
+    assert vs["port"] == 8180 and vs["timeout"] == 60 and vs["new_browser_tab"] is False
+    assert vs["command"] == ["code-server", "--bind-addr", "127.0.0.1:{port}",
+                             "/home/op/project"]
+    assert vs["launcher_entry"]["title"] == "VS Code" and vs["launcher_entry"]["enabled"]
+    # No (or an unreadable) definition: proxied as is, nothing started.
+    assert "command" not in entries["multi"] and entries["multi"]["port"] == 9001
+    assert "command" not in entries["broken"]
+
+
+def test_ssh_activity_counts_established_connections_to_port_2200_only(tmp_path):
+    """The parser behind "SSH counts as activity" (the end-to-end check with a real
+    sshd is tests/test_ssh_port.py): state 01 (ESTABLISHED) with local port 2200 (0x0898),
+    IPv4 and IPv6; the listening socket, outgoing connections to someone else's 2200 and
+    other ports do not count; a missing file is skipped."""
+    ksvc = _kernel_services()
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt\n"
+    tail = " 00000000:00000000 00:00000000 00000000  1000 0 1 1 0 100 0 0 10 0\n"
+    tcp = tmp_path / "tcp"
+    tcp6 = tmp_path / "tcp6"
+    tcp.write_text(head
+                   + "   0: 00000000:0898 00000000:0000 0A" + tail      # sshd listening
+                   + "   1: 0200120A:0898 0100120A:D1F2 01" + tail      # a client: counts
+                   + "   2: 0200120A:C350 0300120A:0898 01" + tail      # to sub1's sshd
+                   + "   3: 0100007F:22B8 0100007F:8A12 01" + tail)     # port 8888
+    tcp6.write_text(head + "   0: 00000000000000000000000001000000:0898 "
+                    "00000000000000000000000001000000:E012 01" + tail)
+    files = (str(tcp), str(tcp6), str(tmp_path / "missing"))
+    assert ksvc.ssh_connections(files=files) == 2
+    tcp6.write_text(head)
+    assert ksvc.ssh_connections(files=files) == 1
+    tcp.write_text(head + "   1: 0200120A:0898 0100120A:D1F2 06" + tail)  # TIME_WAIT
+    assert ksvc.ssh_connections(files=files) == 0
