@@ -199,3 +199,20 @@ def test_mig_slot_names_in_plain_words():
     assert words(policy, {"name": "p", "total_resource_slots": {"gpu": "1"}}) == (
         "slot names must be cpu, mem, cuda.device or cuda.mig-<profile> (an NVML MIG profile "
         "such as 1g.10gb, 3g.40gb or 1g.10gb+me)")
+
+
+def test_backendai_client_resources_name_mig_slots():
+    """`backend.ai session create -r cuda.mig-1g.10gb=1` sends Backend.AI's resources;
+    the compat layer passes MIG slots on to the one request parser, and still refuses
+    what is not offered."""
+    from jupyterhub_backendai.api.compat.handlers import _resources
+    from jupyterhub_backendai.manager.core import BackendAIManager
+
+    opts = {"image": "x", **_resources({"resources": {"cpu": 1, "mem": "1g", MIG: 1}})}
+    image, slots = BackendAIManager.parse_request(None, opts)
+    assert (image, slots[MIG]) == ("x", 1)
+    with pytest.raises(InvalidRequest, match="'tpu.device' is not offered here"):
+        _resources({"resources": {"tpu.device": 1}})
+    with pytest.raises(SessionRequestError, match=r"'cuda\.mig-big' is not a MIG slot"):
+        BackendAIManager.parse_request(None, {"image": "x", **_resources(
+            {"resources": {"cuda.mig-big": 1}})})

@@ -39,6 +39,7 @@ from ..common.slots import (
     CPU,
     CUDA,
     MEM,
+    MIG_PREFIX,
     ResourceSlot,
     format_bytes,
     format_cores,
@@ -724,7 +725,9 @@ class BackendAIManager(SingletonConfigurable):
         """Validate user options into (image, slots per kernel); raise InvalidRequest."""
         if not isinstance(options, dict):
             raise InvalidRequest("options must be an object")
-        unknown = set(options) - {"image", "cpu", "mem", "gpu", "resource_group"}
+        unknown = {k for k in options
+                   if k not in ("image", "cpu", "mem", "gpu", "resource_group")
+                   and not k.startswith(MIG_PREFIX)}  # MIG names: checked by resources()
         if unknown:
             raise InvalidRequest(f"unknown option(s): {', '.join(sorted(unknown))}")
         return session_request.resources(options)

@@ -27,6 +27,7 @@ from ...common.errors import (
     NotFound,
     StorageQuotaExceeded,
 )
+from ...common.slots import MIG_PREFIX
 from ...common.types import ALIVE_STATUSES, SessionStatus
 from ...manager import access, admin, vfolders
 from ...models import Session, VFolder
@@ -173,16 +174,19 @@ class GQLHandler(CompatBase):
 
 
 def _resources(config: dict) -> dict:
-    """Backend.AI's resource slots (``cpu``, ``mem``, ``cuda.device``) as our request."""
+    """Backend.AI's resource slots (``cpu``, ``mem``, ``cuda.device``,
+    ``cuda.mig-<profile>``) as our request."""
     out = {}
     for k, v in (config.get("resources") or {}).items():
         if k in ("cpu", "mem"):
             out[k] = v
         elif k in ("cuda.device", "cuda.shares", "gpu"):
             out["gpu"] = v
+        elif k.startswith(MIG_PREFIX):
+            out[k] = v  # a MIG instance of that profile (docs/gpus.md); checked there
         else:
             raise InvalidRequest(f"resources: slot {k!r} is not offered here (cpu, mem, "
-                                 "cuda.device)")
+                                 "cuda.device, cuda.mig-<profile>)")
     return out
 
 
