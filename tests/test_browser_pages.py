@@ -63,11 +63,13 @@ def world(tmp_path_factory, docker_image):
         from jupyterhub_backendai.common.types import HOST_PERMISSIONS
 
         proj = sa.ok("POST", "/projects", json={"name": "teamproj", "domain_name": "default"})
+        # A second project without a quota (the new user of the console test joins both).
+        w_side = sa.ok("POST", "/projects", json={"name": "sideproj", "domain_name": "default"})
         sa.ok("POST", "/resource-groups", json={"name": "parked", "is_public": True})
         sa.ok("POST", "/domains", json={
             "name": "otherdom", "allowed_vfolder_hosts": {"local:volume1": list(HOST_PERMISSIONS)}})
         proj_b = sa.ok("POST", "/projects", json={"name": "secretproj", "domain_name": "otherdom"})
-        w = {"hub": hub, "proj": proj, "dir": d, "sa": sa}
+        w = {"hub": hub, "proj": proj, "side": w_side, "dir": d, "sa": sa}
         w["user"] = _user(sa, "webuser", "user", "default", [proj["id"]])
         w["dadmin"] = _user(sa, "webdadmin", "admin", "default")
         w["user_b"] = _user(sa, "hiddenuser", "user", "otherdom", [proj_b["id"]])
@@ -347,7 +349,7 @@ def test_domain_admin_creates_user_sets_quota_and_sees_queue(world, browser):
         page.fill("#u-email", "newbie@example.com")
         page.fill("#u-username", "newbie")
         page.fill("#u-password", "newbie-pass-123")
-        page.select_option("#u-projects", world["proj"]["id"])
+        page.select_option("#u-projects", [world["proj"]["id"], world["side"]["id"]])
         page.click("#backendai-user-create [type=submit]")
         page.locator('tr[data-username="newbie"]').wait_for()
         cells = page.locator('tr[data-username="newbie"] td').all_inner_texts()
@@ -371,6 +373,25 @@ def test_domain_admin_creates_user_sets_quota_and_sees_queue(world, browser):
         a.shot("console-projects")
         got = world["hub"].api("GET", f"/backendai/projects/{pid}")
         assert got.json()["total_resource_slots"] == {"cpu": "4", "mem": str(8 * 2**30)}
+
+        # The new user's spawn form: the CPU field's bound follows the project chosen
+        # (teamproj's new quota of 4 cores; sideproj has none).
+        n = Page(browser, world["hub"], "newbie@example.com", "newbie-pass-123")
+        try:
+            n.page.goto(world["hub"].base + "/hub/spawn/newbie/bounds")
+            n.page.locator("#spawn_form").wait_for()
+            n.page.locator("#backendai-preset-custom").check()
+            n.page.select_option("#backendai-project", "teamproj")
+            assert n.page.get_attribute("#backendai-cpu", "max") == "4"
+            assert n.page.locator("#backendai-quota").inner_text().startswith("Your quota: 4 cores")
+            n.page.select_option("#backendai-project", "sideproj")
+            assert n.page.get_attribute("#backendai-cpu", "max") is None
+            n.page.select_option("#backendai-project", "teamproj")
+            assert n.page.get_attribute("#backendai-cpu", "max") == "4"
+            n.shot("spawn-form-project-bounds")
+            assert n.ours() == [], n.errors
+        finally:
+            n.close()
 
         page.click("#backendai-console-queue")
         page.wait_for_url(re.compile(r"/admin/queue$"))

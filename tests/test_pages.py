@@ -224,6 +224,22 @@ def test_console_agents_show_live_statistics(world):
                      re.S), live.group(1)
 
 
+def test_spawn_form_bounds_follow_each_projects_quota(world):
+    """Each project's quota limit rides on its option; the page's script moves the CPU
+    field's max to the chosen project's (checked in the browser by test_browser_pages)."""
+    sa = world["sa"]
+    small = sa.ok("POST", "/projects", json={"name": "smallproj", "domain_name": "default"})
+    sa.ok("PATCH", f"/projects/{small['id']}", json={"total_resource_slots": {"cpu": "1"}})
+    u = _user(sa, "twoprojuser", "user", "default", [world["proj_a"]["id"], small["id"]])
+    r = u["web"].get(world["hub"].base + "/hub/spawn/twoprojuser/bounds", timeout=60)
+    assert r.status_code == 200, r.text[-2000:]
+    options = {name: attrs for attrs, name in re.findall(
+        r'<option value="[^"]+"([^>]*)>([^<]+)</option>', r.text)
+        if name in ("smallproj", "teamproj")}
+    assert 'data-cpu-max="1"' in options["smallproj"], options
+    assert 'data-cpu-max=""' in options["teamproj"], options  # no limit at any level
+
+
 def test_folders_of_others_are_not_found(world):
     fid = world["folder_b"]["id"]
     assert _get(world, "user_b", f"folders/{fid}").status_code == 200
