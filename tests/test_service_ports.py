@@ -614,6 +614,52 @@ def test_streamed_responses_keep_redirects_head_and_survive_a_client_that_leaves
     single.server.run("rm -rf /tmp/www/sub /tmp/www/zeros.bin", "STREAM-GONE")
 
 
+# -- an operator's own image ------------------------------------------------------------
+
+OPERATOR_IMAGE = "backendai-test/operator-app:latest"
+
+
+def test_an_operators_image_brings_its_own_app(single, tmp_path):
+    """An image built on ours with its own label and service-def (no other change): its
+    app is started on first use and answers at ``<server>/<name>/`` behind the hub's
+    login, with a launcher tile; the apps it does not declare are not there."""
+    hub = single.hub
+    d = tmp_path / "img"
+    d.mkdir()
+    (d / "notes.json").write_text(json.dumps({
+        "title": "Operator notes",
+        "command": ["{runtime_path}", "-m", "http.server", "{port}", "--bind", "127.0.0.1",
+                    "--directory", "/opt/operator"]}))
+    (d / "Dockerfile").write_text(
+        "FROM backendai/python-kernel:latest\n"
+        "USER root\n"
+        "RUN mkdir -p /opt/operator && echo operator-app-here > /opt/operator/index.txt\n"
+        "COPY notes.json /etc/backend.ai/service-defs/notes.json\n"
+        "USER work\n"
+        'LABEL ai.backend.service-ports="jupyter:http:8888,notes:http:8090"\n')
+    subprocess.run(["docker", "build", "-q", "-t", OPERATOR_IMAGE, str(d)], check=True,
+                   capture_output=True)
+    b = single.bob["username"]
+    r = hub.spawn(b, "op", options={"image": OPERATOR_IMAGE}, token=single.bob_token)
+    assert r.status_code in (201, 202), r.text
+    try:
+        model = hub.wait_ready(b, "op", token=single.bob_token)
+        server = Server(hub, single.server.host, urllib.parse.urlsplit(model["url"]).path,
+                        single.bob_token)
+        r = server.get("notes/index.txt")
+        assert (r.status_code, r.text) == (200, "operator-app-here\n"), r.text[:500]
+        info = server.get("server-proxy/servers-info").json()["server_processes"]
+        assert [(s["name"], s["launcher_entry"]["title"]) for s in info] == [
+            ("notes", "Operator notes")]
+        r = server.get("hello")  # (hello/ redirects here: the server's trailing-slash rule)
+        assert r.status_code == 404, (r.status_code, r.headers.get("Location"))
+        # alice's token does not open bob's app.
+        _refused_http(server.get("notes/index.txt", token=single.alice_token), single)
+    finally:
+        hub.stop_server(b, "op", token=single.bob_token)
+        subprocess.run(["docker", "rmi", OPERATOR_IMAGE], capture_output=True)
+
+
 # -- an operator's own image: the label and service-defs alone (no Docker) -------------
 
 
