@@ -622,7 +622,8 @@ OPERATOR_IMAGE = "backendai-test/operator-app:latest"
 def test_an_operators_image_brings_its_own_app(single, tmp_path):
     """An image built on ours with its own label and service-def (no other change): its
     app is started on first use and answers at ``<server>/<name>/`` behind the hub's
-    login, with a launcher tile; the apps it does not declare are not there."""
+    login, with a launcher tile; a declared port with nothing behind it gives the 502
+    page; the apps it does not declare are not there."""
     hub = single.hub
     d = tmp_path / "img"
     d.mkdir()
@@ -636,7 +637,7 @@ def test_an_operators_image_brings_its_own_app(single, tmp_path):
         "RUN mkdir -p /opt/operator && echo operator-app-here > /opt/operator/index.txt\n"
         "COPY notes.json /etc/backend.ai/service-defs/notes.json\n"
         "USER work\n"
-        'LABEL ai.backend.service-ports="jupyter:http:8888,notes:http:8090"\n')
+        'LABEL ai.backend.service-ports="jupyter:http:8888,notes:http:8090,idle:http:8095"\n')
     subprocess.run(["docker", "build", "-q", "-t", OPERATOR_IMAGE, str(d)], check=True,
                    capture_output=True)
     b = single.bob["username"]
@@ -649,8 +650,13 @@ def test_an_operators_image_brings_its_own_app(single, tmp_path):
         r = server.get("notes/index.txt")
         assert (r.status_code, r.text) == (200, "operator-app-here\n"), r.text[:500]
         info = server.get("server-proxy/servers-info").json()["server_processes"]
-        assert [(s["name"], s["launcher_entry"]["title"]) for s in info] == [
-            ("notes", "Operator notes")]
+        assert sorted((s["name"], s["launcher_entry"]["title"]) for s in info) == [
+            ("idle", "idle"), ("notes", "Operator notes")]
+        # Declared without a service-def and nothing listening: the 502 page, by name.
+        r = server.get("idle/")
+        assert r.status_code == 502, (r.status_code, r.text[:500])
+        assert "nothing is listening on port 8095" in r.text
+        assert "No app answers on port 8095 in this session (the idle app)." in r.text
         r = server.get("hello")  # (hello/ redirects here: the server's trailing-slash rule)
         assert r.status_code == 404, (r.status_code, r.headers.get("Location"))
         # alice's token does not open bob's app.
