@@ -26,7 +26,8 @@ from .manager.core import BackendAIManager
 from .pages import presets as _presets
 
 _PERMISSION_WORDS = {"ro": "read only", "rw": "read-write", "wd": "read-write-delete"}
-_FORM_FIELDS = ("preset", "image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode")
+_FORM_FIELDS = ("preset", "image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode",
+                "resource_group")
 
 # What each user last submitted in the form, until the form is shown again: a refused
 # submission re-renders the form (jupyterhub/handlers/pages.py SpawnHandler._post) with
@@ -53,7 +54,11 @@ class BackendAISpawner(Spawner):
         config=True
     )
     resource_group = Unicode(
-        "default", help="Resource group (agent pool) that sessions are scheduled in."
+        "default",
+        help="""Resource group (agent pool) preselected in the form and used when a request
+        names none. The form (and ``user_options["resource_group"]``) may choose any
+        other active group the user may use (public, or allowed for their domain, one
+        of their projects or keypairs: the API's rule); others are refused.""",
     ).tag(config=True)
     ready_timeout = Integer(
         120, help="Seconds to wait for the started Jupyter server to answer HTTP."
@@ -123,21 +128,61 @@ class BackendAISpawner(Spawner):
     def _options_form_default(self):
         return self._render_form
 
-    async def _image_choices(self) -> list[str]:
+    async def _image_choices(self, resource_group: str | None = None) -> list[str]:
         if self.images:
             return list(self.images)
-        return await self.manager.list_images(self.resource_group)
+        return await self.manager.list_images(resource_group or self.resource_group)
+
+    async def _groups(self) -> list[str]:
+        """The active resource groups this user may use, the configured one first."""
+        try:
+            groups = await self.manager.db_read(_usable_groups, self.user.name)
+        except BackendAIError:
+            groups = []
+        return sorted(groups or [self.resource_group], key=lambda g: (g != self.resource_group, g))
+
+    async def _chosen_group(self, user_options: dict) -> str:
+        """The resource group a request names (else the configured one), refused in
+        plain words when it does not exist (400) or the user may not use it (403)."""
+        group = user_options.get("resource_group")
+        if group in (None, ""):
+            group = self.resource_group
+        elif not isinstance(group, str):
+            raise _user_error("resource_group must be the name of a resource group")
+        group = group.strip()
+        await self.manager.ready()
+        try:
+            refusal = await self.manager.db_read(_group_refusal, self.user.name, group)
+        except BackendAIError as e:
+            raise _user_error(e.detail, status_code=e.status_code) from None
+        if refusal is not None:
+            raise _user_error(refusal[1], status_code=refusal[0])
+        return group
 
     async def _render_form(self, spawner) -> str:
         # A refused submission's values (shown once), else the defaults.
         chosen = _SUBMITTED.pop(self.user.name, None) or {}
         await self.manager.ready()
-        images = await self._image_choices()
-        group = await self.manager.db_read(_group_facts, self.resource_group)
+        groups = await self._groups()
+        chosen_group = chosen.get("resource_group")
+        if chosen_group not in groups:
+            chosen_group = groups[0]
+        # Images of every group offered (the chosen one's first); the server checks the
+        # image against the chosen group's agents.
+        images = []
+        for g in [chosen_group] + [g for g in groups if g != chosen_group]:
+            images += [i for i in await self._image_choices(g) if i not in images]
+            if self.images:
+                break
+        facts = {g: await self.manager.db_read(_group_facts, g) for g in groups}
+        group = {**facts[chosen_group], "gpu": any(f["gpu"] for f in facts.values())}
         projects = await self.manager.user_projects(self.user.name)
         folders = await self.manager.mountable_folders(self.user.name)
         quota = await self.manager.db_read(_presets.quota_left, self.user.name)
-        offered = _presets.offered(self.presets, self.resource_group, projects)
+        offered = _presets.offered(self.presets, chosen_group, projects)
+        # Presets of the other groups too, shown while their group is chosen (the script).
+        every = [p for p in self.presets
+                 if any(p in _presets.offered(self.presets, g, projects) for g in groups)]
         defaults = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu,
                     "image": images[0] if images else ""}
         # The user's '.'-folders and the home folder go into every session: not a choice.
@@ -164,8 +209,13 @@ class BackendAISpawner(Spawner):
             home_folder=home,
             home_made=any(f["name"] == home for f in always),
             permission_words=_PERMISSION_WORDS,
-            presets=[{**p, "summary": _presets.summary(p, defaults)} for p in offered],
-            allow_custom=self.presets_allow_custom or not offered,
+            presets=[{**p, "summary": _presets.summary(p, defaults),
+                      "groups": [g for g in groups if p in _presets.offered(
+                          self.presets, g, projects)]} for p in every],
+            groups=groups,
+            chosen_group=chosen_group,
+            group_facts=facts,
+            allow_custom=self.presets_allow_custom or not every,
             chosen_preset=chosen.get("preset") or _presets.default_slug(
                 offered, self.presets_allow_custom),
             quota={name: {"text": _presets.quota_words(q, group["gpu"]),
@@ -212,17 +262,19 @@ class BackendAISpawner(Spawner):
         opts = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu}
         if not isinstance(user_options, dict):
             raise _user_error("user_options must be an object")
-        user_options = await self._preset_options(user_options)
-        opts.update({k: v for k, v in user_options.items() if v not in (None, "")})
+        group = await self._chosen_group(user_options)
+        user_options = await self._preset_options(user_options, group)
+        opts.update({k: v for k, v in user_options.items()
+                     if v not in (None, "") and k != "resource_group"})
         if "image" not in opts:
-            choices = await self._image_choices()
+            choices = await self._image_choices(group)
             if choices:
                 opts["image"] = choices[0]
         await self.manager.ready()
         try:
             # The one session request, checked once: its form here, what depends on the
             # record by the manager (enqueue does not check it again).
-            request = SessionRequest.from_options(opts, resource_group=self.resource_group)
+            request = SessionRequest.from_options(opts, resource_group=group)
             if request.project is not None:
                 projects = await self.manager.user_projects(self.user.name)
                 if request.project not in projects:
@@ -247,20 +299,21 @@ class BackendAISpawner(Spawner):
         self.mem_limit = int(request.slots[MEM])
         self.cpu_limit = float(request.slots[CPU])
 
-    async def _preset_options(self, user_options: dict) -> dict:
+    async def _preset_options(self, user_options: dict, group: str | None = None) -> dict:
         """The request with its preset (``{"preset": slug}``) applied: the preset's
         image, resources and folders; the default preset for a request that names none
         and sets no image or resources; ``custom`` or no presets: as given."""
         if not isinstance(user_options, dict):
             raise _user_error("user_options must be an object")
         opts = dict(user_options)
+        group = group or self.resource_group
         slug = opts.pop("preset", None)
         if not self.presets:
             if slug not in (None, "", _presets.CUSTOM):
                 raise _user_error(f"there is no preset {slug!r} (no presets are configured here)")
             return opts
         projects = await self.manager.user_projects(self.user.name)
-        offered = _presets.offered(self.presets, self.resource_group, projects)
+        offered = _presets.offered(self.presets, group, projects)
         if slug in (None, ""):
             if any(opts.get(k) not in (None, "") for k in _presets.FIXED_KEYS):
                 slug = _presets.CUSTOM
@@ -272,7 +325,7 @@ class BackendAISpawner(Spawner):
                                   + ", ".join(p["slug"] for p in offered))
             return opts
         try:
-            fixed, _ = _presets.resolve(self.presets, slug, self.resource_group, projects, opts)
+            fixed, _ = _presets.resolve(self.presets, slug, group, projects, opts)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
         return fixed
@@ -548,6 +601,36 @@ def _group_facts(s, resource_group: str) -> dict:
             shown[CUDA] = best.get(CUDA, 0)
         text = format_slots(shown)
     return {"free": text, "gpu": gpu, "local": local}
+
+
+def _usable_groups(s, username: str) -> list[str]:
+    """The active resource groups ``username`` may start sessions in: the API's rule
+    (manager/access.py ``usable_group_names``: public, or allowed for the user's domain,
+    one of their projects or keypairs)."""
+    from sqlalchemy import select
+
+    from .manager import access
+    from .models import ResourceGroup
+
+    names = access.usable_group_names(s, access.load_principal(s, username=username))
+    return sorted(g.name for g in s.scalars(select(ResourceGroup).where(ResourceGroup.is_active))
+                  if names is None or g.name in names)
+
+
+def _group_refusal(s, username: str, group: str) -> tuple[int, str] | None:
+    """Why ``username`` may not start a session in ``group`` (status, words), or None."""
+    from .models import ResourceGroup
+
+    usable = _usable_groups(s, username)
+    if group in usable:
+        return None
+    yours = f"(yours: {', '.join(usable) or 'none'})"
+    rg = s.get(ResourceGroup, group)
+    if rg is None:
+        return 400, f"there is no resource group {group!r} {yours}"
+    if not rg.is_active:
+        return 400, f"resource group {group!r} is not active {yours}"
+    return 403, f"you may not use resource group {group!r} {yours}"
 
 
 def _session_is_local(s, session_id: str) -> bool:

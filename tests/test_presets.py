@@ -224,6 +224,58 @@ def test_bad_preset_in_the_form_is_shown_in_plain_words(world):
     assert _live(hub) == 0
 
 
+def test_resource_group_chosen_or_refused(world):
+    """The form offers the resource groups the user may use (the API's rule: public, or
+    allowed for the user's domain, projects or keypairs) with each group's presets; a
+    request may name one; a group the user may not use is a 403 (one that does not
+    exist a 400) in plain words, nothing created. The groups stay for the browser test."""
+    from jupyterhub_backendai.models import Project
+
+    hub, sa = world["hub"], world["sa"]
+    with hub.sm() as s:
+        pid = s.scalar(select(Project.id).where(Project.name == "teamproj"))
+    sa.ok("POST", "/resource-groups", json={"name": "gpus", "is_public": False,
+                                            "allowed_projects": [pid]})
+    sa.ok("POST", "/resource-groups", json={"name": "locked", "is_public": False})
+    member = _web(world, "member").get(hub.base + "/hub/spawn").text
+    assert re.findall(r'<option value="([^"]+)"[^>]*data-free=', member) == ["default", "gpus"]
+    assert _preset_rows(member) == ["small", "team", "gpubox", "custom"]
+    assert 'data-groups="gpus">' in member and 'data-groups="default gpus">' in member
+    outsider = _web(world, "outsider").get(hub.base + "/hub/spawn").text
+    assert 'id="backendai-resource-group"' not in outsider
+    assert '<input type="hidden" name="resource_group" value="default">' in outsider
+    assert _preset_rows(outsider) == ["small", "custom"]
+    for who, body, code, message in [
+        ("outsider", {"resource_group": "gpus", "preset": "small"}, 403,
+         "you may not use resource group 'gpus' (yours: default)"),
+        ("member", {"resource_group": "locked"}, 403,
+         "you may not use resource group 'locked' (yours: default, gpus)"),
+        ("member", {"resource_group": "nosuch"}, 400,
+         "there is no resource group 'nosuch' (yours: default, gpus)"),
+    ]:
+        user = world[who]
+        r = hub.api("POST", f"/users/{user['username']}/servers/rg", token=user["token"],
+                    json=body)
+        assert (r.status_code, r.json()["message"]) == (code, message), r.text
+    # The chosen group is the one checked: gpubox is offered there, and "gpus" has no
+    # agent to hold it (refused by the group's agents, not as a preset of another group).
+    user = world["member"]
+    r = hub.api("POST", f"/users/{user['username']}/servers/rg", token=user["token"],
+                json={"resource_group": "gpus", "preset": "gpubox"})
+    assert r.status_code == 400, r.text
+    assert "not offered" not in r.json()["message"] and "'gpus'" in r.json()["message"], r.text
+    s = _web(world, "outsider")
+    r = s.post(hub.base + "/hub/spawn/presetoutsider/rgform",
+               data={"preset": "small", "resource_group": "locked",
+                     "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+    assert r.status_code == 403
+    assert str(escape("you may not use resource group 'locked' (yours: default)")) in r.text
+    assert _live(hub) == 0
+    with hub.sm() as s:
+        assert s.scalar(select(func.count()).select_from(Session).where(
+            Session.name.in_(["rg", "rgform"]))) == 0
+
+
 @pytest.mark.browser
 def test_presets_in_chromium(world):
     """In headless Chromium: the presets are radios reached with the keyboard, the custom
@@ -259,6 +311,16 @@ def test_presets_in_chromium(world):
             page.locator("#spawn_form").wait_for()
             assert page.locator("#backendai-preset-small").is_checked()
             assert page.locator("#backendai-custom").is_hidden()
+            # The resource group (test_resource_group_chosen_or_refused made "gpus"):
+            # its presets show while it is chosen, with its free room.
+            assert page.locator("#backendai-preset-gpubox").is_hidden()
+            page.select_option("#backendai-resource-group", "gpus")
+            assert page.locator("#backendai-preset-gpubox").is_visible()
+            assert page.locator("#backendai-free").inner_text().strip() == (
+                "Free on the largest agent now: no agent is running in this resource group")
+            page.select_option("#backendai-resource-group", "default")
+            assert page.locator("#backendai-preset-gpubox").is_hidden()
+            assert page.locator("#backendai-preset-small").is_checked()
             assert page.locator("#backendai-quota").inner_text().strip() == (
                 "Your quota: 1.5 cores, 2 GiB memory left; 0 of 30 sessions in use")
             assert page.locator("#backendai-always-mounted li").all_inner_texts() == [
