@@ -293,6 +293,9 @@ def test_user_folder_upload_with_progress_and_download(world, browser, tmp_path)
                 f.write(hashlib.sha256(str(i).encode()).digest() * (2**20 // 32))
         digest = hashlib.sha256(data.read_bytes()).hexdigest()
         page.set_input_files("#backendai-upload-file", str(data))
+        # The page's requests: the upload goes through the storage's tus endpoint.
+        sent: list[tuple[str, str]] = []
+        page.on("request", lambda r: sent.append((r.method, r.url)))
         # Every value the bar shows, as the page sets it (aria-valuenow), in order.
         page.evaluate("""() => {
             const box = document.getElementById('backendai-upload-progress');
@@ -307,6 +310,11 @@ def test_user_folder_upload_with_progress_and_download(world, browser, tmp_path)
             const m = document.getElementById('backendai-message');
             return m && m.textContent === 'Uploaded big.bin.' && window.__seen;
         }""").json_value()
+        # tus: a token from request-upload, then 16 MiB PATCHes; no PUT through the API.
+        patches = [u for m, u in sent if m == "PATCH" and "/storage/upload?token=" in u]
+        assert len(patches) == -(-UPLOAD_MIB // 16), sent
+        assert any(m == "POST" and u.endswith("/request-upload") for m, u in sent), sent
+        assert not [u for m, u in sent if m == "PUT"], sent
         # The bar moved: values between 0 and 100 were shown on the way, never going back.
         assert [v for v in seen if 0 < v < 100], seen
         assert seen == sorted(seen) and seen[-1] == 100, seen
@@ -321,6 +329,39 @@ def test_user_folder_upload_with_progress_and_download(world, browser, tmp_path)
         dl.value.save_as(saved)
         assert dl.value.suggested_filename == "big.bin"
         assert hashlib.sha256(saved.read_bytes()).hexdigest() == digest
+
+        # A PATCH that fails (aborted in the browser): the page asks where the upload
+        # stands (HEAD) and goes on from there; the file arrives whole.
+        part = tmp_path / "resume.bin"
+        part.write_bytes(data.read_bytes()[: 20 * 2**20])
+        patched: list[str] = []
+
+        def flaky(route):
+            if route.request.method == "PATCH":
+                patched.append(route.request.headers.get("upload-offset"))
+                if len(patched) == 2:
+                    return route.abort()
+            return route.continue_()
+
+        page.route("**/storage/upload?token=*", flaky)
+        sent.clear()
+        page.set_input_files("#backendai-upload-file", str(part))
+        page.click("#backendai-upload [type=submit]")
+        page.wait_for_function("""() => {
+            const m = document.getElementById('backendai-message');
+            return m && m.textContent === 'Uploaded resume.bin.';
+        }""")
+        page.unroute("**/storage/upload?token=*")
+        assert patched == ["0", str(16 * 2**20), str(16 * 2**20)], patched
+        assert any(m == "HEAD" and "/storage/upload?token=" in u for m, u in sent), sent
+        row = page.locator('tr[data-file-name="resume.bin"]')
+        row.wait_for()
+        with page.expect_download() as dl:
+            row.locator(".backendai-download").click()
+        dl.value.save_as(tmp_path / "resume-down.bin")
+        assert (tmp_path / "resume-down.bin").read_bytes() == part.read_bytes()
+        # The aborted PATCH is the one network error the browser logs here.
+        u.errors = [(w, t) for w, t in u.errors if "ERR_FAILED" not in t]
 
         page.fill("#backendai-share-email", world["dadmin"]["email"])
         page.select_option("#backendai-share-permission", "ro")
