@@ -196,6 +196,9 @@ class RedisEventBus(EventBus):
         # First re-deliver what this consumer read but never acknowledged.
         last = "0"
         failures = 0
+        # Handled, but the XACK did not reach Redis (it went away): acknowledged once it
+        # is back, so an event handled before a Redis restart is not handled again.
+        unacked: list = []
         loop = asyncio.get_running_loop()
         claimed = loop.time()
         while not self._stopping:
@@ -207,6 +210,14 @@ class RedisEventBus(EventBus):
                     raise
                 except Exception as e:  # Redis away or the group gone: the read below says
                     log.debug("claiming stale events failed: %s", e)
+            if unacked:
+                try:
+                    await self.redis.xack(self.stream, self.group, *unacked)
+                    unacked = []
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    pass  # still away: the read below backs off
             try:
                 resp = await self.redis.xreadgroup(
                     self.group, self.consumer, {self.stream: last}, count=100, block=300
@@ -223,6 +234,7 @@ class RedisEventBus(EventBus):
                 # group is gone. Make it again from the stream's start, so that events
                 # published since the restart, before this read, are delivered too.
                 log.warning("event stream %s lost its consumer group; recreating it", self.stream)
+                unacked = []  # their entries went with the group
                 try:
                     await self._ensure_group(start="0")
                 except Exception:
@@ -249,13 +261,14 @@ class RedisEventBus(EventBus):
                     except Exception:
                         log.exception("event handler failed for %s", fields.get("name"))
                 # One XACK for what this read delivered (was one round trip per event).
-                # Entries handled but not acknowledged (Redis went away, this process was
-                # killed) are delivered again: handlers are idempotent.
+                # If Redis is away it is sent again once Redis is back (above); entries of
+                # a killed process are delivered again: handlers are idempotent.
                 if entries:
+                    ids = [e for e, _f in entries]
                     try:
-                        await self.redis.xack(self.stream, self.group, *[e for e, _f in entries])
+                        await self.redis.xack(self.stream, self.group, *ids)
                     except redis.exceptions.RedisError:
-                        pass
+                        unacked = (unacked + ids)[-10000:]
             if last == "0":
                 # Pending entries are read page by page: go on after the last one.
                 ids = [eid for _s, entries in streams for eid, _f in entries]
