@@ -493,10 +493,7 @@ def begin_delete(db: DBSession, p: Principal, fid: str, *, trashed: bool = False
                            "delete it first")
         raise Conflict(f"vfolder {f.name!r} is {f.status}"
                        + (" (in the trash: restore or purge it)" if f.status == TRASHED else ""))
-    live = mounted_by(db, fid)
-    if live:
-        raise Conflict(f"vfolder {f.name!r} is mounted by live session(s) {', '.join(live)}; "
-                       "end them first")
+    _refuse_if_mounted(db, f)
     f.status = VFolderStatus.DELETING
     db.flush()
     return {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id}
@@ -513,6 +510,13 @@ async def delete(manager, p: Principal, fid: str, *, trashed: bool = False) -> N
     await manager.db(_drop_row, fid)
 
 
+def _refuse_if_mounted(db: DBSession, f: VFolder) -> None:
+    live = mounted_by(db, f.id)
+    if live:
+        raise Conflict(f"vfolder {f.name!r} is mounted by live session(s) {', '.join(live)}; "
+                       "end them first")
+
+
 def move_to_trash(db: DBSession, p: Principal, fid: str) -> dict:
     """Backend.AI's delete since 24.03: the folder goes to the trash (its files stay)."""
     f = _get_folder(db, p, fid)
@@ -520,10 +524,7 @@ def move_to_trash(db: DBSession, p: Principal, fid: str) -> dict:
     if f.status != VFolderStatus.READY:
         raise Conflict(f"vfolder {f.name!r} is {f.status}"
                        + (" (already in the trash)" if f.status == TRASHED else ""))
-    live = mounted_by(db, fid)
-    if live:
-        raise Conflict(f"vfolder {f.name!r} is mounted by live session(s) {', '.join(live)}; "
-                       "end them first")
+    _refuse_if_mounted(db, f)
     f.status = TRASHED
     db.flush()
     return vfolder_out(db, f, p)
