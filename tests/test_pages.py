@@ -58,8 +58,11 @@ def _park(hub: Hub, user: dict, name: str) -> str:
 def world(tmp_path_factory):
     d = tmp_path_factory.mktemp("pages")
     url = f"sqlite:///{d}/backendai.sqlite"
-    # Use samples twice a second for the plots (the default is every 30 s).
-    hub = Hub(db_url=url, backend="local", extra_args=["--UsageSeries.interval=0.5"]).start()
+    # Use samples twice a second for the plots (the default is every 30 s). The agent's
+    # GPUs are an NVML STAND-IN's (a100-mig: GPU 0 in MIG mode, GPU 1 whole; described,
+    # not real, figures made up): the console's per-GPU rows.
+    hub = Hub(db_url=url, backend="local", extra_args=[
+        "--UsageSeries.interval=0.5", "--Agent.nvml_stand_in=a100-mig"]).start()
     hub.engine = make_engine(url)
     hub.sm = make_sessionmaker(hub.engine)
     try:
@@ -222,6 +225,77 @@ def test_console_agents_show_live_statistics(world):
         time.sleep(1)
     assert re.search(r"cores busy; .* in use .*\(sampled .* ago, 0 kernels\)", live.group(1),
                      re.S), live.group(1)
+
+
+def _gpu_rows(w, who: str) -> dict[str, list[str]]:
+    """The embedded agent's per-GPU table: {GPU column: [the row's cells]}."""
+    text = _get(w, who, "admin/agents").text
+    table = re.search(r'<table class="table table-sm mb-0 backendai-live-gpus">(.*?)</table>',
+                      text, re.S)
+    assert table, text[-3000:]
+    rows = {}
+    for row in re.findall(r"<tr data-gpu=.*?</tr>", table.group(1), re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td>(.*?)</td>", row,
+                                                                         re.S)]
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_console_agents_show_each_gpu_and_who_holds_it(world):
+    """Per-GPU rows of the embedded agent, whose GPUs are the NVML stand-in's (figures
+    made up: 0 until set). A GPU taken by a session the viewer may see names it, after
+    the agent's next sample; after the session ends it is free again."""
+    rows = _gpu_rows(world, "dadmin")
+    # GPU 0 in MIG mode: no utilisation, said so; its four instances; GPU 1 whole.
+    assert list(rows) == ["0", "0:0", "0:1", "0:2", "0:3", "1"], rows
+    assert rows["0"][1:] == ["NVIDIA A100-SXM4-80GB", "NVML gives no utilisation under MIG",
+                             "0 bytes of 80 GiB", "free"]
+    assert rows["0:2"][1:3] == ["NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+                                "NVML gives no utilisation under MIG"]
+    assert rows["1"][1:] == ["NVIDIA A100-SXM4-80GB", "0%", "0 bytes of 80 GiB", "free"]
+    c = world["user"]["client"]
+    s = c.ok("POST", "/sessions", json={
+        "name": "gpuholder", "image": "local/python", "startup_command": "sleep 120",
+        "resources": {"cpu": "0.25", "mem": "128m", "gpu": 1}})
+    try:
+        deadline = time.monotonic() + 30  # one heartbeat (10 s) after it runs
+        while rows["1"][4] == "free" and time.monotonic() < deadline:
+            time.sleep(1)
+            rows = _gpu_rows(world, "dadmin")
+        assert rows["1"][4] == "gpuholder (pageuser)", (rows, c.ok("GET", f"/sessions/{s['id']}"))
+        assert [r[4] for k, r in rows.items() if k != "1"] == ["free"] * 5
+    finally:
+        c.ok("DELETE", f"/sessions/{s['id']}")
+    deadline = time.monotonic() + 30
+    while rows["1"][4] != "free" and time.monotonic() < deadline:
+        time.sleep(1)
+        rows = _gpu_rows(world, "dadmin")
+    assert rows["1"][4] == "free"
+
+
+def test_gpu_rows_name_only_visible_holders():
+    from jupyterhub_backendai.pages.console import gpu_rows, live_view
+
+    gpus = [
+        {"index": 0, "uuid": "GPU-a", "name": "A100", "parent_index": None, "util_pct": 55.0,
+         "mem_used_bytes": 2**30, "mem_total_bytes": 80 * 2**30, "note": "", "kernel_id": "k1"},
+        {"index": 1, "uuid": "GPU-b", "name": "A100", "parent_index": None, "util_pct": 10.0,
+         "mem_used_bytes": 0, "mem_total_bytes": 80 * 2**30, "note": "", "kernel_id": "k9"},
+        {"index": 0, "uuid": "MIG-c", "name": "A100 MIG 1g.10gb", "parent_index": 2,
+         "util_pct": None, "mem_used_bytes": None, "mem_total_bytes": None,
+         "note": "NVML gives no utilisation under MIG", "kernel_id": None},
+    ]
+    seen = {"k1": {"session": "mine", "session_id": "s1", "user": "alice"}}
+    rows = gpu_rows(gpus, seen)
+    assert [(r["index"], r["util"], r["mem"], r["held"]) for r in rows] == [
+        ("0", "55%", "1 GiB of 80 GiB", "mine (alice)"),
+        ("1", "10%", "0 bytes of 80 GiB", "a session outside your view"),
+        ("2:0", "NVML gives no utilisation under MIG", "-", "free")]
+    # The hidden holder's kernel id and session are not passed to the page either.
+    assert (rows[1]["kernel"], rows[1]["session"], rows[1]["hidden"]) == ("", "", True)
+    # The agent's view counts them.
+    v = live_view({"ts": 1.0, "kernels": {}, "gpus": gpus}, seen, now=1.0)
+    assert v["gpus"] == rows and v["gpus_hidden"] == 1
 
 
 def test_spawn_form_bounds_follow_each_projects_quota(world):

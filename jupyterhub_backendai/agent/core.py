@@ -137,6 +137,12 @@ class Agent(LoggingConfigurable):
         help="""CUDA devices to pretend exist (NVML stand-in for machines without a GPU,
         e.g. CI). Non-empty disables NVML discovery and real device mapping.""",
     ).tag(config=True)
+    nvml_stand_in = Unicode(
+        help="""For tests and demos on machines without a GPU: the name of an NVML
+        STAND-IN machine (agent.resources.nvml_standin.MACHINES, e.g. a100-mig) read
+        instead of the driver. Its devices are described, not real (nothing is handed
+        to containers) and its live figures are made up.""",
+    ).tag(config=True)
     state_dir = Unicode(help="Where the agent keeps its state.").tag(config=True)
 
     @default("state_dir")
@@ -195,6 +201,10 @@ class Agent(LoggingConfigurable):
             if self.fake_cuda_devices
             else NVMLDeviceSource()
         )
+        if self.nvml_stand_in:  # a described machine, not a GPU (tests, demos)
+            from .resources.nvml_standin import stand_in
+
+            self.device_source = NVMLDeviceSource(stand_in(self.nvml_stand_in))
         self.devices = []
         # GPUs: what NVML found and which kernel owns which (gpu-topology).
         self.topology = GPUTopology()
@@ -365,15 +375,16 @@ class Agent(LoggingConfigurable):
         except Exception:
             self.log.exception("live statistics failed")
 
-    def _gpu_utilisation(self) -> dict[str, float]:
-        """Utilisation (percent) by device UUID, from NVML; {} without a real GPU."""
-        util = getattr(self.device_source, "utilization", None)
-        if util is None or self.device_source.fake:
-            return {}
+    def _gpu_use(self) -> list[dict]:
+        """Each GPU's and MIG instance's live use (one NVML pass), with the kernel
+        that holds it in this agent's books; [] without GPUs or NVML."""
         try:
-            return util()
+            use = self.device_source.live_use() if self.devices else []
         except Exception:
-            return {}
+            self.log.exception("GPU statistics failed")
+            return []
+        owners = self.gpus.owners()
+        return [dict(d, kernel_id=owners.get(d["uuid"])) for d in use]
 
     async def collect_stats(self) -> dict:
         """Live statistics (:mod:`.stats`): free slots and per-kernel usage."""
@@ -382,7 +393,13 @@ class Agent(LoggingConfigurable):
         occupied = ResourceSlot()
         for slots in self._kernel_slots.values():
             occupied = occupied + slots
-        gpu = self._gpu_utilisation()
+        gpus = self._gpu_use()
+        # A MIG instance without a figure of its own counts as its GPU's.
+        parent_pct = {d["index"]: d["util_pct"] for d in gpus if d["parent_index"] is None}
+        gpu = {d["uuid"]: (d["util_pct"] if d["util_pct"] is not None
+                           else parent_pct.get(d["parent_index"]))
+               for d in gpus}
+        gpu = {u: p for u, p in gpu.items() if p is not None}
         kernels = {}
         for kid in sorted(set(raw) | set(self._kernel_slots)):
             r = raw.get(kid)
@@ -406,6 +423,7 @@ class Agent(LoggingConfigurable):
             "occupied_slots": occupied.nonzero().to_json(),
             "free_slots": (self.capacity - occupied).to_json(),
             "kernels": kernels,
+            "gpus": gpus,
         }
         return self.last_stats
 

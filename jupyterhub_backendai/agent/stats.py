@@ -8,7 +8,14 @@ with a TTL of a few heartbeats (a dead agent's statistics vanish with it):
   what the kernels this agent runs asked for);
 - ``kernels``: JSON ``{kernel id: {"cpu_pct": percent of one core since the last
   sample (None on the first), "mem_bytes", "mem_limit_bytes", "gpu_util_pct":
-  mean utilisation of its GPUs (None: no GPU or no NVML)}}``.
+  mean utilisation of its GPUs (None: no GPU or no NVML)}}``;
+- ``gpus`` (added later; an older agent's hash has none and reads as ``[]``): JSON
+  list, one entry per GPU and then its MIG instances, from one NVML pass per sample
+  (:meth:`~.resources.cuda.NVMLDeviceSource.live_use`): ``{"index", "uuid", "name",
+  "parent_index": the GPU's index for a MIG instance (None for a GPU), "util_pct"
+  (None where NVML gives none, as under MIG), "mem_used_bytes", "mem_total_bytes",
+  "note": why a figure is missing, "kernel_id": the kernel holding it in the
+  agent's allocation books (None: free)}``.
 
 The hub reads them with :func:`read_stats` (one pipelined ``HGETALL`` per agent);
 in the embedded mode (no Redis) :attr:`Agent.last_stats` holds the same dict.
@@ -21,6 +28,7 @@ import time
 
 KEY_PREFIX = "backendai.agent-stats."
 FIELDS_JSON = ("available_slots", "occupied_slots", "free_slots", "kernels")
+GPUS = "gpus"  # a list; its own key so that older readers and writers are unaffected
 
 
 def stats_key(agent_id: str) -> str:
@@ -40,6 +48,7 @@ async def write_stats(redis, agent_id: str, stats: dict, ttl: float) -> None:
     mapping = {"ts": str(stats.get("ts", time.time()))}
     for f in FIELDS_JSON:
         mapping[f] = json.dumps(stats.get(f, {}), separators=(",", ":"))
+    mapping[GPUS] = json.dumps(stats.get(GPUS, []), separators=(",", ":"))
     async with redis.pipeline(transaction=True) as p:
         p.delete(key)
         p.hset(key, mapping=mapping)
@@ -58,6 +67,11 @@ def _decode(raw: dict) -> dict | None:
             out[f] = json.loads(raw.get(f) or "{}")
         except ValueError:
             out[f] = {}
+    try:
+        gpus = json.loads(raw.get(GPUS) or "[]")
+    except ValueError:
+        gpus = []
+    out[GPUS] = gpus if isinstance(gpus, list) else []
     return out
 
 

@@ -497,7 +497,44 @@ def live_view(stats: dict | None, sessions: dict[str, dict], now: float) -> dict
         "kernels": len(kernels),
         "rows": rows,
         "hidden": len(kernels) - len(rows),
+        "gpus": (gpus := gpu_rows(stats.get("gpus") or [], sessions)),
+        "gpus_hidden": sum(1 for g in gpus if g["hidden"]),
     }
+
+
+def gpu_rows(gpus: list[dict], sessions: dict[str, dict]) -> list[dict]:
+    """Each GPU and MIG instance of an agent's sample in words: utilisation, memory in
+    use of its total, and who holds it. A holder is named only when the caller may
+    see its session; otherwise the row says so without naming it."""
+    rows = []
+    for d in gpus:
+        if not isinstance(d, dict):
+            continue
+        kid = d.get("kernel_id")
+        who = sessions.get(kid) if kid else None
+        if not kid:
+            held = "free"
+        elif who is None:
+            held = "a session outside your view"
+        else:
+            held = f"{who['session']} ({who['user']})"
+        used, total = d.get("mem_used_bytes"), d.get("mem_total_bytes")
+        if used is not None and total:
+            mem = f"{format_bytes(int(used))} of {format_bytes(int(total))}"
+        elif total:
+            mem = f"? of {format_bytes(int(total))}"
+        else:
+            mem = "-"
+        parent = d.get("parent_index")
+        rows.append({
+            "index": str(d.get("index")) if parent is None else f"{parent}:{d.get('index')}",
+            "mig": parent is not None, "name": d.get("name") or "", "uuid": d.get("uuid") or "",
+            "util": _percent(d.get("util_pct")) if d.get("util_pct") is not None
+            else (d.get("note") or "-"),
+            "mem": mem, "held": held, "kernel": kid if who else "",
+            "session": who["session"] if who else "", "hidden": bool(kid) and who is None,
+        })
+    return rows
 
 
 def _agent_view(a: dict, live: dict | None = None) -> dict:
@@ -539,6 +576,8 @@ class AdminPage(PageBase):
         if "agents" in data:
             stats = await live_stats(self.manager, [a["id"] for a in data["agents"]])
             kids = {kid for st in stats.values() for kid in (st.get("kernels") or {})}
+            kids |= {g["kernel_id"] for st in stats.values() for g in (st.get("gpus") or [])
+                     if isinstance(g, dict) and g.get("kernel_id")}
             names = await self.read(_kernel_sessions, p, kids)
             t = time.time()
             data["agents"] = [_agent_view(a, live_view(stats.get(a["id"]), names, t))

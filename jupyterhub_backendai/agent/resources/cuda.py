@@ -152,11 +152,29 @@ def _bus_id(v) -> str:
     return s
 
 
+# Why a device has no utilisation figure (said in the statistics and the console).
+NO_MIG_UTIL = "NVML gives no utilisation under MIG"
+NO_UTIL = "NVML gives no utilisation for this device"
+
+
+def use_entry(index: int, uuid: str, name: str, *, parent_index: int | None = None,
+              util_pct: float | None = None, mem_used_bytes: int | None = None,
+              mem_total_bytes: int | None = None, note: str = "") -> dict:
+    """One GPU's or MIG instance's live use, as the statistics carry it (:mod:`..stats`)."""
+    return {"index": index, "uuid": uuid, "name": name, "parent_index": parent_index,
+            "util_pct": util_pct, "mem_used_bytes": mem_used_bytes,
+            "mem_total_bytes": mem_total_bytes, "note": note}
+
+
 class DeviceSource:
     fake = False
 
     def devices(self) -> list[CUDADevice]:
         return self.topology().devices
+
+    def live_use(self) -> list[dict]:
+        """Each GPU's and MIG instance's live use (:func:`use_entry`); [] when unknown."""
+        return []
 
     def topology(self) -> GPUTopology:
         raise NotImplementedError
@@ -185,35 +203,67 @@ class NVMLDeviceSource(DeviceSource):
 
     def utilization(self) -> dict[str, float]:
         """GPU utilisation (percent, NVML's last sample period) by device UUID; MIG
-        instances report their parent's. {} when NVML is not there."""
+        instances report their parent's, where it has one. {} when NVML is not there."""
+        out: dict[str, float] = {}
+        by_index: dict[int, float] = {}
+        for d in self.live_use():
+            pct = d["util_pct"]
+            if pct is None and d["parent_index"] is not None:
+                pct = by_index.get(d["parent_index"])
+            if pct is not None:
+                out[d["uuid"]] = pct
+                if d["parent_index"] is None:
+                    by_index[d["index"]] = pct
+        return out
+
+    def live_use(self) -> list[dict]:
+        """One NVML pass: for each GPU, then its MIG instances, utilisation (percent,
+        ``nvmlDeviceGetUtilizationRates``: None where NVML gives none, as under MIG,
+        with a note saying so) and memory used and total (``nvmlDeviceGetMemoryInfo``).
+        MIG instances carry their parent's index in ``parent_index`` and their own
+        ``index`` among its instances. [] when NVML is not there."""
         nvml = self._module()
         if nvml is None:
-            return {}
+            return []
         try:
             nvml.nvmlInit()
         except nvml.NVMLError:
-            return {}
+            return []
         try:
-            out: dict[str, float] = {}
+            out: list[dict] = []
             for i in range(nvml.nvmlDeviceGetCount()):
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
+                migs = []
                 try:
-                    pct = float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
-                except nvml.NVMLError:
-                    continue
-                out[_text(nvml.nvmlDeviceGetUUID(h))] = pct
-                try:
-                    for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
-                        try:
-                            m = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
-                        except nvml.NVMLError:
-                            continue
-                        out[_text(nvml.nvmlDeviceGetUUID(m))] = pct
+                    if nvml.nvmlDeviceGetMigMode(h)[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+                        for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+                            try:
+                                migs.append((j, nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)))
+                            except nvml.NVMLError:
+                                continue
                 except (nvml.NVMLError, AttributeError):
                     pass
+                out.append(self._use(nvml, i, h, None, NO_MIG_UTIL if migs else NO_UTIL))
+                out += [self._use(nvml, j, m, i, NO_MIG_UTIL) for j, m in migs]
             return out
         finally:
             nvml.nvmlShutdown()
+
+    @staticmethod
+    def _use(nvml, index: int, h, parent: int | None, why_none: str) -> dict:
+        util, used, total, note = None, None, None, ""
+        try:
+            util = float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        except (nvml.NVMLError, AttributeError):
+            note = why_none
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            used, total = int(mem.used), int(mem.total)
+        except (nvml.NVMLError, AttributeError):
+            pass
+        return use_entry(index, _text(nvml.nvmlDeviceGetUUID(h)),
+                         _text(nvml.nvmlDeviceGetName(h)), parent_index=parent, util_pct=util,
+                         mem_used_bytes=used, mem_total_bytes=total, note=note)
 
     def topology(self) -> GPUTopology:
         nvml = self._module()
@@ -386,6 +436,12 @@ class StaticDeviceSource(DeviceSource):
 
     def topology(self) -> GPUTopology:
         return GPUTopology(list(self._devices))
+
+    def live_use(self) -> list[dict]:
+        """Configured devices: no figures (nothing measures them), said so."""
+        return [use_entry(d.index, d.uuid, d.name, mem_total_bytes=d.memory_bytes,
+                          note="configured device (Agent.fake_cuda_devices): no figures")
+                for d in self._devices]
 
 
 def host_cpus() -> frozenset[int]:

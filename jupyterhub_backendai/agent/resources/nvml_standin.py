@@ -12,6 +12,11 @@ machine descriptions below, which copy real topologies:
 
 Only the functions the agent calls are faked; constants and the error classes
 are pynvml's own, so ``except pynvml.NVMLError`` works unchanged.
+
+Live use (utilisation and memory in use) is whatever a test sets with
+:meth:`StandInNVML.set_use` (0 until then): made-up figures, never measured. As
+on a real driver, a MIG instance and a GPU in MIG mode answer
+``nvmlDeviceGetUtilizationRates`` with NOT_SUPPORTED; their memory in use is given.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class FakeMIG:
     memory_bytes: int
     gpu_instance: int
     compute_instance: int = 0
+    # Set by tests (StandInNVML.set_use), not measured.
+    mem_used_bytes: int = 0
 
 
 @dataclass
@@ -46,6 +53,10 @@ class FakeGPU:
     nvlink_ports: int = 0
     mig_capable: bool = False
     mig: list[FakeMIG] | None = None  # None: MIG off
+    # Live use, set by tests (StandInNVML.set_use), not measured.
+    util_pct: int = 0
+    mem_util_pct: int = 0
+    mem_used_bytes: int = 0
 
     @property
     def mig_enabled(self) -> bool:
@@ -76,10 +87,18 @@ class _PciInfo:
 
 
 class _MemoryInfo:
-    def __init__(self, total: int):
+    def __init__(self, total: int, used: int = 0):
         self.total = total
-        self.free = total
-        self.used = 0
+        self.used = min(used, total)
+        self.free = total - self.used
+
+
+class _Utilization:
+    """As pynvml's c_nvmlUtilization_t: percents over NVML's last sample period."""
+
+    def __init__(self, gpu: int, memory: int):
+        self.gpu = gpu
+        self.memory = memory
 
 
 class StandInNVML:
@@ -121,6 +140,26 @@ class StandInNVML:
         g = self._gpu(h)
         return None if h.mig is None else g.mig[h.mig]
 
+    def set_use(self, uuid: str, *, util_pct: int | None = None,
+                mem_used_bytes: int | None = None, mem_util_pct: int | None = None) -> None:
+        """Set the made-up live figures of a GPU or MIG instance (by UUID) that the
+        stand-in answers from then on (a MIG instance has no utilisation)."""
+        for g in self.machine.gpus:
+            for d in [g, *(g.mig or [])]:
+                if d.uuid != uuid:
+                    continue
+                if util_pct is not None or mem_util_pct is not None:
+                    if not isinstance(d, FakeGPU):
+                        raise ValueError(f"{uuid}: NVML gives no utilisation for MIG instances")
+                    d.util_pct = d.util_pct if util_pct is None else int(util_pct)
+                    d.mem_util_pct = d.mem_util_pct if mem_util_pct is None else int(mem_util_pct)
+                if mem_used_bytes is not None:
+                    if not 0 <= mem_used_bytes <= d.memory_bytes:
+                        raise ValueError(f"{uuid}: memory in use must be 0 to {d.memory_bytes}")
+                    d.mem_used_bytes = int(mem_used_bytes)
+                return
+        raise ValueError(f"the stand-in has no GPU or MIG instance {uuid!r}")
+
     # -- the faked functions ----------------------------------------------------
 
     def nvmlInit(self) -> None:
@@ -153,8 +192,14 @@ class StandInNVML:
         return m.uuid if m else self._gpu(h).uuid
 
     def nvmlDeviceGetMemoryInfo(self, h: _Handle, version=None) -> _MemoryInfo:
-        m = self._mig(h)
-        return _MemoryInfo(m.memory_bytes if m else self._gpu(h).memory_bytes)
+        d = self._mig(h) or self._gpu(h)
+        return _MemoryInfo(d.memory_bytes, d.mem_used_bytes)
+
+    def nvmlDeviceGetUtilizationRates(self, h: _Handle) -> _Utilization:
+        g = self._gpu(h)
+        if h.mig is not None or g.mig_enabled:  # as the driver: none under MIG
+            raise self._err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return _Utilization(g.util_pct, g.mem_util_pct)
 
     def nvmlDeviceGetPciInfo(self, h: _Handle) -> _PciInfo:
         return _PciInfo(self._gpu(h).bus_id)
