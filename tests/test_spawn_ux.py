@@ -141,10 +141,11 @@ def test_refused_form_keeps_what_the_user_entered(hub):
     s = hub.login()
     url = hub.base + "/hub/spawn/admin/bad"
     defaults = _form_fields(s.get(url).text)
-    assert defaults == {"image": hub.image, "cpu": "1", "mem": "1g", "cluster_size": "1",
-                        "cluster_mode": "single-node"}, defaults
-    entered = {"image": hub.image, "cpu": "0.75", "mem": "1", "cluster_size": "2",
-               "cluster_mode": "multi-node"}
+    # One resource group for this user: it is a hidden field of the form.
+    assert defaults == {"resource_group": "default", "image": hub.image, "cpu": "1",
+                        "mem": "1g", "cluster_size": "1", "cluster_mode": "single-node"}, defaults
+    entered = {"resource_group": "default", "image": hub.image, "cpu": "0.75", "mem": "1",
+               "cluster_size": "2", "cluster_mode": "multi-node"}
     r = s.post(url, data={**entered, "_xsrf": s.cookies.get("_xsrf")})
     assert r.status_code == 400, r.text[-2000:]
     assert "mem must be at least 64m (64 MiB), not 1 byte" in r.text, r.text[-3000:]
