@@ -345,6 +345,7 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
     assert "Execution failed: SystemExit(3) (exit code = 3)" in out, out
     out = alice("run", "--name", name, "-c", "import sys; sys.exit(0)", hub.image)
     assert "(exit code = 0)" in out
+    _attack_execute_websocket(hub, alice, bob26, sid[0])
     # a batch session has no kernel: refused before anything runs
     bname = f"rb-{uuid.uuid4().hex[:6]}"
     alice("session", "create", "--type", "batch", "--name", bname, *RES,
@@ -364,6 +365,32 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
     mine = admin_api(hub, "GET", "/sessions", params={"user_id": bob26.user["id"]})["items"]
     s26 = [s for s in mine if s["name"].endswith(name26)]
     assert len(s26) == 1 and wait_dead(hub, s26[0]["id"])["status"] == "TERMINATED"
+
+
+def _attack_execute_websocket(hub, alice, bob26, sid: str) -> None:
+    """The execute websocket runs code as its session's owner: another user's credentials
+    and alice's own login cookie sent from a page of another origin (cross-site
+    websocket hijacking) are refused in the handshake; the same cookie from the hub's
+    own origin opens it (so the refusal is the origin's, not a cookie that failed)."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    from . import api_world
+
+    url = "ws" + hub.base[4:] + PREFIX + f"/stream/session/{sid}/execute"
+
+    def status(headers: dict, origin: str | None) -> int:
+        try:
+            with connect(url, additional_headers=headers, origin=origin, open_timeout=60):
+                return 101
+        except InvalidStatus as e:
+            return e.response.status_code
+
+    assert status({"Authorization": f"token {bob26.user['token']}"}, None) == 404
+    login = hub.login(alice.user["email"], api_world.PASSWORD)
+    cookie = "; ".join(f"{c.name}={c.value}" for c in login.cookies)
+    assert status({"Cookie": cookie}, "http://evil.example") == 403
+    assert status({"Cookie": cookie}, hub.base) == 101
 
 
 def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
