@@ -556,3 +556,106 @@ def test_admin_commands_through_graphql(hub, alice, tmp_path):
     assert "no group (project) 'no-such-group'" in out
     out = root("admin", "storage", "info", "nope:vol", rc=1)
     assert "no storage volume 'nope:vol'" in out
+
+
+def test_admin_mutations(hub, alice, tmp_path):
+    """`backend.ai admin domain add/update/purge`, `admin user add/update`, `admin keypair
+    add/update/deactivate/delete`: GraphQL
+    mutations resolved by the admin REST API's services and rules; the platform's state
+    checked afterwards through the REST API; refusals and bad input leave nothing."""
+    sa = superadmin(hub)
+    root = BAI(hub, new_user(sa, role="superadmin", name=f"rootm-{uuid.uuid4().hex[:6]}"),
+               str(tmp_path))
+    name = f"bob-{uuid.uuid4().hex[:6]}"
+    email = f"{name}@example.com"
+    out = root("admin", "user", "add", "default", email, "pw-bob-1", "-u", name,
+               "-n", "Bob B", "-r", "admin")
+    assert re.search(r"ok\s+True\n", out) and re.search(rf"username\s+{name}\n", out), out
+    [bob] = sa.ok("GET", "/users", params={"email": email})["items"]
+    assert re.search(rf"uuid\s+{uuid.UUID(bob['id'])}\n", out), out
+    assert (bob["username"], bob["role"], bob["full_name"], bob["domain_name"]) == (
+        name, "admin", "Bob B", "default")
+    out = root("admin", "user", "update", email, "-n", "Robert B",
+               "--need-password-change", "true")
+    assert re.search(r"ok\s+True\n", out), out
+    bob = sa.ok("GET", f"/users/{bob['id']}")
+    assert bob["full_name"] == "Robert B" and bob["need_password_change"] is True
+    # changes the hub mirrors (status, role, groups) go through the REST API
+    out = root("admin", "user", "update", email, "-s", "inactive", rc=1)
+    assert "status: change them through the REST API (PATCH /users/{id})" in out, out
+    # bad input: the reason, nothing made or changed
+    out = root("admin", "user", "add", "default", "not-an-email", "pw-long-enough", rc=1)
+    assert "email: 'not-an-email' is not an email address" in out, out
+    out = root("admin", "user", "add", "nodomain", f"x-{name}@example.com", "pw-long-enough",
+               rc=1)
+    assert "domain_name: no domain 'nodomain'" in out, out
+    assert sa.ok("GET", "/users", params={"email": f"x-{name}@example.com"})["items"] == []
+    # a user: the admin API's refusal, nothing made or changed
+    out = alice("admin", "user", "add", "default", f"y-{name}@example.com",
+                "pw-long-enough", rc=1)
+    assert "you may not create users in domain 'default'" in out, out
+    assert sa.ok("GET", "/users", params={"email": f"y-{name}@example.com"})["items"] == []
+    out = alice("admin", "user", "update", email, "-n", "Mallory", rc=1)
+    assert f"no user {email!r}" in out, out
+    assert sa.ok("GET", f"/users/{bob['id']}")["full_name"] == "Robert B"
+
+    # keypairs
+    out = root("admin", "keypair", "add", email, "default", "-r", "777")
+    ak = re.search(r"access_key\s+(\S+)\n", out).group(1)
+    secret = re.search(r"secret_key\s+(\S+)\n", out).group(1)
+    kp = sa.ok("GET", f"/keypairs/{ak}")
+    assert kp["user_id"] == bob["id"] and kp["rate_limit"] == 777 and kp["is_active"], kp
+    # the new keypair signs requests as bob
+    bob_cli = BAI(hub, {"keypair": {"access_key": ak, "secret_key": secret}}, str(tmp_path))
+    assert email in bob_cli("admin", "user", "info")
+    # (23.09's `update --is-active false` sends true: bool("false"); `deactivate` sends false)
+    out = root("admin", "keypair", "update", ak, "-r", "900")
+    assert re.search(r"ok\s+True\n", out), out
+    out = root("admin", "keypair", "deactivate", ak)
+    assert "deactivated" in out.lower() or re.search(r"ok\s+True\n", out), out
+    kp = sa.ok("GET", f"/keypairs/{ak}")
+    assert kp["is_active"] is False and kp["rate_limit"] == 900, kp
+    out = root("admin", "keypair", "update", ak, "--resource-policy", "no-such-policy", rc=1)
+    assert "resource_policy: no keypair resource policy 'no-such-policy'" in out, out
+    out = root("admin", "keypair", "add", f"nobody-{name}@example.com", "default", rc=1)
+    assert f"no user 'nobody-{name}@example.com'" in out, out
+    # a user may not raise their own limits, nor touch others' keypairs
+    own = alice.user["keypair"]["access_key"]
+    out = alice("admin", "keypair", "update", own, "-r", "99999", rc=1)
+    assert "rate_limit: you may not change it; an admin can" in out, out
+    assert sa.ok("GET", f"/keypairs/{own}")["rate_limit"] != 99999
+    out = alice("admin", "keypair", "delete", ak, rc=1)
+    assert f"no keypair {ak!r}" in out, out
+    out = root("admin", "keypair", "delete", ak)
+    assert re.search(r"ok\s+True\n", out), out
+    assert sa("GET", f"/keypairs/{ak}").status_code == 404
+    main = alice.user["keypair"]["access_key"]
+    out = root("admin", "keypair", "delete", main, rc=1)
+    assert "is the user's main keypair" in out, out
+    assert sa.ok("GET", f"/keypairs/{main}")["is_active"]
+    sa.ok("DELETE", f"/users/{bob['id']}")
+    # domains (superadmins only): add, update, purge; `delete` (deactivate) is the REST API's
+    dname = f"dom-{uuid.uuid4().hex[:6]}"
+    out = root("admin", "domain", "add", dname, "-d", "a domain",
+               "--vfolder-host-perms", '{"local:volume1": ["create-vfolder"]}')
+    assert re.search(r"ok\s+True\n", out) and re.search(rf"name\s+{dname}\n", out), out
+    d = sa.ok("GET", f"/domains/{dname}")
+    assert d["description"] == "a domain" and d["is_active"], d
+    assert d["allowed_vfolder_hosts"] == {"local:volume1": ["create-vfolder"]}, d
+    out = root("admin", "domain", "update", dname, "--description", "changed")
+    assert re.search(r"ok\s+True\n", out), out
+    assert sa.ok("GET", f"/domains/{dname}")["description"] == "changed"
+    out = root("admin", "domain", "delete", dname, rc=1)
+    assert f"PATCH /domains/{dname} with is_active false" in out, out
+    out = root("admin", "domain", "add", "Bad Name!", rc=1)
+    assert "name: must be 1 to 64 letters, digits" in out, out
+    out = root("admin", "domain", "add", f"x{dname}", "--total-resource-slots", '{"cpu": -1}',
+               rc=1)
+    assert "total_resource_slots.cpu must not be negative" in out, out
+    assert sa("GET", f"/domains/x{dname}").status_code == 404
+    out = alice("admin", "domain", "add", f"y{dname}", rc=1)
+    assert "you may not create domains" in out, out
+    assert sa("GET", f"/domains/y{dname}").status_code == 404
+    out = root("admin", "domain", "purge", dname, answer="y\n")
+    assert re.search(r"ok\s+True\n", out), out
+    assert sa("GET", f"/domains/{dname}").status_code == 404

@@ -1,6 +1,8 @@
 """The part of Backend.AI's GraphQL schema (``POST /admin/gql``) the 23.09 CLI's
 session and folder commands use: ``keypair``, ``compute_session``,
-``compute_session_list``, ``vfolder_list``. Parsed, validated and executed by
+``compute_session_list``, ``vfolder_list``; the admin commands' queries, and their
+mutations for domains (add, update, purge), users (add, update) and keypairs (add,
+update, activate, deactivate, delete). Parsed, validated and executed by
 graphql-core (the pinned 3.3); every field is resolved from the same manager
 functions and access filters as the REST API (what a caller sees here is what
 ``GET /sessions`` and ``GET /vfolders`` show them). Fields the client parses as
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from graphql import GraphQLError, build_schema, graphql_sync
+from graphql import GraphQLError, OperationType, build_schema, graphql_sync, parse
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
@@ -236,6 +238,95 @@ type StorageVolume {
 }
 
 type StorageVolumeList { items: [StorageVolume]! total_count: Int! }
+
+input UserInput {
+  username: String
+  password: String!
+  need_password_change: Boolean
+  full_name: String
+  description: String
+  is_active: Boolean
+  status: String
+  domain_name: String!
+  role: String
+  allowed_client_ip: [String]
+  totp_activated: Boolean
+  resource_policy: String
+  sudo_session_enabled: Boolean
+  group_ids: [String]
+}
+
+input ModifyUserInput {
+  username: String
+  password: String
+  need_password_change: Boolean
+  full_name: String
+  description: String
+  is_active: Boolean
+  status: String
+  domain_name: String
+  role: String
+  allowed_client_ip: [String]
+  totp_activated: Boolean
+  resource_policy: String
+  sudo_session_enabled: Boolean
+  group_ids: [String]
+  main_access_key: String
+}
+
+input KeyPairInput {
+  is_active: Boolean
+  is_admin: Boolean
+  resource_policy: String
+  concurrency_limit: Int
+  rate_limit: Int
+}
+
+input ModifyKeyPairInput {
+  is_active: Boolean
+  is_admin: Boolean
+  resource_policy: String
+  concurrency_limit: Int
+  rate_limit: Int
+}
+
+input DomainInput {
+  description: String
+  is_active: Boolean
+  total_resource_slots: String
+  allowed_vfolder_hosts: String
+  allowed_docker_registries: [String]
+  integration_id: String
+}
+
+input ModifyDomainInput {
+  name: String
+  description: String
+  is_active: Boolean
+  total_resource_slots: String
+  allowed_vfolder_hosts: String
+  allowed_docker_registries: [String]
+  integration_id: String
+}
+
+type CreateDomain { ok: Boolean msg: String domain: Domain }
+type ModifyDomain { ok: Boolean msg: String domain: Domain }
+type CreateUser { ok: Boolean msg: String user: User }
+type ModifyUser { ok: Boolean msg: String user: User }
+type CreateKeyPair { ok: Boolean msg: String keypair: KeyPair }
+type MutationResult { ok: Boolean msg: String }
+
+type Mutation {
+  create_domain(name: String!, props: DomainInput!): CreateDomain
+  modify_domain(name: String!, props: ModifyDomainInput!): ModifyDomain
+  delete_domain(name: String!): MutationResult
+  purge_domain(name: String!): MutationResult
+  create_user(email: String!, props: UserInput!): CreateUser
+  modify_user(email: String!, props: ModifyUserInput!): ModifyUser
+  create_keypair(user_id: String!, props: KeyPairInput!): CreateKeyPair
+  modify_keypair(access_key: String!, props: ModifyKeyPairInput!): MutationResult
+  delete_keypair(access_key: String!): MutationResult
+}
 
 type Query {
   domain(name: String): Domain
@@ -562,6 +653,156 @@ class Root:
         return {"items": [folder_item(self.db, self.p, f) for f in rows], "total_count": total}
 
 
+    # -- admin mutations: the admin REST API's services, in a savepoint each (a refusal
+    # leaves nothing behind); answered as Backend.AI does, {ok, msg, <object>} --
+
+    def _mutate(self, fn, *args) -> dict:
+        try:
+            with self.db.begin_nested():
+                return {"ok": True, "msg": "success", **(fn(*args) or {})}
+        except BackendAIError as e:
+            return {"ok": False, "msg": e.detail}
+        except GraphQLError as e:
+            return {"ok": False, "msg": e.message}
+
+    @staticmethod
+    def _domain_body(props: dict, schema: str) -> dict:
+        body = {k: v for k, v in props.items() if v is not None}
+        if body.pop("integration_id", None):
+            raise GraphQLError("integration_id: not supported by this server")
+        for k in ("total_resource_slots", "allowed_vfolder_hosts"):  # JSON strings here
+            if k in body:
+                try:
+                    body[k] = json.loads(body[k])
+                except ValueError:
+                    raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
+        return _checked(body, schema)
+
+    def create_domain(self, info, name, props):
+        def run():
+            body = self._domain_body({**props, "name": name}, "DomainCreate")
+            return {"domain": _domain_item(admin.create_domain(self.db, self.p, body))}
+        return self._mutate(run)
+
+    def modify_domain(self, info, name, props):
+        def run():
+            if props.get("name") not in (None, name):
+                raise GraphQLError("name: domains cannot be renamed on this server")
+            body = self._domain_body({k: v for k, v in props.items() if k != "name"},
+                                     "DomainUpdate")
+            if body.get("is_active") is False:
+                raise _deactivate("domain", f"PATCH /domains/{name}")
+            return {"domain": _domain_item(admin.update_domain(self.db, self.p, name, body))}
+        return self._mutate(run)
+
+    def delete_domain(self, info, name):
+        # Backend.AI's delete_domain deactivates (``purge`` deletes)
+        return self._mutate(lambda: _raise(_deactivate("domain", f"PATCH /domains/{name}")))
+
+    def purge_domain(self, info, name):
+        return self._mutate(admin.delete_domain, self.db, self.p, name)
+
+    def _user_by_email(self, email: str) -> dict:
+        rows = _call(admin.list_users, self.db, self.p, {"email": email}, 0, 1)["items"]
+        if not rows:
+            raise GraphQLError(f"no user {email!r}")
+        return rows[0]
+
+    def _user_body(self, props: dict, schema: str) -> dict:
+        props = {k: v for k, v in props.items() if v is not None}
+        if not props.get("username", True):
+            del props["username"]  # the CLI's default: none given (from the email)
+        for k, off in (("totp_activated", False), ("sudo_session_enabled", False)):
+            if props.pop(k, off) != off:
+                raise GraphQLError(f"{k}: not supported by this server")
+        if props.pop("description", ""):
+            raise GraphQLError("description: users have no description on this server")
+        if "is_active" in props:
+            active = props.pop("is_active")
+            props.setdefault("status", "active" if active else "inactive")
+        if "group_ids" in props:
+            props["project_ids"] = [_hex(g, "group id") for g in props.pop("group_ids")]
+        return _checked(props, schema)
+
+    def create_user(self, info, email, props):
+        def run():
+            body = self._user_body({**props, "email": email}, "UserCreate")
+            return {"user": _user_item(self.db, admin.create_user(self.db, self.p, body))}
+        return self._mutate(run)
+
+    def modify_user(self, info, email, props):
+        def run():
+            user = self._user_by_email(email)
+            if props.get("username") is not None or props.get("main_access_key") is not None:
+                raise GraphQLError("username, main_access_key: change them through the REST "
+                                   "API (PATCH /keypairs/{access_key} is_default)")
+            body = self._user_body(dict(props), "UserUpdate")
+            # These changes end sessions and change the hub's accounts and groups: the
+            # REST API's handler does that part, so they are made there.
+            hub = sorted(set(body) & {"status", "role", "domain_name", "project_ids"})
+            if hub:
+                raise GraphQLError(f"{', '.join(hub)}: change them through the REST API "
+                                   f"(PATCH /users/{{id}}); the hub mirrors them there")
+            out, _old = admin.update_user(self.db, self.p, user["id"], body)
+            return {"user": _user_item(self.db, out)}
+        return self._mutate(run)
+
+    def create_keypair(self, info, user_id, props):
+        def run():
+            owner = self._user_by_email(user_id)
+            body = {k: v for k, v in props.items() if v is not None}
+            if body.pop("concurrency_limit", None) is not None:
+                raise GraphQLError("concurrency_limit: set it in the keypair resource policy")
+            if body.get("is_admin") is False:
+                del body["is_admin"]  # the CLI always sends it; only True is a request
+            body = _checked({**body, "user_id": owner["id"]}, "KeypairCreate")
+            out = admin.create_keypair(self.db, self.p, body)
+            item = _keypair_item(self.db, self.db.get(Keypair, out["access_key"]))
+            return {"keypair": {**item, "secret_key": out["secret_key"]}}
+        return self._mutate(run)
+
+    def modify_keypair(self, info, access_key, props):
+        def run():
+            body = {k: v for k, v in props.items() if v is not None}
+            if body.pop("concurrency_limit", None) is not None:
+                raise GraphQLError("concurrency_limit: set it in the keypair resource policy")
+            admin.update_keypair(self.db, self.p, access_key, _checked(body, "KeypairUpdate"))
+        return self._mutate(run)
+
+    def delete_keypair(self, info, access_key):
+        return self._mutate(admin.delete_keypair, self.db, self.p, access_key)
+
+
+def _deactivate(kind: str, where: str) -> GraphQLError:
+    return GraphQLError(f"deactivating a {kind} ends its sessions and its users' hub access, "
+                        f"which the REST API does: {where} with is_active false")
+
+
+def _raise(e: Exception):
+    raise e
+
+
+def _checked(body: dict, schema_name: str) -> dict:
+    """``body`` checked against the REST API's request schema (the same words)."""
+    from jsonschema.exceptions import best_match
+
+    from ..base import _check_text, _Validator, document, schema_error_words
+
+    _check_text(body)
+    schema = document()["components"]["schemas"][schema_name]
+    unknown = sorted(set(body) - set(schema.get("properties", {})))
+    if unknown:
+        raise GraphQLError(f"{', '.join(unknown)}: not supported by this server")
+    for name in schema.get("required", []):
+        if name not in body:
+            raise GraphQLError(f"{name}: required field missing")
+    err = best_match(_Validator(schema).iter_errors(body))
+    if err is not None:
+        where = ".".join(str(x) for x in err.absolute_path) or "body"
+        raise GraphQLError(f"{where}: {schema_error_words(err)}")
+    return body
+
+
 def _call(fn, *args):
     """A service call; its refusal (not found, forbidden, ...) is a GraphQL error in its words."""
     try:
@@ -660,6 +901,11 @@ async def execute(manager, p: access.Principal, query: str, variables: dict | No
     """Run one query for ``p``; answers ``{"data": ..., "errors": [...]}`` as GraphQL does."""
 
     volumes = await vfolders._volumes(manager) if "storage_volume" in query else {}
+    try:
+        mutation = any(getattr(d, "operation", None) == OperationType.MUTATION
+                       for d in parse(query).definitions)
+    except GraphQLError:
+        mutation = False  # graphql_sync answers the syntax error
 
     def run(db):
         root = Root(db, p)
@@ -667,7 +913,7 @@ async def execute(manager, p: access.Principal, query: str, variables: dict | No
         return graphql_sync(SCHEMA, query, root_value=root,
                             variable_values=variables or {}, field_resolver=_field_resolver)
 
-    result = await manager.db_read(run)
+    result = await (manager.db if mutation else manager.db_read)(run)
     out: dict = {"data": result.data}
     if result.errors:
         out["errors"] = [e.formatted for e in result.errors]
