@@ -560,7 +560,7 @@ def test_admin_commands_through_graphql(hub, alice, tmp_path):
 
 def test_admin_mutations(hub, alice, tmp_path):
     """`backend.ai admin domain add/update/purge`, `admin user add/update`, `admin keypair
-    add/update/deactivate/delete`: GraphQL
+    add/update/deactivate/delete`, `admin keypair-resource-policy add/update/delete`: GraphQL
     mutations resolved by the admin REST API's services and rules; the platform's state
     checked afterwards through the REST API; refusals and bad input leave nothing."""
     sa = superadmin(hub)
@@ -659,3 +659,27 @@ def test_admin_mutations(hub, alice, tmp_path):
     out = root("admin", "domain", "purge", dname, answer="y\n")
     assert re.search(r"ok\s+True\n", out), out
     assert sa("GET", f"/domains/{dname}").status_code == 404
+    # keypair resource policies (superadmins): add, update, delete
+    pol = f"pol-{uuid.uuid4().hex[:6]}"
+    out = root("admin", "keypair-resource-policy", "add", pol,
+               "--total-resource-slots", '{"cpu": "4", "mem": "8g"}',
+               "--max-concurrent-sessions", "3")
+    assert re.search(r"ok\s+True\n", out) and re.search(rf"name\s+{pol}\n", out), out
+    r = sa.ok("GET", f"/keypair-resource-policies/{pol}")
+    assert r["max_concurrent_sessions"] == 3 and r["total_resource_slots"]["cpu"] == "4", r
+    assert r["idle_timeout"] == 1800 and r["default_for_unspecified"] == "UNLIMITED", r
+    out = root("admin", "keypair-resource-policy", "update", pol, "--max-concurrent-sessions",
+               "5", "--idle-timeout", "600")
+    assert re.search(r"ok\s+True\n", out), out
+    r = sa.ok("GET", f"/keypair-resource-policies/{pol}")
+    assert (r["max_concurrent_sessions"], r["idle_timeout"]) == (5, 600), r
+    out = root("admin", "keypair-resource-policy", "add", f"x{pol}",
+               "--default-for-unspecified", "SOMETIMES", rc=1)
+    assert "default_for_unspecified: " in out and "SOMETIMES" in out, out
+    assert sa("GET", f"/keypair-resource-policies/x{pol}").status_code == 404
+    out = alice("admin", "keypair-resource-policy", "update", pol, "--idle-timeout", "1", rc=1)
+    assert f"you may not change the keypair resource policy '{pol}'" in out, out
+    assert sa.ok("GET", f"/keypair-resource-policies/{pol}")["idle_timeout"] == 600
+    out = root("admin", "keypair-resource-policy", "delete", pol, answer="y\n")
+    assert re.search(r"ok\s+True\n", out), out
+    assert sa("GET", f"/keypair-resource-policies/{pol}").status_code == 404

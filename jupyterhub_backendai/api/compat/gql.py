@@ -1,8 +1,8 @@
 """The part of Backend.AI's GraphQL schema (``POST /admin/gql``) the 23.09 CLI's
 session and folder commands use: ``keypair``, ``compute_session``,
 ``compute_session_list``, ``vfolder_list``; the admin commands' queries, and their
-mutations for domains (add, update, purge), users (add, update) and keypairs (add,
-update, activate, deactivate, delete). Parsed, validated and executed by
+mutations for domains (add, update, purge), users (add, update), keypairs (add,
+update, activate, deactivate, delete) and keypair resource policies (add, update, delete). Parsed, validated and executed by
 graphql-core (the pinned 3.3); every field is resolved from the same manager
 functions and access filters as the REST API (what a caller sees here is what
 ``GET /sessions`` and ``GET /vfolders`` show them). Fields the client parses as
@@ -311,6 +311,41 @@ input ModifyDomainInput {
 
 type CreateDomain { ok: Boolean msg: String domain: Domain }
 type ModifyDomain { ok: Boolean msg: String domain: Domain }
+input CreateKeyPairResourcePolicyInput {
+  default_for_unspecified: String
+  total_resource_slots: String
+  max_session_lifetime: Int
+  max_concurrent_sessions: Int
+  max_concurrent_sftp_sessions: Int
+  max_containers_per_session: Int
+  idle_timeout: Int
+  allowed_vfolder_hosts: String
+  max_vfolder_count: Int
+  max_vfolder_size: Float
+  max_quota_scope_size: Float
+  max_pending_session_count: Int
+  max_pending_session_resource_slots: String
+}
+
+input ModifyKeyPairResourcePolicyInput {
+  default_for_unspecified: String
+  total_resource_slots: String
+  max_session_lifetime: Int
+  max_concurrent_sessions: Int
+  max_concurrent_sftp_sessions: Int
+  max_containers_per_session: Int
+  idle_timeout: Int
+  allowed_vfolder_hosts: String
+  max_vfolder_count: Int
+  max_vfolder_size: Float
+  max_quota_scope_size: Float
+  max_pending_session_count: Int
+  max_pending_session_resource_slots: String
+}
+
+type CreateKeyPairResourcePolicy {
+  ok: Boolean msg: String resource_policy: KeyPairResourcePolicy
+}
 type CreateUser { ok: Boolean msg: String user: User }
 type ModifyUser { ok: Boolean msg: String user: User }
 type CreateKeyPair { ok: Boolean msg: String keypair: KeyPair }
@@ -321,6 +356,11 @@ type Mutation {
   modify_domain(name: String!, props: ModifyDomainInput!): ModifyDomain
   delete_domain(name: String!): MutationResult
   purge_domain(name: String!): MutationResult
+  create_keypair_resource_policy(name: String!, props: CreateKeyPairResourcePolicyInput!):
+    CreateKeyPairResourcePolicy
+  modify_keypair_resource_policy(name: String!, props: ModifyKeyPairResourcePolicyInput!):
+    MutationResult
+  delete_keypair_resource_policy(name: String!): MutationResult
   create_user(email: String!, props: UserInput!): CreateUser
   modify_user(email: String!, props: ModifyUserInput!): ModifyUser
   create_keypair(user_id: String!, props: KeyPairInput!): CreateKeyPair
@@ -701,6 +741,40 @@ class Root:
 
     def purge_domain(self, info, name):
         return self._mutate(admin.delete_domain, self.db, self.p, name)
+
+    @staticmethod
+    def _policy_body(props: dict, schema: str) -> dict:
+        body = {k: v for k, v in props.items() if v is not None}
+        # no SFTP sessions here (the CLI always sends its default); folder limits are the
+        # user's and project's resource policies (quota scopes)
+        body.pop("max_concurrent_sftp_sessions", None)
+        for k in ("max_vfolder_count", "max_vfolder_size", "max_quota_scope_size"):
+            if body.pop(k, None):
+                raise GraphQLError(f"{k}: set it in a user or project resource policy here")
+        for k in ("total_resource_slots", "allowed_vfolder_hosts",
+                  "max_pending_session_resource_slots"):
+            if k in body:
+                try:
+                    body[k] = json.loads(body[k])
+                except ValueError:
+                    raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
+        return _checked(body, schema)
+
+    def create_keypair_resource_policy(self, info, name, props):
+        def run():
+            body = self._policy_body({**props, "name": name}, "KeypairResourcePolicyCreate")
+            return {"resource_policy": _policy_item(
+                admin.create_policy(self.db, self.p, "keypair", body))}
+        return self._mutate(run)
+
+    def modify_keypair_resource_policy(self, info, name, props):
+        def run():
+            admin.update_policy(self.db, self.p, "keypair", name,
+                                self._policy_body(dict(props), "KeypairResourcePolicyUpdate"))
+        return self._mutate(run)
+
+    def delete_keypair_resource_policy(self, info, name):
+        return self._mutate(admin.delete_policy, self.db, self.p, "keypair", name)
 
     def _user_by_email(self, email: str) -> dict:
         rows = _call(admin.list_users, self.db, self.p, {"email": email}, 0, 1)["items"]
