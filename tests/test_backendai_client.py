@@ -560,8 +560,8 @@ def test_admin_commands_through_graphql(hub, alice, tmp_path):
 
 def test_admin_mutations(hub, alice, tmp_path):
     """`backend.ai admin domain add/update/purge`, `admin user add/update`, `admin keypair
-    add/update/deactivate/delete`, `admin keypair-resource-policy add/update/delete`: GraphQL
-    mutations resolved by the admin REST API's services and rules; the platform's state
+    add/update/deactivate/delete`, `admin keypair-resource-policy` and `admin scaling-group`
+    add/update/delete: GraphQL mutations resolved by the admin REST API's services and rules; the platform's state
     checked afterwards through the REST API; refusals and bad input leave nothing."""
     sa = superadmin(hub)
     root = BAI(hub, new_user(sa, role="superadmin", name=f"rootm-{uuid.uuid4().hex[:6]}"),
@@ -683,3 +683,28 @@ def test_admin_mutations(hub, alice, tmp_path):
     out = root("admin", "keypair-resource-policy", "delete", pol, answer="y\n")
     assert re.search(r"ok\s+True\n", out), out
     assert sa("GET", f"/keypair-resource-policies/{pol}").status_code == 404
+    # scaling groups = resource groups (superadmins): add, update, delete
+    rg = f"rg-{uuid.uuid4().hex[:6]}"
+    out = root("admin", "scaling-group", "add", rg, "-d", "a group", "--private")
+    assert re.search(r"ok\s+True\n", out) and re.search(rf"name\s+{rg}\n", out), out
+    g = sa.ok("GET", f"/resource-groups/{rg}")
+    assert g["description"] == "a group" and g["is_public"] is False and g["is_active"], g
+    out = root("admin", "scaling-group", "update", rg, "--scheduler", "drf",
+               "--scheduler-opts", '{"pending_timeout": 60}')
+    assert re.search(r"ok\s+True\n", out), out
+    g = sa.ok("GET", f"/resource-groups/{rg}")
+    assert g["scheduler"] == "drf" and g["scheduler_opts"]["pending_timeout"] == 60, g
+    out = root("admin", "scaling-group", "update", rg, "--scheduler", "random", rc=1)
+    assert "scheduler: 'random' is not one of ['fifo', 'lifo', 'drf']" in out, out
+    out = root("admin", "scaling-group", "update", rg, "--wsproxy-addr", "http://x:5050", rc=1)
+    assert "wsproxy_addr: no wsproxy here" in out, out
+    assert sa.ok("GET", f"/resource-groups/{rg}")["scheduler"] == "drf"
+    before = sa.ok("GET", "/resource-groups/default")["description"]
+    out = alice("admin", "scaling-group", "update", "default", "-d", "mine", rc=1)
+    assert "you may not change resource groups" in out, out
+    assert sa.ok("GET", "/resource-groups/default")["description"] == before
+    out = alice("admin", "scaling-group", "delete", rg, rc=1)
+    assert f"no resource group {rg!r}" in out, out  # a private group she may not use
+    out = root("admin", "scaling-group", "delete", rg, answer="y\n")
+    assert re.search(r"ok\s+True\n", out), out
+    assert sa("GET", f"/resource-groups/{rg}").status_code == 404

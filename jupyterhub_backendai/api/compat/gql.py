@@ -2,7 +2,8 @@
 session and folder commands use: ``keypair``, ``compute_session``,
 ``compute_session_list``, ``vfolder_list``; the admin commands' queries, and their
 mutations for domains (add, update, purge), users (add, update), keypairs (add,
-update, activate, deactivate, delete) and keypair resource policies (add, update, delete). Parsed, validated and executed by
+update, activate, deactivate, delete), keypair resource policies and scaling groups
+(resource groups; add, update, delete). Parsed, validated and executed by
 graphql-core (the pinned 3.3); every field is resolved from the same manager
 functions and access filters as the REST API (what a caller sees here is what
 ``GET /sessions`` and ``GET /vfolders`` show them). Fields the client parses as
@@ -346,6 +347,33 @@ input ModifyKeyPairResourcePolicyInput {
 type CreateKeyPairResourcePolicy {
   ok: Boolean msg: String resource_policy: KeyPairResourcePolicy
 }
+input CreateScalingGroupInput {
+  description: String
+  is_active: Boolean
+  is_public: Boolean
+  driver: String
+  driver_opts: String
+  scheduler: String
+  scheduler_opts: String
+  use_host_network: Boolean
+  wsproxy_addr: String
+  wsproxy_api_token: String
+}
+
+input ModifyScalingGroupInput {
+  description: String
+  is_active: Boolean
+  is_public: Boolean
+  driver: String
+  driver_opts: String
+  scheduler: String
+  scheduler_opts: String
+  use_host_network: Boolean
+  wsproxy_addr: String
+  wsproxy_api_token: String
+}
+
+type CreateScalingGroup { ok: Boolean msg: String scaling_group: ScalingGroup }
 type CreateUser { ok: Boolean msg: String user: User }
 type ModifyUser { ok: Boolean msg: String user: User }
 type CreateKeyPair { ok: Boolean msg: String keypair: KeyPair }
@@ -361,6 +389,9 @@ type Mutation {
   modify_keypair_resource_policy(name: String!, props: ModifyKeyPairResourcePolicyInput!):
     MutationResult
   delete_keypair_resource_policy(name: String!): MutationResult
+  create_scaling_group(name: String!, props: CreateScalingGroupInput!): CreateScalingGroup
+  modify_scaling_group(name: String!, props: ModifyScalingGroupInput!): MutationResult
+  delete_scaling_group(name: String!): MutationResult
   create_user(email: String!, props: UserInput!): CreateUser
   modify_user(email: String!, props: ModifyUserInput!): ModifyUser
   create_keypair(user_id: String!, props: KeyPairInput!): CreateKeyPair
@@ -775,6 +806,44 @@ class Root:
 
     def delete_keypair_resource_policy(self, info, name):
         return self._mutate(admin.delete_policy, self.db, self.p, "keypair", name)
+
+    @staticmethod
+    def _rg_body(props: dict, schema: str) -> dict:
+        body = {k: v for k, v in props.items() if v is not None}
+        # Agents join a resource group by their own configuration ("static"); sessions'
+        # apps are proxied by the hub, not a wsproxy; containers use their own networks.
+        if body.pop("driver", "static") != "static":
+            raise GraphQLError("driver: only 'static' here (agents name their resource group)")
+        if body.pop("driver_opts", "{}") not in ("{}", ""):
+            raise GraphQLError("driver_opts: not supported by this server")
+        if body.pop("use_host_network", False):
+            raise GraphQLError("use_host_network: not supported by this server")
+        for k in ("wsproxy_addr", "wsproxy_api_token"):
+            if body.pop(k, ""):
+                raise GraphQLError(f"{k}: no wsproxy here (the hub proxies sessions' apps)")
+        if "scheduler_opts" in body:
+            try:
+                body["scheduler_opts"] = json.loads(body["scheduler_opts"])
+            except ValueError:
+                raise GraphQLError(f"scheduler_opts: not JSON: {body['scheduler_opts']!r}"
+                                   ) from None
+        return _checked(body, schema)
+
+    def create_scaling_group(self, info, name, props):
+        def run():
+            body = self._rg_body({**props, "name": name}, "ResourceGroupCreate")
+            return {"scaling_group": _rg_item(admin.create_resource_group(self.db, self.p,
+                                                                          body))}
+        return self._mutate(run)
+
+    def modify_scaling_group(self, info, name, props):
+        def run():
+            admin.update_resource_group(self.db, self.p, name,
+                                        self._rg_body(dict(props), "ResourceGroupUpdate"))
+        return self._mutate(run)
+
+    def delete_scaling_group(self, info, name):
+        return self._mutate(admin.delete_resource_group, self.db, self.p, name)
 
     def _user_by_email(self, email: str) -> dict:
         rows = _call(admin.list_users, self.db, self.p, {"email": email}, 0, 1)["items"]
