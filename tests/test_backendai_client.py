@@ -368,8 +368,8 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
 
 
 def _attack_execute_websocket(hub, alice, bob26, sid: str) -> None:
-    """The execute websocket runs code as its session's owner: another user's credentials
-    and alice's own login cookie sent from a page of another origin (cross-site
+    """The execute websocket runs code as its session's owner: another user's credentials,
+    alice's token with only the read scope, and alice's own login cookie sent from a page of another origin (cross-site
     websocket hijacking) are refused in the handshake; the same cookie from the hub's
     own origin opens it (so the refusal is the origin's, not a cookie that failed)."""
     from websockets.exceptions import InvalidStatus
@@ -387,6 +387,15 @@ def _attack_execute_websocket(hub, alice, bob26, sid: str) -> None:
             return e.response.status_code
 
     assert status({"Authorization": f"token {bob26.user['token']}"}, None) == 404
+    # Running code is more than reading: alice's token with only the read scope is
+    # refused, her token with her full scopes opens it.
+    name = alice.user["username"]
+    r = requests.post(f"{hub.base}/hub/api/users/{name}/tokens", timeout=30,
+                      headers={"Authorization": f"token {alice.user['token']}"},
+                      json={"scopes": ["custom:backendai:read"], "note": "read only"})
+    assert r.status_code == 201, r.text
+    assert status({"Authorization": f"token {r.json()['token']}"}, None) == 403
+    assert status({"Authorization": f"token {alice.user['token']}"}, None) == 101
     login = hub.login(alice.user["email"], api_world.PASSWORD)
     cookie = "; ".join(f"{c.name}={c.value}" for c in login.cookies)
     assert status({"Cookie": cookie}, "http://evil.example") == 403

@@ -29,7 +29,7 @@ from jupyterhub_backendai.manager import sshkeys
 from .conftest import containers_of, shutdown_hub
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 from .inproc import make_user, running_manager, wait_status
-from .test_attacks_api import new_user
+from .test_attacks_api import API, new_user
 from .test_signing import signed
 
 SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
@@ -148,6 +148,18 @@ def test_owner_logs_in_with_ssh_and_sftp_and_nobody_else(ssh_hub, tmp_path):
     assert r.status_code == 404, r.text
     r = signed(hub, "GET", f"/sessions/{sid}/ssh-key", *hub.admin_keys)
     assert r.status_code == 403 and "owner" in r.text, r.text
+    # A shell is more than reading: the owner's JupyterHub token with only the read
+    # scope is refused (the same token reads the session itself).
+    login = hub.login(alice["email"], "victim-pass-1")
+    r = login.post(f"{hub.base}/hub/api/users/{alice['username']}/tokens",
+                   json={"scopes": ["custom:backendai:read"], "note": "read only"},
+                   headers={"X-XSRFToken": login.cookies.get("_xsrf", path="/hub/")})
+    assert r.status_code == 201, r.text
+    ro = {"Authorization": f"token {r.json()['token']}"}
+    r = requests.get(f"{hub.base}{API}/sessions/{sid}", headers=ro, timeout=30)
+    assert r.status_code == 200, r.text
+    r = requests.get(f"{hub.base}{API}/sessions/{sid}/ssh-key", headers=ro, timeout=30)
+    assert r.status_code == 403 and "custom:backendai:write" in r.text, r.text
     r = signed(hub, "GET", f"/sessions/{sid}/ssh-key", alice["access_key"], alice["secret_key"])
     assert r.status_code == 200, r.text
     got = r.json()

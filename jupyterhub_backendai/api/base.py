@@ -272,6 +272,9 @@ class APIBase(APIHandler):
 
     #: False for the few public endpoints (the OpenAPI document).
     auth_required = True
+    #: True where even a GET lets the caller run code in a session (its SSH key, the
+    #: execute websocket): a JupyterHub token then needs the write scope, not read.
+    grants_shell = False
     principal: access.Principal
 
     @property
@@ -359,7 +362,7 @@ class APIBase(APIHandler):
 
         # allowed_client_ip, and the rate limit of the user's main keypair.
         await keypair_auth.authenticate_hub_user(self.manager, self, user.name)
-        needed = READ_SCOPE if method in SAFE_METHODS else WRITE_SCOPE
+        needed = READ_SCOPE if method in SAFE_METHODS and not self.grants_shell else WRITE_SCOPE
         if needed not in self.expanded_scopes:
             raise Forbidden(f"these credentials lack the scope {needed!r}")
         self.principal = await self.manager.db_read(access.load_principal, username=user.name)

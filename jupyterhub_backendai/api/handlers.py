@@ -495,7 +495,10 @@ def _ssh_key(db, p, sid: str) -> dict:
 class SessionSSHKeyHandler(APIBase):
     """``GET /sessions/{id}/ssh-key``: the private key (OpenSSH format) that logs in to
     the session's sshd as ``work``, derived from the session's keypair
-    (manager/sshkeys.py), with where the sshd listens. The owner only."""
+    (manager/sshkeys.py), with where the sshd listens. The owner only, and with a token
+    only if it has the write scope (a shell is more than reading)."""
+
+    grants_shell = True
 
     async def get(self, sid):
         self.query()

@@ -71,7 +71,10 @@ def _exit_code(reply: dict, error: dict | None) -> int:
 
 
 class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
-    """The execute websocket of one session (see the module's doc)."""
+    """The execute websocket of one session (see the module's doc). It runs code: a
+    JupyterHub token needs the write scope here, though the handshake is a GET."""
+
+    grants_shell = True
 
     _task: asyncio.Task | None = None
     _input: asyncio.Future | None = None
