@@ -133,7 +133,7 @@ def test_project_choice_decides_which_quota_applies(make_hub, tmp_path):
             default.total_resource_slots = ResourceSlot(cpu="0.5")
 
         page = hub.login().get(hub.base + "/hub/spawn/admin/any")
-        assert 'name="project"' in page.text and '<option value="research">' in page.text
+        assert 'name="project"' in page.text and '<option value="research"' in page.text
 
         r = hub.spawn("admin", "bad", {"project": "elsewhere"})
         assert r.status_code == 400 and "project 'elsewhere' is not one of yours" in r.text, r.text

@@ -57,7 +57,7 @@ def test_form_options_become_one_typed_request():
     ({"image": "i", "cluster_size": "0"}, "cluster_size must be a whole number >= 1, not 0"),
     ({"image": "i", "cluster_mode": "ring"},
      "cluster_mode must be one of single-node, multi-node, not 'ring'"),
-    ({"image": "i", "mounts": "data"}, "mounts must be a list of folder names or ids"),
+    ({"image": "i", "mounts": "data"}, "mounts must be a list of vfolder names or ids"),
     ({"image": "i", "shell": "bash"}, "unknown option(s): shell"),
 ])
 def test_bad_options_one_error_in_plain_words(options, message):

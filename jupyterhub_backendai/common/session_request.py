@@ -223,7 +223,7 @@ class SessionRequest:
             raise SessionRequestError(
                 f"architecture must be a name such as x86_64, not {self.architecture!r}")
         if isinstance(self.mounts, str) or not all(isinstance(m, str) for m in self.mounts):
-            raise SessionRequestError("mounts must be a list of folder names or ids")
+            raise SessionRequestError("mounts must be a list of vfolder names or ids")
         put("mounts", tuple(m.strip() for m in self.mounts if m.strip()))
 
     @property
