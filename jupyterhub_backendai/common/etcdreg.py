@@ -9,6 +9,10 @@ Key layout under the cluster's prefix (default ``/backendai``; docs/cluster.md):
 - ``<prefix>/config/storage-proxies/<name>``: JSON ``{"url": "https://...:6021"}``
   (optionally ``"tls"``, or the deprecated ``"token"``): a storage proxy daemon the
   managers use for vfolder hosts ``<name>:<volume>``.
+- ``<prefix>/config/manager/<setting>``: a JSON value for one of the manager's
+  cluster-wide settings (``BackendAIManager`` traits tagged ``cluster=True``, such
+  as ``agent_lost_timeout`` or ``default_vfolder_host``), the same for every hub of
+  the cluster; it overrides the hub's own configuration while the key exists.
 
 etcd restarted (with or without its data): the agent's next refresh fails or finds
 its lease gone, and it registers again with a new lease.
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 
 AGENTS = "/nodes/agents/"
 STORAGE_PROXIES = "/config/storage-proxies/"
+SETTINGS = "/config/manager/"
 
 
 def etcd_client(url: str):

@@ -108,6 +108,14 @@ FAILURE = "FAILURE"
 
 
 class BackendAIManager(SingletonConfigurable):
+    """The manager: the record, the scheduler loop, the lifecycle, the agents.
+
+    Settings tagged ``cluster=True`` are cluster-wide: in cluster mode (with
+    ``c.BackendAICluster.etcd_url``) a value under ``<prefix>/config/manager/<name>``
+    in etcd overrides this hub's configuration, live, for every hub of the cluster
+    (manager/discovery.py); the embedded default takes them from the config only.
+    """
+
     db_url = Unicode(
         help="""Database of the platform's record. SQLite (embedded default) or
         postgresql+psycopg2://... (cluster mode). Env: BACKENDAI_DB_URL.""",
@@ -139,10 +147,10 @@ class BackendAIManager(SingletonConfigurable):
 
     schedule_interval = Float(
         2.0, help="Seconds between scheduler passes when nothing wakes the scheduler."
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     agent_lost_timeout = Float(
         60.0, help="An agent silent this many seconds is LOST and gets no new kernels."
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     status_poll_interval = Float(
         2.0,
         help="""Safety poll while a spawner waits on its session: start(), progress()
@@ -150,7 +158,7 @@ class BackendAIManager(SingletonConfigurable):
         process or by another manager (broadcast on the event bus: Redis in cluster
         mode), and re-read the record at least this often in case a broadcast was
         lost (Redis restarting).""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     claim_lease = Float(
         30.0,
         help="""Seconds a manager's claim on a session's current step (a start, a
@@ -158,27 +166,27 @@ class BackendAIManager(SingletonConfigurable):
         runs). Past it another manager, or this one restarted, takes the step over
         from what the record says. A claim of a process on this host that no longer
         exists is taken over at once.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     start_deadline = Float(
         900.0,
         help="""A session still PREPARING or CREATING this many seconds after it was
         SCHEDULED is given up: what was created is removed and the start is retried
         (start_retries) or ends in ERROR with the reason.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     agent_lost_grace = Float(
         60.0,
         help="""Seconds a RUNNING session on a LOST agent (silent past
         agent_lost_timeout) is kept, marked with the reason, in case the agent comes
         back with its kernels alive. Past it the session ends in ERROR and its slots
         are freed; kernels that reappear later are removed.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     reconcile_interval = Float(
         30.0,
         help="""Seconds between reconciliations with every live agent (its kernels
         against the record: kernels the record does not know are removed, RUNNING
         sessions whose kernel vanished end in ERROR), so a lost event leaves nothing
         stuck. An agent that comes back from LOST is reconciled at once.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     spawner_wait_lease = Float(
         30.0,
         help="""Seconds a session started by a JupyterHub spawner stays alive without
@@ -186,17 +194,19 @@ class BackendAIManager(SingletonConfigurable):
         taken the server over (its first poll()). A hub killed while a server was
         starting forgets that server; the session is then ended with the reason,
         instead of running where JupyterHub does not know it.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     max_slots_per_session = Integer(
-        0, help="Reject requests of more than this many CPU cores (0: only agent capacity limits)."
-    ).tag(config=True)
+        0,
+        help="""Refuse (400) a session of more than this many CPU cores in all its
+        kernels (0: only agents' capacity and the policies limit it).""",
+    ).tag(config=True, cluster=True)
     start_retries = Integer(
         2,
         help="""How many times a session that failed to start (agent error, image
         missing, container failure) goes back to PENDING to be placed again, with
         its slots released and the reason in its status; after that it ends in
         ERROR with the reason.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     lifetime_check_interval = Float(
         10.0,
         help="""Seconds between checks of the keypair policies' idle_timeout and
@@ -210,7 +220,7 @@ class BackendAIManager(SingletonConfigurable):
         reaches the manager up to c.JupyterHub.last_activity_interval (300 s)
         plus c.Spawner.poll_interval (30 s) late: keep idle_timeout well above
         both, or lower them.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
 
     storage_proxies = Dict(
         help="""Storage proxy daemons (cluster mode) by name:
@@ -234,14 +244,14 @@ class BackendAIManager(SingletonConfigurable):
         tenancy.DEFAULT_VFOLDER_HOST,
         help="""Where new vfolders go when the request names no host; the default
         domain of a new installation may use it fully.""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
     ssh_resource_groups = List(
         Unicode(),
         help="""Issue 12: resource groups whose sessions get SSH/SFTP from outside: the
         main kernel's sshd is published on a host port of its agent's range, for a key
         derived from the session's keypair (manager/sshkeys.py). Default: none (see
         docs/service-ports.md for the trade-off).""",
-    ).tag(config=True)
+    ).tag(config=True, cluster=True)
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -290,6 +300,7 @@ class BackendAIManager(SingletonConfigurable):
 
     async def _start(self) -> None:
         await asyncio.to_thread(upgrade, self.engine)
+        await self.cluster.read_settings(self)  # cluster-wide settings from etcd, if any
         await self.db(tenancy.ensure_defaults, self.default_vfolder_host)
         await self.bus.start_consuming(self.handle_event)
         # Other managers' session changes wake this process's waiters; after a gap
@@ -761,6 +772,11 @@ class BackendAIManager(SingletonConfigurable):
         each fit one kernel.
         """
         assert all(is_known_slot(k) for k in slots)
+        cores = slots.get(CPU, 0) * cluster_size
+        if self.max_slots_per_session and cores > self.max_slots_per_session:
+            raise InvalidRequest(
+                f"a session may use at most {self.max_slots_per_session} CPU cores here "
+                f"(max_slots_per_session); {cores:g} requested")
         rows = await self.db(
             lambda s: [
                 (a.id, a.architecture, a.available_slots)

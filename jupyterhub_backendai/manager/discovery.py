@@ -10,9 +10,13 @@
   ``_upsert_agent``, as a heartbeat does), one that disappears (the agent stopped,
   or its lease expired after it died) is a leave: the agent is marked
   ``AgentStatus.LOST``. Storage proxies under ``config/storage-proxies/`` are
-  added to the manager's storage registry. Without ``etcd_url`` (the embedded
-  default) agents come from heartbeats and storage proxies from
-  ``c.BackendAIManager.storage_proxies``.
+  added to the manager's storage registry. The manager's cluster-wide settings
+  (its traits tagged ``cluster=True``) are read from ``config/manager/<name>``
+  before the manager starts and followed live: a value there overrides the hub's
+  own configuration until the key is deleted (then the configured value is back);
+  a value the setting refuses (its trait's validation) is logged and not applied.
+  Without ``etcd_url`` (the embedded default) agents come from heartbeats, storage
+  proxies from ``c.BackendAIManager.storage_proxies`` and settings from the config.
 
 Other parts of the hub follow joins and leaves with :meth:`BackendAICluster.subscribe`
 (a callback ``async (kind, agent_id, info)`` with kind ``"join"`` or ``"leave"``) or
@@ -27,10 +31,10 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from traitlets import Dict, Unicode, default
+from traitlets import Dict, TraitError, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..common.etcdreg import AGENTS, STORAGE_PROXIES, etcd_client
+from ..common.etcdreg import AGENTS, SETTINGS, STORAGE_PROXIES, etcd_client
 from ..common.httpbase import TLSFiles
 from ..common.types import AgentStatus
 
@@ -65,6 +69,8 @@ class BackendAICluster(LoggingConfigurable):
         self._tls = TLSFiles.from_config(self.tls)
         self.agents: dict[str, dict] = {}  # agent id -> its registration, as etcd has it
         self.storage_proxies: dict[str, dict] = {}
+        self.settings: dict[str, object] = {}  # setting -> the value from etcd in force
+        self._configured: dict[str, object] = {}  # setting -> the hub's own value
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
         self._manager = None
@@ -94,6 +100,30 @@ class BackendAICluster(LoggingConfigurable):
             self._listeners.remove(put)
 
     # -- running -----------------------------------------------------------------
+
+    async def read_settings(self, manager) -> None:
+        """Apply the cluster-wide settings in etcd once, before the manager starts
+        (so that e.g. ``default_vfolder_host`` holds for the first defaults); no-op
+        without ``etcd_url``, a warning if etcd cannot be reached (``start``'s
+        watch applies them once it can)."""
+        if not self.etcd_url:
+            return
+        self._manager = manager
+        prefix = self.etcd_prefix.rstrip("/").encode() + SETTINGS.encode()
+        client = etcd_client(self.etcd_url)
+        try:
+            await asyncio.wait_for(client.connect(), 10)
+            snap = await asyncio.wait_for(client.get_prefix(prefix), 10)
+            for kv in snap:
+                self._setting(kv.key[len(prefix):].decode(errors="replace"), kv.value)
+        except Exception as e:
+            self.log.warning("cluster settings could not be read from etcd at %s (%s); "
+                             "using the hub's configuration until it can", self.etcd_url, e)
+        finally:
+            try:
+                await client.close()
+            except Exception:
+                pass
 
     async def start(self, manager) -> None:
         """Begin following etcd (no-op without ``etcd_url``); returns once the prefix
@@ -180,7 +210,7 @@ class BackendAICluster(LoggingConfigurable):
         """Apply the difference between what is in etcd now and what was known."""
         known = {f"{AGENTS}{a}": 1 for a in self.agents} | {
             f"{STORAGE_PROXIES}{p}": 1 for p in self.storage_proxies
-        }
+        } | {f"{SETTINGS}{n}": 1 for n in self.settings}
         for key, value in current.items():
             await self._apply(prefix, key, value)
         present = {k[len(prefix):].decode(errors="replace") for k in current}
@@ -195,6 +225,8 @@ class BackendAICluster(LoggingConfigurable):
                 await self._agent(rel[len(AGENTS):], value)
             elif rel.startswith(STORAGE_PROXIES):
                 self._storage_proxy(rel[len(STORAGE_PROXIES):], value)
+            elif rel.startswith(SETTINGS):
+                self._setting(rel[len(SETTINGS):], value)
         except Exception:
             self.log.exception("etcd key %s could not be applied", key.decode(errors="replace"))
 
@@ -250,6 +282,41 @@ class BackendAICluster(LoggingConfigurable):
         if old is not None:
             asyncio.ensure_future(old.close())
         self.log.info("storage proxy %s at %s (from etcd)", name, conf["url"])
+
+    def _setting(self, name: str, value: bytes | None) -> None:
+        """One cluster-wide setting put (``value``) or deleted (None) in etcd."""
+        mgr = self._manager
+        cluster_wide = mgr.traits(cluster=True)
+        if name not in cluster_wide:
+            self.log.warning("etcd key %s%s ignored: not a cluster-wide setting (those are %s)",
+                             SETTINGS, name, ", ".join(sorted(cluster_wide)))
+            return
+        if value is None:
+            if name in self.settings:
+                del self.settings[name]
+                setattr(mgr, name, self._configured.pop(name))
+                self.log.info("cluster setting %s removed from etcd: back to the hub's %r",
+                              name, getattr(mgr, name))
+                mgr._wake.set()
+            return
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            self.log.error("cluster setting %s in etcd is not JSON (%r); kept %r",
+                           name, value[:200], getattr(mgr, name))
+            return
+        before = getattr(mgr, name)
+        try:
+            setattr(mgr, name, parsed)  # the trait's own validation
+        except TraitError as e:
+            self.log.error("cluster setting %s=%r in etcd refused (%s); kept %r",
+                           name, parsed, str(e).splitlines()[0], before)
+            return
+        self._configured.setdefault(name, before)
+        self.settings[name] = getattr(mgr, name)
+        if before != self.settings[name]:
+            self.log.info("cluster setting %s = %r (from etcd)", name, self.settings[name])
+        mgr._wake.set()
 
     async def _notify(self, kind: str, agent_id: str, info: dict) -> None:
         for listener in list(self._listeners):
