@@ -21,7 +21,9 @@ import uuid
 import pytest
 import requests
 
-from .api_world import PREFIX, new_user, superadmin
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+
+from .api_world import PASSWORD, PREFIX, new_user, park_session, superadmin
 from .conftest import shutdown_hub
 from .hub import Hub
 
@@ -37,8 +39,11 @@ def hub(tmp_path_factory, docker_image):
         f"{CLI} is missing: run scripts/install-backendai-clients.sh (the official client's venv)")
     url = f"sqlite:///{tmp_path_factory.mktemp('bai23')}/backendai.sqlite"
     hub = Hub(db_url=url, backend="docker").start()
+    hub.engine = make_engine(url)  # (park_session writes a queued session into the record)
+    hub.sm = make_sessionmaker(hub.engine)
     yield hub
     shutdown_hub(hub)
+    hub.engine.dispose()
 
 
 class BAI:
@@ -589,9 +594,6 @@ def test_admin_mutations(hub, alice, tmp_path):
     assert re.search(r"ok\s+True\n", out), out
     bob = sa.ok("GET", f"/users/{bob['id']}")
     assert bob["full_name"] == "Robert B" and bob["need_password_change"] is True
-    # changes the hub mirrors (status, role, groups) go through the REST API
-    out = root("admin", "user", "update", email, "-s", "inactive", rc=1)
-    assert "status: change them through the REST API (PATCH /users/{id})" in out, out
     # bad input: the reason, nothing made or changed
     out = root("admin", "user", "add", "default", "not-an-email", "pw-long-enough", rc=1)
     assert "email: 'not-an-email' is not an email address" in out, out
@@ -643,7 +645,7 @@ def test_admin_mutations(hub, alice, tmp_path):
     assert "is the user's main keypair" in out, out
     assert sa.ok("GET", f"/keypairs/{main}")["is_active"]
     sa.ok("DELETE", f"/users/{bob['id']}")
-    # domains (superadmins only): add, update, purge; `delete` (deactivate) is the REST API's
+    # domains (superadmins only): add, update, delete (deactivates), purge
     dname = f"dom-{uuid.uuid4().hex[:6]}"
     out = root("admin", "domain", "add", dname, "-d", "a domain",
                "--vfolder-host-perms", '{"local:volume1": ["create-vfolder"]}')
@@ -654,8 +656,9 @@ def test_admin_mutations(hub, alice, tmp_path):
     out = root("admin", "domain", "update", dname, "--description", "changed")
     assert re.search(r"ok\s+True\n", out), out
     assert sa.ok("GET", f"/domains/{dname}")["description"] == "changed"
-    out = root("admin", "domain", "delete", dname, rc=1)
-    assert f"PATCH /domains/{dname} with is_active false" in out, out
+    out = root("admin", "domain", "delete", dname)
+    assert re.search(r"ok\s+True\n", out), out
+    assert sa.ok("GET", f"/domains/{dname}")["is_active"] is False
     out = root("admin", "domain", "add", "Bad Name!", rc=1)
     assert "name: must be 1 to 64 letters, digits" in out, out
     out = root("admin", "domain", "add", f"x{dname}", "--total-resource-slots", '{"cpu": -1}',
@@ -717,3 +720,223 @@ def test_admin_mutations(hub, alice, tmp_path):
     out = root("admin", "scaling-group", "delete", rg, answer="y\n")
     assert re.search(r"ok\s+True\n", out), out
     assert sa("GET", f"/resource-groups/{rg}").status_code == 404
+
+
+SDK23 = """
+import json, sys
+from ai.backend.client.session import Session
+args = json.loads(sys.argv[1])
+out = []
+with Session() as s:
+    for call, kw in args:
+        if call == "gql":
+            out.append(s.Admin.query(kw["query"], kw["variables"]))
+        else:
+            obj, meth = call.split(".")
+            out.append(getattr(getattr(s, obj), meth)(**kw))
+print(json.dumps(out))
+"""
+
+
+def sdk23(cli: BAI, calls: list) -> list:
+    """The 23.09 SDK's own functions (for what its CLI does not offer), in one process."""
+    import json
+
+    py = os.path.join(os.path.dirname(CLI), "python")
+    p = subprocess.run([py, "-c", SDK23, json.dumps(calls)], env=cli.env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout)
+
+
+def test_admin_mutations_the_hub_mirrors(hub, alice, tmp_path):
+    """`backend.ai admin group` add/update/delete/purge/add-users/remove-users, `admin user
+    update -s/-r`, `delete`, `purge`, `admin domain update --is-active false`/`delete`, and
+    `admin scaling-group` associate/dissociate: the same services as the REST API
+    (api/hubsync.py), so JupyterHub follows (its groups, admin flags and accounts; a
+    deactivation ends sessions, tokens and logins). Checked through the REST API and
+    JupyterHub's own API; refusals (a user, a domain admin, bad input) leave nothing."""
+    sa = superadmin(hub)
+    x = uuid.uuid4().hex[:6]
+    root = BAI(hub, new_user(sa, role="superadmin", name=f"rooth-{x}"), str(tmp_path))
+    dadmin = BAI(hub, new_user(sa, role="admin", name=f"dadm-{x}"), str(tmp_path))
+    carol = new_user(sa, name=f"carol-{x}")
+    dave = new_user(sa, name=f"dave-{x}")
+    parked = sa.ok("POST", "/resource-groups", json={"name": f"parked-{x}"})["name"]
+    ok = re.compile(r"ok\s+True\n")
+
+    def hub_group(name):
+        r = hub.api("GET", f"/groups/default:{name}")
+        return r.json()["users"] if r.status_code == 200 else None
+
+    def project(name):
+        items = sa.ok("GET", "/projects", params={"name": name})["items"]
+        return items[0] if items else None
+
+    # -- groups (projects): add, rename, members; the hub group follows --
+    ga, gb = f"ga-{x}", f"gb-{x}"
+    out = root("admin", "group", "add", "default", ga, "-d", "group a")
+    assert ok.search(out) and re.search(rf"name\s+{ga}\n", out), out
+    pa = project(ga)
+    assert pa["description"] == "group a" and pa["is_active"] and hub_group(ga) == [], pa
+    assert re.search(rf"id\s+{uuid.UUID(pa['id'])}\n", out), out
+    out = dadmin("admin", "group", "add", "default", gb)  # a domain admin, in their domain
+    assert ok.search(out), out
+    pb = project(gb)
+    assert hub_group(gb) == []
+    gid_a = str(uuid.UUID(pa["id"]))
+    out = root("admin", "group", "add-users", gid_a, str(uuid.UUID(carol["id"])), dave["id"])
+    assert ok.search(out), out
+    members = sa.ok("GET", f"/projects/{pa['id']}/members")["items"]
+    assert {m["id"] for m in members} == {carol["id"], dave["id"]}, members
+    assert sorted(hub_group(ga)) == sorted([carol["username"], dave["username"]])
+    ga2 = f"ga2-{x}"
+    out = root("admin", "group", "update", gid_a, "-n", ga2, "-d", "renamed")
+    assert ok.search(out), out
+    assert (sa.ok("GET", f"/projects/{pa['id']}")["name"], project(ga2)["description"]) == (
+        ga2, "renamed")
+    assert hub_group(ga) is None and sorted(hub_group(ga2)) == sorted(
+        [carol["username"], dave["username"]])
+    out = root("admin", "group", "remove-users", gid_a, dave["id"])
+    assert ok.search(out), out
+    assert hub_group(ga2) == [carol["username"]]
+    assert [m["id"] for m in sa.ok("GET", f"/projects/{pa['id']}/members")["items"]] == [
+        carol["id"]]
+    # refusals and bad input: the service's words, nothing made or changed (all or nothing)
+    out = root("admin", "group", "add-users", gid_a, dave["id"], uuid.uuid4().hex, rc=1)
+    assert "user_ids: no user" in out, out
+    assert hub_group(ga2) == [carol["username"]]
+    assert len(sa.ok("GET", f"/projects/{pa['id']}/members")["items"]) == 1
+    out = root("admin", "group", "add", "default", "Bad Name!", rc=1)
+    assert "name: must be 1 to 64 letters, digits" in out, out
+    out = alice("admin", "group", "add", "default", f"gz-{x}", rc=1)
+    assert "you may not create projects in domain 'default'" in out, out
+    out = alice("admin", "group", "update", gid_a, "-n", f"gz-{x}", rc=1)
+    assert f"no project {pa['id']!r}" in out, out
+    assert project(f"gz-{x}") is None and hub_group(f"gz-{x}") is None
+    # delete = deactivate: the project's live sessions end; purge: without sessions only
+    sid = park_session(hub, {**carol, "project_ids": [pb["id"]]}, group=parked)
+    out = root("admin", "group", "delete", str(uuid.UUID(pb["id"])))
+    assert ok.search(out), out
+    assert sa.ok("GET", f"/projects/{pb['id']}")["is_active"] is False
+    s = wait_dead(hub, sid, timeout=30)
+    assert s["status"] == "CANCELLED" and "was deactivated" in s["status_info"], s
+    out = root("admin", "group", "purge", pb["id"], answer="y\n", rc=1)
+    assert "has sessions; deactivate it instead" in out, out
+    assert hub_group(gb) == [] and project(gb) is not None
+    out = root("admin", "group", "purge", gid_a, answer="y\n")
+    assert ok.search(out), out
+    assert sa("GET", f"/projects/{pa['id']}").status_code == 404 and hub_group(ga2) is None
+
+    # -- users: role (the hub's admin flag), status (sessions, tokens, login end), delete,
+    # purge (the hub account goes) --
+    out = root("admin", "user", "update", dave["email"], "-r", "superadmin")
+    assert ok.search(out), out
+    assert hub.api("GET", f"/users/{dave['username']}").json()["admin"] is True
+    out = dadmin("admin", "user", "update", carol["email"], "-r", "superadmin", rc=1)
+    assert "only superadmins may create or promote superadmins" in out, out
+    out = dadmin("admin", "user", "update", dadmin.user["email"], "-s", "inactive", rc=1)
+    assert "you cannot change your own role, status or domain" in out, out
+    out = alice("admin", "user", "update", alice.user["email"], "-s", "inactive", rc=1)
+    assert f"you may not change user {alice.user['username']!r}" in out, out
+    out = alice("admin", "user", "delete", dave["email"], rc=1)
+    assert f"no user {dave['email']!r}" in out, out
+    out = root("admin", "user", "update", dave["email"], "-r", "user")
+    assert hub.api("GET", f"/users/{dave['username']}").json()["admin"] is False
+    assert sa.ok("GET", f"/users/{dave['id']}")["role"] == "user"
+    assert dave["client"]("GET", "/whoami").status_code == 200
+    sid = park_session(hub, dave, group=parked)
+    out = root("admin", "user", "update", dave["email"], "-s", "inactive")
+    assert ok.search(out), out
+    s = wait_dead(hub, sid, timeout=30)
+    assert s["status"] == "CANCELLED" and "is inactive" in s["status_info"], s
+    assert dave["client"]("GET", "/whoami").status_code == 401  # tokens revoked
+    r = hub.login(dave["email"], PASSWORD).last_login
+    assert r.status_code == 403 and "not active" in r.text, r.text
+    out = root("admin", "user", "delete", dave["email"])  # Backend.AI: status "deleted"
+    assert ok.search(out), out
+    assert sa.ok("GET", f"/users/{dave['id']}")["status"] == "deleted"
+    assert hub.api("GET", f"/users/{dave['username']}").status_code == 200
+    out = root("admin", "user", "purge", dave["email"], answer="y\n")
+    assert ok.search(out), out
+    assert sa("GET", f"/users/{dave['id']}").status_code == 404
+    assert hub.api("GET", f"/users/{dave['username']}").status_code == 404
+
+    # -- domains: update --is-active false / delete deactivate; its users are cut off --
+    dname = f"domh-{x}"
+    sa.ok("POST", "/domains", json={"name": dname})
+    eve = new_user(sa, domain=dname, projects=[], name=f"eve-{x}")
+    sid = park_session(hub, eve, group=parked)
+    out = dadmin("admin", "domain", "update", dname, "--is-active", "false", rc=1)
+    assert f"no domain {dname!r}" in out, out
+    out = dadmin("admin", "domain", "update", "default", "--description", "mine", rc=1)
+    assert "you may not change domains" in out, out
+    out = root("admin", "domain", "update", dname, "--is-active", "false")
+    assert ok.search(out), out
+    assert sa.ok("GET", f"/domains/{dname}")["is_active"] is False
+    s = wait_dead(hub, sid, timeout=30)
+    assert s["status"] == "CANCELLED" and "was deactivated" in s["status_info"], s
+    assert eve["client"]("GET", "/whoami").status_code == 401
+    r = hub.login(eve["email"], PASSWORD).last_login
+    assert r.status_code == 403 and "domain is not active" in r.text, r.text
+    out = root("admin", "domain", "update", dname, "--is-active", "true")
+    assert ok.search(out) and sa.ok("GET", f"/domains/{dname}")["is_active"] is True
+    out = root("admin", "domain", "delete", dname)
+    assert ok.search(out) and sa.ok("GET", f"/domains/{dname}")["is_active"] is False
+
+    # -- scaling groups: associate with / dissociate from a domain, a group, a keypair
+    # (a resource group's allowed_domains, allowed_projects, allowed_keypairs) --
+    rg = f"rgh-{x}"
+    sa.ok("POST", "/resource-groups", json={"name": rg, "is_public": False})
+    out = alice("admin", "scaling-group", "info", rg, rc=1)
+    assert f"no resource group {rg!r}" in out, out
+    out = root("admin", "scaling-group", "associate-scaling-group", rg, "default")
+    assert ok.search(out), out
+    assert sa.ok("GET", f"/resource-groups/{rg}")["allowed_domains"] == ["default"]
+    out = alice("admin", "scaling-group", "info", rg)  # now usable by her domain
+    assert re.search(rf"Name\s+{rg}\n", out), out
+    out = alice("admin", "scaling-group", "dissociate-scaling-group", rg, "default", rc=1)
+    assert "you may not change resource groups" in out, out
+    out = root("admin", "scaling-group", "associate-scaling-group", rg, "default", rc=1)
+    assert f"scaling group {rg!r} is already associated with domain 'default'" in out, out
+    out = root("admin", "scaling-group", "associate-scaling-group", rg, f"nodom-{x}", rc=1)
+    assert f"allowed_domains: no domain 'nodom-{x}'" in out, out
+    # (23.09's dissociate-scaling-group prints the answer's "scaling_group" item, which
+    # its query does not ask for: it fails with KeyError after the change was made)
+    out = root("admin", "scaling-group", "dissociate-scaling-group", rg, "default", rc=1)
+    assert "KeyError: 'scaling_group'" in out, out
+    assert sa.ok("GET", f"/resource-groups/{rg}")["allowed_domains"] == []
+    alice("admin", "scaling-group", "info", rg, rc=1)
+    # what the 23.09 CLI does not offer, through its SDK: groups and keypairs, a user's
+    # group ids
+    ak = carol["keypair"]["access_key"]
+    kp_q = ("mutation($sg: String!, $ak: String!) { %s(scaling_group: $sg, "
+            "access_key: $ak) { ok msg } }")
+    res = sdk23(root, [
+        ["ScalingGroup.associate_group", {"scaling_group": rg, "group_id": pb["id"]}],
+        ["gql", {"query": kp_q % "associate_scaling_group_with_keypair",
+                 "variables": {"sg": rg, "ak": ak}}],
+        ["User.update", {"email": carol["email"], "group_ids": [pb["id"]]}],
+    ])
+    assert [r.get("ok", r.get("associate_scaling_group_with_keypair", {}).get("ok"))
+            for r in res] == [True, True, True], res
+    g = sa.ok("GET", f"/resource-groups/{rg}")
+    assert (g["allowed_projects"], g["allowed_keypairs"]) == ([pb["id"]], [ak]), g
+    assert sa.ok("GET", f"/users/{carol['id']}")["project_ids"] == [pb["id"]]
+    assert hub_group(gb) == [carol["username"]]
+    res = sdk23(alice, [
+        ["ScalingGroup.dissociate_group", {"scaling_group": rg, "group_id": pb["id"]}],
+        ["User.update", {"email": alice.user["email"], "group_ids": [pb["id"]]}],
+    ])
+    assert [r["ok"] for r in res] == [False, False], res
+    assert sa.ok("GET", f"/resource-groups/{rg}")["allowed_projects"] == [pb["id"]]
+    res = sdk23(root, [
+        ["ScalingGroup.dissociate_group", {"scaling_group": rg, "group_id": pb["id"]}],
+        ["gql", {"query": kp_q % "disassociate_scaling_group_with_keypair",
+                 "variables": {"sg": rg, "ak": ak}}],
+        ["User.update", {"email": carol["email"], "group_ids": []}],
+    ])
+    assert res[0]["ok"] and res[1]["disassociate_scaling_group_with_keypair"]["ok"], res
+    g = sa.ok("GET", f"/resource-groups/{rg}")
+    assert (g["allowed_projects"], g["allowed_keypairs"]) == ([], []), g
+    assert hub_group(gb) == []

@@ -13,42 +13,14 @@ import datetime as dt
 import json
 import urllib.parse
 
-from jupyterhub.utils import new_token
 from tornado import web
 
 from ..common.errors import BackendAIError, InvalidRequest
 from ..common.session_request import SessionRequest, resources
-from ..common.types import SessionStatus, UserRole, UserStatus
+from ..common.types import SessionStatus
 from ..manager import admin, vfolders
-from . import spec
+from . import hubsync, spec
 from .base import APIBase, document
-
-
-class CutOff:
-    """What a deactivation or a deletion ends at once, after its transaction committed:
-    the live sessions (their reason recorded), the hub servers, the tokens and cookies."""
-
-    async def end_sessions(self: APIBase, sids: list[str], reason: str) -> None:
-        for sid in sids:
-            await self.manager.destroy_session(sid, SessionStatus.TERMINATED, reason)
-
-    async def end_hub_access(self: APIBase, usernames: list[str]) -> None:
-        """Stop the users' servers; revoke their tokens; a new cookie id makes every
-        cookie of theirs invalid (JupyterHub's cookies carry it)."""
-        for name in usernames:
-            user = self.find_user(name)
-            if user is None:
-                continue
-            for spawner in list(user.spawners.values()):
-                if spawner.active or spawner.ready:
-                    try:
-                        await self.stop_single_user(user, spawner.name)
-                    except Exception:
-                        self.log.exception("could not stop %s's server %r", name, spawner.name)
-            for token in list(user.orm_user.api_tokens):
-                self.db.delete(token)
-            user.orm_user.cookie_id = new_token()
-            self.db.commit()
 
 
 def _filters(path: str) -> dict:
@@ -89,7 +61,7 @@ class DomainsHandler(APIBase):
         self.reply(await self.manager.db(admin.create_domain, self.principal, body), 201)
 
 
-class DomainHandler(APIBase, CutOff):
+class DomainHandler(APIBase):
     async def get(self, name):
         self.query()
         self.reply(await self.manager.db_read(admin.get_domain, self.principal, name))
@@ -97,11 +69,8 @@ class DomainHandler(APIBase, CutOff):
     async def patch(self, name):
         self.query()
         body = self.body("DomainUpdate")
-        out = await self.manager.db(admin.update_domain, self.principal, name, body)
-        if body.get("is_active") is False:
-            sids, names = await self.manager.db_read(admin.cut_off, domain=name)
-            await self.end_sessions(sids, f"ended: the domain {name!r} was deactivated")
-            await self.end_hub_access(names)
+        out, change = await self.manager.db(hubsync.update_domain, self.principal, name, body)
+        await hubsync.apply(self, change)
         self.reply(out)
 
     async def delete(self, name):
@@ -121,12 +90,12 @@ class ProjectsHandler(APIBase):
     async def post(self):
         self.query()
         body = self.body("ProjectCreate")
-        out = await self.manager.db(admin.create_project, self.principal, body)
-        self.hub_groups(add={admin.group_name(out["domain_name"], out["name"]): []})
+        out, change = await self.manager.db(hubsync.create_project, self.principal, body)
+        await hubsync.apply(self, change)
         self.reply(out, 201)
 
 
-class ProjectHandler(APIBase, CutOff):
+class ProjectHandler(APIBase):
     async def get(self, pid):
         self.query()
         self.reply(await self.manager.db_read(admin.get_project, self.principal, pid))
@@ -134,17 +103,14 @@ class ProjectHandler(APIBase, CutOff):
     async def patch(self, pid):
         self.query()
         body = self.body("ProjectUpdate")
-        out, old_group = await self.manager.db(admin.update_project, self.principal, pid, body)
-        self.hub_groups(rename=(old_group, admin.group_name(out["domain_name"], out["name"])))
-        if body.get("is_active") is False:
-            sids, _ = await self.manager.db_read(admin.cut_off, project=pid)
-            await self.end_sessions(sids, f"ended: the project {out['name']!r} was deactivated")
+        out, change = await self.manager.db(hubsync.update_project, self.principal, pid, body)
+        await hubsync.apply(self, change)
         self.reply(out)
 
     async def delete(self, pid):
         self.query()
-        group = await self.manager.db(admin.delete_project, self.principal, pid)
-        self.hub_groups(delete=group)
+        _, change = await self.manager.db(hubsync.delete_project, self.principal, pid)
+        await hubsync.apply(self, change)
         self.reply(None, 204)
 
 
@@ -156,16 +122,17 @@ class MembersHandler(APIBase):
     async def post(self, pid):
         self.query()
         body = self.body("MembersAdd")
-        out = await self.manager.db(admin.add_members, self.principal, pid, body["user_ids"])
-        self.hub_groups(add={out["group"]: out["added"]})
+        out, change = await self.manager.db(hubsync.add_members, self.principal, pid,
+                                            body["user_ids"])
+        await hubsync.apply(self, change)
         self.reply(out)
 
 
 class MemberHandler(APIBase):
     async def delete(self, pid, uid):
         self.query()
-        group, username = await self.manager.db(admin.remove_member, self.principal, pid, uid)
-        self.hub_groups(remove={group: [username]})
+        _, change = await self.manager.db(hubsync.remove_members, self.principal, pid, [uid])
+        await hubsync.apply(self, change)
         self.reply(None, 204)
 
 
@@ -184,7 +151,7 @@ class UsersHandler(APIBase):
         self.reply(out, 201)
 
 
-class UserHandler(APIBase, CutOff):
+class UserHandler(APIBase):
     async def get(self, uid):
         self.query()
         self.reply(await self.manager.db_read(admin.get_user, self.principal, uid))
@@ -192,32 +159,15 @@ class UserHandler(APIBase, CutOff):
     async def patch(self, uid):
         self.query()
         body = self.body("UserUpdate")
-        out, old_groups = await self.manager.db(admin.update_user, self.principal, uid, body)
-        if out["status"] != UserStatus.ACTIVE and "status" in body:
-            sids, names = await self.manager.db_read(admin.cut_off, user=uid)
-            await self.end_sessions(sids, f"ended: the account {out['username']!r} is "
-                                          f"{out['status']}")
-            await self.end_hub_access(names)
-        if "role" in body:
-            self.hub_admin(out["username"], out["role"] == UserRole.SUPERADMIN)
-        if "project_ids" in body or "domain_name" in body:
-            new = await self.manager.db(
-                lambda s: {p: admin.hub_group(s.get(admin.Project, p)) for p in out["project_ids"]})
-            now = set(new.values())
-            self.hub_groups(add={g: [out["username"]] for g in now - set(old_groups)},
-                            remove={g: [out["username"]] for g in set(old_groups) - now})
+        out, change = await self.manager.db(hubsync.update_user, self.principal, uid, body)
+        await hubsync.apply(self, change)
         self.reply(out)
 
     async def delete(self, uid):
         self.query()
-        username, _groups = await self.manager.db(admin.delete_user, self.principal, uid)
-        # Identity by id: the hub's account goes too (servers, tokens, cookies), so a new
-        # user of the same name, in any domain, starts with nothing.
-        await self.end_hub_access([username])
-        user = self.find_user(username)
-        if user is not None:
-            await user.delete_spawners()
-            self.users.delete(user)
+        # (the hub's account goes too: hubsync.delete_user)
+        _, change = await self.manager.db(hubsync.delete_user, self.principal, uid)
+        await hubsync.apply(self, change)
         self.reply(None, 204)
 
 
@@ -359,7 +309,7 @@ def _parse_time(field: str, value: str | None) -> dt.datetime | None:
 class SessionsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/sessions"))
-        self.reply(await self.manager.db_read(admin.list_sessions, self.principal, f, o, n))
+        self.reply(await self.manager.session_lists.page(self.principal, f, o, n))
 
     async def post(self):
         self.query()

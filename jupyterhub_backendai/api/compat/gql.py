@@ -1,13 +1,18 @@
 """The part of Backend.AI's GraphQL schema (``POST /admin/gql``) the 23.09 CLI's
 session and folder commands use: ``keypair``, ``compute_session``,
 ``compute_session_list``, ``vfolder_list``; the admin commands' queries, and their
-mutations for domains (add, update, purge), users (add, update), keypairs (add,
-update, activate, deactivate, delete), keypair resource policies and scaling groups
-(resource groups; add, update, delete). Parsed, validated and executed by
-graphql-core (the pinned 3.3); every field is resolved from the same manager
+mutations for domains (add, update, delete = deactivate, purge), groups (projects: add,
+update, delete = deactivate, purge, add-users, remove-users), users (add, update,
+delete = status deleted, purge), keypairs (add, update, activate, deactivate, delete),
+keypair resource policies and scaling groups (resource groups; add, update, delete,
+associate with and dissociate from domains, groups and keypairs). Parsed, validated and
+executed by graphql-core (the pinned 3.3); every field is resolved from the same manager
 functions and access filters as the REST API (what a caller sees here is what
-``GET /sessions`` and ``GET /vfolders`` show them). Fields the client parses as
-JSON strings (slots, status data) are sent as JSON strings.
+``GET /sessions`` and ``GET /vfolders`` show them). Mutations that JupyterHub mirrors
+(groups, admin flags, deactivations, deleted accounts) go through ``api/hubsync.py``,
+as the REST handlers do: the record in the request's transaction, the hub's part after
+it committed. Fields the client parses as JSON strings (slots, status data) are sent as
+JSON strings.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ...common.errors import BackendAIError
 from ...common.types import SessionStatus
 from ...manager import access, admin, vfolders
 from ...models import Keypair, Session, VFolder
+from .. import hubsync
 
 SDL = """
 scalar UUID
@@ -310,6 +316,34 @@ input ModifyDomainInput {
   integration_id: String
 }
 
+input GroupInput {
+  type: String
+  description: String
+  is_active: Boolean
+  domain_name: String!
+  total_resource_slots: String
+  allowed_vfolder_hosts: String
+  integration_id: String
+  resource_policy: String
+}
+
+input ModifyGroupInput {
+  name: String
+  description: String
+  is_active: Boolean
+  domain_name: String
+  total_resource_slots: String
+  user_update_mode: String
+  user_uuids: [String]
+  allowed_vfolder_hosts: String
+  integration_id: String
+  resource_policy: String
+}
+
+input PurgeUserInput { purge_shared_vfolders: Boolean }
+
+type CreateGroup { ok: Boolean msg: String group: Group }
+type ModifyGroup { ok: Boolean msg: String group: Group }
 type CreateDomain { ok: Boolean msg: String domain: Domain }
 type ModifyDomain { ok: Boolean msg: String domain: Domain }
 input CreateKeyPairResourcePolicyInput {
@@ -392,8 +426,28 @@ type Mutation {
   create_scaling_group(name: String!, props: CreateScalingGroupInput!): CreateScalingGroup
   modify_scaling_group(name: String!, props: ModifyScalingGroupInput!): MutationResult
   delete_scaling_group(name: String!): MutationResult
+  create_group(name: String!, props: GroupInput!): CreateGroup
+  modify_group(gid: UUID!, props: ModifyGroupInput!): ModifyGroup
+  delete_group(gid: UUID!): MutationResult
+  purge_group(gid: UUID!): MutationResult
   create_user(email: String!, props: UserInput!): CreateUser
   modify_user(email: String!, props: ModifyUserInput!): ModifyUser
+  delete_user(email: String!): MutationResult
+  purge_user(email: String!, props: PurgeUserInput): MutationResult
+  associate_scaling_group_with_domain(scaling_group: String!, domain: String!): MutationResult
+  disassociate_scaling_group_with_domain(scaling_group: String!, domain: String!):
+    MutationResult
+  disassociate_all_scaling_groups_with_domain(domain: String!): MutationResult
+  associate_scaling_group_with_user_group(scaling_group: String!, user_group: UUID!):
+    MutationResult
+  # (the 23.09 client declares this one's $user_group a String!)
+  disassociate_scaling_group_with_user_group(scaling_group: String!, user_group: String!):
+    MutationResult
+  disassociate_all_scaling_groups_with_group(user_group: UUID!): MutationResult
+  associate_scaling_group_with_keypair(scaling_group: String!, access_key: String!):
+    MutationResult
+  disassociate_scaling_group_with_keypair(scaling_group: String!, access_key: String!):
+    MutationResult
   create_keypair(user_id: String!, props: KeyPairInput!): CreateKeyPair
   modify_keypair(access_key: String!, props: ModifyKeyPairInput!): MutationResult
   delete_keypair(access_key: String!): MutationResult
@@ -555,6 +609,10 @@ class Root:
 
     def __init__(self, db, p: access.Principal):
         self.db, self.p = db, p
+        # what JupyterHub must do once the transaction committed (hubsync.apply), from
+        # the mutations that succeeded; _pending: the running mutation's
+        self.changes: list[hubsync.HubChange] = []
+        self._pending: list[hubsync.HubChange] = []
 
     def keypair(self, info, access_key=None, domain_name=None):
         ak = access_key or self.p.access_key
@@ -728,13 +786,22 @@ class Root:
     # leaves nothing behind); answered as Backend.AI does, {ok, msg, <object>} --
 
     def _mutate(self, fn, *args) -> dict:
+        self._pending = []
         try:
             with self.db.begin_nested():
-                return {"ok": True, "msg": "success", **(fn(*args) or {})}
+                out = {"ok": True, "msg": "success", **(fn(*args) or {})}
         except BackendAIError as e:
             return {"ok": False, "msg": e.detail}
         except GraphQLError as e:
             return {"ok": False, "msg": e.message}
+        self.changes += [c for c in self._pending if c]
+        return out
+
+    def _hub(self, fn, *args):
+        """A ``hubsync`` service: its result; its hub change is made if the mutation stands."""
+        out, change = fn(self.db, self.p, *args)
+        self._pending.append(change)
+        return out
 
     @staticmethod
     def _domain_body(props: dict, schema: str) -> dict:
@@ -761,14 +828,14 @@ class Root:
                 raise GraphQLError("name: domains cannot be renamed on this server")
             body = self._domain_body({k: v for k, v in props.items() if k != "name"},
                                      "DomainUpdate")
-            if body.get("is_active") is False:
-                raise _deactivate("domain", f"PATCH /domains/{name}")
-            return {"domain": _domain_item(admin.update_domain(self.db, self.p, name, body))}
+            # (is_active false: its sessions and its users' hub access end, as in REST)
+            return {"domain": _domain_item(self._hub(hubsync.update_domain, name, body))}
         return self._mutate(run)
 
     def delete_domain(self, info, name):
         # Backend.AI's delete_domain deactivates (``purge`` deletes)
-        return self._mutate(lambda: _raise(_deactivate("domain", f"PATCH /domains/{name}")))
+        return self._mutate(lambda: self._hub(hubsync.update_domain, name,
+                                              {"is_active": False}) and None)
 
     def purge_domain(self, info, name):
         return self._mutate(admin.delete_domain, self.db, self.p, name)
@@ -880,15 +947,136 @@ class Root:
                 raise GraphQLError("username, main_access_key: change them through the REST "
                                    "API (PATCH /keypairs/{access_key} is_default)")
             body = self._user_body(dict(props), "UserUpdate")
-            # These changes end sessions and change the hub's accounts and groups: the
-            # REST API's handler does that part, so they are made there.
-            hub = sorted(set(body) & {"status", "role", "domain_name", "project_ids"})
-            if hub:
-                raise GraphQLError(f"{', '.join(hub)}: change them through the REST API "
-                                   f"(PATCH /users/{{id}}); the hub mirrors them there")
-            out, _old = admin.update_user(self.db, self.p, user["id"], body)
-            return {"user": _user_item(self.db, out)}
+            # status, role, domain and groups: the hub follows (hubsync), as in REST
+            return {"user": _user_item(self.db, self._hub(hubsync.update_user, user["id"],
+                                                          body))}
         return self._mutate(run)
+
+    def delete_user(self, info, email):
+        # Backend.AI's delete_user keeps the account with status "deleted" (purge deletes):
+        # its sessions and hub access end, as with PATCH /users/{id} {"status": "deleted"}
+        def run():
+            body = _checked({"status": "deleted"}, "UserUpdate")
+            self._hub(hubsync.update_user, self._user_by_email(email)["id"], body)
+        return self._mutate(run)
+
+    def purge_user(self, info, email, props=None):
+        # DELETE /users/{id}: refused while the user has folders (purge_shared_vfolders or
+        # not: delete or hand them over first) or live sessions; the hub account goes too
+        return self._mutate(lambda: self._hub(hubsync.delete_user,
+                                              self._user_by_email(email)["id"]) and None)
+
+    # -- groups (projects); their JupyterHub groups follow (hubsync) --
+
+    @staticmethod
+    def _group_body(props: dict, schema: str) -> dict:
+        body = {k: v for k, v in props.items() if v is not None}
+        if body.pop("integration_id", None):
+            raise GraphQLError("integration_id: not supported by this server")
+        if str(body.pop("type", "GENERAL")).upper() != "GENERAL":
+            raise GraphQLError("type: only GENERAL groups (projects) here")
+        for k in ("total_resource_slots", "allowed_vfolder_hosts"):  # JSON strings here
+            if k in body:
+                try:
+                    body[k] = json.loads(body[k])
+                except ValueError:
+                    raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
+        return _checked(body, schema)
+
+    def create_group(self, info, name, props):
+        def run():
+            body = self._group_body({**props, "name": name}, "ProjectCreate")
+            return {"group": _group_item(self._hub(hubsync.create_project, body))}
+        return self._mutate(run)
+
+    def modify_group(self, info, gid, props):
+        def run():
+            pid = _hex(gid, "group id")
+            props_ = dict(props)
+            mode = props_.pop("user_update_mode", None)
+            uids = props_.pop("user_uuids", None)
+            if props_.get("domain_name") is not None:
+                if props_.pop("domain_name") != _call(admin.get_project, self.db, self.p,
+                                                      pid)["domain_name"]:
+                    raise GraphQLError("domain_name: groups (projects) cannot move to "
+                                       "another domain")
+            body = self._group_body(props_, "ProjectUpdate")
+            if body:  # (is_active false: the project's sessions end, as in REST)
+                self._hub(hubsync.update_project, pid, body)
+            if uids is not None or mode is not None:
+                if mode not in ("add", "remove"):
+                    raise GraphQLError(f"user_update_mode: 'add' or 'remove', not {mode!r}")
+                ids = [_hex(u, "user id") for u in uids or []]
+                if mode == "add":
+                    self._hub(hubsync.add_members, pid, _checked({"user_ids": ids},
+                                                                 "MembersAdd")["user_ids"])
+                else:
+                    if not ids:
+                        raise GraphQLError("user_uuids: which users")
+                    self._hub(hubsync.remove_members, pid, ids)
+            return {"group": _group_item(admin.get_project(self.db, self.p, pid))}
+        return self._mutate(run)
+
+    def delete_group(self, info, gid):
+        # Backend.AI's delete_group deactivates (``purge`` deletes): its sessions end
+        return self._mutate(lambda: self._hub(hubsync.update_project, _hex(gid, "group id"),
+                                              {"is_active": False}) and None)
+
+    def purge_group(self, info, gid):
+        return self._mutate(lambda: self._hub(hubsync.delete_project, _hex(gid, "group id")))
+
+    # -- scaling groups' associations: a resource group's allowed_domains,
+    # allowed_projects and allowed_keypairs (PATCH /resource-groups/{name}) --
+
+    def _associate(self, name: str, field: str, key: str, add: bool) -> None:
+        g = _call(admin.get_resource_group, self.db, self.p, name)
+        now = list(g[field] or [])
+        what = {"allowed_domains": "domain", "allowed_projects": "group (project)",
+                "allowed_keypairs": "keypair"}[field]
+        if add == (key in now):
+            raise GraphQLError(f"scaling group {name!r} is {'already' if add else 'not'} "
+                               f"associated with {what} {key!r}")
+        new = now + [key] if add else [k for k in now if k != key]
+        admin.update_resource_group(self.db, self.p, name,
+                                    _checked({field: new}, "ResourceGroupUpdate"))
+
+    def _dissociate_all(self, field: str, key: str) -> None:
+        access.require(access.may_change_installation(self.p), "change resource groups")
+        for g in _all(admin.list_resource_groups, self.db, self.p, {}):
+            if key in (g[field] or []):
+                self._associate(g["name"], field, key, False)
+
+    def associate_scaling_group_with_domain(self, info, scaling_group, domain):
+        return self._mutate(self._associate, scaling_group, "allowed_domains", domain, True)
+
+    def disassociate_scaling_group_with_domain(self, info, scaling_group, domain):
+        return self._mutate(self._associate, scaling_group, "allowed_domains", domain, False)
+
+    def disassociate_all_scaling_groups_with_domain(self, info, domain):
+        def run():
+            admin.get_domain(self.db, self.p, domain)  # (one the caller can see)
+            self._dissociate_all("allowed_domains", domain)
+        return self._mutate(run)
+
+    def associate_scaling_group_with_user_group(self, info, scaling_group, user_group):
+        return self._mutate(lambda: self._associate(
+            scaling_group, "allowed_projects", _hex(user_group, "group id"), True))
+
+    def disassociate_scaling_group_with_user_group(self, info, scaling_group, user_group):
+        return self._mutate(lambda: self._associate(
+            scaling_group, "allowed_projects", _hex(user_group, "group id"), False))
+
+    def disassociate_all_scaling_groups_with_group(self, info, user_group):
+        return self._mutate(lambda: self._dissociate_all("allowed_projects",
+                                                         _hex(user_group, "group id")))
+
+    def associate_scaling_group_with_keypair(self, info, scaling_group, access_key):
+        return self._mutate(self._associate, scaling_group, "allowed_keypairs", access_key,
+                            True)
+
+    def disassociate_scaling_group_with_keypair(self, info, scaling_group, access_key):
+        return self._mutate(self._associate, scaling_group, "allowed_keypairs", access_key,
+                            False)
 
     def create_keypair(self, info, user_id, props):
         def run():
@@ -914,15 +1102,6 @@ class Root:
 
     def delete_keypair(self, info, access_key):
         return self._mutate(admin.delete_keypair, self.db, self.p, access_key)
-
-
-def _deactivate(kind: str, where: str) -> GraphQLError:
-    return GraphQLError(f"deactivating a {kind} ends its sessions and its users' hub access, "
-                        f"which the REST API does: {where} with is_active false")
-
-
-def _raise(e: Exception):
-    raise e
 
 
 def _checked(body: dict, schema_name: str) -> dict:
@@ -1040,8 +1219,12 @@ def _field_resolver(source, info, **args):
     return getattr(source, info.field_name, None)
 
 
-async def execute(manager, p: access.Principal, query: str, variables: dict | None) -> dict:
-    """Run one query for ``p``; answers ``{"data": ..., "errors": [...]}`` as GraphQL does."""
+async def execute(manager, p: access.Principal, query: str, variables: dict | None,
+                  hub=None) -> dict:
+    """Run one query for ``p``; answers ``{"data": ..., "errors": [...]}`` as GraphQL does.
+
+    ``hub``: the request's handler, which makes the JupyterHub side of the mutations
+    (``hubsync.apply``) after their transaction committed."""
 
     volumes = await vfolders._volumes(manager) if "storage_volume" in query else {}
     try:
@@ -1053,10 +1236,14 @@ async def execute(manager, p: access.Principal, query: str, variables: dict | No
     def run(db):
         root = Root(db, p)
         root.volumes = volumes
-        return graphql_sync(SCHEMA, query, root_value=root,
-                            variable_values=variables or {}, field_resolver=_field_resolver)
+        return graphql_sync(SCHEMA, query, root_value=root, variable_values=variables or {},
+                            field_resolver=_field_resolver), root.changes
 
-    result = await (manager.db if mutation else manager.db_read)(run)
+    result, changes = await (manager.db if mutation else manager.db_read)(run)
+    if changes and hub is None:
+        raise RuntimeError("mutations JupyterHub mirrors need the request's handler")
+    for change in changes:
+        await hubsync.apply(hub, change)
     out: dict = {"data": result.data}
     if result.errors:
         out["errors"] = [e.formatted for e in result.errors]

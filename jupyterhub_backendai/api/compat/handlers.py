@@ -167,7 +167,7 @@ class GQLHandler(CompatBase):
             raise InvalidRequest("query: a GraphQL query string is required")
         if not isinstance(variables, dict):
             raise InvalidRequest("variables must be an object")
-        self.reply(await gql.execute(self.manager, self.principal, query, variables))
+        self.reply(await gql.execute(self.manager, self.principal, query, variables, hub=self))
 
 
 # -- sessions ----------------------------------------------------------------------------
