@@ -1,13 +1,15 @@
-"""The OpenAPI 3.1 document of the admin API, built from one table of routes.
+"""The OpenAPI 3.1 document of the admin API, built from the typed contract.
 
-``openapi.yaml`` beside this module is the contract: the hub serves it at
-``/hub/api/backendai/openapi.json``, request bodies are validated against its
-schemas, and the tests fuzz the running hub against it. It is generated from
-this module so that paths, parameters and schemas cannot drift apart::
+``openapi.yaml`` beside this module is the contract as served: the hub serves it at
+``/hub/api/backendai/openapi.json`` and the tests fuzz the running hub against it. It is
+generated, never written by hand::
 
     python -m jupyterhub_backendai.api.spec --write
 
-and a test fails when the committed file differs from what this module builds.
+Its component schemas are the pydantic models of :mod:`.models` (which also validate the
+request bodies, so the document and the validation cannot differ); its paths are the
+declared operations; a test fails when the committed file differs from what this module
+builds.
 """
 
 from __future__ import annotations
@@ -19,17 +21,9 @@ import sys
 
 import yaml
 
-from ..common.slots import MIG_PROFILE_WORDS, MIG_SLOT_PATTERN, SLOT_NAME_PATTERN, SLOT_NAMES_WORDS
-from ..common.types import (
-    SessionStatus,
-    UserRole,
-    UserStatus,
-    VFolderOwnership,
-    VFolderPermission,
-    VFolderStatus,
-)
-from ..manager.admin import KNOWN_SCHEDULERS
-from ..manager.vfolders import MAX_PATH, USAGE_MODES
+from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
+from ..manager.vfolders import MAX_PATH
+from . import models
 
 PATH = os.path.join(os.path.dirname(__file__), "openapi.yaml")
 PREFIX = "/hub/api/backendai"
@@ -38,15 +32,11 @@ MAX_LIMIT = 500
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 
-# -- schema pieces ---------------------------------------------------------------
+# -- schema pieces of parameters (bodies are the models of :mod:`.models`) -----------
 
 
 def _str(max_len: int = 64, **kw) -> dict:
     return {"type": "string", "maxLength": max_len, **kw}
-
-
-def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def _int(lo: int = 0, hi: int = INT32) -> dict:
@@ -57,342 +47,14 @@ def _ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-NAME = {"type": "string", "minLength": 1, "maxLength": 64,
-        "pattern": "^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$"}
-ID = _str(32)
-TIME = {"type": "string", "format": "date-time"}
 BOOL = {"type": "boolean"}
-TEXT = _str(512)
-AMOUNT = {"anyOf": [_str(32), {"type": "number"}]}
-# Slot names (cpu, mem, cuda.device, cuda.mig-<profile>); x-message: the pattern in words.
-SLOT_NAME = {"type": "string", "pattern": SLOT_NAME_PATTERN,
-             "x-message": "slot names must be " + SLOT_NAMES_WORDS}
-RESOURCE_NAME = {"type": "string",
-                 "pattern": "^(?:cpu|mem|gpu|" + MIG_SLOT_PATTERN[1:-1] + ")$",
-                 "x-message": "resources are cpu, mem, gpu or cuda.mig-<profile> (" +
-                              MIG_PROFILE_WORDS + ")"}
-SLOTS_IN = {
-    "type": "object",
-    "description": "Resource slots: cpu (cores), mem (bytes, or a size such as 4g), "
-                   "cuda.device (GPUs), cuda.mig-<profile> (MIG instances of that profile, "
-                   "e.g. cuda.mig-1g.10gb; whole numbers). Amounts as decimal strings or "
-                   "numbers.",
-    "propertyNames": SLOT_NAME,
-    "additionalProperties": AMOUNT,
-}
-SLOTS_OUT = {"type": "object", "additionalProperties": {"type": "string"},
-             "description": "Resource slots as exact decimal strings."}
-VFOLDER_HOSTS = {"type": "object", "maxProperties": 64,
-                 "additionalProperties": {"type": "array", "maxItems": 32, "items": _str(64)}}
-STRINGS = {"type": "array", "maxItems": 256, "items": _str(64)}
-IDS = {"type": "array", "maxItems": 500, "items": ID}
-# One '.' may come first: such folders are mounted into every session of their owner.
-VFOLDER_NAME = {"type": "string", "minLength": 1, "maxLength": 64,
-                "pattern": "^\\.?[A-Za-z0-9][A-Za-z0-9._-]*$"}
 FILE_PATH = {"type": "string", "minLength": 1, "maxLength": MAX_PATH,
              "description": "relative to the folder's root; no '..'"}
-
-
-def _obj(props: dict, required=(), *, closed: bool = True) -> dict:
-    out = {"type": "object", "properties": props}
-    if required:
-        out["required"] = list(required)
-    if closed:
-        out["additionalProperties"] = False
-    return out
 
 
 def _out(props: dict) -> dict:
     """A response object: every listed property is always present."""
     return {"type": "object", "properties": props, "required": list(props)}
-
-
-DOMAIN_W = {
-    "description": TEXT, "is_active": BOOL, "total_resource_slots": SLOTS_IN,
-    "allowed_vfolder_hosts": VFOLDER_HOSTS, "allowed_docker_registries": STRINGS,
-}
-PROJECT_W = {
-    "name": NAME, "description": TEXT, "is_active": BOOL, "total_resource_slots": SLOTS_IN,
-    "allowed_vfolder_hosts": VFOLDER_HOSTS, "resource_policy": _nullable(_str(64)),
-}
-USER_W = {
-    "email": _str(128, minLength=3), "password": _str(72, minLength=8),
-    "full_name": _str(128), "status": {"enum": list(UserStatus)}, "role": {"enum": list(UserRole)},
-    "domain_name": _str(64), "resource_policy": _nullable(_str(64)),
-    "need_password_change": BOOL,
-    "allowed_client_ip": _nullable({"type": "array", "maxItems": 64, "items": _str(64)}),
-    "project_ids": IDS,
-}
-KEYPAIR_W = {"is_active": BOOL, "rate_limit": _int(), "resource_policy": _str(64),
-             "is_admin": BOOL}
-KP_POLICY_W = {
-    "total_resource_slots": SLOTS_IN,
-    "default_for_unspecified": {"enum": ["UNLIMITED", "LIMITED"]},
-    "max_concurrent_sessions": _int(), "max_containers_per_session": _int(),
-    "max_session_lifetime": _int(), "idle_timeout": _int(), "max_priority": _int(0, 100),
-    "max_pending_session_count": _nullable(_int()),
-    "max_pending_session_resource_slots": _nullable(SLOTS_IN),
-    "allowed_vfolder_hosts": VFOLDER_HOSTS,
-}
-QUOTA_POLICY_W = {"max_vfolder_count": _int(), "max_quota_scope_size": _int(0, INT64)}
-GROUP_W = {
-    "description": TEXT, "is_active": BOOL, "is_public": BOOL,
-    "scheduler": {"enum": list(KNOWN_SCHEDULERS)},
-    "scheduler_opts": {"type": "object", "maxProperties": 32},
-    "allowed_domains": STRINGS, "allowed_projects": IDS,
-    "allowed_keypairs": {"type": "array", "maxItems": 500, "items": _str(20)},
-}
-
-SCHEMAS: dict[str, dict] = {
-    "Problem": {
-        "type": "object",
-        "description": "RFC 9457 problem details; every error has this body.",
-        "properties": {"type": {"type": "string"}, "title": {"type": "string"},
-                       "status": {"type": "integer"}, "detail": {"type": "string"}},
-        "required": ["type", "title", "status", "detail"],
-    },
-    "Domain": _out({
-        "name": {"type": "string"}, "description": {"type": "string"}, "is_active": BOOL,
-        "total_resource_slots": SLOTS_OUT, "allowed_vfolder_hosts": {"type": "object"},
-        "allowed_docker_registries": {"type": "array", "items": {"type": "string"}},
-        "created_at": TIME,
-    }),
-    "DomainCreate": _obj({"name": NAME, **DOMAIN_W}, ["name"]),
-    "DomainUpdate": _obj(DOMAIN_W),
-    "Project": _out({
-        "id": {"type": "string"}, "name": {"type": "string"}, "domain_name": {"type": "string"},
-        "description": {"type": "string"}, "is_active": BOOL, "total_resource_slots": SLOTS_OUT,
-        "allowed_vfolder_hosts": {"type": "object"},
-        "resource_policy": {"type": ["string", "null"]}, "created_at": TIME,
-    }),
-    "ProjectCreate": _obj({**PROJECT_W, "domain_name": _str(64)}, ["name"]),
-    "ProjectUpdate": _obj(PROJECT_W),
-    "MembersAdd": _obj({"user_ids": {**IDS, "minItems": 1}}, ["user_ids"]),
-    "MembersChanged": _out({
-        "project_id": {"type": "string"}, "group": {"type": "string"},
-        "added": {"type": "array", "items": {"type": "string"},
-                  "description": "usernames that became members"},
-        "user_ids": {"type": "array", "items": {"type": "string"}},
-    }),
-    "User": _out({
-        "id": {"type": "string"}, "email": {"type": "string"}, "username": {"type": "string"},
-        "full_name": {"type": "string"}, "status": {"enum": list(UserStatus)},
-        "role": {"enum": list(UserRole)}, "domain_name": {"type": "string"},
-        "resource_policy": {"type": ["string", "null"]}, "need_password_change": BOOL,
-        "allowed_client_ip": {"type": ["array", "null"], "items": {"type": "string"}},
-        "project_ids": {"type": "array", "items": {"type": "string"}}, "created_at": TIME,
-    }),
-    "UserCreate": _obj({**USER_W, "username": {**_str(64), "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$"}},
-                       ["email", "password"]),
-    "UserCreated": {"allOf": [_ref("User"), _out({"keypair": _out({
-        "access_key": {"type": "string"}, "secret_key": {"type": "string"}})})]},
-    "UserUpdate": _obj(USER_W),
-    "Keypair": _out({
-        "access_key": {"type": "string"}, "user_id": {"type": "string"}, "is_active": BOOL,
-        "is_admin": BOOL, "is_default": BOOL, "rate_limit": {"type": "integer"},
-        "num_queries": {"type": "integer"}, "last_used": {"type": ["string", "null"]},
-        "resource_policy": {"type": "string"}, "created_at": TIME,
-    }),
-    "KeypairCreate": _obj({"user_id": ID, **KEYPAIR_W}),
-    "KeypairCreated": {"allOf": [_ref("Keypair"), _out({"secret_key": {
-        "type": "string", "description": "shown in this response only"}})]},
-    "KeypairUpdate": _obj({**KEYPAIR_W, "is_default": BOOL}),
-    "KeypairResourcePolicy": _out({
-        "name": {"type": "string"}, "total_resource_slots": SLOTS_OUT,
-        "default_for_unspecified": {"type": "string"},
-        **{k: {"type": "integer"} for k in ("max_concurrent_sessions", "max_containers_per_session",
-                                            "max_session_lifetime", "idle_timeout", "max_priority")},
-        "max_pending_session_count": {"type": ["integer", "null"]},
-        "max_pending_session_resource_slots": {"anyOf": [SLOTS_OUT, {"type": "null"}]},
-        "allowed_vfolder_hosts": {"type": "object"}, "created_at": TIME,
-    }),
-    "KeypairResourcePolicyCreate": _obj({"name": NAME, **KP_POLICY_W}, ["name"]),
-    "KeypairResourcePolicyUpdate": _obj(KP_POLICY_W),
-    "QuotaPolicy": _out({
-        "name": {"type": "string"}, "max_vfolder_count": {"type": "integer"},
-        "max_quota_scope_size": {"type": "integer"}, "created_at": TIME,
-    }),
-    "QuotaPolicyCreate": _obj({"name": NAME, **QUOTA_POLICY_W}, ["name"]),
-    "QuotaPolicyUpdate": _obj(QUOTA_POLICY_W),
-    "ResourceGroup": _out({
-        "name": {"type": "string"}, "description": {"type": "string"}, "is_active": BOOL,
-        "is_public": BOOL, "scheduler": {"type": "string"}, "scheduler_opts": {"type": "object"},
-        **{k: {"type": "array", "items": {"type": "string"}}
-           for k in ("allowed_domains", "allowed_projects", "allowed_keypairs")},
-        "created_at": TIME,
-    }),
-    "ResourceGroupCreate": _obj({"name": NAME, **GROUP_W}, ["name"]),
-    "ResourceGroupUpdate": _obj(GROUP_W),
-    "Agent": _out({
-        "id": {"type": "string"}, "status": {"type": "string"},
-        "resource_group": {"type": "string"}, "addr": {"type": "string"},
-        "architecture": {"type": "string"}, "backend": {"type": "string"},
-        "available_slots": SLOTS_OUT, "occupied_slots": SLOTS_OUT, "schedulable": BOOL,
-        "version": {"type": "string"}, "first_contact": TIME, "last_heartbeat": TIME,
-    }),
-    "Kernel": _out({
-        "id": {"type": "string"}, "cluster_role": {"type": "string"},
-        "cluster_idx": {"type": "integer"}, "cluster_hostname": {"type": "string"},
-        "agent_id": {"type": ["string", "null"]}, "status": {"type": "string"},
-        "exit_code": {"type": ["integer", "null"]},
-    }),
-    "Session": _out({
-        "id": {"type": "string"}, "name": {"type": "string"}, "type": {"type": "string"},
-        "user_id": {"type": "string"}, "access_key": {"type": "string"},
-        "domain_name": {"type": "string"}, "project_id": {"type": ["string", "null"]},
-        "resource_group": {"type": "string"}, "image": {"type": "string"},
-        "cluster_size": {"type": "integer"}, "cluster_mode": {"type": "string"},
-        "priority": {"type": "integer"}, "requested_slots": SLOTS_OUT,
-        "status": {"enum": list(SessionStatus)}, "status_info": {"type": "string"},
-        "result": {"type": "string"}, "startup_command": {"type": ["string", "null"]},
-        "batch_timeout": {"type": ["integer", "null"]}, "starts_at": {"type": ["string", "null"]},
-        "architecture": {"type": ["string", "null"]},
-        "designated_agents": {"type": "array", "items": {"type": "string"}},
-        "dependencies": {"type": "array", "items": {"type": "string"}},
-        "created_at": TIME, "terminated_at": {"type": ["string", "null"]},
-        "kernels": {"type": "array", "items": _ref("Kernel")},
-        "vfolder_mounts": {"type": "array", "items": _out({
-            "id": {"type": "string"}, "name": {"type": "string"}, "host": {"type": "string"},
-            "permission": {"type": "string"}, "target": {"type": "string"}})},
-    }),
-    "SessionCreate": _obj({
-        "name": NAME,
-        "image": _str(512, minLength=1),
-        "resources": {**_obj({"cpu": AMOUNT, "mem": AMOUNT, "gpu": AMOUNT}, closed=False),
-                      "propertyNames": RESOURCE_NAME, "additionalProperties": AMOUNT,
-                      "description": "cpu (cores), mem (a size such as 4g), gpu (whole "
-                                     "GPUs), cuda.mig-<profile> (whole MIG instances of "
-                                     "that profile, e.g. cuda.mig-1g.10gb)"},
-        "resource_group": _str(64),
-        "type": {"enum": ["batch"], "description":
-                 "API sessions are batch sessions; interactive sessions are JupyterHub servers."},
-        "project": _str(64, description="project id or name in the caller's domain"),
-        "cluster_size": _int(1, 16),
-        "cluster_mode": {"enum": ["single-node", "multi-node"]},
-        "priority": _int(0, 100),
-        "startup_command": _str(8192, minLength=1),
-        "batch_timeout": _nullable(_int(1)),
-        "starts_at": _nullable(TIME),
-        "dependencies": {"type": "array", "maxItems": 64, "items": ID},
-        "mounts": {"type": "array", "maxItems": 64, "items": _str(64, minLength=1),
-                   "description": "vfolders (names or ids) mounted at /home/work/<name>"},
-    }, ["name", "image", "startup_command"]),
-    "SessionLogs": _out({
-        "session_id": {"type": "string"}, "status": {"type": "string"},
-        "kernels": {"type": "array", "items": _out({
-            "id": {"type": "string"}, "cluster_hostname": {"type": "string"},
-            "logs": {"type": ["string", "null"]}})},
-    }),
-    "SessionServicePorts": _out({
-        "session_id": {"type": "string"}, "status": {"type": "string"},
-        "server_url": {"type": ["string", "null"], "description":
-                       "the session's Jupyter server (null: a batch session serves nothing)"},
-        "adhoc_url_template": {"type": ["string", "null"], "description":
-                               "any other port: replace {port} (jupyter-server-proxy)"},
-        "service_ports": {"type": "array", "items": {
-            "type": "object", "required": ["name", "protocol", "container_port", "url"],
-            "properties": {
-                "name": {"type": "string"}, "protocol": {"type": "string"},
-                "container_port": {"type": "integer"},
-                "url": {"type": ["string", "null"],
-                        "description": "where the app answers, behind the hub's login "
-                                       "(null: not an HTTP port)"},
-                "host": {"type": "string", "description": "tcp ports the agent published "
-                         "(sshd, sftp; opt-in per resource group): the node's address"},
-                "port": {"type": "integer", "description": "tcp ports: the host port"}}}},
-    }),
-    "SessionSSHKey": _out({
-        "session_id": {"type": "string"},
-        "access_key": {"type": "string", "description": "the keypair the key derives from"},
-        "user": {"type": "string"}, "host": {"type": "string"}, "port": {"type": "integer"},
-        "public_key": {"type": "string"},
-        "private_key": {"type": "string", "description": "OpenSSH format, unencrypted"},
-    }),
-    "Whoami": _out({
-        "user": _ref("User"), "role": {"enum": list(UserRole)}, "domain": _ref("Domain"),
-        "projects": {"type": "array", "items": _ref("Project")},
-        "keypair": {"type": ["string", "null"],
-                    "description": "access key that signed the request, if any"},
-    }),
-    "SchedulerStatus": {"type": "object",
-                        "description": "per resource group: the queue and what the scheduler did"},
-    "VFolder": _out({
-        "id": {"type": "string"}, "name": {"type": "string"}, "host": {"type": "string"},
-        "quota_scope_id": {"type": "string"},
-        "ownership_type": {"enum": list(VFolderOwnership)},
-        "user_id": {"type": ["string", "null"]}, "project_id": {"type": ["string", "null"]},
-        "domain_name": {"type": "string"}, "creator": {"type": "string"},
-        "usage_mode": {"type": "string"},
-        "permission": {"enum": list(VFolderPermission),
-                       "description": "the owner's (user folder) or every member's (project)"},
-        "status": {"enum": list(VFolderStatus)},
-        "my_permission": {"anyOf": [{"enum": list(VFolderPermission)}, {"type": "null"}],
-                          "description": "what the caller may do with the files (null: nothing)"},
-        "created_at": TIME,
-    }),
-    "VFolderCreate": _obj({
-        "name": VFOLDER_NAME,
-        "host": _str(128, minLength=1, description="<storage proxy>:<volume>; default: the "
-                     "hub's default_vfolder_host"),
-        "project": _str(64, minLength=1, description="project id or name (in the caller's "
-                        "domain): a project folder (domain admins)"),
-        "permission": {"enum": list(VFolderPermission),
-                       "description": "project folders only: what every member may do"},
-        "usage_mode": {"enum": list(USAGE_MODES)},
-    }, ["name"]),
-    "VFolderUpdate": _obj({
-        "name": VFOLDER_NAME,
-        "permission": {"enum": list(VFolderPermission), "description": "project folders only"},
-        "usage_mode": {"enum": list(USAGE_MODES)},
-    }),
-    "VFolderShare": _out({
-        "vfolder_id": {"type": "string"}, "user_id": {"type": "string"},
-        "email": {"type": ["string", "null"]}, "permission": {"enum": list(VFolderPermission)},
-        "created_at": TIME,
-    }),
-    "VFolderShareCreate": _obj({
-        "email": _str(128, minLength=3, description="a user of the folder's domain"),
-        "permission": {"enum": list(VFolderPermission)},
-    }, ["email"]),
-    "VFolderShareUpdate": _obj({"permission": {"enum": list(VFolderPermission)}},
-                               ["permission"]),
-    "VFolderInvitation": _out({
-        "id": {"type": "string"}, "vfolder_id": {"type": "string"},
-        "vfolder_name": {"type": ["string", "null"]},
-        "inviter": {"type": ["string", "null"]}, "inviter_id": {"type": "string"},
-        "invitee": {"type": ["string", "null"]}, "invitee_id": {"type": "string"},
-        "permission": {"enum": list(VFolderPermission)},
-        "state": {"enum": ["pending", "accepted", "rejected", "canceled"]},
-        "created_at": TIME, "modified_at": {"anyOf": [TIME, {"type": "null"}]},
-    }),
-    "VFolderInvitationCreate": _obj({
-        "email": _str(128, minLength=3, description="a user of the folder's domain"),
-        "permission": {"enum": list(VFolderPermission)},
-    }, ["email"]),
-    "VFolderFiles": _out({
-        "path": {"type": "string"},
-        "items": {"type": "array", "items": _out({
-            "name": {"type": "string"}, "type": {"enum": ["file", "dir", "symlink", "other"]},
-            "size": {"type": "integer"},
-            "mtime": {"type": "number", "description": "seconds since the epoch"}})},
-    }),
-    "VFolderMkdir": _obj({"path": FILE_PATH, "parents": {
-        **BOOL, "description": "also the missing directories above it, and an existing "
-        "directory is no error (mkdir -p)"}}, ["path"]),
-    "VFolderRename": _obj({"path": FILE_PATH,
-                           "new_path": {**FILE_PATH, "description": "where it goes, relative "
-                                        "to the folder's root"}}, ["path", "new_path"]),
-    "VFolderFileDone": _out({"path": {"type": "string"}, "size": {"type": "integer"}}),
-    "VFolderPath": _out({"path": {"type": "string"}}),
-    "VFolderHosts": _out({
-        "default": {"type": "string"},
-        "allowed": {"type": "array", "items": {"type": "string"},
-                    "description": "hosts where the caller has at least one permission"},
-        "hosts": {"type": "object", "additionalProperties": _out({
-            "permissions": {"type": "array", "items": {"type": "string"}},
-            "volume": {"type": "object"}})},
-    }),
-}
 
 
 def _page_schema(item: str) -> dict:
@@ -590,18 +252,7 @@ def _path_params(path: str) -> list[dict]:
 # -- words for people: the CLI's --help and the API's 400s read them from the document --
 
 # Each pattern of the schemas said in words (``x-message``); errors never quote a regex.
-PATTERN_WORDS = {
-    "^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$":
-        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit",
-    "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$":
-        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit",
-    "^\\.?[A-Za-z0-9][A-Za-z0-9._-]*$":
-        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit "
-        "or with one '.' before it (a folder mounted into every session of its owner)",
-    "^[a-z0-9][a-z0-9._-]{0,63}$":
-        "must be 1 to 64 lower-case letters, digits, '.', '_' or '-', beginning with a "
-        "letter or digit",
-}
+PATTERN_WORDS = models.PATTERN_WORDS
 
 # What a request field means, where its schema has no description of its own.
 FIELD_DESCRIPTIONS: dict[str, str] = {
@@ -734,7 +385,7 @@ def build_document() -> dict:
         "security": [{"jupyterhubToken": []}, {"backendaiSignature": []}, {"hubCookie": []}],
         "paths": paths,
         "components": {
-            "schemas": _with_words(SCHEMAS),
+            "schemas": _with_words(models.component_schemas()),
             "responses": {
                 f"E{code}": {"description": text, "content": {
                     "application/problem+json": {"schema": _ref("Problem")}}}

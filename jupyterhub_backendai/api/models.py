@@ -1,0 +1,811 @@
+"""The admin API's typed contract: request and response bodies as pydantic models.
+
+One class per body. From these follow, with nothing written twice:
+
+- validation of request bodies (:func:`validate`, used by ``APIBase.body`` and by the
+  GraphQL mutations of :mod:`.compat.gql`), with errors in plain words (a pattern is
+  said in words, never quoted; types as "a string", "a whole number");
+- the component schemas of the OpenAPI 3.1 document (:func:`component_schemas`, read by
+  :mod:`.spec`).
+
+Request models forbid unknown fields (``additionalProperties: false``) and are strict:
+a whole number is never a bool or ``5.0``, a string is never a number. Optional fields
+that are not nullable default to ``None`` without accepting ``null``; the handlers get
+the body as sent (only the fields the caller gave).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, WithJsonSchema
+from pydantic.json_schema import models_json_schema
+
+from ..common.errors import InvalidRequest
+from ..common.slots import MIG_PROFILE_WORDS, MIG_SLOT_PATTERN, SLOT_NAME_PATTERN, SLOT_NAMES_WORDS
+from ..common.types import (
+    SessionStatus,
+    UserRole,
+    UserStatus,
+    VFolderOwnership,
+    VFolderPermission,
+    VFolderStatus,
+)
+from ..manager.admin import KNOWN_SCHEDULERS
+from ..manager.vfolders import MAX_PATH, USAGE_MODES
+
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+MAX_LIMIT = 500
+REF = "#/components/schemas/{model}"
+
+
+def _enum(values) -> Any:
+    """``Literal`` of the string values of an enum (or of a tuple of strings)."""
+    return Literal[tuple(str(getattr(v, "value", v)) for v in values)]
+
+
+# -- the words for patterns: errors and the CLI's --help say these, never a regex --------
+
+NAME_PATTERN = "^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$"
+USERNAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,63}$"
+VFOLDER_NAME_PATTERN = "^\\.?[A-Za-z0-9][A-Za-z0-9._-]*$"
+RESOURCE_PATTERN = "^(?:cpu|mem|gpu|" + MIG_SLOT_PATTERN[1:-1] + ")$"
+
+PATTERN_WORDS = {
+    NAME_PATTERN:
+        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit",
+    "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$":
+        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit",
+    VFOLDER_NAME_PATTERN:
+        "must be 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit "
+        "or with one '.' before it (a folder mounted into every session of its owner)",
+    USERNAME_PATTERN:
+        "must be 1 to 64 lower-case letters, digits, '.', '_' or '-', beginning with a "
+        "letter or digit",
+    # Slot names (cpu, mem, cuda.device, cuda.mig-<profile>) and a session's resources.
+    SLOT_NAME_PATTERN: "slot names must be " + SLOT_NAMES_WORDS,
+    RESOURCE_PATTERN: "resources are cpu, mem, gpu or cuda.mig-<profile> (" +
+                      MIG_PROFILE_WORDS + ")",
+}
+
+# -- field types --------------------------------------------------------------------
+
+
+def Str(max_len: int = 64, min_len: int | None = None, **kw) -> Any:
+    return Annotated[str, Field(max_length=max_len, min_length=min_len, **kw)]
+
+
+def Int(lo: int = 0, hi: int = INT32) -> Any:
+    return Annotated[int, Field(ge=lo, le=hi)]
+
+
+def _pattern(pattern: str, **kw) -> Any:
+    return Annotated[str, Field(pattern=pattern, json_schema_extra={
+        "x-message": PATTERN_WORDS[pattern]}, **kw)]
+
+
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=NAME_PATTERN)]
+Id = Str(32)
+Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+Text = Str(512)
+Amount = Annotated[str, Field(max_length=32)] | float
+_AMOUNT_SCHEMA = {"anyOf": [{"type": "string", "maxLength": 32}, {"type": "number"}]}
+SlotName = _pattern(SLOT_NAME_PATTERN)
+ResourceName = _pattern(RESOURCE_PATTERN)
+SlotsIn = Annotated[dict[SlotName, Amount], WithJsonSchema({
+    "type": "object",
+    "description": "Resource slots: cpu (cores), mem (bytes, or a size such as 4g), "
+                   "cuda.device (GPUs), cuda.mig-<profile> (MIG instances of that profile, "
+                   "e.g. cuda.mig-1g.10gb; whole numbers). Amounts as decimal strings or "
+                   "numbers.",
+    "propertyNames": {"type": "string", "pattern": SLOT_NAME_PATTERN,
+                      "x-message": PATTERN_WORDS[SLOT_NAME_PATTERN]},
+    "additionalProperties": _AMOUNT_SCHEMA,
+})]
+SlotsOut = Annotated[dict[str, str], Field(description="Resource slots as exact decimal strings.")]
+VFolderHostsIn = Annotated[dict[str, Annotated[list[Str(64)], Field(max_length=32)]],
+                           Field(max_length=64)]
+Strings = Annotated[list[Str(64)], Field(max_length=256)]
+Ids = Annotated[list[Id], Field(max_length=500)]
+VFolderName = Annotated[str, Field(min_length=1, max_length=64, pattern=VFOLDER_NAME_PATTERN)]
+FilePath = Annotated[str, Field(min_length=1, max_length=MAX_PATH,
+                                description="relative to the folder's root; no '..'")]
+Object = dict[str, Any]
+StrList = list[str]
+Permission = _enum(VFolderPermission)
+
+
+class Request(BaseModel):
+    """A request body: unknown fields refused, types strict."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
+
+
+class Response(BaseModel):
+    """A response body: every field is always present."""
+
+    model_config = ConfigDict(regex_engine="python-re")
+
+
+class Problem(Response):
+    """RFC 9457 problem details; every error has this body."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+
+
+# -- domains -------------------------------------------------------------------------
+
+
+class Domain(Response):
+    name: str
+    description: str
+    is_active: bool
+    total_resource_slots: SlotsOut
+    allowed_vfolder_hosts: Object
+    allowed_docker_registries: StrList
+    created_at: Time
+
+
+class DomainUpdate(Request):
+    description: Text = None
+    is_active: bool = None
+    total_resource_slots: SlotsIn = None
+    allowed_vfolder_hosts: VFolderHostsIn = None
+    allowed_docker_registries: Strings = None
+
+
+class DomainCreate(Request):
+    name: Name
+    description: Text = None
+    is_active: bool = None
+    total_resource_slots: SlotsIn = None
+    allowed_vfolder_hosts: VFolderHostsIn = None
+    allowed_docker_registries: Strings = None
+
+
+# -- projects ------------------------------------------------------------------------
+
+
+class Project(Response):
+    id: str
+    name: str
+    domain_name: str
+    description: str
+    is_active: bool
+    total_resource_slots: SlotsOut
+    allowed_vfolder_hosts: Object
+    resource_policy: str | None
+    created_at: Time
+
+
+class ProjectUpdate(Request):
+    name: Name = None
+    description: Text = None
+    is_active: bool = None
+    total_resource_slots: SlotsIn = None
+    allowed_vfolder_hosts: VFolderHostsIn = None
+    resource_policy: Str(64) | None = None
+
+
+class ProjectCreate(ProjectUpdate):
+    name: Name
+    domain_name: Str(64) = None
+
+
+class MembersAdd(Request):
+    user_ids: Annotated[list[Id], Field(min_length=1, max_length=500)]
+
+
+class MembersChanged(Response):
+    project_id: str
+    group: str
+    added: Annotated[StrList, Field(description="usernames that became members")]
+    user_ids: StrList
+
+
+# -- users ---------------------------------------------------------------------------
+
+
+class User(Response):
+    id: str
+    email: str
+    username: str
+    full_name: str
+    status: _enum(UserStatus)
+    role: _enum(UserRole)
+    domain_name: str
+    resource_policy: str | None
+    need_password_change: bool
+    allowed_client_ip: StrList | None
+    project_ids: StrList
+    created_at: Time
+
+
+class UserUpdate(Request):
+    email: Str(128, 3) = None
+    password: Str(72, 8) = None
+    full_name: Str(128) = None
+    status: _enum(UserStatus) = None
+    role: _enum(UserRole) = None
+    domain_name: Str(64) = None
+    resource_policy: Str(64) | None = None
+    need_password_change: bool = None
+    allowed_client_ip: Annotated[list[Str(64)], Field(max_length=64)] | None = None
+    project_ids: Ids = None
+
+
+class UserCreate(UserUpdate):
+    email: Str(128, 3)
+    password: Str(72, 8)
+    username: Annotated[str, Field(max_length=64, pattern=USERNAME_PATTERN)] = None
+
+
+class NewKeypair(Response):
+    access_key: str
+    secret_key: str
+
+
+class UserCreated(User):
+    keypair: NewKeypair
+
+
+# -- keypairs ------------------------------------------------------------------------
+
+
+class Keypair(Response):
+    access_key: str
+    user_id: str
+    is_active: bool
+    is_admin: bool
+    is_default: bool
+    rate_limit: int
+    num_queries: int
+    last_used: str | None
+    resource_policy: str
+    created_at: Time
+
+
+class KeypairCreate(Request):
+    user_id: Id = None
+    is_active: bool = None
+    rate_limit: Int() = None
+    resource_policy: Str(64) = None
+    is_admin: bool = None
+
+
+class KeypairCreated(Keypair):
+    secret_key: Annotated[str, Field(description="shown in this response only")]
+
+
+class KeypairUpdate(Request):
+    is_active: bool = None
+    rate_limit: Int() = None
+    resource_policy: Str(64) = None
+    is_admin: bool = None
+    is_default: bool = None
+
+
+# -- resource policies ----------------------------------------------------------------
+
+
+class KeypairResourcePolicy(Response):
+    name: str
+    total_resource_slots: SlotsOut
+    default_for_unspecified: str
+    max_concurrent_sessions: int
+    max_containers_per_session: int
+    max_session_lifetime: int
+    idle_timeout: int
+    max_priority: int
+    max_pending_session_count: int | None
+    max_pending_session_resource_slots: SlotsOut | None
+    allowed_vfolder_hosts: Object
+    created_at: Time
+
+
+class KeypairResourcePolicyUpdate(Request):
+    total_resource_slots: SlotsIn = None
+    default_for_unspecified: Literal["UNLIMITED", "LIMITED"] = None
+    max_concurrent_sessions: Int() = None
+    max_containers_per_session: Int() = None
+    max_session_lifetime: Int() = None
+    idle_timeout: Int() = None
+    max_priority: Int(0, 100) = None
+    max_pending_session_count: Int() | None = None
+    max_pending_session_resource_slots: SlotsIn | None = None
+    allowed_vfolder_hosts: VFolderHostsIn = None
+
+
+class KeypairResourcePolicyCreate(Request):
+    name: Name
+    total_resource_slots: SlotsIn = None
+    default_for_unspecified: Literal["UNLIMITED", "LIMITED"] = None
+    max_concurrent_sessions: Int() = None
+    max_containers_per_session: Int() = None
+    max_session_lifetime: Int() = None
+    idle_timeout: Int() = None
+    max_priority: Int(0, 100) = None
+    max_pending_session_count: Int() | None = None
+    max_pending_session_resource_slots: SlotsIn | None = None
+    allowed_vfolder_hosts: VFolderHostsIn = None
+
+
+class QuotaPolicy(Response):
+    name: str
+    max_vfolder_count: int
+    max_quota_scope_size: int
+    created_at: Time
+
+
+class QuotaPolicyUpdate(Request):
+    max_vfolder_count: Int() = None
+    max_quota_scope_size: Int(0, INT64) = None
+
+
+class QuotaPolicyCreate(Request):
+    name: Name
+    max_vfolder_count: Int() = None
+    max_quota_scope_size: Int(0, INT64) = None
+
+
+# -- resource groups and agents -------------------------------------------------------
+
+
+class ResourceGroup(Response):
+    name: str
+    description: str
+    is_active: bool
+    is_public: bool
+    scheduler: str
+    scheduler_opts: Object
+    allowed_domains: StrList
+    allowed_projects: StrList
+    allowed_keypairs: StrList
+    created_at: Time
+
+
+class ResourceGroupUpdate(Request):
+    description: Text = None
+    is_active: bool = None
+    is_public: bool = None
+    scheduler: _enum(KNOWN_SCHEDULERS) = None
+    scheduler_opts: Annotated[Object, Field(max_length=32)] = None
+    allowed_domains: Strings = None
+    allowed_projects: Ids = None
+    allowed_keypairs: Annotated[list[Str(20)], Field(max_length=500)] = None
+
+
+class ResourceGroupCreate(Request):
+    name: Name
+    description: Text = None
+    is_active: bool = None
+    is_public: bool = None
+    scheduler: _enum(KNOWN_SCHEDULERS) = None
+    scheduler_opts: Annotated[Object, Field(max_length=32)] = None
+    allowed_domains: Strings = None
+    allowed_projects: Ids = None
+    allowed_keypairs: Annotated[list[Str(20)], Field(max_length=500)] = None
+
+
+class Agent(Response):
+    id: str
+    status: str
+    resource_group: str
+    addr: str
+    architecture: str
+    backend: str
+    available_slots: SlotsOut
+    occupied_slots: SlotsOut
+    schedulable: bool
+    version: str
+    first_contact: Time
+    last_heartbeat: Time
+
+
+# -- sessions ------------------------------------------------------------------------
+
+
+class Kernel(Response):
+    id: str
+    cluster_role: str
+    cluster_idx: int
+    cluster_hostname: str
+    agent_id: str | None
+    status: str
+    exit_code: int | None
+
+
+class VFolderMount(Response):
+    id: str
+    name: str
+    host: str
+    permission: str
+    target: str
+
+
+class Session(Response):
+    id: str
+    name: str
+    type: str
+    user_id: str
+    access_key: str
+    domain_name: str
+    project_id: str | None
+    resource_group: str
+    image: str
+    cluster_size: int
+    cluster_mode: str
+    priority: int
+    requested_slots: SlotsOut
+    status: _enum(SessionStatus)
+    status_info: str
+    result: str
+    startup_command: str | None
+    batch_timeout: int | None
+    starts_at: str | None
+    architecture: str | None
+    designated_agents: StrList
+    dependencies: StrList
+    created_at: Time
+    terminated_at: str | None
+    kernels: list[Kernel]
+    vfolder_mounts: list[VFolderMount]
+
+
+Resources = Annotated[dict[ResourceName, Amount], WithJsonSchema({
+    "type": "object",
+    "properties": {"cpu": _AMOUNT_SCHEMA, "mem": _AMOUNT_SCHEMA, "gpu": _AMOUNT_SCHEMA},
+    "propertyNames": {"type": "string", "pattern": RESOURCE_PATTERN,
+                      "x-message": PATTERN_WORDS[RESOURCE_PATTERN]},
+    "additionalProperties": _AMOUNT_SCHEMA,
+    "description": "cpu (cores), mem (a size such as 4g), gpu (whole GPUs), "
+                   "cuda.mig-<profile> (whole MIG instances of that profile, e.g. "
+                   "cuda.mig-1g.10gb)",
+})]
+
+
+class SessionCreate(Request):
+    name: Name
+    image: Str(512, 1)
+    resources: Resources = None
+    resource_group: Str(64) = None
+    type: Annotated[Literal["batch"], Field(description=(
+        "API sessions are batch sessions; interactive sessions are JupyterHub servers."))] = None
+    project: Str(64, description="project id or name in the caller's domain") = None
+    cluster_size: Int(1, 16) = None
+    cluster_mode: Literal["single-node", "multi-node"] = None
+    priority: Int(0, 100) = None
+    startup_command: Str(8192, 1)
+    batch_timeout: Int(1) | None = None
+    starts_at: Time | None = None
+    dependencies: Annotated[list[Id], Field(max_length=64)] = None
+    mounts: Annotated[list[Str(64, 1)], Field(
+        max_length=64, description="vfolders (names or ids) mounted at /home/work/<name>")] = None
+
+
+class KernelLogs(Response):
+    id: str
+    cluster_hostname: str
+    logs: str | None
+
+
+class SessionLogs(Response):
+    session_id: str
+    status: str
+    kernels: list[KernelLogs]
+
+
+class ServicePort(Response):
+    """One service port; host and port only for tcp ports the agent published."""
+
+    name: str
+    protocol: str
+    container_port: int
+    url: Annotated[str | None, Field(description="where the app answers, behind the hub's "
+                                                 "login (null: not an HTTP port)")]
+    host: Annotated[str, Field(description="tcp ports the agent published (sshd, sftp; "
+                                           "opt-in per resource group): the node's address")] = None
+    port: Annotated[int, Field(description="tcp ports: the host port")] = None
+
+
+class SessionServicePorts(Response):
+    session_id: str
+    status: str
+    server_url: Annotated[str | None, Field(description=(
+        "the session's Jupyter server (null: a batch session serves nothing)"))]
+    adhoc_url_template: Annotated[str | None, Field(description=(
+        "any other port: replace {port} (jupyter-server-proxy)"))]
+    service_ports: list[ServicePort]
+
+
+class SessionSSHKey(Response):
+    session_id: str
+    access_key: Annotated[str, Field(description="the keypair the key derives from")]
+    user: str
+    host: str
+    port: int
+    public_key: str
+    private_key: Annotated[str, Field(description="OpenSSH format, unencrypted")]
+
+
+class Whoami(Response):
+    user: User
+    role: _enum(UserRole)
+    domain: Domain
+    projects: list[Project]
+    keypair: Annotated[str | None, Field(description="access key that signed the request, "
+                                                     "if any")]
+
+
+class SchedulerStatus(RootModel[Object]):
+    """per resource group: the queue and what the scheduler did"""
+
+
+# -- virtual folders -----------------------------------------------------------------
+
+
+class VFolder(Response):
+    id: str
+    name: str
+    host: str
+    quota_scope_id: str
+    ownership_type: _enum(VFolderOwnership)
+    user_id: str | None
+    project_id: str | None
+    domain_name: str
+    creator: str
+    usage_mode: str
+    permission: Annotated[Permission, Field(
+        description="the owner's (user folder) or every member's (project)")]
+    status: _enum(VFolderStatus)
+    my_permission: Annotated[Permission | None, Field(
+        description="what the caller may do with the files (null: nothing)")]
+    created_at: Time
+
+
+class VFolderCreate(Request):
+    name: VFolderName
+    host: Str(128, 1, description="<storage proxy>:<volume>; default: the hub's "
+              "default_vfolder_host") = None
+    project: Str(64, 1, description="project id or name (in the caller's domain): a project "
+                 "folder (domain admins)") = None
+    permission: Annotated[Permission, Field(
+        description="project folders only: what every member may do")] = None
+    usage_mode: _enum(USAGE_MODES) = None
+
+
+class VFolderUpdate(Request):
+    name: VFolderName = None
+    permission: Annotated[Permission, Field(description="project folders only")] = None
+    usage_mode: _enum(USAGE_MODES) = None
+
+
+class VFolderShare(Response):
+    vfolder_id: str
+    user_id: str
+    email: str | None
+    permission: Permission
+    created_at: Time
+
+
+class VFolderShareCreate(Request):
+    email: Str(128, 3, description="a user of the folder's domain")
+    permission: Permission = None
+
+
+class VFolderShareUpdate(Request):
+    permission: Permission
+
+
+class VFolderInvitation(Response):
+    id: str
+    vfolder_id: str
+    vfolder_name: str | None
+    inviter: str | None
+    inviter_id: str
+    invitee: str | None
+    invitee_id: str
+    permission: Permission
+    state: Literal["pending", "accepted", "rejected", "canceled"]
+    created_at: Time
+    modified_at: Time | None
+
+
+class VFolderInvitationCreate(Request):
+    email: Str(128, 3, description="a user of the folder's domain")
+    permission: Permission = None
+
+
+class VFolderFile(Response):
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mtime: Annotated[float, Field(description="seconds since the epoch")]
+
+
+class VFolderFiles(Response):
+    path: str
+    items: list[VFolderFile]
+
+
+class VFolderMkdir(Request):
+    path: FilePath
+    parents: Annotated[bool, Field(description=(
+        "also the missing directories above it, and an existing directory is no error "
+        "(mkdir -p)"))] = None
+
+
+class VFolderRename(Request):
+    path: FilePath
+    new_path: Annotated[str, Field(min_length=1, max_length=MAX_PATH, description=(
+        "where it goes, relative to the folder's root"))]
+
+
+class VFolderFileDone(Response):
+    path: str
+    size: int
+
+
+class VFolderPath(Response):
+    path: str
+
+
+class VFolderHost(Response):
+    permissions: StrList
+    volume: Object
+
+
+class VFolderHosts(Response):
+    default: str
+    allowed: Annotated[StrList, Field(description="hosts where the caller has at least one "
+                                                  "permission")]
+    hosts: dict[str, VFolderHost]
+
+
+# -- the registry ----------------------------------------------------------------------
+
+#: Every body of the API by its schema name (the OpenAPI component's name).
+SCHEMAS: dict[str, type[BaseModel]] = {
+    name: obj for name, obj in dict(globals()).items()
+    if isinstance(obj, type) and issubclass(obj, (BaseModel, RootModel))
+    and obj.__module__ == __name__ and name.isidentifier() and obj not in (Request, Response)
+}
+
+
+def model(name: str) -> type[BaseModel]:
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise KeyError(f"no schema {name!r} in the API's models") from None
+
+
+def _clean(schema, *, in_properties: bool = False):
+    """pydantic's JSON Schema without its generated titles and ``default: null``."""
+    if isinstance(schema, list):
+        return [_clean(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if in_properties:
+        return {k: _clean(v) for k, v in schema.items()}
+    out = {}
+    for key in sorted(schema, key=lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER))):
+        value = schema[key]
+        if key == "title" or (key == "default" and value is None):
+            continue
+        if key == "const":  # a single choice is a choice: said as an enum
+            key, value = "enum", [value]
+        out[key] = _clean(value, in_properties=key in ("properties", "$defs"))
+    return out
+
+
+# The order of keywords in the document (readability only).
+_ORDER = ["$ref", "type", "description", "enum", "anyOf", "format", "minLength", "maxLength",
+          "pattern", "x-message", "minimum", "maximum", "minItems", "maxItems", "items",
+          "maxProperties", "properties", "required", "propertyNames", "additionalProperties"]
+
+
+def component_schemas() -> dict[str, dict]:
+    """The OpenAPI document's ``components.schemas``: one per model, in declaration order."""
+    _, top = models_json_schema([(m, "validation") for m in SCHEMAS.values()],
+                                ref_template=REF)
+    defs = _clean(top.get("$defs", {}), in_properties=True)
+    ordered = {name: defs[name] for name in SCHEMAS if name in defs}
+    ordered.update({k: v for k, v in defs.items() if k not in ordered})
+    for name, m in SCHEMAS.items():
+        s = ordered[name]
+        if issubclass(m, Response) and s.get("type") == "object":
+            # Every listed property of a response is present (optional ones are said so).
+            s["required"] = [k for k, f in m.model_fields.items() if f.is_required()]
+    return json.loads(json.dumps(ordered))
+
+
+# -- validation in words ---------------------------------------------------------------
+
+_TYPE_WORDS = {
+    "string_type": "a string", "int_type": "a whole number", "float_type": "a number",
+    "bool_type": "true or false", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object", "list_type": "a list", "none_required": "null",
+    "int_from_float": "a whole number",
+}
+# Tags pydantic puts into an error's location for the members of a union.
+_UNION_TAGS = re.compile(r"^(str|constrained-str|float|int|bool|none|list\[.*\]|dict\[.*\]|"
+                         r"literal\[.*\]|function-.*)$")
+
+
+def _where(loc) -> str:
+    parts = [str(x) for x in loc if x != "[key]" and not _UNION_TAGS.match(str(x))]
+    return ".".join(parts) or "body"
+
+
+def _words(err: dict) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    value = err.get("input")
+    if kind == "string_pattern_mismatch":
+        return PATTERN_WORDS.get(ctx.get("pattern"), "is not in the accepted form")
+    if kind in _TYPE_WORDS:
+        return "must be " + _TYPE_WORDS[kind]
+    if kind == "string_too_long":
+        return f"must be at most {ctx['max_length']} characters long"
+    if kind == "string_too_short":
+        n = ctx["min_length"]
+        return "must not be empty" if n == 1 else f"must be at least {n} characters long"
+    if kind in ("literal_error", "enum"):
+        choices = re.findall(r"'((?:[^'\\]|\\.)*)'", str(ctx.get("expected", "")))
+        return f"{value!r} is not one of {choices!r}"
+    if kind == "greater_than_equal":
+        return f"{value!r} is less than the minimum of {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"{value!r} is greater than the maximum of {ctx['le']}"
+    if kind in ("too_short", "too_long"):
+        what = "entries" if ctx.get("field_type") == "Dictionary" else "items"
+        if kind == "too_short":
+            n = ctx["min_length"]
+            return "must not be empty" if n == 1 else f"must have at least {n} {what}"
+        return f"must have at most {ctx['max_length']} {what}"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field missing"
+    return str(err.get("msg", "is not valid"))
+
+
+def error_words(exc: ValidationError) -> str:
+    """A pydantic error as one sentence for the caller: ``<field>: <words>``. Errors of
+    the members of a union (a string or a number) are said together."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    where = _where(first["loc"])
+    same = [e for e in errors if _where(e["loc"]) == where]
+    kinds = [e["type"] for e in same]
+    if len(same) > 1 and all(k in _TYPE_WORDS for k in kinds):
+        words = "must be " + " or ".join(dict.fromkeys(_TYPE_WORDS[k] for k in kinds))
+    else:
+        words = _words(first)
+    return f"{where}: {words}"
+
+
+def check(schema_name: str, data: dict) -> dict:
+    """``data`` (a JSON object) checked against the request model ``schema_name``: the
+    data as given, or :class:`InvalidRequest` (400) in plain words. Unknown fields are
+    named first, then missing required ones, then the first wrong value."""
+    m = model(schema_name)
+    fields = m.model_fields
+    if m.model_config.get("extra") == "forbid":
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(map(repr, unknown))} "
+                                 f"(allowed: {', '.join(fields)})")
+    for name, f in fields.items():
+        if f.is_required() and name not in data:
+            raise InvalidRequest(f"{name}: required field missing")
+    try:
+        m.model_validate(data)
+    except ValidationError as e:
+        raise InvalidRequest(error_words(e)) from None
+    return data
