@@ -37,12 +37,14 @@ import argparse
 import asyncio
 import filecmp
 import os
+import socket
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from urllib.parse import urlsplit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -139,8 +141,105 @@ async def get_to_file(http: aiohttp.ClientSession, url: str, dst: str) -> int:
     return n
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of this process (all threads) or of ``pid``."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CPU:
+    """CPU seconds the proxy and this client spent over a phase, beside its wall time."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def __enter__(self):
+        self.t, self.d, self.c = time.perf_counter(), cpu_seconds(self.pid), cpu_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t
+        self.proxy = cpu_seconds(self.pid) - self.d
+        self.client = cpu_seconds() - self.c
+
+    def __str__(self):
+        return f"[cpu s: proxy {self.proxy:.1f}, client {self.client:.1f}, wall {self.wall:.1f}]"
+
+
+def _raw_request(base: str, method: str, target: str, headers: dict) -> socket.socket:
+    u = urlsplit(base)
+    sock = socket.create_connection((u.hostname, u.port))
+    head = [f"{method} {target} HTTP/1.1", f"Host: {u.netloc}"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+    return sock
+
+
+def _raw_response(sock: socket.socket) -> tuple[int, dict, bytes]:
+    """(status, headers, the bytes read past the head)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the connection ended before the response head"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return status, headers, rest
+
+
+def raw_tus_upload(base: str, target: str, src: str, size: int) -> None:
+    """Our client: tus creation, then PATCHes of TUS_CHUNK sent from the file with
+    ``sendfile`` (no copy through Python), one connection each (the proxy closes
+    after a large PATCH)."""
+    sock = _raw_request(base, "POST", target, {**TUS, "Upload-Length": size, "Content-Length": 0})
+    status, _, _ = _raw_response(sock)
+    sock.close()
+    assert status == 201, status
+    offset = 0
+    with open(src, "rb", buffering=0) as f:
+        while offset < size:
+            n = min(TUS_CHUNK, size - offset)
+            sock = _raw_request(base, "PATCH", target, {
+                **TUS, "Upload-Offset": offset, "Content-Length": n,
+                "Content-Type": "application/offset+octet-stream"})
+            sock.sendfile(f, offset, n)
+            status, headers, _ = _raw_response(sock)
+            sock.close()
+            assert status == 204, status
+            offset = int(headers["upload-offset"])
+
+
+def raw_download(base: str, target: str, dst: str) -> int:
+    """Our client: GET, the body received into one buffer and written to ``dst``."""
+    sock = _raw_request(base, "GET", target, {"Connection": "close"})
+    status, headers, first = _raw_response(sock)
+    assert status == 200, status
+    size = int(headers["content-length"])
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, first)
+        got = len(first)
+        while got < size:
+            n = sock.recv_into(view, min(len(buf), size - got))
+            assert n, "short body"
+            os.write(fd, view[:n])
+            got += n
+    finally:
+        os.close(fd)
+        sock.close()
+    return got
+
+
 async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: str,
-                node_api: bool) -> dict:
+                node_api: bool, client_kind: str = "raw") -> dict:
     src = os.path.join(work, "source.bin")
     with open(src, "wb") as f:
         for _ in range(size_mb):
@@ -167,16 +266,22 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
             name = f"big-{r}.bin"  # a new file each round: the same work as the first
             up = f"{base}/upload?token=" + tokens.sign(
                 upload_claims("volume1", scope, folder, name, size))
-            t = time.perf_counter()
-            await tus_upload(http, up, src, size)
-            results["upload"].append(size / 1e6 / (time.perf_counter() - t))
+            with CPU(daemon.proc.pid) as cpu_up:
+                if client_kind == "raw":
+                    await asyncio.to_thread(raw_tus_upload, base, up[len(base):], src, size)
+                else:
+                    await tus_upload(http, up, src, size)
+            results["upload"].append(size / 1e6 / cpu_up.wall)
 
             dst = os.path.join(work, "downloaded.bin")
             down = f"{base}/download?token=" + tokens.sign(
                 download_claims("volume1", scope, folder, name))
-            t = time.perf_counter()
-            got = await get_to_file(http, down, dst)
-            results["download"].append(size / 1e6 / (time.perf_counter() - t))
+            with CPU(daemon.proc.pid) as cpu_down:
+                if client_kind == "raw":
+                    got = await asyncio.to_thread(raw_download, base, down[len(base):], dst)
+                else:
+                    got = await get_to_file(http, down, dst)
+            results["download"].append(size / 1e6 / cpu_down.wall)
             assert got == size
             if r == 0:
                 assert filecmp.cmp(src, dst, shallow=False), "download differs from the upload"
@@ -184,13 +289,14 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
             await client.delete("volume1", scope, folder, name)
 
             cp = os.path.join(work, "copy.bin")
-            t = time.perf_counter()
-            shutil.copyfile(src, cp)
-            results["copy"].append(size / 1e6 / (time.perf_counter() - t))
+            with CPU(daemon.proc.pid) as cpu_copy:
+                shutil.copyfile(src, cp)
+            results["copy"].append(size / 1e6 / cpu_copy.wall)
             os.unlink(cp)
             print(
-                f"round {r + 1}: tus upload {results['upload'][-1]:.0f} MB/s, "
-                f"download {results['download'][-1]:.0f} MB/s, copy {results['copy'][-1]:.0f} MB/s",
+                f"round {r + 1}: tus upload {results['upload'][-1]:.0f} MB/s {cpu_up}, "
+                f"download {results['download'][-1]:.0f} MB/s {cpu_down}, "
+                f"copy {results['copy'][-1]:.0f} MB/s {cpu_copy}",
                 flush=True,
             )
         out = {k: statistics.median(v) for k, v in results.items()}
@@ -200,28 +306,32 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
         body = os.urandom(4096)
         sem = asyncio.Semaphore(concurrency)
 
+        # The tokens are signed beforehand: the manager's part, not the proxy's.
+        up_urls = [f"{base}/upload?token=" + tokens.sign(
+            upload_claims("volume1", scope, folder, f"small/f{i}", len(body)))
+            for i in range(small)]
+        down_urls = [f"{base}/download?token=" + tokens.sign(
+            download_claims("volume1", scope, folder, f"small/f{i}")) for i in range(small)]
+
         async def put(i):
-            url = f"{base}/upload?token=" + tokens.sign(
-                upload_claims("volume1", scope, folder, f"small/f{i}", len(body)))
+            url = up_urls[i]
             async with sem, http.patch(url, data=body, headers={
                     **TUS, "Upload-Offset": "0",
                     "Content-Type": "application/offset+octet-stream"}) as r:
                 assert r.status == 204, (r.status, await r.text())
 
         async def get(i):
-            url = f"{base}/download?token=" + tokens.sign(
-                download_claims("volume1", scope, folder, f"small/f{i}"))
+            url = down_urls[i]
             async with sem, http.get(url) as r:
                 assert r.status == 200 and await r.read() == body
 
-        t = time.perf_counter()
-        await asyncio.gather(*(put(i) for i in range(small)))
-        t_up = time.perf_counter() - t
-        await asyncio.gather(*(get(i) for i in range(small)))
-        t_all = time.perf_counter() - t
-        out["small"] = 2 * small / t_all
-        print(f"small files: {small} x 4 KiB up in {t_up:.1f} s ({small / t_up:.0f}/s), "
-              f"down in {t_all - t_up:.1f} s ({small / (t_all - t_up):.0f}/s)", flush=True)
+        with CPU(daemon.proc.pid) as cpu_sup:
+            await asyncio.gather(*(put(i) for i in range(small)))
+        with CPU(daemon.proc.pid) as cpu_sdown:
+            await asyncio.gather(*(get(i) for i in range(small)))
+        out["small"] = 2 * small / (cpu_sup.wall + cpu_sdown.wall)
+        print(f"small files: {small} x 4 KiB up {small / cpu_sup.wall:.0f}/s {cpu_sup}, "
+              f"down {small / cpu_sdown.wall:.0f}/s {cpu_sdown}", flush=True)
     finally:
         await http.close()
         await client.close()
@@ -239,13 +349,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--small", type=int, default=10000, help="number of 4 KiB files")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
+                    help="the big file's client: raw sockets with sendfile (default) or aiohttp")
     ap.add_argument("--node-api", action="store_true",
                     help="also measure the manager's node API (HTTPStorageClient)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bai-storage-bench-")
     try:
         m = asyncio.run(bench(args.size_mb, args.rounds, args.small, args.concurrency, work,
-                              args.node_api))
+                              args.node_api, args.client))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(

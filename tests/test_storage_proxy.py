@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import subprocess
 import tempfile
@@ -747,5 +748,124 @@ def test_daemon_serves_tus_and_downloads_on_its_client_port(tmp_path):
         assert r.status_code == 401 and "signature" in r.json()["title"]
         r = requests.get(f"{base}/v1/volumes", timeout=30)  # the node API is not here
         assert r.status_code == 404
+    finally:
+        d.stop()
+
+
+def _raw_http(port: int, head: str, body: bytes = b"", expect: bool = False) -> tuple[int, dict, bytes]:
+    """One request on a socket of its own: (status, headers, body). With ``expect``,
+    the body is sent only after the server's ``100 Continue``."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        s.sendall(head.encode())
+        data = b""
+        if expect:
+            while b"\r\n\r\n" not in data:
+                data += s.recv(65536)
+            interim, _, data = data.partition(b"\r\n\r\n")
+            assert interim.startswith(b"HTTP/1.1 100"), interim
+        s.sendall(body)
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+        top, _, rest = data.partition(b"\r\n\r\n")
+        lines = top.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        n = int(headers.get("content-length", "0"))
+        while len(rest) < n:
+            chunk = s.recv(65536)
+            assert chunk, "short body"
+            rest += chunk
+        return int(lines[0].split()[1]), headers, rest
+    finally:
+        s.close()
+
+
+def test_daemon_large_transfers_on_taken_over_connections(tmp_path):
+    """Bodies and files of RAW_MIN and more leave tornado's buffers (the connection is
+    taken over, sendfile for downloads): the same protocol and checks as the small
+    ones, Expect: 100-continue, ranges, the quota while writing, a body past the
+    upload's length refused, and small bodies checked whole before they are written."""
+    from jupyterhub_backendai.storageproxy.transfer import (
+        RAW_MIN,
+        TransferTokens,
+        download_claims,
+        upload_claims,
+    )
+
+    secret = uuid.uuid4().hex
+    cport = free_port()
+    d = StorageDaemon(tmp_path, extra_config=(
+        f"c.StorageProxyApp.client_port = {cport}\n"
+        "c.StorageProxyApp.client_host = '127.0.0.1'\n"
+        f"c.TransferTokens.secret = {secret!r}\n"))
+    d.start()
+    tokens = TransferTokens(secret=secret)
+    scope, fid = f"user:{uuid.uuid4().hex}", uuid.uuid4().hex
+    client = HTTPStorageClient(d.url, d.token)
+
+    async def prepare():
+        try:
+            await client.create_folder("volume1", scope, fid)
+            await client.set_quota_scope("volume1", scope, 3 * RAW_MIN)
+        finally:
+            await client.close()
+
+    def patch(path, size, offset, body, expect=False, length=None):
+        target = "/upload?token=" + tokens.sign(upload_claims("volume1", scope, fid, path, size))
+        head = (f"PATCH {target} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\n"
+                f"Upload-Offset: {offset}\r\nContent-Type: application/offset+octet-stream\r\n"
+                f"Content-Length: {len(body) if length is None else length}\r\n"
+                + ("Expect: 100-continue\r\n" if expect else "") + "\r\n")
+        return _raw_http(cport, head, body, expect), target
+
+    try:
+        asyncio.run(prepare())
+        kind, sid = scope.split(":")
+        folder = os.path.join(d.volumes["volume1"]["path"], kind, sid, fid)
+        staging = os.path.join(d.volumes["volume1"]["path"], kind, sid, ".tus")
+        data = os.urandom(2 * RAW_MIN + 5)
+        # Expect: 100-continue (curl sends it for big bodies), in two PATCHes.
+        (st, h, _), target = patch("big.bin", len(data), 0, data[:RAW_MIN + 1], expect=True)
+        assert (st, h["upload-offset"]) == (204, str(RAW_MIN + 1))
+        assert os.listdir(folder) == []
+        st, h, _ = _raw_http(cport, f"HEAD {target} HTTP/1.1\r\nHost: x\r\n"
+                                    "Tus-Resumable: 1.0.0\r\n\r\n")
+        assert (st, h["upload-offset"]) == (200, str(RAW_MIN + 1))
+        head = (f"PATCH {target} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\n"
+                f"Upload-Offset: {RAW_MIN + 1}\r\nContent-Type: application/offset+octet-stream"
+                f"\r\nContent-Length: {len(data) - RAW_MIN - 1}\r\n\r\n")
+        st, h, _ = _raw_http(cport, head, data[RAW_MIN + 1:])
+        assert (st, h["upload-offset"]) == (204, str(len(data)))
+        with open(os.path.join(folder, "big.bin"), "rb") as fh:
+            assert fh.read() == data
+        # Downloads by sendfile: whole, and a range of more than RAW_MIN.
+        dl = "/download?token=" + tokens.sign(download_claims("volume1", scope, fid, "big.bin"))
+        st, h, body = _raw_http(cport, f"GET {dl} HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (st, body, h["accept-ranges"]) == (200, data, "bytes")
+        st, h, body = _raw_http(cport, f"GET {dl} HTTP/1.1\r\nHost: x\r\n"
+                                       f"Range: bytes=3-{RAW_MIN + 9}\r\n\r\n")
+        assert (st, body) == (206, data[3:RAW_MIN + 10])
+        assert h["content-range"] == f"bytes 3-{RAW_MIN + 9}/{len(data)}"
+        # Past the quota while writing (3 * RAW_MIN, big.bin holds 2 * RAW_MIN + 5):
+        # refused with a readable answer, nothing left behind.
+        (st, h, body), _ = patch("over.bin", 2 * RAW_MIN, 0, os.urandom(2 * RAW_MIN))
+        assert st == 413 and "over.bin" in json.loads(body)["title"], body
+        assert sorted(os.listdir(folder)) == ["big.bin"]
+        assert [n for n in os.listdir(staging) if not n.endswith(".done")] == []
+        # A small body longer than what the upload has left is refused whole.
+        (st, _, _), target = patch("short.bin", 10, 0, b"01234")
+        assert st == 204
+        head = (f"PATCH {target} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\n"
+                "Upload-Offset: 5\r\nContent-Type: application/offset+octet-stream\r\n"
+                "Content-Length: 8\r\n\r\n")
+        st, _, body = _raw_http(cport, head, b"56789abc")
+        assert st == 400 and "more bytes" in json.loads(body)["title"], body
+        assert "short.bin" not in os.listdir(folder)
+        # Tokens in the URL never reach the daemon's log.
+        assert "token=" not in d.tail()
     finally:
         d.stop()

@@ -17,7 +17,7 @@ import logging
 import signal
 
 from tornado import web
-from traitlets import Dict, Integer, Unicode, default
+from traitlets import Bool, Dict, Integer, Unicode, default
 from traitlets.config import Application
 
 from ..common.errors import BackendAIError, InvalidRequest
@@ -312,6 +312,13 @@ class StorageProxyApp(NodeAuthConfig, Application):
         clients trust; no client certificates: the token authorizes). Empty: plain
         HTTP (put a TLS-terminating proxy in front).""",
     ).tag(config=True)
+    transfer_inline_io = Bool(
+        True,
+        help="""Serve small transfers (under 256 KiB: open, check, write, rename) on
+        the transfer API's event loop itself, faster than a hop to a worker thread on a
+        local file system. Set False when the volumes are on a file system whose calls
+        can stall (NFS and the like): they then run in worker threads.""",
+    ).tag(config=True)
     max_upload_bytes = Integer(
         0,
         help="""Refuse an upload body larger than this (0: no limit besides the
@@ -364,6 +371,8 @@ class StorageProxyApp(NodeAuthConfig, Application):
         app = web.Application(
             transfer.routes("", lambda _handler, name: storage.volume(name)),
             config=self.config,
+            log_function=transfer.log_request,
+            transfer_inline_io=self.transfer_inline_io,
         )
         ssl_ctx = None
         if self.client_tls:

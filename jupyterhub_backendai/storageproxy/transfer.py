@@ -35,12 +35,16 @@ import errno
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
+import socket
 import stat
+import threading
 import time
 
-from tornado import web
+from tornado import httputil, iostream, web
+from tornado.log import access_log
 from traitlets import Integer, Unicode, default
 from traitlets.config import SingletonConfigurable
 
@@ -60,6 +64,17 @@ STAGING = ".tus"
 #: Bytes held in memory before they are written (in a thread) during a PATCH.
 WRITE_BUFFER = 4 << 20
 READ_CHUNK = 4 << 20
+#: A PATCH body or a download at least this big (on a plain-TCP connection) is moved
+#: by a thread of its own on the bare socket, not through tornado's buffers: the
+#: connection is taken over (``detach``) once the request is checked, the body is
+#: received straight into one buffer and written to the staged file, a download is
+#: sent with ``sendfile`` (no copy through Python); the answer ends the connection.
+RAW_MIN = 256 << 10
+RAW_BUF = 4 << 20
+#: Seconds a taken-over connection may stall before it is dropped.
+RAW_TIMEOUT = 120.0
+#: Transfers on taken-over connections at once; more wait for a turn.
+RAW_THREADS = 128
 #: How long a HEAD waits for a PATCH of the same upload to end (a client that
 #: resumes right after its connection died must read the final offset).
 SETTLE_WAIT = 15.0
@@ -86,7 +101,7 @@ class TransferTokens(SingletonConfigurable):
     ).tag(config=True)
 
     def _mac(self, data: bytes) -> bytes:
-        return hmac.new(self.secret.encode(), data, hashlib.sha256).digest()
+        return hmac.digest(self.secret.encode(), data, hashlib.sha256)
 
     def sign(self, claims: dict, ttl: int | None = None) -> str:
         body = dict(claims, exp=int(time.time()) + (self.ttl if ttl is None else ttl))
@@ -320,14 +335,7 @@ class TransferHandler(web.RequestHandler):
             self.set_header(k, v)
         self.set_header("Tus-Resumable", TUS_VERSION)
         self.set_header("Content-Type", "application/problem+json")
-        self.finish(json.dumps({
-            "type": "https://api.backend.ai/probs/" + {
-                400: "invalid-api-params", 401: "auth-failed", 403: "forbidden",
-                404: "object-not-found", 409: "conflict", 413: "quota-exceeded",
-                416: "invalid-api-params"}.get(e.status_code, "storage-proxy-error"),
-            "title": e.title if e.detail == e.title else f"{e.title}: {e.detail}",
-            "status": e.status_code, "detail": e.detail, "error": type(e).__name__,
-        }))
+        self.finish(_problem_json(e))
 
     def write_error(self, status_code, **kw):
         exc = kw.get("exc_info", (None, None, None))[1]
@@ -341,6 +349,153 @@ class TransferHandler(web.RequestHandler):
         if isinstance(value, BackendAIError):
             return
         super().log_exception(typ, value, tb)
+
+
+def _problem_json(e: BackendAIError) -> str:
+    return json.dumps({
+        "type": "https://api.backend.ai/probs/" + {
+            400: "invalid-api-params", 401: "auth-failed", 403: "forbidden",
+            404: "object-not-found", 409: "conflict", 413: "quota-exceeded",
+            416: "invalid-api-params"}.get(e.status_code, "storage-proxy-error"),
+        "title": e.title if e.detail == e.title else f"{e.title}: {e.detail}",
+        "status": e.status_code, "detail": e.detail, "error": type(e).__name__,
+    })
+
+
+# -- Taken-over connections (RAW_MIN) -------------------------------------------------
+
+_raw_slots: asyncio.Semaphore | None = None
+
+
+def _raw_capable(handler: web.RequestHandler) -> bool:
+    """A plain-TCP HTTP/1.1 connection (TLS and anything else keep tornado's path)."""
+    stream = getattr(handler.request.connection, "stream", None)
+    return (type(stream) is iostream.IOStream and isinstance(stream.socket, socket.socket)
+            and handler.request.version == "HTTP/1.1")
+
+
+async def _take_over(handler: web.RequestHandler, body: int = 0,
+                     expect: bool = False) -> tuple[socket.socket, bytes]:
+    """Detach the connection from tornado: (a socket of our own, in blocking mode with
+    RAW_TIMEOUT, and the first bytes of the body tornado had already read). Raises
+    :class:`iostream.StreamClosedError` if the client left."""
+    stream = handler.detach()
+    try:
+        if expect:
+            await stream.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        first = await stream.read_bytes(body, partial=True) if body else b""
+        fd = os.dup(stream.socket.fileno())
+    finally:
+        stream.close()
+    sock = socket.socket(fileno=fd)
+    sock.settimeout(RAW_TIMEOUT)
+    return sock, first
+
+
+async def _in_thread(fn, *args):
+    """``fn(*args)`` in a daemon thread of its own (a long transfer holds it: never a
+    worker of the shared executor, and never a reason for the process to wait at exit)."""
+    global _raw_slots
+    if _raw_slots is None:
+        _raw_slots = asyncio.Semaphore(RAW_THREADS)
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def done(ok, value):
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def run():
+        try:
+            value = fn(*args)
+        except BaseException as e:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(done, False, e)
+        else:
+            loop.call_soon_threadsafe(done, True, value)
+
+    async with _raw_slots:
+        threading.Thread(target=run, name="transfer", daemon=True).start()
+        return await fut
+
+
+def _head(status: int, headers: dict) -> bytes:
+    """A response's status line and headers; the connection ends after it."""
+    lines = [f"HTTP/1.1 {status} {httputil.responses.get(status, 'Unknown')}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines += ["Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def _answer(sock: socket.socket, status: int, headers: dict, body: bytes = b"") -> None:
+    try:
+        if status != 204:
+            headers = dict(headers, **{"Content-Length": str(len(body))})
+        sock.sendall(_head(status, headers) + body)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the client left: nothing to tell it
+
+
+def _problem_answer(sock: socket.socket, e: BackendAIError) -> None:
+    _answer(sock, e.status_code, {"Tus-Resumable": TUS_VERSION, "Cache-Control": "no-store",
+                                  "Content-Type": "application/problem+json"},
+            _problem_json(e).encode())
+
+
+def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
+             room: int | None) -> tuple[int, object]:
+    """Receive a body of ``count`` bytes (``first`` already read) and append it to
+    ``fd`` as it arrives. (bytes written, why it stopped short: None, "gone" (the client
+    left or stalled), "quota" (past ``room``) or the OSError of a write). After a
+    refusal the rest of the body is read and dropped, so the client reads the answer."""
+    written = 0
+    received = len(first)
+    why: object = None
+    buf = bytearray(min(RAW_BUF, max(count, 1)))
+    view = memoryview(buf)
+    data = memoryview(first)
+    while True:
+        if data is not None and len(data):
+            if room is not None and written + len(data) > room:
+                why = "quota"
+                break
+            try:
+                _write_all(fd, data)
+            except OSError as e:
+                why = e
+                break
+            written += len(data)
+        if received >= count:
+            return written, None
+        try:
+            n = sock.recv_into(view, min(len(buf), count - received))
+        except OSError:  # reset, or RAW_TIMEOUT without a byte
+            return written, "gone"
+        if not n:
+            return written, "gone"
+        received += n
+        data = view[:n]
+    while received < count:  # drain what the client still sends, then answer
+        try:
+            n = sock.recv_into(view, min(len(buf), count - received))
+        except OSError:
+            return written, "gone"
+        if not n:
+            return written, "gone"
+        received += n
+    return written, why
+
+
+def _send_file(sock: socket.socket, head: bytes, fd: int, start: int, length: int) -> None:
+    """The head, then ``length`` bytes of ``fd`` from ``start`` by ``sendfile`` (a file
+    that shrank meanwhile gives a short body: the client sees the connection end)."""
+    try:
+        sock.sendall(head)
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            sock.sendfile(f, start, length)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the client left
 
 
 def _header_int(handler: web.RequestHandler, name: str) -> int:
@@ -360,6 +515,10 @@ class TusUploadHandler(TransferHandler):
     _pending: asyncio.Future | None = None
     _pending_n = 0
     _gone = False
+    #: A body under RAW_MIN: its Content-Length, received whole, then checked and
+    #: written in one thread hop (patch); None for a streamed body.
+    _small: int | None = None
+    _busy = False
 
     def set_default_headers(self):
         self.set_header("Tus-Resumable", TUS_VERSION)
@@ -425,6 +584,12 @@ class TusUploadHandler(TransferHandler):
                     "Content-Type must be application/offset+octet-stream", status_code=415)
             offset = _header_int(self, "Upload-Offset")
             await self.lock_acquire(st)
+            count = self.request.headers.get("Content-Length", "")
+            if (count.isdigit() and int(count) < RAW_MIN
+                    and "Transfer-Encoding" not in self.request.headers):
+                self._small, self._offset = int(count), offset
+                self.request.connection.set_max_body_size(min(st.length, RAW_MIN))
+                return
             current = await asyncio.to_thread(st.create)
             if offset != current:
                 raise Conflict(f"Upload-Offset is {offset}, but the upload is at {current}")
@@ -436,8 +601,56 @@ class TusUploadHandler(TransferHandler):
             self._fd = os.open(st.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except BackendAIError as e:
             self.error = e
+            return
         except OSError as e:
             self.error = _os_error(e, "the upload")
+            return
+        headers = self.request.headers
+        count = headers.get("Content-Length", "")
+        if (count.isdigit() and RAW_MIN <= int(count) <= st.length - current
+                and "Transfer-Encoding" not in headers and _raw_capable(self)):
+            await self._patch_raw(int(count))
+
+    async def _patch_raw(self, count: int):
+        """The PATCH on a taken-over connection (RAW_MIN): the same checks, the same
+        answers, the body written by a thread of its own straight from the socket."""
+        st = self.staged
+        sock = None
+        try:
+            try:
+                sock, first = await _take_over(
+                    self, count, self.request.headers.get("Expect", "").lower() == "100-continue")
+            except iostream.StreamClosedError:
+                return  # the client left before the body: nothing was written
+            written, why = await _in_thread(_receive, sock, self._fd, first, count, self._room)
+            self._close()
+            if why == "gone":
+                return  # what was written is kept: tus resumes from the offset
+            if why == "quota":
+                await asyncio.to_thread(st.discard)
+                error = _quota(st, self._room)
+            elif isinstance(why, OSError):
+                error = _os_error(why, st.claims["path"])
+            else:
+                error = None
+                offset = self._offset + written
+                if offset == st.length:
+                    try:
+                        await asyncio.to_thread(st.commit)
+                    except BackendAIError as e:
+                        error = e
+            self._release()  # before the answer: the client's next PATCH may follow at once
+            if error is not None:
+                await _in_thread(_problem_answer, sock, error)
+            else:
+                await _in_thread(_answer, sock, 204, {
+                    "Tus-Resumable": TUS_VERSION, "Cache-Control": "no-store",
+                    "Upload-Offset": str(offset)})
+        finally:
+            self._close()
+            self._release()
+            if sock is not None:
+                sock.close()
 
     async def lock_acquire(self, st: _Staged):
         lock = st.lock()
@@ -447,6 +660,9 @@ class TusUploadHandler(TransferHandler):
         self._lock = lock
 
     async def data_received(self, chunk: bytes):
+        if self._small is not None and self.error is None:
+            self._buf.append(chunk)
+            return
         if self.error is not None or self._fd is None:
             return
         self._buf.append(chunk)
@@ -499,6 +715,8 @@ class TusUploadHandler(TransferHandler):
             self._fd = None
 
     async def patch(self):
+        if self._small is not None:
+            return await self._patch_small()
         try:
             await self._flush(last=True)
             self._close()
@@ -508,6 +726,24 @@ class TusUploadHandler(TransferHandler):
             offset = self._offset + self._written
             if offset == st.length:
                 await asyncio.to_thread(st.commit)
+            self.set_header("Upload-Offset", str(offset))
+            self.set_status(204)
+            self.finish()
+        except BackendAIError as e:
+            self.problem(e)
+        finally:
+            self._release()
+
+    async def _patch_small(self):
+        try:
+            if self.error is not None:
+                raise self.error
+            self._busy = True
+            try:
+                offset = await _small_io(self, _small_patch, self.staged, self._offset,
+                                         b"".join(self._buf))
+            finally:
+                self._busy = False
             self.set_header("Upload-Offset", str(offset))
             self.set_status(204)
             self.finish()
@@ -531,9 +767,52 @@ class TusUploadHandler(TransferHandler):
         self._gone = True
         if self.error is None:
             self.error = BackendAIError("the client left", status_code=400)
-        if self._pending is None or self._pending.done():
+        if (self._pending is None or self._pending.done()) and not self._busy:
             self._close()
             self._release()
+
+
+async def _small_io(handler: web.RequestHandler, fn, *args):
+    """``fn(*args)``, a few metadata calls and at most RAW_MIN bytes of page cache, run
+    on the loop's own thread: a hop to a worker thread and back costs more than the
+    calls. ``transfer_inline_io=False`` in the application's settings (the daemon's
+    ``c.StorageProxyApp.transfer_inline_io``) sends them to a thread, for volumes on a
+    file system that can stall (a remote one)."""
+    if handler.settings.get("transfer_inline_io", True):
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def _small_patch(st: _Staged, offset: int, data: bytes) -> int:
+    """A whole small PATCH body (in memory) in one go: the same checks as a streamed
+    one (offset, length, quota), appended, and moved into the folder if it was the
+    last byte. The new offset."""
+    current = st.create()
+    if offset != current:
+        raise Conflict(f"Upload-Offset is {offset}, but the upload is at {current}")
+    if current >= st.length:
+        raise Conflict("the upload is already complete")
+    if len(data) > st.length - current:
+        raise InvalidRequest(f"more bytes than the {st.length} of Upload-Length")
+    room = st.room()
+    if room is not None and len(data) > room:
+        st.discard()  # past the quota: the upload ends here and leaves nothing behind
+        raise _quota(st, room)
+    if data:
+        try:
+            fd = os.open(st.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise _os_error(e, "the upload") from None
+        try:
+            _write_all(fd, data)
+        except OSError as e:
+            raise _os_error(e, st.claims["path"]) from None
+        finally:
+            os.close(fd)
+    current += len(data)
+    if current == st.length:
+        st.commit()
+    return current
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -562,13 +841,11 @@ class DownloadHandler(TransferHandler):
         try:
             claims = self.tokens.check(self.token(), "download")
             vol = self.volume(claims)
-            size, chunks = await asyncio.to_thread(
-                vol.download, claims["scope"], claims["folder"], claims["path"])
+            size, chunks, st, small = await _small_io(self, _open_download, vol, claims, body)
         except BackendAIError as e:
             return self.problem(e)
         fd = chunks._fd
         try:
-            st = os.fstat(fd)
             last_modified = email.utils.formatdate(st.st_mtime, usegmt=True)
             etag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
             start, end = 0, size - 1
@@ -584,18 +861,33 @@ class DownloadHandler(TransferHandler):
                         {"Content-Range": f"bytes */{size}"})
                 start, end = parsed
                 status = 206
-                self.set_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.set_status(status)
             name = os.path.basename(claims["path"])
-            self.set_header("Content-Type", "application/octet-stream")
-            self.set_header("Content-Disposition",
-                            f"attachment; filename*=UTF-8''{_quote(name)}")
-            self.set_header("Accept-Ranges", "bytes")
-            self.set_header("Last-Modified", last_modified)
-            self.set_header("ETag", etag)
             length = max(end - start + 1, 0)
-            self.set_header("Content-Length", str(length))
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Content-Disposition": f"attachment; filename*=UTF-8''{_quote(name)}",
+                "Accept-Ranges": "bytes",
+                "Last-Modified": last_modified,
+                "ETag": etag,
+                "Content-Length": str(length),
+            }
+            if status == 206:
+                headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            if body and length >= RAW_MIN and _raw_capable(self):
+                sock, _ = await _take_over(self)
+                try:
+                    await _in_thread(_send_file, sock, _head(status, headers), fd, start, length)
+                finally:
+                    sock.close()
+                return
+            self.set_status(status)
+            for k, v in headers.items():
+                self.set_header(k, v)
             if not body:
+                return self.finish()
+            if small is not None:  # read whole in the same thread hop as the open
+                if length:
+                    self.write(small[start:end + 1])
                 return self.finish()
             pos = start
             while pos <= end:
@@ -607,12 +899,26 @@ class DownloadHandler(TransferHandler):
                 pos += len(data)
                 await self.flush()
             self.finish()
+        except iostream.StreamClosedError:
+            return  # the client left
         except OSError as e:
             if e.errno in (errno.EPIPE, errno.ECONNRESET):
                 return
             raise
         finally:
             chunks.close()
+
+
+def _open_download(vol: VFSVolume, claims: dict, body: bool):
+    """(size, chunks, stat, the whole content if under RAW_MIN and wanted, else None)."""
+    size, chunks = vol.download(claims["scope"], claims["folder"], claims["path"])
+    try:
+        st = os.fstat(chunks._fd)
+        small = os.pread(chunks._fd, size, 0) if body and size < RAW_MIN else None
+    except BaseException:
+        chunks.close()
+        raise
+    return size, chunks, st, small
 
 
 def _quote(name: str) -> str:
@@ -641,6 +947,18 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     if a < 0 or a >= size or b < a:
         return None
     return a, min(b, size - 1)
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """The daemon's access log: never the query (it holds the token); successes at
+    debug level (one line per small file would cost more than serving it)."""
+    status = handler.get_status()
+    log = access_log.debug if status < 400 else access_log.warning
+    if log is access_log.debug and not access_log.isEnabledFor(logging.DEBUG):
+        return
+    req = handler.request
+    log("%d %s %s (%s) %.2fms", status, req.method, req.path, req.remote_ip,
+        1000.0 * req.request_time())
 
 
 def routes(prefix: str, volume) -> list[tuple]:
