@@ -82,6 +82,7 @@ from . import lifecycle, sshkeys, tenancy
 from . import mounts as vfmounts
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient, close_agent_clients
 from .discovery import BackendAICluster
+from .session_lists import SessionLists
 from .vfolders import mount_permission
 
 # Why sessions failed to start, by a fixed set of reasons (bounded label values).
@@ -222,6 +223,15 @@ class BackendAIManager(SingletonConfigurable):
         both, or lower them.""",
     ).tag(config=True, cluster=True)
 
+    session_list_ttl = Float(
+        2.0,
+        help="""Seconds at most that the API answers a user's GET /sessions from memory
+        (manager/session_lists.py). Every change of the user's sessions made or
+        announced (session_changed broadcasts) drops the copy at once; this bounds
+        how long a change that went unannounced (a lost broadcast) stays unseen.
+        0: read the database on every request.""",
+    ).tag(config=True, cluster=True)
+
     storage_proxies = Dict(
         help="""Storage proxy daemons (cluster mode) by name:
         {"nfs1": {"url": "http://storage1:6021", "token": "..."}}. A vfolder host is
@@ -280,6 +290,9 @@ class BackendAIManager(SingletonConfigurable):
         # This process's name in the record's claims, and its session-change events.
         self.owner_id = lifecycle.new_owner_id()
         self.events = lifecycle.SessionEvents()
+        # The API's lists of a user's sessions, kept current by changes (session_lists.py).
+        self.session_lists = SessionLists(self)
+        self.session_lists.attach(self.sm)
         self._renewed = 0.0  # loop time of the last claim renewal
         self._reconciled = 0.0  # loop time of the last reconciliation with every agent
         self._reconciling: set[str] = set()  # agents being reconciled
@@ -305,7 +318,7 @@ class BackendAIManager(SingletonConfigurable):
         await self.bus.start_consuming(self.handle_event)
         # Other managers' session changes wake this process's waiters; after a gap
         # (Redis away) every waiter re-reads the record.
-        await self.bus.subscribe(self._on_broadcast, self.events.changed_all)
+        await self.bus.subscribe(self._on_broadcast, self._missed_broadcasts)
         await self.cluster.start(self)  # [issue 11] agents/storage proxies from etcd (cluster mode)
         if self.embedded_agent:
             self.agent = LocalAgent(self.bus, parent=self)
@@ -371,6 +384,7 @@ class BackendAIManager(SingletonConfigurable):
         tell every other manager (``session_changed`` broadcast, in the background:
         a transition never waits on the bus)."""
         self.events.changed(sid)
+        self.session_lists.session_changed(sid)
         if self._stopped:
             return
         self._background(self._broadcast_change(sid, status))
@@ -380,6 +394,7 @@ class BackendAIManager(SingletonConfigurable):
         broadcast per 1,000 ids."""
         for sid in sids:
             self.events.changed(sid)
+            self.session_lists.session_changed(sid)
         if self._stopped:
             return
         for i in range(0, len(sids), 1000):
@@ -399,6 +414,12 @@ class BackendAIManager(SingletonConfigurable):
             return
         for sid in payload.get("ids") or ([payload["id"]] if payload.get("id") else []):
             self.events.changed(sid)
+            self.session_lists.session_changed(sid)
+
+    def _missed_broadcasts(self) -> None:
+        """The bus had a gap (Redis away): any session may have changed meanwhile."""
+        self.events.changed_all()
+        self.session_lists.invalidate_all()
 
     # -- agents ---------------------------------------------------------------
 
