@@ -221,14 +221,14 @@ def raw_download(base: str, target: str, dst: str) -> int:
     status, headers, first = _raw_response(sock)
     assert status == 200, status
     size = int(headers["content-length"])
-    buf = bytearray(4 << 20)
+    buf = bytearray(1 << 20)  # 4 MiB is slower: out of the CPU caches
     view = memoryview(buf)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, first)
         got = len(first)
         while got < size:
-            n = sock.recv_into(view, min(len(buf), size - got))
+            n = sock.recv_into(view, min(len(buf), size - got), socket.MSG_WAITALL)
             assert n, "short body"
             os.write(fd, view[:n])
             got += n
@@ -238,8 +238,72 @@ def raw_download(base: str, target: str, dst: str) -> int:
     return got
 
 
+def bench_official_cli(daemon: StorageDaemon, base: str, secret: str, src: str, size: int,
+                       rounds: int, work: str) -> dict:
+    """The official ``backend.ai`` CLI (23.09, .venv-bai23) against a running hub whose
+    folder lives on ``daemon`` (cluster mode: request-upload/-download answer the
+    daemon's client URL): ``vfolder upload`` / ``vfolder download`` of the file, timed
+    around the whole command (its start-up and the manager's grant included)."""
+    import json
+    import subprocess
+
+    from jupyterhub_backendai.common.types import HOST_PERMISSIONS
+    from tests.api_world import PREFIX, new_user, superadmin
+    from tests.hub import Hub
+
+    cli = os.path.join(REPO, os.environ.get("BAI23_VENV", ".venv-bai23"), "bin", "backend.ai")
+    if not os.access(cli, os.X_OK):
+        raise SystemExit(f"{cli} is missing: run scripts/install-backendai-clients.sh")
+    proxies = {"remote": {"url": daemon.url, "token": daemon.token, "client_url": base}}
+    hub = Hub(db_url=f"sqlite:///{work}/backendai.sqlite", backend="local",
+              extra_env={"BACKENDAI_TRANSFER_SECRET": secret},
+              extra_args=[f"--BackendAIManager.storage_proxies={json.dumps(proxies)}"])
+    results: dict[str, list[float]] = {"upload": [], "download": []}
+    try:
+        hub.start()
+        sa = superadmin(hub)
+        dom = f"bench-{uuid.uuid4().hex[:6]}"
+        sa.ok("POST", "/domains", json={"name": dom, "allowed_vfolder_hosts": {
+            "remote:volume1": list(HOST_PERMISSIONS)}})
+        user = new_user(sa, domain=dom)
+        home = os.path.join(work, "cli-home")
+        os.makedirs(home)
+        env = {"PATH": os.environ["PATH"], "HOME": home, "LANG": "C.UTF-8",
+               "BACKEND_ENDPOINT": hub.base + PREFIX, "BACKEND_ENDPOINT_TYPE": "api",
+               "BACKEND_ACCESS_KEY": user["keypair"]["access_key"],
+               "BACKEND_SECRET_KEY": user["keypair"]["secret_key"]}
+
+        def bai(*args):
+            p = subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, (args, p.stdout + p.stderr)
+            return p.stdout + p.stderr
+
+        name = f"bench-{uuid.uuid4().hex[:6]}"
+        bai("vfolder", "create", name, "remote:volume1")
+        os.link(src, os.path.join(home, "big.bin"))  # the same bytes, no copy
+        dl = os.path.join(work, "cli-dl")
+        for r in range(rounds):
+            t = time.perf_counter()
+            out = bai("vfolder", "upload", "-b", home, name, "big.bin")
+            results["upload"].append(size / 1e6 / (time.perf_counter() - t))
+            assert base in out, out  # straight to the daemon, not through the hub
+            os.makedirs(dl)
+            t = time.perf_counter()
+            bai("vfolder", "download", "-b", dl, name, "big.bin")
+            results["download"].append(size / 1e6 / (time.perf_counter() - t))
+            if r == 0:
+                assert filecmp.cmp(src, os.path.join(dl, "big.bin"), shallow=False)
+            shutil.rmtree(dl)
+            print(f"official CLI round {r + 1}: upload {results['upload'][-1]:.0f} MB/s, "
+                  f"download {results['download'][-1]:.0f} MB/s", flush=True)
+    finally:
+        hub.close()
+        shutil.rmtree(hub.dir, ignore_errors=True)
+    return {k: statistics.median(v) for k, v in results.items()}
+
+
 async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: str,
-                node_api: bool, client_kind: str = "raw") -> dict:
+                node_api: bool, client_kind: str = "raw", official_cli: bool = False) -> dict:
     src = os.path.join(work, "source.bin")
     with open(src, "wb") as f:
         for _ in range(size_mb):
@@ -332,6 +396,13 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
         out["small"] = 2 * small / (cpu_sup.wall + cpu_sdown.wall)
         print(f"small files: {small} x 4 KiB up {small / cpu_sup.wall:.0f}/s {cpu_sup}, "
               f"down {small / cpu_sdown.wall:.0f}/s {cpu_sdown}", flush=True)
+        if official_cli:
+            c = await asyncio.to_thread(bench_official_cli, daemon, base, secret, src, size,
+                                        rounds, work)
+            print(f"official CLI (backend.ai 23.09 vfolder upload/download, median): upload "
+                  f"{c['upload']:.1f} MB/s ({c['upload'] / out['copy']:.3f} of the copy), "
+                  f"download {c['download']:.1f} MB/s ({c['download'] / out['copy']:.3f})",
+                  flush=True)
     finally:
         await http.close()
         await client.close()
@@ -351,13 +422,15 @@ def main():
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
                     help="the big file's client: raw sockets with sendfile (default) or aiohttp")
+    ap.add_argument("--official-cli", action="store_true",
+                    help="also move the big file with Backend.AI's own CLI (23.09) through a hub")
     ap.add_argument("--node-api", action="store_true",
                     help="also measure the manager's node API (HTTPStorageClient)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bai-storage-bench-")
     try:
         m = asyncio.run(bench(args.size_mb, args.rounds, args.small, args.concurrency, work,
-                              args.node_api, args.client))
+                              args.node_api, args.client, args.official_cli))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(

@@ -40,6 +40,7 @@ import os
 import secrets
 import socket
 import stat
+import struct
 import threading
 import time
 
@@ -70,7 +71,7 @@ READ_CHUNK = 4 << 20
 #: received straight into one buffer and written to the staged file, a download is
 #: sent with ``sendfile`` (no copy through Python); the answer ends the connection.
 RAW_MIN = 256 << 10
-RAW_BUF = 4 << 20
+RAW_BUF = 1 << 20  # (bigger falls out of the CPU caches: slower on this kind of VM)
 #: Seconds a taken-over connection may stall before it is dropped.
 RAW_TIMEOUT = 120.0
 #: Transfers on taken-over connections at once; more wait for a turn.
@@ -388,7 +389,13 @@ async def _take_over(handler: web.RequestHandler, body: int = 0,
     finally:
         stream.close()
     sock = socket.socket(fileno=fd)
-    sock.settimeout(RAW_TIMEOUT)
+    # Blocking, so each call moves as much as it can (a socket with a Python timeout is
+    # non-blocking underneath: many small reads and sends); stalls end by the kernel's
+    # own timeouts (the call fails with EAGAIN, an OSError).
+    sock.settimeout(None)
+    tv = struct.pack("ll", int(RAW_TIMEOUT), 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
     return sock, first
 
 
@@ -468,7 +475,7 @@ def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
         if received >= count:
             return written, None
         try:
-            n = sock.recv_into(view, min(len(buf), count - received))
+            n = sock.recv_into(view, min(len(buf), count - received), socket.MSG_WAITALL)
         except OSError:  # reset, or RAW_TIMEOUT without a byte
             return written, "gone"
         if not n:
@@ -491,11 +498,16 @@ def _send_file(sock: socket.socket, head: bytes, fd: int, start: int, length: in
     that shrank meanwhile gives a short body: the client sees the connection end)."""
     try:
         sock.sendall(head)
-        with open(fd, "rb", buffering=0, closefd=False) as f:
-            sock.sendfile(f, start, length)
+        out = sock.fileno()
+        pos, end = start, start + length
+        while pos < end:
+            n = os.sendfile(out, fd, pos, min(end - pos, 1 << 30))
+            if not n:
+                return  # the file shrank
+            pos += n
         sock.shutdown(socket.SHUT_WR)
     except OSError:
-        pass  # the client left
+        pass  # the client left, or stalled past RAW_TIMEOUT
 
 
 def _header_int(handler: web.RequestHandler, name: str) -> int:
