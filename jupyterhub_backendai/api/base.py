@@ -22,7 +22,6 @@ from http.client import responses
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 from jsonschema.validators import extend
 from jupyterhub import orm, roles
 from jupyterhub.apihandlers.base import APIHandler
@@ -33,7 +32,7 @@ from traitlets.config import Configurable
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest, NotFound, Unauthorized
 from ..manager import access
 from ..manager.core import BackendAIManager
-from . import spec
+from . import models, spec
 
 READ_SCOPE = "custom:backendai:read"
 WRITE_SCOPE = "custom:backendai:write"
@@ -46,7 +45,8 @@ MAX_JSON_BYTES = 1 << 20
 MAX_JSON_DEPTH = 32
 _UINT = re.compile(r"^[0-9]{1,10}$")
 
-# JSON Schema's "integer" accepts 5.0; ours does not (columns are integers).
+# For callers that check a JSON Schema of the document itself (request bodies are checked
+# by the models, :func:`validate`): JSON Schema's "integer" accepts 5.0; ours does not.
 _Validator = extend(
     Draft202012Validator,
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
@@ -267,6 +267,15 @@ def _check_text(value, path: str = "") -> None:
             _check_text(v, f"{path}[{i}]")
 
 
+def validate(schema_name: str, data: dict) -> dict:
+    """``data`` (a JSON object) checked by the request model ``schema_name`` of
+    :mod:`.models`, the same check as ``APIBase.body``: strings a database cannot store,
+    unknown fields, missing required ones, then types and bounds. Returns ``data`` as
+    given; raises :class:`InvalidRequest` with ``<field>: <plain words>``."""
+    _check_text(data)
+    return models.check(schema_name, data)
+
+
 class APIBase(APIHandler):
     """Authenticates the caller into ``self.principal`` before any method runs."""
 
@@ -407,30 +416,15 @@ class APIBase(APIHandler):
     # -- input -------------------------------------------------------------------
 
     def body(self, schema_name: str) -> dict:
-        """The JSON body, checked against the document's schema ``schema_name``."""
+        """The JSON body, checked by the request model ``schema_name`` (:mod:`.models`):
+        the fields as sent, or a 400 naming the field in plain words."""
         raw = self.request.body
         if not raw or not raw.strip():
             raise InvalidRequest("a JSON object body is required")
         data = parse_json_body(raw)
         if not isinstance(data, dict):
             raise InvalidRequest("the body must be a JSON object")
-        _check_text(data)
-        schema = document()["components"]["schemas"][schema_name]
-        props = schema.get("properties", {})
-        unknown = sorted(set(data) - set(props))
-        if unknown and schema.get("additionalProperties") is False:
-            raise InvalidRequest(
-                f"unknown field(s): {', '.join(map(repr, unknown))} "
-                f"(allowed: {', '.join(props)})"
-            )
-        for name in schema.get("required", []):
-            if name not in data:
-                raise InvalidRequest(f"{name}: required field missing")
-        err = best_match(_Validator(schema).iter_errors(data))
-        if err is not None:
-            where = ".".join(str(x) for x in err.absolute_path) or "body"
-            raise InvalidRequest(f"{where}: {schema_error_words(err)}")
-        return data
+        return validate(schema_name, data)
 
     def query(self, filters: dict | None = None,
               params: dict[str, tuple[dict, bool]] | None = None) -> tuple[dict, int, int]:

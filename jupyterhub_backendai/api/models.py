@@ -739,7 +739,10 @@ _UNION_TAGS = re.compile(r"^(str|constrained-str|float|int|bool|none|list\[.*\]|
 
 
 def _where(loc) -> str:
-    parts = [str(x) for x in loc if x != "[key]" and not _UNION_TAGS.match(str(x))]
+    loc = list(loc)
+    if "[key]" in loc:  # a bad key of an object: said of the object (as JSON Schema does)
+        loc = loc[:max(0, loc.index("[key]") - 1)]
+    parts = [str(x) for x in loc if not _UNION_TAGS.match(str(x))]
     return ".".join(parts) or "body"
 
 
