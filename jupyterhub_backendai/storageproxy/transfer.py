@@ -32,6 +32,7 @@ import asyncio
 import base64
 import email.utils
 import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -450,47 +451,118 @@ def _problem_answer(sock: socket.socket, e: BackendAIError) -> None:
 
 
 def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
-             room: int | None) -> tuple[int, object]:
-    """Receive a body of ``count`` bytes (``first`` already read) and append it to
-    ``fd`` as it arrives. (bytes written, why it stopped short: None, "gone" (the client
-    left or stalled), "quota" (past ``room``) or the OSError of a write). After a
-    refusal the rest of the body is read and dropped, so the client reads the answer."""
-    written = 0
-    received = len(first)
+             room: int | None, at: int) -> tuple[int, object]:
+    """Receive a body of ``count`` bytes (``first`` already read) into ``fd`` from
+    offset ``at`` on as it arrives: ``splice`` (socket, pipe, file: no copy through
+    Python) where the kernel can, else reads into one buffer and ``pwrite``. Every
+    piece is checked against ``room`` before it is written. (bytes written, why it
+    stopped short: None, "gone" (the client left or stalled), "quota" (past ``room``)
+    or the OSError of a write). After a refusal the rest of the body is read and
+    dropped, so the client reads the answer."""
+    written, received = 0, len(first)
     why: object = None
-    buf = bytearray(min(RAW_BUF, max(count, 1)))
-    view = memoryview(buf)
-    data = memoryview(first)
-    while True:
-        if data is not None and len(data):
-            if room is not None and written + len(data) > room:
+    if first:
+        if room is not None and len(first) > room:
+            why = "quota"
+        else:
+            try:
+                _pwrite_all(fd, memoryview(first), at)
+                written = len(first)
+            except OSError as e:
+                why = e
+    pipe = _pipe() if why is None else None
+    buf = view = None
+    try:
+        while why is None and received < count:
+            want = min(RAW_BUF, count - received)
+            if pipe is not None:
+                try:
+                    n = os.splice(sock.fileno(), pipe[1], want)
+                except OSError as e:
+                    if e.errno == errno.EINVAL and received == len(first):
+                        _close_pipe(pipe)  # this socket cannot splice: read instead
+                        pipe = None
+                        continue
+                    return written, "gone"
+            else:
+                if buf is None:
+                    buf = bytearray(min(RAW_BUF, count))
+                    view = memoryview(buf)
+                try:
+                    n = sock.recv_into(view, want, socket.MSG_WAITALL)
+                except OSError:  # reset, or RAW_TIMEOUT without a byte
+                    return written, "gone"
+            if not n:
+                return written, "gone"
+            received += n
+            if room is not None and written + n > room:
                 why = "quota"
                 break
             try:
-                _write_all(fd, data)
+                if pipe is not None:
+                    pipe = _splice_out(pipe, fd, n, at + written)
+                else:
+                    _pwrite_all(fd, view[:n], at + written)
             except OSError as e:
                 why = e
                 break
-            written += len(data)
-        if received >= count:
-            return written, None
-        try:
-            n = sock.recv_into(view, min(len(buf), count - received), socket.MSG_WAITALL)
-        except OSError:  # reset, or RAW_TIMEOUT without a byte
-            return written, "gone"
-        if not n:
-            return written, "gone"
-        received += n
-        data = view[:n]
+            written += n
+    finally:
+        if pipe is not None:
+            _close_pipe(pipe)
+    if why is None:
+        return written, None
+    drain = bytearray(min(RAW_BUF, max(count - received, 1)))
     while received < count:  # drain what the client still sends, then answer
         try:
-            n = sock.recv_into(view, min(len(buf), count - received))
+            n = sock.recv_into(drain, min(len(drain), count - received))
         except OSError:
             return written, "gone"
         if not n:
             return written, "gone"
         received += n
     return written, why
+
+
+def _pipe() -> tuple[int, int] | None:
+    if not hasattr(os, "splice"):
+        return None
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(w, 1031, RAW_BUF)  # F_SETPIPE_SZ (at most /proc/sys/fs/pipe-max-size)
+    except OSError:
+        pass
+    return r, w
+
+
+def _close_pipe(pipe: tuple[int, int]) -> None:
+    os.close(pipe[0])
+    os.close(pipe[1])
+
+
+def _splice_out(pipe: tuple[int, int], fd: int, n: int, at: int) -> tuple[int, int] | None:
+    """Move the ``n`` bytes in ``pipe`` to ``fd`` at ``at``. A file system that cannot
+    take a splice gets them by ``pwrite`` (and no pipe from then on: None)."""
+    done = 0
+    while done < n:
+        try:
+            done += os.splice(pipe[0], fd, n - done, offset_dst=at + done)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            while done < n:
+                chunk = os.read(pipe[0], n - done)
+                _pwrite_all(fd, memoryview(chunk), at + done)
+                done += len(chunk)
+            _close_pipe(pipe)
+            return None
+    return pipe
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, at)
+        data, at = data[n:], at + n
 
 
 def _send_file(sock: socket.socket, head: bytes, fd: int, start: int, length: int) -> None:
@@ -634,7 +706,12 @@ class TusUploadHandler(TransferHandler):
                     self, count, self.request.headers.get("Expect", "").lower() == "100-continue")
             except iostream.StreamClosedError:
                 return  # the client left before the body: nothing was written
-            written, why = await _in_thread(_receive, sock, self._fd, first, count, self._room)
+            # Written at explicit offsets (splice refuses an O_APPEND file); the lock
+            # makes this PATCH the upload's only writer, and _offset is its size.
+            fcntl.fcntl(self._fd, fcntl.F_SETFL,
+                        fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_APPEND)
+            written, why = await _in_thread(_receive, sock, self._fd, first, count, self._room,
+                                            self._offset)
             self._close()
             if why == "gone":
                 return  # what was written is kept: tus resumes from the offset
