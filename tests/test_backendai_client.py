@@ -59,8 +59,11 @@ class BAI:
         }
 
     def __call__(self, *args: str, rc: int | None = 0, answer: str = "") -> str:
-        p = subprocess.run([self.cli, *args], env=self.env, capture_output=True, text=True,
-                           timeout=300, input=answer)
+        try:
+            p = subprocess.run([self.cli, *args], env=self.env, capture_output=True,
+                               text=True, timeout=300, input=answer)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"{args} timed out; hub log:\n{self.hub.log()[-5000:]}") from e
         out = p.stdout + p.stderr
         if rc is not None:
             assert p.returncode == rc, (args, p.returncode, out + "\n--- hub log ---\n"
@@ -324,7 +327,7 @@ def test_26_09_client_folders_transfers_and_sessions(hub, bob26):
     assert sname in out and "TERMINATED" in out
 
 
-def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
+def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26, tmp_path):
     """``backend.ai run``: the code runs in the session's Jupyter kernel (a JupyterHub
     server in a real container), output streamed, input answered, failures exit 1."""
     name = f"run-{uuid.uuid4().hex[:6]}"
@@ -350,6 +353,39 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26):
     assert "Execution failed: SystemExit(3) (exit code = 3)" in out, out
     out = alice("run", "--name", name, "-c", "import sys; sys.exit(0)", hub.image)
     assert "(exit code = 0)" in out
+    # batch mode: the files go into the session (POST /session/{id}/upload, its Jupyter
+    # server's /home/work), then the build and exec commands run there, output streamed
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "main.py").write_text("import pkg.mod\nprint('main says', pkg.mod.VALUE)\n")
+    (src / "pkg" / "__init__.py").write_text("")
+    (src / "pkg" / "mod.py").write_text("VALUE = open('built.txt').read().strip()\n")
+    files = [str(src / "main.py"), str(src / "pkg" / "__init__.py"), str(src / "pkg" / "mod.py")]
+    out = alice("run", "--name", name, "--basedir", str(src), "--build",
+                "python -c \"print('built-%d' % (6 * 7))\" > built.txt && echo build-out "
+                "&& echo build-err >&2",
+                hub.image, *files)
+    assert "Uploading done" in out and "Build finished. (exit code = 0)" in out, out
+    assert "build-out" in out and "build-err" in out and "main says built-42" in out, out
+    assert "Execution finished. (exit code = 0)" in out, out
+    # a failing step ends the run there (exit 1, its exit code said); replaced files
+    (src / "main.py").write_text("print('second main')\n")
+    out = alice("run", "--name", name, "--basedir", str(src), "--build", "exit 4",
+                "--exec", "echo never", hub.image, str(src / "main.py"), rc=1)
+    assert "the build command exited with 4 (exit code = 4)" in out and "never" not in out
+    out = alice("run", "--name", name, "--basedir", str(src), "--exec",
+                "python main.py; exit 5", hub.image, str(src / "main.py"), rc=1)
+    assert "second main" in out and "the exec command exited with 5" in out, out
+    # names the session's Jupyter server refuses: refused before anything is written
+    (src / ".hidden").write_text("x")
+    (src / "fresh.txt").write_text("x")
+    out = alice("run", "--name", name, "--basedir", str(src), hub.image,
+                str(src / "fresh.txt"), str(src / ".hidden"), rc=1)
+    assert "'.hidden': hidden files and directories are not uploaded" in out, out
+    assert "BackendAPIError(400" in out and "Execution finished" not in out, out
+    out = alice("run", "--name", name, "-c",
+                "import os; print('fresh:', os.path.exists('fresh.txt'))", hub.image)
+    assert "fresh: False" in out, out
     _attack_execute_websocket(hub, alice, bob26, sid[0])
     # a batch session has no kernel: refused before anything runs
     bname = f"rb-{uuid.uuid4().hex[:6]}"

@@ -16,6 +16,18 @@ sends ``execute_request`` on the kernel's websocket, and turns the kernel's ``st
 ``execute_result``/``display_data`` (``text/plain``), ``error`` and ``input_request``
 messages into console records.
 
+**Batch mode** (``run IMAGE FILE... [--build CMD] [--exec CMD] [--clean CMD]``): the
+client first uploads the files (``POST /session/{id}/upload``, multipart field ``src``,
+each named by its path relative to ``--basedir``), which land in the session's Jupyter
+server's root directory (``/home/work``) through Jupyter's contents API; then it sends
+``{"mode": "batch", "options": {"clean", "build", "exec"}}``. Each command runs as a
+shell command (``/bin/sh -c``) from that directory, in a subprocess of the session's
+Jupyter kernel, its stdout and stderr streamed as console records; ``clean-finished``
+and ``build-finished`` report their exit codes, and ``finished`` (exit code 0) ends the
+run. ``*`` is the default: no clean, no build, and ``python main.py`` as the exec command
+(exit code 127 when there is no ``main.py``); an empty command is skipped. A step that
+fails ends the run there, as a failed run (below).
+
 **Exit code.** The official CLIs (23.09 and 26.09) exit 0 after any ``finished``
 record, whatever its ``exitCode``; they exit 1 only when reading the stream raises.
 So a run that fails (an exception, ``sys.exit(n)`` with n != 0) ends with a record that
@@ -26,9 +38,11 @@ the line, then stops with "Execution failed!" and exit code 1.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import json
 import re
+import urllib.parse
 import uuid
 
 from tornado import websocket
@@ -36,7 +50,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ...common.errors import BackendAIError, InvalidRequest, NotFound
 from ...common.types import SessionStatus
-from ...manager import admin
+from ...manager import admin, vfolders
 from ...models import User
 from .handlers import CompatBase, resolve_session
 
@@ -70,21 +84,13 @@ def _exit_code(reply: dict, error: dict | None) -> int:
     return 1
 
 
-class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
-    """The execute websocket of one session (see the module's doc). It runs code: a
-    JupyterHub token needs the write scope here, though the handshake is a GET."""
+class _JupyterServer:
+    """The caller's own running interactive session, reached as its Jupyter server: its
+    URL (``_base``) and a short-lived API token of the owner for that one server."""
 
-    grants_shell = True
-
-    _task: asyncio.Task | None = None
-    _input: asyncio.Future | None = None
-    _kernel_ws = None
     _token: str | None = None
 
-    def check_xsrf_cookie(self):
-        return None
-
-    async def get(self, ref):
+    async def _open_server(self, ref: str) -> None:
         sid = await self.manager.db_read(resolve_session, self.principal, ref)
         sess = await self.manager.db_read(admin.get_session, self.principal, sid)
         if sess["user_id"] != self.principal.user_id:
@@ -97,16 +103,6 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
             raise InvalidRequest(f"session {sess['name']!r} is {sess['status']}, not RUNNING")
         self._sid = sid
         self._base, self._server = await self._server_of(sid)
-        try:
-            self._kernel = await self._ensure_kernel()
-            self._kernel_ws = await websocket.websocket_connect(HTTPRequest(
-                f"ws{self._base[4:]}api/kernels/{self._kernel}/channels"
-                f"?session_id={uuid.uuid4().hex}", headers=self._auth(), request_timeout=30),
-                ping_interval=20)
-        except (HTTPClientError, OSError) as e:
-            self._cleanup()
-            raise ServerUnavailable(f"the session's Jupyter server did not answer: {e}") from None
-        await super().get(ref)
 
     async def _server_of(self, sid: str) -> tuple[str, object]:
         username = await self.manager.db_read(
@@ -129,6 +125,43 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
 
     def _auth(self) -> dict:
         return {"Authorization": f"token {self._token}"}
+
+    def _drop_token(self) -> None:
+        if self._token:
+            from jupyterhub import orm
+
+            tok = orm.APIToken.find(self.db, self._token)
+            if tok is not None:
+                self.db.delete(tok)
+                self.db.commit()
+            self._token = None
+
+
+class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
+    """The execute websocket of one session (see the module's doc). It runs code: a
+    JupyterHub token needs the write scope here, though the handshake is a GET."""
+
+    grants_shell = True
+
+    _task: asyncio.Task | None = None
+    _input: asyncio.Future | None = None
+    _kernel_ws = None
+
+    def check_xsrf_cookie(self):
+        return None
+
+    async def get(self, ref):
+        await self._open_server(ref)
+        try:
+            self._kernel = await self._ensure_kernel()
+            self._kernel_ws = await websocket.websocket_connect(HTTPRequest(
+                f"ws{self._base[4:]}api/kernels/{self._kernel}/channels"
+                f"?session_id={uuid.uuid4().hex}", headers=self._auth(), request_timeout=30),
+                ping_interval=20)
+        except (HTTPClientError, OSError) as e:
+            self._cleanup()
+            raise ServerUnavailable(f"the session's Jupyter server did not answer: {e}") from None
+        await super().get(ref)
 
     async def _ensure_kernel(self) -> str:
         client = AsyncHTTPClient()
@@ -181,14 +214,7 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
         if self._kernel_ws is not None:
             self._kernel_ws.close()
             self._kernel_ws = None
-        if self._token:
-            from jupyterhub import orm
-
-            tok = orm.APIToken.find(self.db, self._token)
-            if tok is not None:
-                self.db.delete(tok)
-                self.db.commit()
-            self._token = None
+        self._drop_token()
 
     def _send(self, text: str) -> None:
         try:
@@ -213,14 +239,61 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
 
     async def _run(self, req: dict) -> None:
         mode, code = req.get("mode", "query"), req.get("code")
-        if mode != "query" or not isinstance(code, str):
-            self._finish_failed(f"mode {mode!r} is not supported by this server (only query: "
-                                "run -c CODE; files need session upload)", 2)
-            return
         self._session = uuid.uuid4().hex
+        if mode == "batch":
+            await self._run_batch(req.get("options"))
+            return
+        if mode != "query" or not isinstance(code, str):
+            self._finish_failed(f"mode {mode!r} is not supported by this server (query: "
+                                "run -c CODE; batch: run IMAGE FILE...)", 2)
+            return
+        done = await self._run_code(code)
+        if done is None:
+            return
+        reply, error = done
+        code = _exit_code(reply, error)
+        if code == 0:
+            self._send(_record("finished", exit_code=0))
+            self.close()
+        else:
+            why = (f"SystemExit({code})" if (error or {}).get("ename") == "SystemExit"
+                   else f"{(error or reply).get('ename', 'error')}")
+            self._finish_failed(why, code)
+
+    async def _run_batch(self, opts) -> None:
+        """clean, build, exec: shell commands, one after the other (see the module's doc)."""
+        if not isinstance(opts, dict) or any(
+                not isinstance(opts.get(k), (str, type(None))) for k in _STEPS):
+            self._finish_failed("batch mode needs options {clean, build, exec}: strings", 2)
+            return
+        for key, status in _STEPS.items():
+            cmd = opts.get(key)
+            if cmd == "*":
+                cmd = _DEFAULT_STEP[key]
+            if cmd:
+                done = await self._run_code(_SHELL + f"_bai_rc = _bai_shell({cmd!r})\n",
+                                           {"rc": "_bai_rc"}, history=False)
+                if done is None:
+                    return
+                rc = _shell_rc(*done)
+                if rc != 0:
+                    self._finish_failed(f"the {key} command exited with {rc}", rc)
+                    return
+            if key == "exec":
+                self._send(_record("finished", exit_code=0))
+                self.close()
+            elif cmd:
+                self._send(_record(status, exit_code=0))
+
+    async def _run_code(self, code: str, expressions: dict | None = None,
+                       history: bool = True) -> tuple[dict, dict | None] | None:
+        """Run ``code`` in the kernel, its output sent as console records as it comes:
+        (execute_reply, the error message if any); None when the run ended here (the
+        kernel went away, the client closed)."""
         msg = self._kernel_msg("shell", "execute_request", {
-            "code": code, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": True, "stop_on_error": True})
+            "code": code, "silent": False, "store_history": history,
+            "user_expressions": expressions or {}, "allow_stdin": True,
+            "stop_on_error": True})
         msg_id = json.loads(msg)["header"]["msg_id"]
         await self._kernel_ws.write_message(msg)
         reply, idle, error = None, False, None
@@ -229,7 +302,7 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
                 raw = await self._kernel_ws.read_message()
                 if raw is None:
                     self._finish_failed("the session's Jupyter kernel went away")
-                    return
+                    return None
                 m = json.loads(raw)
                 if m.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
@@ -259,12 +332,128 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase):
                 elif kind == "status" and content.get("execution_state") == "idle":
                     idle = True
         except websocket.WebSocketClosedError:
-            return
-        code = _exit_code(reply, error)
-        if code == 0:
-            self._send(_record("finished", exit_code=0))
-            self.close()
-        else:
-            why = (f"SystemExit({code})" if (error or {}).get("ename") == "SystemExit"
-                   else f"{(error or reply).get('ename', 'error')}")
-            self._finish_failed(why, code)
+            return None
+        return reply, error
+
+
+# Batch mode's steps and the records that end them; "*": the default command.
+_STEPS = {"clean": "clean-finished", "build": "build-finished", "exec": "finished"}
+_DEFAULT_STEP = {
+    "clean": None, "build": None,
+    "exec": "if [ -f main.py ]; then exec python main.py; else echo 'no main.py to run: "
+            "give --exec CMD' >&2; exit 127; fi",
+}
+# Runs in the session's kernel: one shell command, its stdout and stderr streamed as
+# they come (one thread: ipykernel routes a thread's output by its own rules).
+_SHELL = """\
+def _bai_shell(cmd):
+    import codecs, os, selectors, subprocess, sys
+    p = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sel = selectors.DefaultSelector()
+    for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+        sel.register(src, selectors.EVENT_READ,
+                     (dst, codecs.getincrementaldecoder("utf-8")("replace")))
+    try:
+        while sel.get_map():
+            for key, _ in sel.select():
+                data = os.read(key.fd, 65536)
+                dst, dec = key.data
+                if not data:
+                    sel.unregister(key.fileobj)
+                text = dec.decode(data, final=not data)
+                if text:
+                    dst.write(text)
+                    dst.flush()
+        return p.wait()
+    except BaseException:
+        p.kill()
+        raise
+"""
+
+
+def _shell_rc(reply: dict, error: dict | None) -> int:
+    if reply.get("status") != "ok":
+        return _exit_code(reply, error) or 1
+    value = (((reply.get("user_expressions") or {}).get("rc") or {}).get("data") or {}).get(
+        "text/plain", "")
+    return int(value) if re.fullmatch(r"-?\d+", value or "") else 1
+
+
+# At most this much per upload request (files for a batch run; data goes through folders).
+MAX_UPLOAD_FILES = 1000
+MAX_UPLOAD_BYTES = 64 * 2**20
+
+
+class SessionUploadHandler(CompatBase, _JupyterServer):
+    """``POST /session/{id}/upload``: the files of ``run IMAGE FILE...`` (multipart field
+    ``src``, each named by its relative path) into the session's Jupyter server's root
+    directory (``/home/work``), through its contents API, existing files replaced. Bad
+    names and sizes are refused before anything is written; if the server refuses a
+    file, the files this request created are removed again."""
+
+    async def post(self, ref):
+        files = self.request.files.get("src") or []
+        if not files or set(self.request.files) != {"src"}:
+            raise InvalidRequest("send the files as multipart/form-data, field 'src'")
+        if len(files) > MAX_UPLOAD_FILES:
+            raise InvalidRequest(f"at most {MAX_UPLOAD_FILES} files per upload")
+        if sum(len(f.body) for f in files) > MAX_UPLOAD_BYTES:
+            raise InvalidRequest(f"at most {MAX_UPLOAD_BYTES >> 20} MiB per upload (larger "
+                                 "data: a folder, vfolder upload, mounted with -m)")
+        # (Backend.AI's clients send the names percent-encoded, as aiohttp does)
+        paths = [vfolders.check_path(urllib.parse.unquote(f.filename or ""), "file name",
+                                     allow_root=False) for f in files]
+        for path in paths:
+            if any(part.startswith(".") for part in path.split("/")):
+                raise InvalidRequest(f"{path!r}: hidden files and directories are not "
+                                     "uploaded (the session's Jupyter server refuses them)")
+        if len(set(paths)) != len(paths):
+            raise InvalidRequest("two files have the same name")
+        await self._open_server(ref)
+        created: list[str] = []
+        dirs: set[str] = set()
+        try:
+            for f, path in zip(files, paths, strict=True):
+                parts = path.split("/")
+                for i in range(1, len(parts)):
+                    d = "/".join(parts[:i])
+                    if d not in dirs:
+                        await self._contents("PUT", d, {"type": "directory"})
+                        dirs.add(d)
+                new = await self._contents("GET", path) is None
+                await self._contents("PUT", path, {
+                    "type": "file", "format": "base64",
+                    "content": base64.b64encode(f.body).decode()})
+                if new:
+                    created.append(path)
+        except (HTTPClientError, OSError) as e:
+            for path in created:
+                try:
+                    await self._contents("DELETE", path)
+                except (HTTPClientError, OSError):
+                    self.log.warning("could not remove %s after a failed upload", path)
+            if isinstance(e, HTTPClientError) and e.code in (400, 403, 409, 413):
+                raise InvalidRequest(f"{path!r}: the session's Jupyter server refused it "
+                                     f"({e.code}); nothing uploaded") from None
+            raise ServerUnavailable(f"the session's Jupyter server did not answer: {e}; "
+                                    "nothing uploaded") from None
+        finally:
+            self._drop_token()
+        self.reply(None, 204)
+
+    async def _contents(self, method: str, path: str, model: dict | None = None):
+        """Jupyter's contents API on ``path``; GET answers None for a missing path."""
+        url = f"{self._base}api/contents/{urllib.parse.quote(path)}"
+        if method == "GET":
+            url += "?content=0"
+        try:
+            r = await AsyncHTTPClient().fetch(
+                url, method=method, headers={**self._auth(), "Content-Type": "application/json"},
+                body=None if model is None else json.dumps(model), request_timeout=120,
+                allow_nonstandard_methods=method == "DELETE")
+        except HTTPClientError as e:
+            if method == "GET" and e.code == 404:
+                return None
+            raise
+        return r

@@ -796,7 +796,7 @@ SEG = r"([^/]+)"
 
 
 def routes() -> list[tuple]:
-    from .execute import ExecuteHandler
+    from .execute import ExecuteHandler, SessionUploadHandler
 
     base = spec.PREFIX.removeprefix("/hub")
     table = [
@@ -806,6 +806,7 @@ def routes() -> list[tuple]:
         ("/session", SessionCreateHandler),
         (f"/session/{SEG}", SessionHandler),
         (f"/session/{SEG}/logs", SessionLogsHandler),
+        (f"/session/{SEG}/upload", SessionUploadHandler),
         ("/folders", FoldersHandler),
         ("/folders/_/hosts", FolderHostsHandler),
         ("/folders/_/id", FolderIdHandler),
