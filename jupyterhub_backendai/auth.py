@@ -8,18 +8,13 @@ JupyterHub admins and projects become JupyterHub groups named
 
 from __future__ import annotations
 
-import secrets
-
 from jupyterhub.auth import Authenticator
-from sqlalchemy import select
 from tornado import web
 from traitlets import Unicode, default
 
 from .common.errors import BackendAIError
-from .common.types import UserRole, UserStatus
-from .manager import tenancy
+from .common.types import UserStatus
 from .manager.core import BackendAIManager
-from .models import Domain, User
 
 
 class BackendAIAuthenticator(Authenticator):
@@ -82,22 +77,7 @@ class BackendAIAuthenticator(Authenticator):
         admin flag and project groups as the record has them now."""
         await self.manager.ready()
         name = user.name
-
-        def check(s):
-            u = s.scalar(select(User).where(User.username == name))
-            if u is None or u.status != UserStatus.ACTIVE:
-                return None
-            domain = s.get(Domain, u.domain_name)
-            if domain is None or not domain.is_active:
-                return None
-            return {
-                "name": name,
-                "admin": u.role == UserRole.SUPERADMIN,
-                "groups": sorted(hub_group(p.domain_name, p.name) for p in u.projects
-                                 if p.is_active),
-            }
-
-        found = await self.manager.db_read(check)
+        found = await self.manager.ops.hub_account(name)
         if found is None:
             self.log.warning("%s: no active Backend.AI user (or domain) any more", name)
             return False
@@ -128,23 +108,8 @@ class BackendAIAuthenticator(Authenticator):
         name = user.name
         email = f"{name}@{self.added_user_email_domain}"
 
-        def make(s):
-            if s.scalar(select(User).where(User.username == name)):
-                return False
-            if not tenancy.USERNAME_RE.fullmatch(name):
-                raise ValueError(
-                    f"{name!r} is not a valid Backend.AI user name (lowercase letters, digits, "
-                    "'.', '_', '-')")
-            if s.scalar(select(User).where(User.email == email)):
-                raise ValueError(f"a Backend.AI user with email {email!r} exists")
-            u, _kp, _secret = tenancy.create_user(
-                s, email=email, password=secrets.token_urlsafe(16), username=name)
-            u.password = NO_PASSWORD  # no bcrypt hash: nothing logs in until one is set
-            u.need_password_change = True
-            return True
-
         try:
-            made = await self.manager.db(make)
+            made = await self.manager.ops.add_hub_user(name, email)
         except BackendAIError as e:
             raise ValueError(e.detail) from None
         if made:
@@ -177,24 +142,7 @@ class BackendAIAuthenticator(Authenticator):
         guard.check_address(address)
         await self.manager.ready()
 
-        def find(s):
-            user = tenancy.find_user(s, login)
-            if user is None:
-                return None
-            domain = s.get(Domain, user.domain_name)
-            return {
-                "hash": user.password,
-                "id": user.id,
-                "name": user.username,
-                "status": user.status,
-                "domain_active": bool(domain and domain.is_active),
-                "admin": user.role == UserRole.SUPERADMIN,
-                "groups": sorted(hub_group(p.domain_name, p.name) for p in user.projects
-                                 if p.is_active),
-                "auth_state": {"email": user.email, "role": user.role, "domain": user.domain_name},
-            }
-
-        found = await self.manager.db_read(find)
+        found = await self.manager.ops.login_record(login)
         key = guard.account_key(login, found and found.pop("id"))
         guard.check_account(key, login, address)
         hashed = found.pop("hash") if found is not None else None
@@ -208,13 +156,3 @@ class BackendAIAuthenticator(Authenticator):
         if not found.pop("domain_active"):
             raise web.HTTPError(403, "This account's domain is not active.")
         return found
-
-
-#: Stored instead of a password hash: bcrypt rejects it, so no password matches.
-NO_PASSWORD = "!"
-
-
-def hub_group(domain: str, project: str) -> str:
-    """The JupyterHub group of a project: ``<domain>:<project>`` (':' is in neither
-    name's alphabet, so domain ``x.y`` + project ``z`` and ``x`` + ``y.z`` differ)."""
-    return f"{domain}:{project}"

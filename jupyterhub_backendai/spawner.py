@@ -20,7 +20,7 @@ from traitlets import Bool, Integer, List, TraitError, Unicode, default, validat
 from . import pages
 from .common.errors import BackendAIError
 from .common.session_request import SessionRequest, SessionRequestError
-from .common.slots import CPU, CUDA, MEM, format_slots
+from .common.slots import CPU, CUDA, MEM
 from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
 from .manager.core import BackendAIManager
 from .pages import presets as _presets
@@ -136,7 +136,7 @@ class BackendAISpawner(Spawner):
     async def _groups(self) -> list[str]:
         """The active resource groups this user may use, the configured one first."""
         try:
-            groups = await self.manager.db_read(_usable_groups, self.user.name)
+            groups = await self.manager.ops.usable_groups(self.user.name)
         except BackendAIError:
             groups = []
         return sorted(groups or [self.resource_group], key=lambda g: (g != self.resource_group, g))
@@ -152,7 +152,7 @@ class BackendAISpawner(Spawner):
         group = group.strip()
         await self.manager.ready()
         try:
-            refusal = await self.manager.db_read(_group_refusal, self.user.name, group)
+            refusal = await self.manager.ops.group_refusal(self.user.name, group)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
         if refusal is not None:
@@ -174,11 +174,11 @@ class BackendAISpawner(Spawner):
             images += [i for i in await self._image_choices(g) if i not in images]
             if self.images:
                 break
-        facts = {g: await self.manager.db_read(_group_facts, g) for g in groups}
+        facts = {g: await self.manager.ops.group_facts(g) for g in groups}
         group = {**facts[chosen_group], "gpu": any(f["gpu"] for f in facts.values())}
         projects = await self.manager.user_projects(self.user.name)
         folders = await self.manager.mountable_folders(self.user.name)
-        quota = await self.manager.db_read(_presets.quota_left, self.user.name)
+        quota = await self.manager.ops.quota_left(self.user.name)
         offered = _presets.offered(self.presets, chosen_group, projects)
         # Presets of the other groups too, shown while their group is chosen (the script).
         every = [p for p in self.presets
@@ -287,7 +287,7 @@ class BackendAISpawner(Spawner):
             # Names or ids of vfolders; enqueue resolves them when it creates the session.
             await self.manager.check_mounts(self.user.name, request.project, list(request.mounts))
             # A request beyond the quota's limits would wait forever: refused now.
-            quota = await self.manager.db_read(_presets.quota_left, self.user.name)
+            quota = await self.manager.ops.quota_left(self.user.name)
             q = quota.get(request.project) or next(iter(quota.values()), None)
             over = q and _presets.quota_excess(q, request.slots, request.cluster_size)
             if over:
@@ -472,7 +472,7 @@ class BackendAISpawner(Spawner):
             status = SessionStatus(sess.status)
             if first:
                 first = False
-                if await self.manager.db_read(_session_is_local, self.session_id):
+                if await self.manager.ops.session_is_local(self.session_id):
                     yield {"message": _UNISOLATED}
             # States passed before this page connected, or between two polls.
             for past in _passed_states(status, sess.status_history or {}):
@@ -576,75 +576,3 @@ def _passed_states(current: SessionStatus, history: dict) -> list[SessionStatus]
         st for st, pct in sorted(PROGRESS.items(), key=lambda x: x[1])
         if pct < PROGRESS[current] and st.value in history
     ]
-
-
-def _group_facts(s, resource_group: str) -> dict:
-    """What the form shows of a resource group: free room on its largest live agent (in
-    human units), whether it has GPUs, whether any agent is on the local backend."""
-    from sqlalchemy import select
-
-    from .models import Agent
-
-    best = None
-    gpu = local = False
-    for a in s.scalars(select(Agent).where(Agent.resource_group == resource_group, Agent.status == "ALIVE")):
-        gpu = gpu or bool(a.available_slots.get(CUDA, 0))
-        local = local or a.backend == "local"
-        free = a.available_slots - a.occupied_slots
-        if best is None or (free.get(CPU, 0), free.get(MEM, 0)) > (best.get(CPU, 0), best.get(MEM, 0)):
-            best = free
-    if best is None:
-        text = "no agent is running in this resource group"
-    else:
-        shown = {CPU: best.get(CPU, 0), MEM: best.get(MEM, 0)}
-        if gpu:
-            shown[CUDA] = best.get(CUDA, 0)
-        text = format_slots(shown)
-    return {"free": text, "gpu": gpu, "local": local}
-
-
-def _usable_groups(s, username: str) -> list[str]:
-    """The active resource groups ``username`` may start sessions in: the API's rule
-    (manager/access.py ``usable_group_names``: public, or allowed for the user's domain,
-    one of their projects or keypairs)."""
-    from sqlalchemy import select
-
-    from .manager import access
-    from .models import ResourceGroup
-
-    names = access.usable_group_names(s, access.load_principal(s, username=username))
-    return sorted(g.name for g in s.scalars(select(ResourceGroup).where(ResourceGroup.is_active))
-                  if names is None or g.name in names)
-
-
-def _group_refusal(s, username: str, group: str) -> tuple[int, str] | None:
-    """Why ``username`` may not start a session in ``group`` (status, words), or None."""
-    from .models import ResourceGroup
-
-    usable = _usable_groups(s, username)
-    if group in usable:
-        return None
-    yours = f"(yours: {', '.join(usable) or 'none'})"
-    rg = s.get(ResourceGroup, group)
-    if rg is None:
-        return 400, f"there is no resource group {group!r} {yours}"
-    if not rg.is_active:
-        return 400, f"resource group {group!r} is not active {yours}"
-    return 403, f"you may not use resource group {group!r} {yours}"
-
-
-def _session_is_local(s, session_id: str) -> bool:
-    """Whether a kernel of the session runs on an agent of the local backend."""
-    from sqlalchemy import select
-
-    from .models import Agent, Kernel, Session
-
-    backends = s.scalars(
-        select(Agent.backend).join(Kernel, Kernel.agent_id == Agent.id).where(Kernel.session_id == session_id)
-    ).all()
-    if not backends:  # not placed yet: the agents it may land on
-        sess = s.get(Session, session_id)
-        if sess is not None:
-            backends = s.scalars(select(Agent.backend).where(
-                Agent.resource_group == sess.resource_group, Agent.status == "ALIVE")).all()
-    return "local" in backends

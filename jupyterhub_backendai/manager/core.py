@@ -82,6 +82,7 @@ from . import lifecycle, sshkeys, tenancy
 from . import mounts as vfmounts
 from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient, close_agent_clients
 from .discovery import BackendAICluster
+from .ops import Operations
 from .session_lists import SessionLists
 from .vfolders import mount_permission
 
@@ -292,6 +293,8 @@ class BackendAIManager(SingletonConfigurable):
         self.events = lifecycle.SessionEvents()
         # The API's lists of a user's sessions, kept current by changes (session_lists.py).
         self.session_lists = SessionLists(self)
+        # The front ends' façade: named operations instead of manager.db(fn) (ops.py).
+        self.ops = Operations(self)
         self.session_lists.attach(self.sm)
         self._renewed = 0.0  # loop time of the last claim renewal
         self._reconciled = 0.0  # loop time of the last reconciliation with every agent

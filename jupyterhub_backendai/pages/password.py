@@ -10,9 +10,7 @@ from __future__ import annotations
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from ..manager import tenancy
 from ..manager.core import BackendAIManager
-from ..models import User
 
 MIN_LENGTH = 8
 MAX_BYTES = 72  # bcrypt's limit
@@ -45,19 +43,7 @@ class PasswordHandler(BaseHandler):
         await self.manager.ready()
         username = self.current_user.name
 
-        def change(s):
-            user = s.query(User).filter(User.username == username).with_for_update().one_or_none()
-            if user is None:
-                return "There is no Backend.AI account for this login, so there is no password to change."
-            if not tenancy.check_password(current, user.password):
-                return "The current password is wrong. Nothing was changed."
-            if tenancy.check_password(new, user.password):
-                return "The new password is the same as the current one. Nothing was changed."
-            user.password = tenancy.hash_password(new)
-            user.need_password_change = False
-            return ""
-
-        error = await self.manager.db(change)
+        error = await self.manager.ops.change_password(username, current, new)
         if error:
             self.log.warning("password change refused for %s: %s", username, error)
             return await self._page(error=error, status=400)

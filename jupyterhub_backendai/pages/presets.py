@@ -25,6 +25,7 @@ from sqlalchemy import select
 
 from ..common.errors import InvalidRequest
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, format_slots, is_mig_slot, parse_size
+from ..manager.ops import reads
 from ..scheduler.snapshot import load_limits, load_policies, load_usage
 from ..scheduler.state import slot_limit
 
@@ -182,6 +183,7 @@ def summary(preset: dict, defaults: dict) -> str:
 # -- the quota left ------------------------------------------------------------------
 
 
+@reads
 def quota_left(db, username: str) -> dict:
     """What ``username`` may still start, per project of theirs (None: no project), from
     the scheduler's own reads (placed kernels' slots, the keypair, user, project and

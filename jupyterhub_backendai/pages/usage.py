@@ -23,6 +23,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..common.slots import CPU, CUDA, MEM
 from ..common.types import AgentStatus, SessionStatus
+from ..manager.ops import reads
 from ..models import Agent, Project, Session
 from ..scheduler.snapshot import load_usage
 
@@ -62,7 +63,7 @@ class UsageSeries(LoggingConfigurable):
         now = dt.datetime.now(dt.UTC)
         since = self._last
         self._last = now
-        s = await manager.db_read(read_sample, now, since, self.interval * self.points)
+        s = await manager.ops.read_sample(now, since, self.interval * self.points)
         s["t"] = time.time()
         self.samples.append(s)
         return s
@@ -72,6 +73,7 @@ def _f(v) -> float:
     return float(v or 0)
 
 
+@reads
 def read_sample(db, now: dt.datetime, since: dt.datetime | None, window: float) -> dict:
     """One sample: per agent and per project slots in use, per group queue and waits."""
     agents = {}

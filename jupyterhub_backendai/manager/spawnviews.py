@@ -1,0 +1,72 @@
+"""What the spawner asks of the record (operations, see manager/ops.py): the resource
+groups a user may use and what the form shows of them, and where a session runs."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from ..common.slots import CPU, CUDA, MEM, format_slots
+from ..models import Agent, Kernel, ResourceGroup, Session
+from . import access
+from .ops import reads
+
+
+@reads
+def group_facts(s, resource_group: str) -> dict:
+    """What the form shows of a resource group: free room on its largest live agent (in
+    human units), whether it has GPUs, whether any agent is on the local backend."""
+    best = None
+    gpu = local = False
+    for a in s.scalars(select(Agent).where(Agent.resource_group == resource_group, Agent.status == "ALIVE")):
+        gpu = gpu or bool(a.available_slots.get(CUDA, 0))
+        local = local or a.backend == "local"
+        free = a.available_slots - a.occupied_slots
+        if best is None or (free.get(CPU, 0), free.get(MEM, 0)) > (best.get(CPU, 0), best.get(MEM, 0)):
+            best = free
+    if best is None:
+        text = "no agent is running in this resource group"
+    else:
+        shown = {CPU: best.get(CPU, 0), MEM: best.get(MEM, 0)}
+        if gpu:
+            shown[CUDA] = best.get(CUDA, 0)
+        text = format_slots(shown)
+    return {"free": text, "gpu": gpu, "local": local}
+
+
+@reads
+def usable_groups(s, username: str) -> list[str]:
+    """The active resource groups ``username`` may start sessions in: the API's rule
+    (manager/access.py ``usable_group_names``: public, or allowed for the user's domain,
+    one of their projects or keypairs)."""
+    names = access.usable_group_names(s, access.load_principal(s, username=username))
+    return sorted(g.name for g in s.scalars(select(ResourceGroup).where(ResourceGroup.is_active))
+                  if names is None or g.name in names)
+
+
+@reads
+def group_refusal(s, username: str, group: str) -> tuple[int, str] | None:
+    """Why ``username`` may not start a session in ``group`` (status, words), or None."""
+    usable = usable_groups(s, username)
+    if group in usable:
+        return None
+    yours = f"(yours: {', '.join(usable) or 'none'})"
+    rg = s.get(ResourceGroup, group)
+    if rg is None:
+        return 400, f"there is no resource group {group!r} {yours}"
+    if not rg.is_active:
+        return 400, f"resource group {group!r} is not active {yours}"
+    return 403, f"you may not use resource group {group!r} {yours}"
+
+
+@reads
+def session_is_local(s, session_id: str) -> bool:
+    """Whether a kernel of the session runs on an agent of the local backend."""
+    backends = s.scalars(
+        select(Agent.backend).join(Kernel, Kernel.agent_id == Agent.id).where(Kernel.session_id == session_id)
+    ).all()
+    if not backends:  # not placed yet: the agents it may land on
+        sess = s.get(Session, session_id)
+        if sess is not None:
+            backends = s.scalars(select(Agent.backend).where(
+                Agent.resource_group == sess.resource_group, Agent.status == "ALIVE")).all()
+    return "local" in backends

@@ -1,0 +1,74 @@
+"""The manager's façade of named operations (manager/ops.py, issue 11): a front end
+calls ``manager.ops.<name>(...)``; the operation's own declaration decides its
+transaction. Checked against a real manager and database: a write commits, a failing
+write leaves nothing, a read cannot write, an unknown name is refused with words,
+and the front ends (spawner, authenticator, pages) go through the façade."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+
+import pytest
+from sqlalchemy import select
+
+from jupyterhub_backendai.manager import accounts, ops
+from jupyterhub_backendai.models import User
+
+from .inproc import running_manager
+
+PKG = pathlib.Path(ops.__file__).resolve().parent.parent
+
+
+@ops.reads
+def ops_sneaky_rename(db, username: str) -> None:
+    db.scalar(select(User).where(User.username == username)).full_name = "changed in a read"
+    db.flush()
+
+
+def test_operations_run_in_the_transaction_they_declare(tmp_path):
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/o.sqlite", tmp_path, "local") as mgr:
+            assert await mgr.ops.add_hub_user("opsuser", "opsuser@example.org") is True
+            assert await mgr.ops.add_hub_user("opsuser", "opsuser@example.org") is False
+            view = await mgr.ops.hub_account("opsuser")
+            assert view == {"name": "opsuser", "admin": False, "groups": ["default:default"]}
+
+            # A failing write leaves nothing (rolled back), with the operation's words.
+            with pytest.raises(ValueError, match="not a valid Backend.AI user name"):
+                await mgr.ops.add_hub_user("Bad Name", "bad@example.org")
+            assert await mgr.ops.login_record("bad@example.org") is None
+
+            # A read runs read-only: what it changed is not kept.
+            await mgr.ops.ops_sneaky_rename("opsuser")
+            name = await mgr.db_read(lambda s: s.scalar(
+                select(User.full_name).where(User.username == "opsuser")))
+            assert name != "changed in a read"
+
+            with pytest.raises(AttributeError, match="no operation 'drop_everything'"):
+                await mgr.ops.drop_everything()
+
+            # The password form's operation: hashing and the check in one transaction.
+            rec = await mgr.ops.login_record("opsuser")
+            assert rec["hash"] == accounts.NO_PASSWORD
+            assert "wrong" in await mgr.ops.change_password("opsuser", "x", "new-pass-123")
+
+    asyncio.run(run())
+
+
+def test_two_operations_cannot_share_a_name():
+    def hub_account(db):  # the name of an operation of manager/accounts.py
+        return None
+
+    ops.lookup("hub_account")
+    with pytest.raises(RuntimeError, match="two operations are named 'hub_account'"):
+        ops.reads(hub_account)
+
+
+@pytest.mark.parametrize("front_end", ["spawner.py", "auth.py", "pages/password.py",
+                                       "pages/usage.py"])
+def test_front_ends_use_the_facade(front_end):
+    """No function of a front end is run by ``manager.db``/``db_read`` directly."""
+    text = (PKG / front_end).read_text()
+    assert not re.search(r"manager\.db(_read)?\(", text), front_end
