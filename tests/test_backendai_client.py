@@ -58,10 +58,10 @@ class BAI:
             "BACKEND_ACCESS_KEY": kp["access_key"], "BACKEND_SECRET_KEY": kp["secret_key"],
         }
 
-    def __call__(self, *args: str, rc: int | None = 0, answer: str = "") -> str:
+    def __call__(self, *args: str, rc: int | None = 0, answer: str = "", cwd=None) -> str:
         try:
             p = subprocess.run([self.cli, *args], env=self.env, capture_output=True,
-                               text=True, timeout=300, input=answer)
+                               text=True, timeout=300, input=answer, cwd=cwd)
         except subprocess.TimeoutExpired as e:
             raise AssertionError(f"{args} timed out; hub log:\n{self.hub.log()[-5000:]}") from e
         out = p.stdout + p.stderr
@@ -383,9 +383,14 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26, tmp_path):
                 str(src / "fresh.txt"), str(src / ".hidden"), rc=1)
     assert "'.hidden': hidden files and directories are not uploaded" in out, out
     assert "BackendAPIError(400" in out and "Execution finished" not in out, out
-    out = alice("run", "--name", name, "-c",
-                "import os; print('fresh:', os.path.exists('fresh.txt'))", hub.image)
-    assert "fresh: False" in out, out
+    # `session upload` (the same route; paths relative to the current directory)
+    (src / "data").mkdir()
+    (src / "data" / "up.txt").write_text("uploaded by session upload\n")
+    out = alice("session", "upload", name, "data/up.txt", cwd=str(src))
+    assert "Uploaded." in out, out
+    out = alice("run", "--name", name, "-c", "import os; print('fresh:', "
+                "os.path.exists('fresh.txt'), open('data/up.txt').read())", hub.image)
+    assert "fresh: False uploaded by session upload" in out, out
     _attack_execute_websocket(hub, alice, bob26, sid[0])
     # a batch session has no kernel: refused before anything runs
     bname = f"rb-{uuid.uuid4().hex[:6]}"
