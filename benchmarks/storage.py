@@ -170,6 +170,19 @@ class CPU:
         return f"[cpu s: proxy {self.proxy:.1f}, client {self.client:.1f}, wall {self.wall:.1f}]"
 
 
+def settle(src: str, work: str) -> None:
+    """The same start for every timed phase: no dirty pages waiting (sync), and as
+    many page-cache pages just freed as the phase will fill (a copy of the source
+    written and removed). Without it a phase that follows a removal (the copy, after
+    the round's upload is deleted) writes into recycled pages and one that follows
+    none (the download) into fresh ones, which on this VM costs the writer about
+    three times the CPU."""
+    ballast = os.path.join(work, "ballast.bin")
+    shutil.copyfile(src, ballast)
+    os.sync()
+    os.unlink(ballast)
+
+
 def _raw_request(base: str, method: str, target: str, headers: dict) -> socket.socket:
     u = urlsplit(base)
     sock = socket.create_connection((u.hostname, u.port))
@@ -290,11 +303,13 @@ def bench_official_cli(daemon: StorageDaemon, base: str, secret: str, src: str, 
         os.link(src, os.path.join(home, "big.bin"))  # the same bytes, no copy
         dl = os.path.join(work, "cli-dl")
         for r in range(rounds):
+            settle(src, work)
             t = time.perf_counter()
             out = bai("vfolder", "upload", "-b", home, name, "big.bin")
             results["upload"].append(size / 1e6 / (time.perf_counter() - t))
             assert base in out, out  # straight to the daemon, not through the hub
             os.makedirs(dl)
+            settle(src, work)
             t = time.perf_counter()
             bai("vfolder", "download", "-b", dl, name, "big.bin")
             results["download"].append(size / 1e6 / (time.perf_counter() - t))
@@ -337,7 +352,7 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
             name = f"big-{r}.bin"  # a new file each round: the same work as the first
             up = f"{base}/upload?token=" + tokens.sign(
                 upload_claims("volume1", scope, folder, name, size))
-            os.sync()  # every phase starts with no dirty pages waiting (the same for all)
+            settle(src, work)
             with CPU(daemon.proc.pid) as cpu_up:
                 if client_kind == "raw":
                     await asyncio.to_thread(raw_tus_upload, base, up[len(base):], src, size)
@@ -348,7 +363,7 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
             dst = os.path.join(work, "downloaded.bin")
             down = f"{base}/download?token=" + tokens.sign(
                 download_claims("volume1", scope, folder, name))
-            os.sync()
+            settle(src, work)
             with CPU(daemon.proc.pid) as cpu_down:
                 if client_kind == "raw":
                     got = await asyncio.to_thread(raw_download, base, down[len(base):], dst)
@@ -362,7 +377,7 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
             await client.delete("volume1", scope, folder, name)
 
             cp = os.path.join(work, "copy.bin")
-            os.sync()
+            settle(src, work)
             with CPU(daemon.proc.pid) as cpu_copy:
                 shutil.copyfile(src, cp)
             results["copy"].append(size / 1e6 / cpu_copy.wall)
