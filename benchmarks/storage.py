@@ -1,7 +1,8 @@
 """Storage throughput: transfers straight to the storage proxy (tus + token) vs. a local copy.
 
     python benchmarks/storage.py [--size-mb 1024] [--rounds 3] [--small 10000]
-                                 [--concurrency 16] [--node-api]
+                                 [--concurrency 16] [--client raw|aiohttp]
+                                 [--official-cli] [--node-api]
 
 It starts a real ``backendai-storage-proxy`` (tests/services.py's StorageDaemon: a
 subprocess on free loopback ports, a volume in a temp dir) with its client-facing
@@ -10,21 +11,32 @@ part by signing the tokens itself (TransferTokens, the secret shared with the
 daemon), so only the proxy's data path is measured. On one file of random bytes
 written once:
 
-  upload:   a tus upload (POST creation, then PATCHes of 16 MiB read from the file,
-            as Backend.AI's client does), written to ``.tus/<id>`` and renamed into
-            the folder after the last byte (a new name each round)
-  download: GET /download with the token, each chunk written to a local file
+  upload:   a tus upload: POST (creation), then PATCHes of 16 MiB, each on its own
+            connection (the proxy ends the connection after a large PATCH), the
+            body sent from the file with ``sendfile``; written to ``.tus/<id>`` and
+            renamed into the folder after the last byte (a new name each round)
+  download: GET /download with the token, the body spliced into a local file
   copy:     shutil.copyfile of the same file on the same file system (the baseline,
-            measured in the same run)
-  small:    ``--small`` files of 4 KiB, each one tus PATCH with its own token, then
-            each downloaded, ``--concurrency`` at a time; files per second over the
-            up-and-down round trip of all of them (2 * n transfers / time)
+            measured in the same run: ``copy_file_range``, in the kernel)
+  small:    ``--small`` files of 4 KiB, each one tus PATCH with its own token (signed
+            beforehand), then each downloaded, ``--concurrency`` at a time over
+            keep-alive connections (aiohttp); files per second over the up-and-down
+            round trip of all of them (2 * n transfers / time)
 
-Median MB/s (10^6 bytes) over the rounds. Everything lives under one temp dir on
-one file system, in the page cache (the proxy's overhead, not the disk). Downloads
-are checked byte for byte once. ``--node-api`` also measures the manager's own
-node API (HTTPStorageClient upload/download, what the hub's admin API uses). The
-last line is machine-readable:
+``--client aiohttp`` moves the big file with aiohttp instead (16 MiB PATCH bodies
+from memory, downloads in 4 MiB chunks written in a thread). ``--official-cli`` also
+moves it with Backend.AI's own CLI (``.venv-bai23``: ``vfolder upload`` / ``vfolder
+download``) through a hub (tests/hub.py, local backend, SQLite) whose folder lives on
+the same daemon (cluster mode: the hub grants, the daemon moves the bytes), timed
+around the whole command. ``--node-api`` also measures the manager's own node API
+(HTTPStorageClient upload/download, what the hub's admin API uses).
+
+Every timed phase starts alike (``settle``: ``sync``, and a file the size of the
+source written and removed, so every phase writes into recycled page-cache pages).
+Each round prints the CPU seconds the proxy and this client spent beside the wall
+time. Median MB/s (10^6 bytes) over the rounds. Everything lives under one temp dir
+on one file system, in the page cache (the proxy's overhead, not the disk).
+Downloads are checked byte for byte once. The last line is machine-readable:
 
     upload_mb_s=<f> download_mb_s=<f> copy_mb_s=<f> upload_ratio=<f> download_ratio=<f> small_files_per_s=<f>
 
@@ -37,8 +49,8 @@ import argparse
 import asyncio
 import filecmp
 import os
-import socket
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
