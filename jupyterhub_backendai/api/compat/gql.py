@@ -1105,24 +1105,19 @@ class Root:
 
 
 def _checked(body: dict, schema_name: str) -> dict:
-    """``body`` checked against the REST API's request schema (the same words)."""
-    from jsonschema.exceptions import best_match
+    """``body`` checked by the REST API's request model (``base.validate``: the same
+    check and words as the REST endpoint); a field this server does not keep is named."""
+    from ...common.errors import InvalidRequest
+    from ..base import validate
+    from ..models import model
 
-    from ..base import _check_text, _Validator, document, schema_error_words
-
-    _check_text(body)
-    schema = document()["components"]["schemas"][schema_name]
-    unknown = sorted(set(body) - set(schema.get("properties", {})))
+    unknown = sorted(set(body) - set(model(schema_name).model_fields))
     if unknown:
         raise GraphQLError(f"{', '.join(unknown)}: not supported by this server")
-    for name in schema.get("required", []):
-        if name not in body:
-            raise GraphQLError(f"{name}: required field missing")
-    err = best_match(_Validator(schema).iter_errors(body))
-    if err is not None:
-        where = ".".join(str(x) for x in err.absolute_path) or "body"
-        raise GraphQLError(f"{where}: {schema_error_words(err)}")
-    return body
+    try:
+        return validate(schema_name, body)
+    except InvalidRequest as e:
+        raise GraphQLError(e.detail) from None
 
 
 def _call(fn, *args):
