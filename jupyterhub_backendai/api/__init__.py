@@ -8,15 +8,24 @@ contract in ``openapi.yaml`` (built by :mod:`.spec`). See docs/api.md.
 from __future__ import annotations
 
 
-def get_handlers() -> list[tuple]:
-    """Routes for ``Authenticator.get_handlers`` (JupyterHub prefixes them with ``/hub``)."""
-    from .handlers import routes
+def api_routes() -> list:
+    """Every route of the admin API (:class:`.spec.Route`), each declared once with its
+    operations: the handlers' and the vfolder invitations'. The tornado URL list below and
+    the OpenAPI document (:func:`.spec.build_document`) are both made from these."""
+    from .handlers import ROUTES
+    from .vfolder_invitations import ROUTES as INVITATIONS
 
-    table = routes()
-    # Backend.AI's own routes (compat/) and vfolder invitations, before the catch-all 404
-    # that routes() ends with.
-    from . import spec, vfolder_invitations
+    return ROUTES + INVITATIONS
+
+
+def get_handlers() -> list[tuple]:
+    """Routes for ``Authenticator.get_handlers`` (JupyterHub prefixes them with ``/hub``):
+    the admin API's, Backend.AI's own (compat/, not part of the document), then the
+    catch-all 404."""
+    from . import spec
+    from .base import NotFoundHandler
     from .compat import routes as compat_routes
 
-    invitations = vfolder_invitations.routes(spec.PREFIX.removeprefix("/hub"))
-    return table[:-1] + invitations + compat_routes() + table[-1:]
+    base = spec.PREFIX.removeprefix("/hub")
+    return ([r.rule(base) for r in api_routes()] + compat_routes()
+            + [(base + r"(?:/.*)?", NotFoundHandler)])

@@ -1,7 +1,8 @@
 """The admin API's endpoints: thin handlers over :mod:`jupyterhub_backendai.manager.admin`.
 
-A handler parses the request (``self.query``/``self.body`` check it against the
-OpenAPI document), runs one manager function in one transaction, and writes
+A handler parses the request (``self.query`` checks it against the filters its route
+declares at the bottom of this module, ``self.body`` by the request model of
+:mod:`.models`), runs one manager function in one transaction, and writes
 the result. Side effects outside our record (JupyterHub groups and admin
 flags, session start and stop) happen only after that transaction committed.
 """
@@ -17,17 +18,16 @@ from tornado import web
 
 from ..common.errors import BackendAIError, InvalidRequest
 from ..common.session_request import SessionRequest, resources
-from ..common.types import SessionStatus
+from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager import admin, vfolders
-from . import hubsync, spec
+from . import hubsync, models, spec
 from .base import APIBase, document
+from .spec import Op, Route, route
 
 
 def _filters(path: str) -> dict:
-    for method, p, *_rest in spec.ROUTES:
-        if p == path and method == "get" and _rest[2] is not None:
-            return _rest[2]
-    raise KeyError(path)
+    """The query filters declared for the list ``GET path`` (:data:`ROUTES`)."""
+    return spec.find(ROUTES, "get", path).filters
 
 
 class WhoamiHandler(APIBase):
@@ -460,7 +460,8 @@ class SessionSSHKeyHandler(APIBase):
 
 
 def _params(method: str, path: str) -> dict:
-    return spec.PARAMS[(method, path)]
+    """The query parameters declared for ``method path`` (:data:`ROUTES`)."""
+    return spec.find(ROUTES, method, path).params
 
 
 class VFolderHostsHandler(APIBase):
@@ -645,59 +646,182 @@ class VFolderDownloadHandler(APIBase):
         self.finish()
 
 
-SEG = r"([^/]+)"
+# -- the routes: each declared once, with its operations ------------------------------
+#
+# The tornado URL list (:func:`routes`) and the OpenAPI document's paths
+# (:func:`.spec.build_document`) are both made from this table.
+
+F_BOOL, F_STR, enum = spec.F_BOOL, spec.F_STR, spec.enum
+PATH_PARAM = {"path": (spec.FILE_PATH, True)}
+ROUTES: list[Route] = [
+    route("/whoami", WhoamiHandler,
+          get=Op("whoami", "The caller: user, role, domain, projects, keypair",
+                 response=models.Whoami)),
+    route("/domains", DomainsHandler,
+          get=Op("listDomains", "Domains the caller sees", filters={"is_active": F_BOOL},
+                 response=models.Domain),
+          post=Op("createDomain", "Create a domain (superadmin)", body=models.DomainCreate,
+                  status=201, response=models.Domain)),
+    route("/domains/{name}", DomainHandler,
+          get=Op("getDomain", "One domain", response=models.Domain),
+          patch=Op("updateDomain", "Change a domain (superadmin)", body=models.DomainUpdate,
+                   response=models.Domain),
+          delete=Op("deleteDomain", "Delete an empty domain (superadmin)", status=204)),
+    route("/projects", ProjectsHandler,
+          get=Op("listProjects", "Projects the caller sees",
+                 filters={"domain": F_STR, "name": F_STR, "is_active": F_BOOL},
+                 response=models.Project),
+          post=Op("createProject", "Create a project", body=models.ProjectCreate, status=201,
+                  response=models.Project)),
+    route("/projects/{id}", ProjectHandler,
+          get=Op("getProject", "One project", response=models.Project),
+          patch=Op("updateProject", "Change a project", body=models.ProjectUpdate,
+                   response=models.Project),
+          delete=Op("deleteProject", "Delete a project without sessions", status=204)),
+    route("/projects/{id}/members", MembersHandler,
+          get=Op("listProjectMembers", "Members of a project", filters={},
+                 response=models.User),
+          post=Op("addProjectMembers", "Add users of the project's domain",
+                  body=models.MembersAdd, response=models.MembersChanged)),
+    route("/projects/{id}/members/{user_id}", MemberHandler,
+          delete=Op("removeProjectMember", "Remove a member", status=204)),
+    route("/users", UsersHandler,
+          get=Op("listUsers", "Users the caller sees",
+                 filters={"domain": F_STR, "role": enum(UserRole), "status": enum(UserStatus),
+                          "project": F_STR, "email": F_STR},
+                 response=models.User),
+          post=Op("createUser", "Create a user and its default keypair",
+                  body=models.UserCreate, status=201, response=models.UserCreated)),
+    route("/users/{id}", UserHandler,
+          get=Op("getUser", "One user", response=models.User),
+          patch=Op("updateUser", "Change a user", body=models.UserUpdate, response=models.User),
+          delete=Op("deleteUser", "Delete a user without sessions", status=204)),
+    route("/keypairs", KeypairsHandler,
+          get=Op("listKeypairs", "Keypairs the caller sees (never their secret keys)",
+                 filters={"user_id": F_STR, "is_active": F_BOOL}, response=models.Keypair),
+          post=Op("createKeypair", "Create a keypair; the secret key is shown once",
+                  body=models.KeypairCreate, status=201, response=models.KeypairCreated)),
+    route("/keypairs/{access_key}", KeypairHandler,
+          get=Op("getKeypair", "One keypair", response=models.Keypair),
+          patch=Op("updateKeypair", "Change or deactivate a keypair",
+                   body=models.KeypairUpdate, response=models.Keypair),
+          delete=Op("deleteKeypair", "Delete a keypair without sessions", status=204)),
+]
+for _kind, _schema in spec.POLICY_KINDS.items():
+    _Op, _model = _kind.capitalize() + "ResourcePolicy", getattr(models, _schema)
+    ROUTES += [
+        route(f"/{_kind}-resource-policies", PoliciesHandler, {"kind": _kind},
+              get=Op(f"list{_Op}s", f"{_kind.capitalize()} resource policies", filters={},
+                     response=_model),
+              post=Op(f"create{_Op}", f"Create a {_kind} resource policy (superadmin)",
+                      body=getattr(models, _schema + "Create"), status=201, response=_model)),
+        route(f"/{_kind}-resource-policies/{{name}}", PolicyHandler, {"kind": _kind},
+              get=Op(f"get{_Op}", f"One {_kind} resource policy", response=_model),
+              patch=Op(f"update{_Op}", f"Change a {_kind} resource policy",
+                       body=getattr(models, _schema + "Update"), response=_model),
+              delete=Op(f"delete{_Op}", f"Delete an unused {_kind} resource policy",
+                        status=204)),
+    ]
+ROUTES += [
+    route("/resource-groups", ResourceGroupsHandler,
+          get=Op("listResourceGroups", "Resource groups the caller may use",
+                 filters={"is_active": F_BOOL}, response=models.ResourceGroup),
+          post=Op("createResourceGroup", "Create a resource group (superadmin)",
+                  body=models.ResourceGroupCreate, status=201, response=models.ResourceGroup)),
+    route("/resource-groups/{name}", ResourceGroupHandler,
+          get=Op("getResourceGroup", "One resource group", response=models.ResourceGroup),
+          patch=Op("updateResourceGroup", "Change a resource group",
+                   body=models.ResourceGroupUpdate, response=models.ResourceGroup),
+          delete=Op("deleteResourceGroup", "Delete a resource group without agents or sessions",
+                    status=204)),
+    route("/agents", AgentsHandler,
+          get=Op("listAgents", "Agents of the resource groups the caller may use",
+                 filters={"resource_group": F_STR, "status": F_STR}, response=models.Agent)),
+    route("/agents/{id}", AgentHandler,
+          get=Op("getAgent", "One agent", response=models.Agent)),
+    route("/sessions", SessionsHandler,
+          get=Op("listSessions", "Sessions the caller sees",
+                 filters={"status": enum(SessionStatus), "user_id": F_STR, "project_id": F_STR,
+                          "type": enum(["interactive", "batch"])},
+                 response=models.Session),
+          post=Op("createSession", "Queue a batch session for the caller",
+                  body=models.SessionCreate, status=201, response=models.Session)),
+    route("/sessions/{id}", SessionHandler,
+          get=Op("getSession", "One session", response=models.Session),
+          delete=Op("deleteSession", "Stop a session and free its slots", status=204)),
+    route("/sessions/{id}/logs", SessionLogsHandler,
+          get=Op("getSessionLogs", "Output of a session's kernels",
+                 response=models.SessionLogs)),
+    route("/sessions/{id}/service-ports", SessionServicePortsHandler,
+          get=Op("getSessionServicePorts", "A session's service ports (apps) with their URLs",
+                 response=models.SessionServicePorts)),
+    route("/sessions/{id}/ssh-key", SessionSSHKeyHandler,
+          get=Op("getSessionSSHKey",
+                 "The owner's key to the session's sshd (resource groups with SSH)",
+                 response=models.SessionSSHKey)),
+    route("/scheduler", SchedulerHandler,
+          get=Op("schedulerStatus", "What the scheduler is doing (admins)",
+                 response=models.SchedulerStatus)),
+    route("/vfolder-hosts", VFolderHostsHandler,
+          get=Op("listVFolderHosts", "Storage hosts the caller may use, and for what",
+                 response=models.VFolderHosts)),
+    route("/vfolders", VFoldersHandler,
+          get=Op("listVFolders", "Folders the caller sees: own, shared with them, their "
+                 "projects' (admins: the domain's)",
+                 filters={"name": F_STR, "host": F_STR, "ownership_type": enum(VFolderOwnership),
+                          "project_id": F_STR, "user_id": F_STR, "status": enum(VFolderStatus)},
+                 response=models.VFolder),
+          post=Op("createVFolder", "Create a user folder, or a project folder (admins)",
+                  body=models.VFolderCreate, status=201, response=models.VFolder)),
+    route("/vfolders/{id}", VFolderHandler,
+          get=Op("getVFolder", "One folder", response=models.VFolder),
+          patch=Op("updateVFolder", "Rename a folder or change a project folder's permission",
+                   body=models.VFolderUpdate, response=models.VFolder),
+          delete=Op("deleteVFolder",
+                    "Delete a folder and its files (not while a live session mounts it)",
+                    status=204)),
+    route("/vfolders/{id}/shares", VFolderSharesHandler,
+          get=Op("listVFolderShares", "Users a folder is shared with", filters={},
+                 response=models.VFolderShare),
+          post=Op("shareVFolder", "Share a user folder with a user of its domain (owner)",
+                  body=models.VFolderShareCreate, status=201, response=models.VFolderShare)),
+    route("/vfolders/{id}/shares/{user}", VFolderShareHandler,
+          patch=Op("updateVFolderShare", "Change a share's permission",
+                   body=models.VFolderShareUpdate, response=models.VFolderShare),
+          delete=Op("unshareVFolder", "Unshare (owner), or leave a folder shared with you",
+                    status=204)),
+    route("/vfolders/{id}/files", VFolderFilesHandler,
+          get=Op("listVFolderFiles", "Entries of a directory in a folder",
+                 params={"path": (spec._str(spec.MAX_PATH), False)},
+                 response=models.VFolderFiles),
+          delete=Op("deleteVFolderFiles", "Delete a file or directory (wd)",
+                    params={**PATH_PARAM, "recursive": (spec.BOOL, False)}, status=204)),
+    route("/vfolders/{id}/upload", VFolderUploadHandler,
+          put=Op("uploadVFolderFile", "Write a file (the request body, streamed; rw or wd)",
+                 params=PATH_PARAM, raw_body=True, status=201,
+                 response=models.VFolderFileDone)),
+    route("/vfolders/{id}/download", VFolderDownloadHandler,
+          get=Op("downloadVFolderFile", "Read a file (streamed)", params=PATH_PARAM,
+                 raw_response=True)),
+    route("/vfolders/{id}/mkdir", VFolderMkdirHandler,
+          post=Op("mkdirVFolder", "Make a directory (rw or wd)", body=models.VFolderMkdir,
+                  status=201, response=models.VFolderPath)),
+    route("/vfolders/{id}/rename", VFolderRenameHandler,
+          post=Op("renameVFolderFile", "Move or rename a file or directory (rw or wd)",
+                  body=models.VFolderRename, response=models.VFolderPath)),
+    route("/openapi.json", OpenAPIHandler,
+          get=Op("openapi", "The OpenAPI document", public=True, tag="meta",
+                 response={"type": "object"})),
+]
 
 
 def routes() -> list[tuple]:
-    """(pattern, handler, kwargs) relative to the hub prefix (JupyterHub adds ``/hub``)."""
-    base = spec.PREFIX.removeprefix("/hub")
-    table = [
-        ("/whoami", WhoamiHandler),
-        ("/openapi.json", OpenAPIHandler),
-        ("/domains", DomainsHandler),
-        (f"/domains/{SEG}", DomainHandler),
-        ("/projects", ProjectsHandler),
-        (f"/projects/{SEG}", ProjectHandler),
-        (f"/projects/{SEG}/members", MembersHandler),
-        (f"/projects/{SEG}/members/{SEG}", MemberHandler),
-        ("/users", UsersHandler),
-        (f"/users/{SEG}", UserHandler),
-        ("/keypairs", KeypairsHandler),
-        (f"/keypairs/{SEG}", KeypairHandler),
-    ]
-    for kind in spec.POLICY_KINDS:
-        table += [(f"/{kind}-resource-policies", PoliciesHandler, {"kind": kind}),
-                  (f"/{kind}-resource-policies/{SEG}", PolicyHandler, {"kind": kind})]
-    table += [
-        ("/resource-groups", ResourceGroupsHandler),
-        (f"/resource-groups/{SEG}", ResourceGroupHandler),
-        ("/agents", AgentsHandler),
-        (f"/agents/{SEG}", AgentHandler),
-        ("/scheduler", SchedulerHandler),
-        ("/sessions", SessionsHandler),
-        (f"/sessions/{SEG}", SessionHandler),
-        (f"/sessions/{SEG}/logs", SessionLogsHandler),
-        (f"/sessions/{SEG}/service-ports", SessionServicePortsHandler),
-        (f"/sessions/{SEG}/ssh-key", SessionSSHKeyHandler),
-        ("/vfolder-hosts", VFolderHostsHandler),
-        ("/vfolders", VFoldersHandler),
-        (f"/vfolders/{SEG}", VFolderHandler),
-        (f"/vfolders/{SEG}/shares", VFolderSharesHandler),
-        (f"/vfolders/{SEG}/shares/{SEG}", VFolderShareHandler),
-        (f"/vfolders/{SEG}/files", VFolderFilesHandler),
-        (f"/vfolders/{SEG}/upload", VFolderUploadHandler),
-        (f"/vfolders/{SEG}/download", VFolderDownloadHandler),
-        (f"/vfolders/{SEG}/mkdir", VFolderMkdirHandler),
-        (f"/vfolders/{SEG}/rename", VFolderRenameHandler),
-    ]
-    out = []
-    for row in table:
-        pattern, handler, *kw = row
-        out.append((base + pattern, handler, *(kw or [])))
+    """(pattern, handler[, kwargs]) of :data:`ROUTES` relative to the hub prefix (JupyterHub
+    adds ``/hub``), ending with the API's catch-all 404."""
     from .base import NotFoundHandler
 
-    out.append((base + r"(?:/.*)?", NotFoundHandler))
-    return out
+    base = spec.PREFIX.removeprefix("/hub")
+    return [r.rule(base) for r in ROUTES] + [(base + r"(?:/.*)?", NotFoundHandler)]
 
 
 __all__ = ["routes", "BackendAIError"]

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+from dataclasses import dataclass
 
 import yaml
 
-from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager.vfolders import MAX_PATH
 from . import models
 
@@ -64,167 +65,77 @@ def _page_schema(item: str) -> dict:
                  "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}})
 
 
-# -- routes ----------------------------------------------------------------------
+# -- operations: each route declared once ------------------------------------------
 #
-# One row per operation: (method, path, operationId, summary, filters or None,
-# request schema or None, success status, response schema or None). A list
-# operation is one with filters (a dict, possibly empty): it is paginated.
+# A route is a path of the document with the tornado handler that serves it and the
+# operations it has (one per HTTP method). The tornado URL list (:meth:`Route.rule`) and the
+# document's paths (:func:`build_document`) are both made from these declarations, so a
+# route cannot be served without being documented, or documented without being served.
 
+
+@dataclass(frozen=True)
+class Op:
+    """One operation: what the document says of it and what the handler checks."""
+
+    op_id: str
+    summary: str
+    #: A paginated list's query filters (name -> JSON Schema); ``{}``: a list without any.
+    filters: dict | None = None
+    #: Query parameters of an operation that is not a list: name -> (schema, required).
+    params: dict | None = None
+    #: The request body's model (:mod:`.models`), validated by ``APIBase.body``.
+    body: type | None = None
+    status: int = 200
+    #: The success response's model (of each item, for a list).
+    response: type | None = None
+    raw_body: bool = False
+    raw_response: bool = False
+    #: No credentials needed (the document itself); no error responses documented.
+    public: bool = False
+    tag: str | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    handler: type
+    ops: dict
+    kwargs: dict | None = None
+
+    def rule(self, prefix: str) -> tuple:
+        """(pattern, handler[, kwargs]) for tornado, under ``prefix``."""
+        pattern = prefix + re.sub(r"\{[^/}]+\}", lambda _m: SEG, self.path)
+        return (pattern, self.handler, self.kwargs) if self.kwargs else (pattern, self.handler)
+
+
+SEG = r"([^/]+)"
+
+
+def route(path: str, handler: type, kwargs: dict | None = None, **ops: Op) -> Route:
+    """Declare ``path``, served by ``handler`` (with these ``initialize`` kwargs), and its
+    operations by method: ``route("/domains", DomainsHandler, get=Op(...), post=Op(...))``."""
+    return Route(path, handler, ops, kwargs)
+
+
+def find(routes: list[Route], method: str, path: str) -> Op:
+    """The declared operation ``method path`` (``KeyError`` if there is none)."""
+    for r in routes:
+        if r.path == path and method in r.ops:
+            return r.ops[method]
+    raise KeyError(f"{method.upper()} {path} is not declared")
+
+
+def enum(values) -> dict:
+    """A query parameter with these choices."""
+    return {"enum": [str(getattr(v, "value", v)) for v in values]}
+
+
+# Query parameter schemas of the list filters.
 F_BOOL = {"type": "boolean"}
 F_STR = _str(128)
+#: The kinds of resource policies (keypair: limits of sessions; user, project: quotas).
 POLICY_KINDS = {"keypair": "KeypairResourcePolicy", "user": "QuotaPolicy",
                 "project": "QuotaPolicy"}
-
-ROUTES: list[tuple] = [
-    ("get", "/whoami", "whoami", "The caller: user, role, domain, projects, keypair", None, None,
-     200, "Whoami"),
-    ("get", "/domains", "listDomains", "Domains the caller sees", {"is_active": F_BOOL}, None,
-     200, "Domain"),
-    ("post", "/domains", "createDomain", "Create a domain (superadmin)", None, "DomainCreate",
-     201, "Domain"),
-    ("get", "/domains/{name}", "getDomain", "One domain", None, None, 200, "Domain"),
-    ("patch", "/domains/{name}", "updateDomain", "Change a domain (superadmin)", None,
-     "DomainUpdate", 200, "Domain"),
-    ("delete", "/domains/{name}", "deleteDomain", "Delete an empty domain (superadmin)", None,
-     None, 204, None),
-    ("get", "/projects", "listProjects", "Projects the caller sees",
-     {"domain": F_STR, "name": F_STR, "is_active": F_BOOL}, None, 200, "Project"),
-    ("post", "/projects", "createProject", "Create a project", None, "ProjectCreate", 201,
-     "Project"),
-    ("get", "/projects/{id}", "getProject", "One project", None, None, 200, "Project"),
-    ("patch", "/projects/{id}", "updateProject", "Change a project", None, "ProjectUpdate", 200,
-     "Project"),
-    ("delete", "/projects/{id}", "deleteProject", "Delete a project without sessions", None, None,
-     204, None),
-    ("get", "/projects/{id}/members", "listProjectMembers", "Members of a project", {}, None, 200,
-     "User"),
-    ("post", "/projects/{id}/members", "addProjectMembers", "Add users of the project's domain",
-     None, "MembersAdd", 200, "MembersChanged"),
-    ("delete", "/projects/{id}/members/{user_id}", "removeProjectMember", "Remove a member",
-     None, None, 204, None),
-    ("get", "/users", "listUsers", "Users the caller sees",
-     {"domain": F_STR, "role": {"enum": list(UserRole)}, "status": {"enum": list(UserStatus)},
-      "project": F_STR, "email": F_STR}, None, 200, "User"),
-    ("post", "/users", "createUser", "Create a user and its default keypair", None, "UserCreate",
-     201, "UserCreated"),
-    ("get", "/users/{id}", "getUser", "One user", None, None, 200, "User"),
-    ("patch", "/users/{id}", "updateUser", "Change a user", None, "UserUpdate", 200, "User"),
-    ("delete", "/users/{id}", "deleteUser", "Delete a user without sessions", None, None, 204,
-     None),
-    ("get", "/keypairs", "listKeypairs", "Keypairs the caller sees (never their secret keys)",
-     {"user_id": F_STR, "is_active": F_BOOL}, None, 200, "Keypair"),
-    ("post", "/keypairs", "createKeypair", "Create a keypair; the secret key is shown once",
-     None, "KeypairCreate", 201, "KeypairCreated"),
-    ("get", "/keypairs/{access_key}", "getKeypair", "One keypair", None, None, 200, "Keypair"),
-    ("patch", "/keypairs/{access_key}", "updateKeypair", "Change or deactivate a keypair", None,
-     "KeypairUpdate", 200, "Keypair"),
-    ("delete", "/keypairs/{access_key}", "deleteKeypair", "Delete a keypair without sessions",
-     None, None, 204, None),
-]
-for _kind, _schema in POLICY_KINDS.items():
-    _base = f"/{_kind}-resource-policies"
-    _Op = _kind.capitalize() + "ResourcePolicy"
-    _create = "KeypairResourcePolicyCreate" if _kind == "keypair" else "QuotaPolicyCreate"
-    _update = "KeypairResourcePolicyUpdate" if _kind == "keypair" else "QuotaPolicyUpdate"
-    ROUTES += [
-        ("get", _base, f"list{_Op}s", f"{_kind.capitalize()} resource policies", {}, None, 200,
-         _schema),
-        ("post", _base, f"create{_Op}", f"Create a {_kind} resource policy (superadmin)", None,
-         _create, 201, _schema),
-        ("get", _base + "/{name}", f"get{_Op}", f"One {_kind} resource policy", None, None, 200,
-         _schema),
-        ("patch", _base + "/{name}", f"update{_Op}", f"Change a {_kind} resource policy", None,
-         _update, 200, _schema),
-        ("delete", _base + "/{name}", f"delete{_Op}", f"Delete an unused {_kind} resource policy",
-         None, None, 204, None),
-    ]
-ROUTES += [
-    ("get", "/resource-groups", "listResourceGroups", "Resource groups the caller may use",
-     {"is_active": F_BOOL}, None, 200, "ResourceGroup"),
-    ("post", "/resource-groups", "createResourceGroup", "Create a resource group (superadmin)",
-     None, "ResourceGroupCreate", 201, "ResourceGroup"),
-    ("get", "/resource-groups/{name}", "getResourceGroup", "One resource group", None, None, 200,
-     "ResourceGroup"),
-    ("patch", "/resource-groups/{name}", "updateResourceGroup", "Change a resource group", None,
-     "ResourceGroupUpdate", 200, "ResourceGroup"),
-    ("delete", "/resource-groups/{name}", "deleteResourceGroup",
-     "Delete a resource group without agents or sessions", None, None, 204, None),
-    ("get", "/agents", "listAgents", "Agents of the resource groups the caller may use",
-     {"resource_group": F_STR, "status": F_STR}, None, 200, "Agent"),
-    ("get", "/agents/{id}", "getAgent", "One agent", None, None, 200, "Agent"),
-    ("get", "/sessions", "listSessions", "Sessions the caller sees",
-     {"status": {"enum": list(SessionStatus)}, "user_id": F_STR, "project_id": F_STR,
-      "type": {"enum": ["interactive", "batch"]}}, None, 200, "Session"),
-    ("post", "/sessions", "createSession", "Queue a batch session for the caller", None,
-     "SessionCreate", 201, "Session"),
-    ("get", "/sessions/{id}", "getSession", "One session", None, None, 200, "Session"),
-    ("delete", "/sessions/{id}", "deleteSession", "Stop a session and free its slots", None, None,
-     204, None),
-    ("get", "/sessions/{id}/logs", "getSessionLogs", "Output of a session's kernels", None, None,
-     200, "SessionLogs"),
-    ("get", "/sessions/{id}/service-ports", "getSessionServicePorts",
-     "A session's service ports (apps) with their URLs", None, None, 200, "SessionServicePorts"),
-    ("get", "/sessions/{id}/ssh-key", "getSessionSSHKey",
-     "The owner's key to the session's sshd (resource groups with SSH)", None, None, 200,
-     "SessionSSHKey"),
-    ("get", "/scheduler", "schedulerStatus", "What the scheduler is doing (admins)", None, None,
-     200, "SchedulerStatus"),
-    ("get", "/vfolder-hosts", "listVFolderHosts", "Storage hosts the caller may use, and for what",
-     None, None, 200, "VFolderHosts"),
-    ("get", "/vfolders", "listVFolders",
-     "Folders the caller sees: own, shared with them, their projects' (admins: the domain's)",
-     {"name": F_STR, "host": F_STR, "ownership_type": {"enum": list(VFolderOwnership)},
-      "project_id": F_STR, "user_id": F_STR, "status": {"enum": list(VFolderStatus)}},
-     None, 200, "VFolder"),
-    ("post", "/vfolders", "createVFolder", "Create a user folder, or a project folder (admins)",
-     None, "VFolderCreate", 201, "VFolder"),
-    ("get", "/vfolders/{id}", "getVFolder", "One folder", None, None, 200, "VFolder"),
-    ("patch", "/vfolders/{id}", "updateVFolder", "Rename a folder or change a project folder's "
-     "permission", None, "VFolderUpdate", 200, "VFolder"),
-    ("delete", "/vfolders/{id}", "deleteVFolder", "Delete a folder and its files (not while a "
-     "live session mounts it)", None, None, 204, None),
-    ("get", "/vfolders/{id}/shares", "listVFolderShares", "Users a folder is shared with", {},
-     None, 200, "VFolderShare"),
-    ("post", "/vfolders/{id}/shares", "shareVFolder", "Share a user folder with a user of its "
-     "domain (owner)", None, "VFolderShareCreate", 201, "VFolderShare"),
-    ("patch", "/vfolders/{id}/shares/{user}", "updateVFolderShare", "Change a share's permission",
-     None, "VFolderShareUpdate", 200, "VFolderShare"),
-    ("delete", "/vfolders/{id}/shares/{user}", "unshareVFolder",
-     "Unshare (owner), or leave a folder shared with you", None, None, 204, None),
-    ("get", "/vfolders/{id}/files", "listVFolderFiles", "Entries of a directory in a folder",
-     None, None, 200, "VFolderFiles"),
-    ("delete", "/vfolders/{id}/files", "deleteVFolderFiles", "Delete a file or directory (wd)",
-     None, None, 204, None),
-    ("put", "/vfolders/{id}/upload", "uploadVFolderFile", "Write a file (the request body, "
-     "streamed; rw or wd)", None, None, 201, "VFolderFileDone"),
-    ("get", "/vfolders/{id}/download", "downloadVFolderFile", "Read a file (streamed)", None,
-     None, 200, None),
-    ("post", "/vfolders/{id}/mkdir", "mkdirVFolder", "Make a directory (rw or wd)", None,
-     "VFolderMkdir", 201, "VFolderPath"),
-    ("post", "/vfolders/{id}/rename", "renameVFolderFile", "Move or rename a file or directory "
-     "(rw or wd)", None, "VFolderRename", 200, "VFolderPath"),
-    ("post", "/vfolders/{id}/invitations", "inviteToVFolder", "Invite a user of its domain to "
-     "a user folder (owner); the folder is shared once they accept", None,
-     "VFolderInvitationCreate", 201, "VFolderInvitation"),
-    ("get", "/vfolder-invitations", "listVFolderInvitations",
-     "The caller's pending invitations (received)", {}, None, 200, "VFolderInvitation"),
-    ("post", "/vfolder-invitations/{id}/accept", "acceptVFolderInvitation",
-     "Accept an invitation (the invitee): the folder is shared with its permission", None,
-     None, 200, "VFolderInvitation"),
-    ("post", "/vfolder-invitations/{id}/decline", "declineVFolderInvitation",
-     "Decline an invitation (the invitee), or withdraw it (the inviter)", None, None, 200,
-     "VFolderInvitation"),
-]
-# Query parameters of operations that are not lists: (method, path) -> {name: (schema, required)}.
-PARAMS: dict[tuple[str, str], dict[str, tuple[dict, bool]]] = {
-    ("get", "/vfolders/{id}/files"): {"path": (_str(MAX_PATH), False)},
-    ("delete", "/vfolders/{id}/files"): {"path": (FILE_PATH, True), "recursive": (BOOL, False)},
-    ("put", "/vfolders/{id}/upload"): {"path": (FILE_PATH, True)},
-    ("get", "/vfolders/{id}/download"): {"path": (FILE_PATH, True)},
-}
-# Operations whose request or success response is a byte stream, not JSON.
-RAW_BODY = {("put", "/vfolders/{id}/upload")}
-RAW_RESPONSE = {("get", "/vfolders/{id}/download")}
 BINARY = {"type": "string", "format": "binary"}
 
 ERRORS = {400: "Bad request: malformed JSON, wrong types, unknown fields or parameters",
@@ -333,44 +244,58 @@ def _with_words(schema, field: str | None = None):
     return out
 
 
-def build_document() -> dict:
-    paths: dict[str, dict] = {}
-    for method, path, op_id, summary, filters, body, status, resp in ROUTES:
-        params = _path_params(path)
-        if filters is not None:
-            params += [_param("offset", _int(0, INT32)),
-                       _param("limit", _int(1, MAX_LIMIT))]
-            params += [_param(k, v) for k, v in filters.items()]
-        params += [_param(k, v, required=req) for k, (v, req) in PARAMS.get((method, path), {}).items()]
-        op: dict = {"operationId": op_id, "summary": summary,
-                    "tags": [path.split("/")[1]]}
-        if params:
-            op["parameters"] = params
-        if body:
-            op["requestBody"] = {"required": True, "content": {
-                "application/json": {"schema": _ref(body)}}}
-        if (method, path) in RAW_BODY:
-            op["requestBody"] = {"required": True, "content": {
-                "application/octet-stream": {"schema": BINARY}}}
-        responses: dict = {}
-        if (method, path) in RAW_RESPONSE:
-            responses[str(status)] = {"description": "The file's bytes", "content": {
-                "application/octet-stream": {"schema": BINARY}}}
-        elif resp is None:
-            responses[str(status)] = {"description": "Done"}
-        else:
-            schema = _page_schema(resp) if filters is not None else _ref(resp)
-            responses[str(status)] = {"description": "OK",
-                                      "content": {"application/json": {"schema": schema}}}
+def declared_routes() -> list[Route]:
+    """Every declared route of the admin API (this imports the handlers)."""
+    from . import api_routes
+
+    return api_routes()
+
+
+def _operation(path: str, method: str, op: Op) -> dict:
+    params = _path_params(path)
+    if op.filters is not None:
+        params += [_param("offset", _int(0, INT32)), _param("limit", _int(1, MAX_LIMIT))]
+        params += [_param(k, v) for k, v in op.filters.items()]
+    params += [_param(k, v, required=req) for k, (v, req) in (op.params or {}).items()]
+    out: dict = {"operationId": op.op_id, "summary": op.summary,
+                 "tags": [op.tag or path.split("/")[1]]}
+    if op.public:
+        out["security"] = []
+    if params:
+        out["parameters"] = params
+    if op.body is not None:
+        out["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": _ref(op.body.__name__)}}}
+    if op.raw_body:
+        out["requestBody"] = {"required": True, "content": {
+            "application/octet-stream": {"schema": BINARY}}}
+    responses: dict = {}
+    if op.raw_response:
+        responses[str(op.status)] = {"description": "The file's bytes", "content": {
+            "application/octet-stream": {"schema": BINARY}}}
+    elif isinstance(op.response, dict):
+        responses[str(op.status)] = {"description": op.summary, "content": {
+            "application/json": {"schema": op.response}}}
+    elif op.response is None:
+        responses[str(op.status)] = {"description": "Done"}
+    else:
+        name = op.response.__name__
+        schema = _page_schema(name) if op.filters is not None else _ref(name)
+        responses[str(op.status)] = {"description": "OK",
+                                     "content": {"application/json": {"schema": schema}}}
+    if not op.public:
         for code in ERRORS:
             responses[str(code)] = {"$ref": f"#/components/responses/E{code}"}
-        op["responses"] = responses
-        paths.setdefault(path, {})[method] = op
-    paths["/openapi.json"] = {"get": {
-        "operationId": "openapi", "summary": "This document", "tags": ["meta"], "security": [],
-        "responses": {"200": {"description": "The OpenAPI document",
-                              "content": {"application/json": {"schema": {"type": "object"}}}}},
-    }}
+    out["responses"] = responses
+    return out
+
+
+def build_document(routes: list[Route] | None = None) -> dict:
+    """The OpenAPI document of ``routes`` (default: every declared route)."""
+    paths: dict[str, dict] = {}
+    for r in declared_routes() if routes is None else routes:
+        for method, op in r.ops.items():
+            paths.setdefault(r.path, {})[method] = _operation(r.path, method, op)
     doc = {
         "openapi": "3.1.0",
         "info": {

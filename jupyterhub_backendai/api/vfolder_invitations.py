@@ -6,7 +6,9 @@ declines; the inviter may withdraw a pending one. Rules: :mod:`..manager.vfolder
 from __future__ import annotations
 
 from ..manager import vfolders
+from . import models
 from .base import APIBase
+from .spec import Op, route
 
 
 class InvitationsHandler(APIBase):
@@ -43,13 +45,19 @@ class InvitationActionHandler(APIBase):
         self.reply(await self.manager.db(fn, self.principal, inv_id))
 
 
-def routes(prefix: str) -> list[tuple]:
-    seg = r"([^/]+)"
-    return [
-        (f"{prefix}/vfolder-invitations", InvitationsHandler),
-        (f"{prefix}/vfolders/{seg}/invitations", VFolderInviteHandler),
-        (f"{prefix}/vfolder-invitations/{seg}/accept", InvitationActionHandler,
-         {"action": "accept"}),
-        (f"{prefix}/vfolder-invitations/{seg}/decline", InvitationActionHandler,
-         {"action": "decline"}),
-    ]
+# Declared once: the tornado URL list and the OpenAPI document's paths are made from these.
+ROUTES = [
+    route("/vfolders/{id}/invitations", VFolderInviteHandler,
+          post=Op("inviteToVFolder", "Invite a user of its domain to a user folder (owner); "
+                  "the folder is shared once they accept", body=models.VFolderInvitationCreate,
+                  status=201, response=models.VFolderInvitation)),
+    route("/vfolder-invitations", InvitationsHandler,
+          get=Op("listVFolderInvitations", "The caller's pending invitations (received)",
+                 filters={}, response=models.VFolderInvitation)),
+    route("/vfolder-invitations/{id}/accept", InvitationActionHandler, {"action": "accept"},
+          post=Op("acceptVFolderInvitation", "Accept an invitation (the invitee): the folder "
+                  "is shared with its permission", response=models.VFolderInvitation)),
+    route("/vfolder-invitations/{id}/decline", InvitationActionHandler, {"action": "decline"},
+          post=Op("declineVFolderInvitation", "Decline an invitation (the invitee), or "
+                  "withdraw it (the inviter)", response=models.VFolderInvitation)),
+]
