@@ -16,8 +16,17 @@ the database's work or waiting for a CPU), and ``check_consistency`` at the end.
 ``--db postgres`` starts a throwaway PostgreSQL (tests/services.py); any other
 value is the SQLAlchemy URL of an empty database. The last line is
 ``agents=<n> pending=<n> placed=<n> seconds=<f> placements_per_s=<f> waiting=<n>
-idle_loop_s=<f>`` (idle_loop_s: the median cost of the loop's pass once the queue
-cannot move, which is skipped as nothing changed).
+idle_loop_s=<f> changed_loop_s=<f>`` (idle_loop_s: the median cost of the loop's pass
+once the queue cannot move, which is skipped as nothing changed; changed_loop_s: the
+median cost of a pass after one session arrived, of 3).
+
+    python benchmarks/scheduler.py --agents 10000 --pending 100000 --db postgres --baseline HEAD
+
+``--baseline REV`` populates one database, then runs the passes on copies of it with
+the package of git revision REV and with this checkout's, alternately (``--rounds``
+each, every run in its own process): on a shared machine only figures taken side by
+side compare. Its last line adds ``baseline_seconds``, ``ratio`` (this / baseline,
+medians) and ``baseline_changed_loop_s``.
 """
 
 from __future__ import annotations
@@ -27,14 +36,17 @@ import datetime as dt
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# --baseline runs this script again with another version's package (BENCH_CODE).
+sys.path.insert(0, os.environ.get("BENCH_CODE") or REPO)
 
-from sqlalchemy import insert  # noqa: E402
+from sqlalchemy import insert, select  # noqa: E402
 
 from jupyterhub_backendai.common.slots import ResourceSlot  # noqa: E402
 from jupyterhub_backendai.manager import tenancy  # noqa: E402
@@ -122,12 +134,14 @@ def populate(sm, agents: int, pending: int, users: int = 100, seed: int = 1) -> 
             s.execute(insert(Kernel), kr[i : i + 5000])
 
 
-def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
+def run(url: str, agents: int, pending: int, verbose: bool = True,
+        populated: bool = False) -> dict:
     engine = make_engine(url)
-    upgrade(engine)
     sm = make_sessionmaker(engine)
     t = time.perf_counter()
-    populate(sm, agents, pending)
+    if not populated:
+        upgrade(engine)
+        populate(sm, agents, pending)
     setup_s = time.perf_counter() - t
     backend_cpu = _backend_cpu_probe(engine)
     passes = []
@@ -148,6 +162,18 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         assert dispatcher.LAST_PASS["skipped"], "an idle pass was not skipped"
     idle.sort()
     db_cpu_s = backend_cpu()
+    # A loop where something changed: one session arrives (the largest regular shape),
+    # so the pass runs in full over whatever still waits. With a queue that cannot
+    # move this is what a loop costs while sessions keep arriving.
+    changed = []
+    for i in range(3):
+        arrive(sm, f"arrival{i}")
+        t = time.perf_counter()
+        got = dispatcher.schedule_pass(sm, "default")
+        changed.append(time.perf_counter() - t)
+        assert not dispatcher.LAST_PASS["skipped"], "a pass after an arrival was skipped"
+        placed_late = len(got)
+    changed.sort()
     problems = dispatcher.check_consistency(sm)
     engine.dispose()
     seconds = sum(p["total_s"] for p in passes)
@@ -162,7 +188,8 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
         decide_us_per_session=1e6 * sum(p["decide_s"] for p in passes) / considered
         if considered else 0.0,
         first_pass=passes[0], last_pass=passes[-1], idle_loop_s=idle[len(idle) // 2],
-        waiting=pending - placed, db_cpu_s=db_cpu_s,
+        waiting=pending - placed, db_cpu_s=db_cpu_s, changed_loop_s=changed[len(changed) // 2],
+        changed_loop_pass=dict(dispatcher.LAST_PASS), changed_loop_placed=placed_late,
     )
     if verbose:
         for i, p in enumerate(passes):
@@ -182,7 +209,31 @@ def run(url: str, agents: int, pending: int, verbose: bool = True) -> dict:
                   f"{db_cpu_s:.2f} s over the passes and idle loops")
         print(f"  idle loop (skipped pass) with {pending - placed} waiting: "
               f"median {out['idle_loop_s']:.4f}s, max {idle[-1]:.4f}s")
+        c = out["changed_loop_pass"]
+        print(f"  loop after one arrival with {pending - placed} waiting: median "
+              f"{out['changed_loop_s']:.4f}s, max {changed[-1]:.4f}s (last: load "
+              f"{c.get('load_s', 0):.3f}, decide {c.get('decide_s', 0):.3f}, write "
+              f"{c.get('write_s', 0):.3f}; placed {placed_late})")
     return out
+
+
+def arrive(sm, name: str) -> None:
+    """One new PENDING session of the largest regular shape (16 cores, 64 GiB, 4 GPUs)."""
+    with sm.begin() as s:
+        row = s.execute(select(Session.user_id, Session.access_key, Session.project_id)
+                        .limit(1)).first()
+        sid = uuid.uuid4().hex
+        per = ResourceSlot({"cpu": 16, "mem": 64 * GiB, "cuda.device": 4})
+        s.execute(insert(Session), [dict(
+            id=sid, name=name, user_id=row[0], access_key=row[1], domain_name="default",
+            project_id=row[2], resource_group="default", image="img", cluster_size=1,
+            cluster_mode="single-node", priority=50, requested_slots=per, status="PENDING",
+            status_info="waiting for the scheduler",
+            status_history={"PENDING": utcnow().isoformat()}, created_at=utcnow(),
+            alive_marker=1, designated_agents=[], environ={})])
+        s.execute(insert(Kernel), [dict(
+            id=uuid.uuid4().hex, session_id=sid, cluster_idx=0, cluster_role="main",
+            requested_slots=per, occupied_slots=ResourceSlot(), status="PENDING")])
 
 
 def _backend_cpu_probe(engine):
@@ -227,10 +278,78 @@ class Databases:
             return self.spec
         return f"sqlite:///{self.tmp}/{uuid.uuid4().hex[:8]}.sqlite"
 
+    def copy(self, url: str) -> str:
+        """A new database holding what ``url``'s holds (nothing may be connected to it)."""
+        if self.pg is not None:
+            name = "bench_" + uuid.uuid4().hex[:10]
+            self.pg.psql(f'CREATE DATABASE "{name}" TEMPLATE "{url.rsplit("/", 1)[1]}"')
+            return url.rsplit("/", 1)[0] + "/" + name
+        if url.startswith("sqlite:///"):
+            dst = f"{self.tmp}/{uuid.uuid4().hex[:8]}.sqlite"
+            shutil.copyfile(url[len("sqlite:///"):], dst)
+            return "sqlite:///" + dst
+        raise SystemExit("--baseline needs a database it can copy: SQLite (default) or --db postgres")
+
     def close(self) -> None:
         if self.pg is not None:
             self.pg.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) -> dict:
+    """The same populated database, copied for every run, passed by the code of ``rev``
+    (``git archive`` into a temporary directory) and by this checkout's, alternately,
+    each in its own process: both meet the same machine load, so the ratio holds
+    where the absolute seconds do not."""
+    import json
+    import subprocess
+
+    base = tempfile.mkdtemp(prefix="bai-sched-baseline-", dir=dbs.tmp)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "jupyterhub_backendai"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
+    template = dbs.new()
+    engine = make_engine(template)
+    upgrade(engine)
+    t = time.perf_counter()
+    populate(make_sessionmaker(engine), agents, pending)
+    engine.dispose()
+    print(f"populated in {time.perf_counter() - t:.1f}s; baseline {rev} = "
+          f"{subprocess.run(['git', '-C', REPO, 'rev-parse', '--short', rev], check=True, capture_output=True, text=True).stdout.strip()}")
+    results: dict[str, list] = {"baseline": [], "this": []}
+    print("| round | code | load avg | seconds | first pass: load / decide / write | "
+          "loop after an arrival (s) | idle loop (s) | database CPU (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in range(rounds):
+        for which, code in (("baseline", base), ("this", REPO)):
+            url = dbs.copy(template)
+            load = os.getloadavg()[0]
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--worker", url,
+                 "--agents", str(agents), "--pending", str(pending)],
+                env={**os.environ, "BENCH_CODE": code}, capture_output=True, text=True)
+            lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+            if out.returncode or not lines:
+                sys.exit(f"{which} run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+            res = json.loads(lines[-1][len("RESULT "):])
+            results[which].append(res)
+            f = res["first_pass"]
+            db = "" if res["db_cpu_s"] is None else f"{res['db_cpu_s']:.2f}"
+            print(f"| {r + 1} | {which} | {load:.1f} | {res['seconds']:.2f} | {f['load_s']:.2f} / "
+                  f"{f['decide_s']:.2f} / {f['write_s']:.2f} | {res['changed_loop_s']:.3f} | "
+                  f"{res['idle_loop_s']:.4f} | {db} |", flush=True)
+            if not res["consistent"]:
+                sys.exit(f"{which}: check_consistency failed")
+
+    def med(which, key):
+        return statistics.median(x[key] for x in results[which])
+
+    return dict(
+        this=results["this"][-1],
+        baseline_seconds=med("baseline", "seconds"), seconds=med("this", "seconds"),
+        baseline_changed_loop_s=med("baseline", "changed_loop_s"),
+        changed_loop_s=med("this", "changed_loop_s"),
+    )
 
 
 def selector_curve(sizes=(100, 1000, 10000, 100000), placements: int = 20000) -> None:
@@ -285,9 +404,35 @@ def main() -> None:
                     help="only the in-memory agent index: cost per placement as agents grow")
     ap.add_argument("--max-agents", type=int, default=10000)
     ap.add_argument("--max-pending", type=int, default=100000)
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also run the code of git revision REV on copies of the same database, "
+                         "alternating with this checkout's (--rounds each); the last line gets "
+                         "baseline_seconds and ratio")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.selector_curve:
         selector_curve()
+        return
+    if args.worker:  # one run on a populated database, for --baseline
+        import json
+
+        res = run(args.worker, args.agents, args.pending, verbose=False, populated=True)
+        print("RESULT " + json.dumps(res, default=str))
+        return
+    if args.baseline:
+        dbs = Databases(args.db)
+        try:
+            c = compare(dbs, args.baseline, args.agents, args.pending, args.rounds)
+        finally:
+            dbs.close()
+        last = c["this"]
+        print(f"agents={last['agents']} pending={last['pending']} placed={last['placed']} "
+              f"seconds={c['seconds']:.3f} baseline_seconds={c['baseline_seconds']:.3f} "
+              f"ratio={c['seconds'] / c['baseline_seconds']:.3f} "
+              f"changed_loop_s={c['changed_loop_s']:.4f} "
+              f"baseline_changed_loop_s={c['baseline_changed_loop_s']:.4f} "
+              f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f}")
         return
     if args.db and args.db not in ("postgres",) and args.curve:
         sys.exit("--curve needs a fresh database per run: use the SQLite default or --db postgres")
@@ -319,7 +464,8 @@ def main() -> None:
         dbs.close()
     print(f"agents={last['agents']} pending={last['pending']} placed={last['placed']} "
           f"seconds={last['seconds']:.3f} placements_per_s={last['placements_per_s']:.1f} "
-          f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f}")
+          f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f} "
+          f"changed_loop_s={last['changed_loop_s']:.4f}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,62 @@ def test_an_arrival_is_looked_at(w, sm):
     settle(w, sm)
     w.enqueue("alice", "small", cpu=1)
     assert w.names(schedule_pass(sm, "default")) == ["small"]
+    assert not LAST_PASS.get("arrivals_only")  # it fits: a full pass placed it
+
+
+def test_only_the_arrivals_are_decided_when_only_sessions_arrived(w, sm):
+    """The queue cannot move and sessions arrive that cannot be placed either: the pass
+    reads and decides only them, against what the last pass knew, and gives each its
+    own reason; then the loop is skipped again, and a release still moves the queue."""
+    w.policy("tight", total=slots(cpu=1, mem="64g"))
+    w.user("carol", policy="tight")
+    settle(w, sm)
+    w.enqueue("alice", "big", cpu=2)
+    w.enqueue("alice", "huge", cpu=64)
+    w.enqueue("carol", "over", cpu=2)
+    assert schedule_pass(sm, "default") == []
+    assert LAST_PASS["arrivals_only"] is True
+    assert LAST_PASS["pending"] == 3  # the session that waited before was not read again
+    assert w.info("big") == w.info("waits")
+    assert w.info("big").startswith("waiting for resources: no agent has")
+    assert w.info("huge").startswith("waiting for resources: no agent of the group is large")
+    assert w.info("over").startswith("quota exceeded: your keypair's resource policy allows")
+    assert quiet(sm) is True
+    w.enqueue("carol", "over2", cpu=2)  # a second round on the same memory
+    assert schedule_pass(sm, "default") == [] and LAST_PASS["arrivals_only"] is True
+    assert w.info("over2") == w.info("over")
+    w.finish("fits")
+    assert w.names(schedule_pass(sm, "default")) == ["waits"]  # FIFO over old and new
+    assert not LAST_PASS.get("arrivals_only")
+    assert w.status("big") == "PENDING"
+    assert check_consistency(sm) == []
+
+
+def test_an_arrival_with_another_change_or_committed_late_gets_a_full_pass(w, sm):
+    settle(w, sm)
+    w.enqueue("alice", "with_release", cpu=2)
+    w.finish("fits")
+    assert w.names(schedule_pass(sm, "default")) == ["waits"]
+    assert not LAST_PASS.get("arrivals_only")
+    settle(w, sm)
+    # Created before the newest session the last pass saw, committed after it.
+    w.enqueue("alice", "late", cpu=2, created_at=w.clock - dt.timedelta(seconds=1))
+    assert schedule_pass(sm, "default") == []
+    assert LAST_PASS["skipped"] is False and not LAST_PASS.get("arrivals_only")
+    assert w.info("late").startswith("waiting for resources")
+
+
+def test_an_arrival_to_cancel_gets_a_full_pass(w, sm):
+    w.user("carol")
+    w.group(is_public=False, allowed_keypairs=[w.keys["alice"]])
+    settle(w, sm)
+    w.enqueue("carol", "stranger", cpu=1)
+    assert schedule_pass(sm, "default") == []
+    assert LAST_PASS["skipped"] is False and not LAST_PASS.get("arrivals_only")
+    assert w.status("stranger") == "CANCELLED"
+    assert w.info("stranger").startswith("cancelled: resource group default is not allowed")
+    assert w.status("waits") == "PENDING"
+    assert check_consistency(sm) == []
 
 
 def test_a_new_agent_and_a_lost_agent_count(w, sm):

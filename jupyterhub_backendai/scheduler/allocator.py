@@ -38,6 +38,9 @@ class Allocation:
     writer: PlacementWriter | None = None
     #: How many of ``placed`` were handed to the writer.
     flushed: int = 0
+    #: Request shapes that did not fit (:class:`.dispatcher.Shapes` key -> the reason):
+    #: free capacity only shrinks within a pass, so they fail again.
+    failed_shapes: dict = field(default_factory=dict)
 
     def place(self, sess: PendingSession, agents: list[str], pool: AgentPool,
               ctx: PassContext) -> None:
@@ -173,6 +176,10 @@ def _decode_json_text(rows: list[dict]) -> list[dict]:
 PG_CHUNK = 20000
 
 
+INDEX_JOIN = True
+_INDEX_JOIN = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
+
+
 def _pg_update_unnest(conn, table, key: str, cols: list[str], rows: list[dict]) -> None:
     """``UPDATE t SET c = v.c::type ... FROM unnest(%s::text[], ...) AS v(...) WHERE
     t.key = v.key``: every column travels as one text array parameter, so a chunk of
@@ -191,6 +198,8 @@ def _pg_update_unnest(conn, table, key: str, cols: list[str], rows: list[dict]) 
         f"UPDATE {q(table.name)} AS t SET {sets} FROM unnest({arrays}) AS v "
         f"({', '.join(q(c) for c in names)}) WHERE t.{q(key)} = v.{q(key)}::{casts[0]}"
     )
+    if INDEX_JOIN:
+        sql = _INDEX_JOIN + sql
     cur = conn.connection.cursor()
     try:
         for i in range(0, len(rows), PG_CHUNK):

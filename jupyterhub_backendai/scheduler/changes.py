@@ -21,6 +21,11 @@ fingerprint matches the one recorded after the last pass that changed nothing
 is skipped, unless a time-based rule came due meanwhile (pending timeout,
 starvation threshold, retry back-off, a batch start time): :func:`next_due`
 gives the earliest such moment from the last pass's waiting sessions.
+
+When the only change is new PENDING sessions (:func:`arrivals_since`), the pass
+decides only them, against what the last pass remembered (its agents, usage,
+policies and the request shapes that did not fit): the sessions that waited
+then would wait again for the same reasons. See ``dispatcher._arrivals_pass``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from sqlalchemy import String, func, select, text
 from sqlalchemy.orm import Session as DBSession
 
+from ..common.types import SessionStatus
 from .snapshot import KP, POL, RG, SD, A, D, P, S
 from .state import PassContext, PendingSession, Verdict
 from .validators import RetryBackoffValidator
@@ -77,9 +83,37 @@ def fingerprint(db: DBSession, group: str) -> tuple:
     # (reservations follow from the rest).
     grp = [{k: v for k, v in r._mapping.items() if k != "scheduler_state"} for r in grp]
     return (
-        _digest(sessions), _digest(agents), repr(grp), _digest(pols), _digest(kps),
-        _digest(limits), deps,
+        # The per-status rows as they are (a handful): arrivals_since reads them.
+        tuple(tuple(r) for r in sessions), _digest(agents), repr(grp), _digest(pols),
+        _digest(kps), _digest(limits), deps,
     )
+
+
+def arrivals_since(db: DBSession, before: tuple, after: tuple) -> dt.datetime | None:
+    """If the only change from fingerprint ``before`` to ``after`` is new PENDING
+    sessions, the ``created_at`` after which they all are; else None.
+
+    Every other status's count and times are unchanged (so no session left PENDING:
+    it would have arrived somewhere else), nothing else changed, and the PENDING count
+    grew by exactly the number of PENDING sessions created after the last pass's
+    newest one (a session committed late with an older ``created_at`` fails this)."""
+    if before[1:] != after[1:]:
+        return None
+    old = {r[0]: r for r in before[0]}
+    new = {r[0]: r for r in after[0]}
+    pending = SessionStatus.PENDING
+    if {k: v for k, v in old.items() if k != pending} != {
+            k: v for k, v in new.items() if k != pending}:
+        return None
+    if pending not in old or pending not in new:
+        return None  # no queue before (a full pass is cheap) or none now
+    _, n_old, newest, _ = old[pending]
+    _, n_new, _, _ = new[pending]
+    if n_new <= n_old or newest is None:
+        return None
+    n = db.execute(select(func.count()).select_from(S).where(
+        S.c.status == pending, S.c.created_at > newest)).scalar()
+    return newest if n == n_new - n_old else None
 
 
 def next_due(ctx: PassContext, waiting: list[tuple[PendingSession, Verdict]]) -> dt.datetime | None:
@@ -115,6 +149,9 @@ class Quiet:
 
     fingerprint: tuple
     due: dt.datetime | None
+    #: What that pass knew (:class:`.dispatcher.Memory`): a pass that finds only
+    #: arrivals decides them against it instead of re-reading the queue.
+    memory: object = None
 
 
 #: engine -> {group: Quiet}; weak so that a disposed engine's entries go with it.

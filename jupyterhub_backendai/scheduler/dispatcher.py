@@ -54,9 +54,10 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import sessionmaker
 
 from ..common.slots import ResourceSlot
@@ -70,7 +71,14 @@ from .allocator import Allocation, PlacementWriter, commit
 from .options import SchedulerOptions
 from .pool import AgentPool
 from .sequencers import SEQUENCERS
-from .snapshot import HOLDING_STATUSES, load_group, load_snapshot, lock_scheduler
+from .snapshot import (
+    HOLDING_STATUSES,
+    load_group,
+    load_pending,
+    load_policies,
+    load_snapshot,
+    lock_scheduler,
+)
 from .state import LIMITED, PassContext, PendingSession, Verdict, fmt_amount, slot_limit
 from .validators import reason_code, validate
 
@@ -104,7 +112,9 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
 
     The pass is skipped (returns ``[]`` after a few aggregate reads) when nothing it
     depends on changed since the last pass that changed nothing, and no time-based
-    rule came due (:mod:`.changes`); ``force`` runs it anyway."""
+    rule came due (:mod:`.changes`); ``force`` runs it anyway. When only new sessions
+    arrived since such a pass, only they are read and decided (:func:`_arrivals_pass`),
+    unless one of them can be placed or must be cancelled: then the pass runs in full."""
     t0 = time.perf_counter()
     now = now or utcnow()
     with sm.begin() as db:
@@ -112,8 +122,8 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         quiet = changes.quiet_for(db.get_bind())
         fp = changes.fingerprint(db, resource_group)
         last = quiet.get(resource_group)
-        if (not force and last is not None and last.fingerprint == fp
-                and (last.due is None or now < last.due)):
+        recent = not force and last is not None and (last.due is None or now < last.due)
+        if recent and last.fingerprint == fp:
             LAST_PASS.clear()
             LAST_PASS.update(group=resource_group, skipped=True,
                              total_s=time.perf_counter() - t0)
@@ -123,6 +133,12 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         group = load_group(db, resource_group)
         if group is None:
             return []
+        if recent and last.memory is not None:
+            since = changes.arrivals_since(db, last.fingerprint, fp)
+            if since is not None and _arrivals_pass(db, resource_group, last, fp, since, now,
+                                                    quiet, t0):
+                return []
+            # Else (something else changed, or an arrival may be placed): a full pass.
         options = SchedulerOptions.lenient(group.scheduler_opts)
         if options.problems:
             log.warning("resource group %s: %s (defaults used)", resource_group,
@@ -152,7 +168,9 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         # This pass changed nothing the fingerprint sees: the next one may be skipped
         # until something changes. (A pass that changed the record leaves no entry, so
         # the next pass runs and finds out whether it can move further.)
-        quiet[resource_group] = changes.Quiet(fp, changes.next_due(snap.ctx, alloc.waiting))
+        quiet[resource_group] = changes.Quiet(
+            fp, changes.next_due(snap.ctx, alloc.waiting),
+            Memory(snap.ctx, snap.pool, alloc.waiting, alloc.failed_shapes, Shapes(snap.pool)))
     LAST_PASS.clear()
     LAST_PASS.update(
         group=resource_group, skipped=False, pending=len(snap.pending), agents=len(snap.pool.agents),
@@ -169,6 +187,99 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
 
 #: Where the time of the last pass in this process went (benchmarks, debugging).
 LAST_PASS: dict = {}
+
+
+@dataclass
+class Memory:
+    """What a pass that changed nothing knew at its end: its context (usage, policies,
+    limits), the agent index (with the reservations' agents held), what waits and the
+    request shapes that did not fit. Kept with the pass's fingerprint
+    (:class:`.changes.Quiet`)."""
+
+    ctx: PassContext
+    pool: AgentPool
+    waiting: list[tuple[PendingSession, Verdict]]
+    failed_shapes: dict
+    shapes: Shapes
+    #: The oldest waiting session's ``created_at`` (computed on first use).
+    oldest: dt.datetime | None = None
+
+
+def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.datetime,
+                   now: dt.datetime, quiet: dict, t0: float) -> bool:
+    """A pass when the only change since a pass that changed nothing is new sessions.
+
+    Everything else is as that pass left it (the fingerprint says so), so the sessions
+    that waited then would wait again for the same reasons: only the arrivals are read
+    and decided, against the remembered agents, usage and policies. If each of them
+    waits too (the queue cannot move: 80,000 waiting, a few arriving per loop), their
+    reasons are written and True is returned; the pass costs the arrivals, not the
+    queue. If one could be placed or must be cancelled, or a time-based rule applies
+    to it, False: the caller runs a full pass (in the same transaction)."""
+    mem: Memory = last.memory
+    ctx, pool = mem.ctx, mem.pool
+    with gc_paused():
+        t1 = time.perf_counter()
+        arrivals = load_pending(db, group, since)
+        missing = [s for s in arrivals if s.access_key not in ctx.policies]
+        if missing:  # keypairs did not change (fingerprint): only not read before
+            policies, user_policies = load_policies(db, missing)
+            ctx.policies.update(policies)
+            ctx.user_policies.update(user_policies)
+        t2 = time.perf_counter()
+        ctx.now = now
+        opts = ctx.options
+        selector = SELECTORS[opts.agent_selector]
+        waiting: list[tuple[PendingSession, Verdict]] = []
+        for s in arrivals:
+            if (opts.pending_timeout > 0 and ctx.waited(s) > opts.pending_timeout) or (
+                    opts.max_reservations > 0 and ctx.waited(s) >= opts.starvation_threshold):
+                return False
+            verdict = validate(s, ctx)
+            if verdict is None:
+                shape = mem.shapes(s)
+                msg = mem.failed_shapes.get(shape)
+                if msg is None:
+                    if selector.select(s, pool, ctx) is not None:
+                        return False  # it fits: the full pass places it
+                    msg = mem.failed_shapes[shape] = (
+                        _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool))
+                verdict = Verdict("no_resources", msg)
+            elif verdict.cancel:
+                return False
+            waiting.append((s, verdict))
+        t3 = time.perf_counter()
+        allocator.bulk_update(db, allocator.S, [
+            {"id": s.id, "status_info": v.message} for s, v in waiting
+            if s.status_info != v.message])
+        t4 = time.perf_counter()
+    mem.waiting.extend(waiting)
+    due = changes.next_due(ctx, waiting)
+    if last.due is not None and (due is None or last.due < due):
+        due = last.due
+    # Remembered once the reasons are committed (as a full pass's, after its commit).
+    event.listen(db, "after_commit",
+                 lambda _db: quiet.__setitem__(group, changes.Quiet(fp, due, mem)), once=True)
+    t5 = time.perf_counter()
+    LAST_PASS.clear()
+    LAST_PASS.update(
+        group=group, skipped=False, arrivals_only=True, pending=len(arrivals),
+        agents=len(pool.agents), placed=0, lock_s=t1 - t0, load_s=t2 - t1, decide_s=t3 - t2,
+        write_s=t4 - t3, commit_s=t5 - t4, total_s=t5 - t0,
+    )
+    metrics.PASS_SECONDS.labels(group).observe(t5 - t0)
+    counts: dict[str, int] = defaultdict(int)
+    for _, v in waiting:
+        counts[v.code] += 1
+    for code, n in counts.items():
+        metrics.REJECTIONS.labels(group, code).inc(n)
+    metrics.QUEUE_LENGTH.labels(group).set(len(mem.waiting))
+    oldest = min((s.created_at for s, _ in mem.waiting), default=None) \
+        if mem.oldest is None else mem.oldest
+    mem.oldest = oldest
+    if oldest is not None:
+        metrics.OLDEST_WAIT.labels(group).set(max(0.0, (now - oldest).total_seconds()))
+    return True
 
 _gc_lock = threading.Lock()
 _gc_users = 0
@@ -264,14 +375,8 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
             ctx.group.scheduler_state.pop("reservations", None)
 
     # The queue, in the sequencer's order; what does not fit is skipped (backfilling).
-    failed_shapes: dict[tuple, str] = {}
-    vectors: dict[int, tuple] = {}  # id(slots) -> (slots, vector): kernels share slot objects
-
-    def vector(slots):
-        got = vectors.get(id(slots))
-        if got is None or got[0] is not slots:
-            got = vectors[id(slots)] = (slots, pool.vector(slots))
-        return got[1]
+    failed_shapes = alloc.failed_shapes
+    shape_of = Shapes(pool)
 
     rest = [s for s in live if s.id not in done] if done else live
     for s in sequencer.sequence(rest, ctx):
@@ -279,12 +384,7 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
         if verdict is not None:
             reject(s, verdict)
             continue
-        shape = (
-            s.cluster_mode,
-            tuple(vector(slots) for _, slots in s.kernels),
-            s.architecture,
-            s.designated_agents,
-        )
+        shape = shape_of(s)
         # Within a pass free capacity only shrinks: a shape that failed fails again.
         msg = failed_shapes.get(shape)
         if msg is None:
@@ -297,6 +397,25 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
             )
         alloc.waiting.append((s, Verdict("no_resources", msg)))
     return alloc
+
+
+class Shapes:
+    """A session -> the key of its request (cluster mode, each kernel's slot vector,
+    architecture, designated agents): sessions with equal keys fit or fail alike."""
+
+    def __init__(self, pool: AgentPool):
+        self.pool = pool
+        self.vectors: dict[int, tuple] = {}  # id(slots) -> (slots, vector): kernels share slots
+
+    def vector(self, slots) -> tuple:
+        got = self.vectors.get(id(slots))
+        if got is None or got[0] is not slots:
+            got = self.vectors[id(slots)] = (slots, self.pool.vector(slots))
+        return got[1]
+
+    def __call__(self, s: PendingSession) -> tuple:
+        return (s.cluster_mode, tuple(self.vector(slots) for _, slots in s.kernels),
+                s.architecture, s.designated_agents)
 
 
 def _where(s: PendingSession) -> str:

@@ -48,6 +48,9 @@ class AgentPool:
             self._insert(a)
         #: Agent ids in order, for round-robin.
         self.ordered_ids: list[str] = sorted(self.agents)
+        #: id(request) -> (request, its vector or None if no agent has one of its slots):
+        #: requests are slot objects shared by many sessions of a pass (never modified).
+        self._requests: dict[int, tuple] = {}
 
     # -- keys ---------------------------------------------------------------
 
@@ -57,6 +60,13 @@ class AgentPool:
     def covers_dims(self, need: ResourceSlot) -> bool:
         """A request naming a slot no agent has can only fit if it asks for zero of it."""
         return all(v <= 0 or k in self.dims for k, v in need.items())
+
+    def _request_vector(self, need: ResourceSlot) -> tuple | None:
+        got = self._requests.get(id(need))
+        if got is None or got[0] is not need:
+            got = self._requests[id(need)] = (
+                need, self.vector(need) if self.covers_dims(need) else None)
+        return got[1]
 
     def _insert(self, a: PoolAgent) -> None:
         key = self.vector(a.free) + (a.id,)
@@ -107,9 +117,9 @@ class AgentPool:
     def least_fitting(self, need: ResourceSlot, architecture: str | None,
                       exclude: set[str] = frozenset()) -> str | None:
         """The agent with the least free capacity (by resource priority) that holds ``need``."""
-        if not self.covers_dims(need):
+        vec = self._request_vector(need)
+        if vec is None:
             return None
-        vec = self.vector(need)
         best = None
         for arch in self._archs(architecture):
             key = _first_fit(self._index[arch], vec, exclude)
@@ -120,9 +130,9 @@ class AgentPool:
     def most_fitting(self, need: ResourceSlot, architecture: str | None,
                      exclude: set[str] = frozenset()) -> str | None:
         """The agent with the most free capacity (by resource priority) that holds ``need``."""
-        if not self.covers_dims(need):
+        vec = self._request_vector(need)
+        if vec is None:
             return None
-        vec = self.vector(need)
         best = None
         for arch in self._archs(architecture):
             key = _last_fit(self._index[arch], vec, exclude)

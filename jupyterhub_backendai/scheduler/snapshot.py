@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import Text, cast, select, text
+from sqlalchemy import Text, cast, func, select, text
 from sqlalchemy.orm import Session as DBSession
 
 from ..common.slots import ResourceSlot
@@ -118,8 +118,12 @@ def _as_text(col):
     return cast(col, Text)
 
 
-def load_pending(db: DBSession, group: str) -> list[PendingSession]:
+def load_pending(db: DBSession, group: str,
+                 since: dt.datetime | None = None) -> list[PendingSession]:
+    """The group's PENDING sessions (created after ``since`` if given), locked."""
     pending_cond = (S.c.status == SessionStatus.PENDING, S.c.resource_group == group)
+    if since is not None:
+        pending_cond += (S.c.created_at > since,)
     rows = db.execute(
         select(
             S.c.id, S.c.name, S.c.user_id, S.c.access_key, S.c.domain_name, S.c.project_id,
@@ -157,7 +161,8 @@ def load_pending(db: DBSession, group: str) -> list[PendingSession]:
     for sid, dep_id, dep_name, dep_status, dep_result in db.execute(
         select(SD.c.session_id, dep.c.id, dep.c.name, dep.c.status, dep.c.result)
         .select_from(SD.join(me, me.c.id == SD.c.session_id).join(dep, dep.c.id == SD.c.depends_on))
-        .where(me.c.status == SessionStatus.PENDING, me.c.resource_group == group)
+        .where(me.c.status == SessionStatus.PENDING, me.c.resource_group == group,
+               *((me.c.created_at > since,) if since is not None else ()))
     ):
         s = sessions.get(sid)
         if s is not None:
@@ -233,18 +238,34 @@ class _FullSlotCache:
 
 
 def load_usage(db: DBSession, group: str) -> Usage:
+    """What placed, live kernels hold, per quota subject, summed by the database: one
+    row per (keypair, user, project, domain, in this group?, slot map) with its count
+    of kernels, and the live sessions per (keypair, user). A busy cluster's 100,000
+    live kernels come back as a few hundred rows (kernels share a handful of shapes)."""
     usage = Usage()
-    seen: set[str] = set()
-    for sid, ak, uid, pid, dom, rg, occ in db.execute(
-        select(S.c.id, S.c.access_key, S.c.user_id, S.c.project_id, S.c.domain_name,
-               S.c.resource_group, K.c.occupied_slots)
+    parse = SlotCache()
+    in_group = (S.c.resource_group == group).label("in_group")
+    occ = _as_text(K.c.occupied_slots).label("occ")
+    holding = S.c.status.in_(HOLDING_STATUSES)
+    for ak, uid, pid, dom, here, text_, n in db.execute(
+        select(S.c.access_key, S.c.user_id, S.c.project_id, S.c.domain_name, in_group, occ,
+               func.count())
         .select_from(K.join(S, K.c.session_id == S.c.id))
-        .where(S.c.status.in_(HOLDING_STATUSES))
+        .where(holding)
+        .group_by(S.c.access_key, S.c.user_id, S.c.project_id, S.c.domain_name, in_group, occ)
     ):
-        new = sid not in seen
-        seen.add(sid)
-        usage.charge(ak, uid, pid, dom, occ.nonzero() if occ else ResourceSlot(),
-                     in_group=rg == group, new_session=new)
+        slots = parse(text_)
+        if n != 1 and slots:
+            slots = ResourceSlot({k: v * n for k, v in slots.items()})
+        usage.charge(ak, uid, pid, dom, slots, in_group=bool(here), new_session=False)
+    # Live sessions: each holding session counts (one that lost its kernels still would).
+    for ak, uid, n in db.execute(
+        select(S.c.access_key, S.c.user_id, func.count())
+        .where(holding)
+        .group_by(S.c.access_key, S.c.user_id)
+    ):
+        usage.sessions_per_keypair[ak] += n
+        usage.sessions_per_user[uid] += n
     return usage
 
 
@@ -292,6 +313,24 @@ def load_limits(db: DBSession):
     return project_limits, project_names, domain_limits
 
 
+def unread_levels(ctx: PassContext) -> frozenset:
+    """The usage sums this pass never reads, so that placing need not add to them:
+    a level where no subject has a slot limit (the validators return at once), and
+    the per-user shares in the group unless the sequencer is DRF."""
+    unread = set()
+    if not any(p.total_resource_slots for p in ctx.policies.values()):
+        unread.add("keypair")
+        if not any(p.total_resource_slots for ps in ctx.user_policies.values() for p in ps):
+            unread.add("user")
+    if not ctx.project_limits:
+        unread.add("project")
+    if not ctx.domain_limits:
+        unread.add("domain")
+    if ctx.group.scheduler != "drf":
+        unread.add("group_user")
+    return frozenset(unread)
+
+
 def load_snapshot(db: DBSession, group: GroupInfo, options: SchedulerOptions,
                   now: dt.datetime) -> Snapshot:
     pending = load_pending(db, group.name)
@@ -311,6 +350,7 @@ def load_snapshot(db: DBSession, group: GroupInfo, options: SchedulerOptions,
         policies=policies, user_policies=user_policies, project_limits=project_limits,
         project_names=project_names, domain_limits=domain_limits,
     )
+    usage.unread = unread_levels(ctx)
     pool = AgentPool(agents, options.resource_priority)
     return Snapshot(ctx=ctx, pending=pending, pool=pool,
                     state_before=dict(group.scheduler_state))

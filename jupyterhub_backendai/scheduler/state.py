@@ -144,16 +144,33 @@ class Usage:
     sessions_per_keypair: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: Live sessions per user, whatever keypair started them (user-level concurrency).
     sessions_per_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: Slot sums that nothing reads from here on (a pass sets this once loaded: a level
+    #: without any limit, DRF shares under another sequencer) and :meth:`charge` skips.
+    #: The session counts are always kept.
+    unread: frozenset = frozenset()
 
     def charge(self, access_key, user_id, project_id, domain, slots, *, in_group: bool,
                new_session: bool) -> None:
-        add_into(self.keypair[access_key], slots)
-        add_into(self.user[user_id], slots)
-        if project_id is not None:
-            add_into(self.project[project_id], slots)
-        add_into(self.domain[domain], slots)
-        if in_group:
-            add_into(self.group_user[user_id], slots)
+        unread = self.unread
+        if not unread:
+            add_into(self.keypair[access_key], slots)
+            add_into(self.user[user_id], slots)
+            if project_id is not None:
+                add_into(self.project[project_id], slots)
+            add_into(self.domain[domain], slots)
+            if in_group:
+                add_into(self.group_user[user_id], slots)
+        else:
+            if "keypair" not in unread:
+                add_into(self.keypair[access_key], slots)
+            if "user" not in unread:
+                add_into(self.user[user_id], slots)
+            if project_id is not None and "project" not in unread:
+                add_into(self.project[project_id], slots)
+            if "domain" not in unread:
+                add_into(self.domain[domain], slots)
+            if in_group and "group_user" not in unread:
+                add_into(self.group_user[user_id], slots)
         if new_session:
             self.sessions_per_keypair[access_key] += 1
             self.sessions_per_user[user_id] += 1
@@ -199,6 +216,8 @@ class PassContext:
     project_limits: dict[str, ResourceSlot]
     project_names: dict[str, str]
     domain_limits: dict[str, ResourceSlot]
+    #: What validators compute once per pass and reuse (keyed by a tuple naming it).
+    memo: dict = field(default_factory=dict)
 
     def policy(self, sess: PendingSession) -> Policy:
         return self.policies[sess.access_key]

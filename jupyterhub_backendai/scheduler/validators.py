@@ -148,6 +148,8 @@ class ResourceGroupPermissionValidator:
 
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
         g = ctx.group
+        if g.is_public:
+            return None
         if g.permits(sess.domain_name, sess.project_id, sess.access_key,
                      ctx.project_names.get(sess.project_id or "")):
             return None
@@ -197,8 +199,12 @@ class ConcurrencyValidator:
                 f"{'is' if n == 1 else 'are'} already running or starting; this one waits "
                 f"until one ends (keypair policy {p.name!r}, max_concurrent_sessions)",
             )
-        tightest = min([p, *ctx.user_policies.get(sess.user_id, [])],
-                       key=lambda x: x.max_concurrent_sessions)
+        memo = ctx.memo
+        key = ("tightest", sess.access_key, sess.user_id)
+        tightest = memo.get(key)
+        if tightest is None:
+            tightest = memo[key] = min([p, *ctx.user_policies.get(sess.user_id, [])],
+                                       key=lambda x: x.max_concurrent_sessions)
         lim = tightest.max_concurrent_sessions
         n = ctx.usage.sessions_per_user.get(sess.user_id, 0)
         if n >= lim:
@@ -219,6 +225,8 @@ class KeypairSlotsValidator:
 
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
         p = ctx.policy(sess)
+        if not p.total_resource_slots:
+            return None  # no limit at this level (slot_limit: empty limits are unlimited)
         used = ctx.usage.keypair.get(sess.access_key) or {}
         need = sess.need
         hit = first_excess(used, need, lambda s: slot_limit(
@@ -239,6 +247,8 @@ class UserSlotsValidator:
 
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
         policies = ctx.user_policies.get(sess.user_id) or [ctx.policy(sess)]
+        if not any(p.total_resource_slots for p in policies):
+            return None  # none of the policies limits slots
         used = ctx.usage.user.get(sess.user_id) or {}
         need = sess.need
 
@@ -268,6 +278,8 @@ class ProjectSlotsValidator:
         if sess.project_id is None:
             return None
         limits = ctx.project_limits.get(sess.project_id)
+        if not limits:
+            return None  # the project sets no limit
         dfu = ctx.policy(sess).default_for_unspecified
         used = ctx.usage.project.get(sess.project_id) or {}
         need = sess.need
@@ -287,6 +299,8 @@ class DomainSlotsValidator:
 
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
         limits = ctx.domain_limits.get(sess.domain_name)
+        if not limits:
+            return None  # the domain sets no limit
         dfu = ctx.policy(sess).default_for_unspecified
         used = ctx.usage.domain.get(sess.domain_name) or {}
         need = sess.need
