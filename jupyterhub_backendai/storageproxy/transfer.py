@@ -273,12 +273,14 @@ class _Staged:
         except FileNotFoundError:
             pass
 
-    def commit(self) -> None:
+    def commit(self, parent: tuple[int, str, str] | None = None) -> None:
         """Move the finished file into the folder (one rename: visible at once, whole);
-        on any failure (the folder or directory gone meanwhile) the bytes are dropped."""
+        on any failure (the folder or directory gone meanwhile) the bytes are dropped.
+        ``parent``: the target's (directory fd, name, shown path) if already open (it
+        is closed here)."""
         try:
-            fd, name, shown = self.vol._parent(self.claims["scope"], self.claims["folder"],
-                                               self.claims["path"])
+            fd, name, shown = parent or self.vol._parent(
+                self.claims["scope"], self.claims["folder"], self.claims["path"])
         except BaseException:
             self.discard()
             raise
@@ -297,8 +299,8 @@ class _Staged:
             raise
         finally:
             os.close(fd)
-        with open(self.done_path, "w"):
-            pass
+        os.close(os.open(self.done_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644))
 
 
 class TransferHandler(web.RequestHandler):
@@ -874,9 +876,14 @@ async def _small_io(handler: web.RequestHandler, fn, *args):
 
 def _small_patch(st: _Staged, offset: int, data: bytes) -> int:
     """A whole small PATCH body (in memory) in one go: the same checks as a streamed
-    one (offset, length, quota), appended, and moved into the folder if it was the
-    last byte. The new offset."""
-    current = st.create()
+    one (offset, length, quota, the target), appended, and moved into the folder if it
+    was the last byte. A new upload's staged file is created and written through one
+    descriptor, and the target's directory is opened once for the check and the
+    rename. The new offset."""
+    current = st.offset()
+    fresh = current is None
+    if fresh:
+        current = 0
     if offset != current:
         raise Conflict(f"Upload-Offset is {offset}, but the upload is at {current}")
     if current >= st.length:
@@ -887,20 +894,49 @@ def _small_patch(st: _Staged, offset: int, data: bytes) -> int:
     if room is not None and len(data) > room:
         st.discard()  # past the quota: the upload ends here and leaves nothing behind
         raise _quota(st, room)
-    if data:
+    final = current + len(data) == st.length
+    parent = None
+    if fresh or final:
         try:
-            fd = os.open(st.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            parent = st.vol._parent(st.claims["scope"], st.claims["folder"], st.claims["path"])
+        except BaseException:
+            if not fresh:
+                st.discard()  # the target's directory is gone: the upload cannot end
+            raise
+    try:
+        if parent is not None:
+            try:
+                if stat.S_ISDIR(os.lstat(parent[1], dir_fd=parent[0]).st_mode):
+                    if not fresh:
+                        st.discard()
+                    raise Conflict(f"{parent[2]!r}: is a directory")
+            except FileNotFoundError:
+                pass
+        try:
+            if fresh:
+                os.makedirs(st.dir, mode=0o700, exist_ok=True)
+                st._expire()
+                fd = os.open(st.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644)
+            else:
+                fd = os.open(st.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
             raise _os_error(e, "the upload") from None
         try:
+            if fresh and os.geteuid() == 0:
+                os.fchown(fd, st.vol.folder_uid, st.vol.folder_gid)
             _write_all(fd, data)
         except OSError as e:
             raise _os_error(e, st.claims["path"]) from None
         finally:
             os.close(fd)
-    current += len(data)
-    if current == st.length:
-        st.commit()
+        current += len(data)
+        if final:
+            st.commit(parent)  # closes the directory
+            parent = None
+    finally:
+        if parent is not None:
+            os.close(parent[0])
     return current
 
 
