@@ -99,6 +99,21 @@ def test_only_the_arrivals_are_decided_when_only_sessions_arrived(w, sm):
     assert check_consistency(sm) == []
 
 
+def test_an_arrival_in_a_group_whose_queue_was_empty_is_placed(w, sm):
+    """A pass over an empty queue reads no agents: an arrival there (while another
+    group's queue keeps sessions PENDING) is decided on a full read, not on that."""
+    w.agent("b1", group="other", cpu=4, mem="64g")
+    w.enqueue("alice", "b-fits", cpu=2, group="other")
+    settle(w, sm)
+    for _ in range(3):
+        schedule_pass(sm, "other")
+    assert LAST_PASS["skipped"] is True
+    w.enqueue("alice", "b-new", cpu=1, group="other")
+    assert w.names(schedule_pass(sm, "other")) == ["b-new"]
+    assert w.status("waits") == "PENDING"
+    assert check_consistency(sm) == []
+
+
 def test_an_arrival_with_another_change_or_committed_late_gets_a_full_pass(w, sm):
     settle(w, sm)
     w.enqueue("alice", "with_release", cpu=2)

@@ -168,9 +168,11 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         # This pass changed nothing the fingerprint sees: the next one may be skipped
         # until something changes. (A pass that changed the record leaves no entry, so
         # the next pass runs and finds out whether it can move further.)
+        # An empty queue loads no agents or usage: nothing to remember then.
         quiet[resource_group] = changes.Quiet(
             fp, changes.next_due(snap.ctx, alloc.waiting),
-            Memory(snap.ctx, snap.pool, alloc.waiting, alloc.failed_shapes, Shapes(snap.pool)))
+            Memory(snap.ctx, snap.pool, alloc.waiting, alloc.failed_shapes, Shapes(snap.pool))
+            if snap.pending else None)
     LAST_PASS.clear()
     LAST_PASS.update(
         group=resource_group, skipped=False, pending=len(snap.pending), agents=len(snap.pool.agents),
