@@ -307,7 +307,7 @@ def bench_official_cli(daemon: StorageDaemon, base: str, secret: str, src: str, 
 
         def bai(*args):
             p = subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=600)
-            assert p.returncode == 0, (args, p.stdout + p.stderr)
+            assert p.returncode == 0, (args, p.stdout + p.stderr, hub.log()[-4000:])
             return p.stdout + p.stderr
 
         name = f"bench-{uuid.uuid4().hex[:6]}"
