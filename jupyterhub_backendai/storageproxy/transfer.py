@@ -44,6 +44,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 
 from tornado import httputil, iostream, web
 from tornado.log import access_log
@@ -368,7 +369,8 @@ def _problem_json(e: BackendAIError) -> str:
 
 # -- Taken-over connections (RAW_MIN) -------------------------------------------------
 
-_raw_slots: asyncio.Semaphore | None = None
+#: RAW_THREADS slots per event loop (a semaphore belongs to one loop).
+_raw_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _raw_capable(handler: web.RequestHandler) -> bool:
@@ -405,10 +407,10 @@ async def _take_over(handler: web.RequestHandler, body: int = 0,
 async def _in_thread(fn, *args):
     """``fn(*args)`` in a daemon thread of its own (a long transfer holds it: never a
     worker of the shared executor, and never a reason for the process to wait at exit)."""
-    global _raw_slots
-    if _raw_slots is None:
-        _raw_slots = asyncio.Semaphore(RAW_THREADS)
     loop = asyncio.get_running_loop()
+    slots = _raw_slots.get(loop)
+    if slots is None:
+        slots = _raw_slots[loop] = asyncio.Semaphore(RAW_THREADS)
     fut = loop.create_future()
 
     def done(ok, value):
@@ -423,7 +425,7 @@ async def _in_thread(fn, *args):
         else:
             loop.call_soon_threadsafe(done, True, value)
 
-    async with _raw_slots:
+    async with slots:
         threading.Thread(target=run, name="transfer", daemon=True).start()
         return await fut
 
