@@ -716,6 +716,8 @@ def test_daemon_serves_tus_and_downloads_on_its_client_port(tmp_path):
     d = StorageDaemon(tmp_path, extra_config=(
         f"c.StorageProxyApp.client_port = {cport}\n"
         "c.StorageProxyApp.client_host = '127.0.0.1'\n"
+        # small transfers in worker threads here (the next test: on the loop)
+        "c.StorageProxyApp.transfer_inline_io = False\n"
         f"c.TransferTokens.secret = {secret!r}\n"))
     d.start()
     try:
@@ -741,6 +743,14 @@ def test_daemon_serves_tus_and_downloads_on_its_client_port(tmp_path):
             download_claims("volume1", scope, fid, "x.bin"))
         r = requests.get(durl, headers={"Range": "bytes=5-9"}, timeout=30)
         assert (r.status_code, r.content) == (206, data[5:10])
+        small = f"{base}/upload?token=" + tokens.sign(
+            upload_claims("volume1", scope, fid, "s.bin", 3))
+        r = requests.patch(small, data=b"abc", timeout=30, headers={
+            "Tus-Resumable": "1.0.0", "Upload-Offset": "0",
+            "Content-Type": "application/offset+octet-stream"})
+        assert (r.status_code, r.headers["Upload-Offset"]) == (204, "3")
+        with open(os.path.join(folder, "s.bin"), "rb") as fh:
+            assert fh.read() == b"abc"
         assert requests.get(durl, timeout=30).content == data
         forged = TransferTokens(secret="not-the-secret").sign(
             download_claims("volume1", scope, fid, "x.bin"))
