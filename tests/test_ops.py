@@ -66,9 +66,21 @@ def test_two_operations_cannot_share_a_name():
         ops.reads(hub_account)
 
 
-@pytest.mark.parametrize("front_end", ["spawner.py", "auth.py", "pages/password.py",
-                                       "pages/usage.py"])
+FRONT_ENDS = sorted(["spawner.py", "auth.py"] + [
+    str(p.relative_to(PKG)) for d in ("api", "pages") for p in (PKG / d).rglob("*.py")])
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
 def test_front_ends_use_the_facade(front_end):
-    """No function of a front end is run by ``manager.db``/``db_read`` directly."""
+    """No function of a front end (the spawner, the authenticator, the API, the pages) is
+    run by ``manager.db``/``db_read`` directly: they call named operations."""
     text = (PKG / front_end).read_text()
     assert not re.search(r"manager\.db(_read)?\(", text), front_end
+
+
+def test_every_operation_is_found():
+    """The modules ops.py names declare operations without clashes (imported here)."""
+    for name in ("list_sessions", "create_domain", "file_access", "update_user",
+                 "resolve_folder", "console_section", "keypair_record", "quota_left"):
+        fn, _write = ops.lookup(name)
+        assert fn.__name__ == name

@@ -374,7 +374,7 @@ class APIBase(APIHandler):
         needed = READ_SCOPE if method in SAFE_METHODS and not self.grants_shell else WRITE_SCOPE
         if needed not in self.expanded_scopes:
             raise Forbidden(f"these credentials lack the scope {needed!r}")
-        self.principal = await self.manager.db_read(access.load_principal, username=user.name)
+        self.principal = await self.manager.ops.load_principal(username=user.name)
 
     # -- errors ------------------------------------------------------------------
 

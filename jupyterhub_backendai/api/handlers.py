@@ -20,6 +20,7 @@ from ..common.errors import BackendAIError, InvalidRequest
 from ..common.session_request import SessionRequest, resources
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager import admin, vfolders
+from ..manager.ops import reads
 from . import hubsync, models, spec
 from .base import APIBase, document
 from .spec import Op, Route, route
@@ -33,7 +34,7 @@ def _filters(path: str) -> dict:
 class WhoamiHandler(APIBase):
     async def get(self):
         self.query()
-        self.reply(await self.manager.db_read(admin.whoami, self.principal))
+        self.reply(await self.manager.ops.whoami(self.principal))
 
 
 class OpenAPIHandler(APIBase):
@@ -53,29 +54,29 @@ class OpenAPIHandler(APIBase):
 class DomainsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/domains"))
-        self.reply(await self.manager.db_read(admin.list_domains, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_domains(self.principal, f, o, n))
 
     async def post(self):
         self.query()
         body = self.body("DomainCreate")
-        self.reply(await self.manager.db(admin.create_domain, self.principal, body), 201)
+        self.reply(await self.manager.ops.create_domain(self.principal, body), 201)
 
 
 class DomainHandler(APIBase):
     async def get(self, name):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_domain, self.principal, name))
+        self.reply(await self.manager.ops.get_domain(self.principal, name))
 
     async def patch(self, name):
         self.query()
         body = self.body("DomainUpdate")
-        out, change = await self.manager.db(hubsync.update_domain, self.principal, name, body)
+        out, change = await self.manager.ops.update_domain(self.principal, name, body)
         await hubsync.apply(self, change)
         self.reply(out)
 
     async def delete(self, name):
         self.query()
-        await self.manager.db(admin.delete_domain, self.principal, name)
+        await self.manager.ops.delete_domain(self.principal, name)
         self.reply(None, 204)
 
 
@@ -85,12 +86,12 @@ class DomainHandler(APIBase):
 class ProjectsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/projects"))
-        self.reply(await self.manager.db_read(admin.list_projects, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_projects(self.principal, f, o, n))
 
     async def post(self):
         self.query()
         body = self.body("ProjectCreate")
-        out, change = await self.manager.db(hubsync.create_project, self.principal, body)
+        out, change = await self.manager.ops.create_project(self.principal, body)
         await hubsync.apply(self, change)
         self.reply(out, 201)
 
@@ -98,18 +99,18 @@ class ProjectsHandler(APIBase):
 class ProjectHandler(APIBase):
     async def get(self, pid):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_project, self.principal, pid))
+        self.reply(await self.manager.ops.get_project(self.principal, pid))
 
     async def patch(self, pid):
         self.query()
         body = self.body("ProjectUpdate")
-        out, change = await self.manager.db(hubsync.update_project, self.principal, pid, body)
+        out, change = await self.manager.ops.update_project(self.principal, pid, body)
         await hubsync.apply(self, change)
         self.reply(out)
 
     async def delete(self, pid):
         self.query()
-        _, change = await self.manager.db(hubsync.delete_project, self.principal, pid)
+        _, change = await self.manager.ops.delete_project(self.principal, pid)
         await hubsync.apply(self, change)
         self.reply(None, 204)
 
@@ -117,13 +118,12 @@ class ProjectHandler(APIBase):
 class MembersHandler(APIBase):
     async def get(self, pid):
         _, o, n = self.query(_filters("/projects/{id}/members"))
-        self.reply(await self.manager.db_read(admin.list_members, self.principal, pid, o, n))
+        self.reply(await self.manager.ops.list_members(self.principal, pid, o, n))
 
     async def post(self, pid):
         self.query()
         body = self.body("MembersAdd")
-        out, change = await self.manager.db(hubsync.add_members, self.principal, pid,
-                                            body["user_ids"])
+        out, change = await self.manager.ops.add_members(self.principal, pid, body["user_ids"])
         await hubsync.apply(self, change)
         self.reply(out)
 
@@ -131,7 +131,7 @@ class MembersHandler(APIBase):
 class MemberHandler(APIBase):
     async def delete(self, pid, uid):
         self.query()
-        _, change = await self.manager.db(hubsync.remove_members, self.principal, pid, [uid])
+        _, change = await self.manager.ops.remove_members(self.principal, pid, [uid])
         await hubsync.apply(self, change)
         self.reply(None, 204)
 
@@ -142,31 +142,31 @@ class MemberHandler(APIBase):
 class UsersHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/users"))
-        self.reply(await self.manager.db_read(admin.list_users, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_users(self.principal, f, o, n))
 
     async def post(self):
         self.query()
         body = self.body("UserCreate")
-        out = await self.manager.db(admin.create_user, self.principal, body)
+        out = await self.manager.ops.create_user(self.principal, body)
         self.reply(out, 201)
 
 
 class UserHandler(APIBase):
     async def get(self, uid):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_user, self.principal, uid))
+        self.reply(await self.manager.ops.get_user(self.principal, uid))
 
     async def patch(self, uid):
         self.query()
         body = self.body("UserUpdate")
-        out, change = await self.manager.db(hubsync.update_user, self.principal, uid, body)
+        out, change = await self.manager.ops.update_user(self.principal, uid, body)
         await hubsync.apply(self, change)
         self.reply(out)
 
     async def delete(self, uid):
         self.query()
         # (the hub's account goes too: hubsync.delete_user)
-        _, change = await self.manager.db(hubsync.delete_user, self.principal, uid)
+        _, change = await self.manager.ops.delete_user(self.principal, uid)
         await hubsync.apply(self, change)
         self.reply(None, 204)
 
@@ -177,27 +177,27 @@ class UserHandler(APIBase):
 class KeypairsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/keypairs"))
-        self.reply(await self.manager.db_read(admin.list_keypairs, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_keypairs(self.principal, f, o, n))
 
     async def post(self):
         self.query()
         body = self.body("KeypairCreate")
-        self.reply(await self.manager.db(admin.create_keypair, self.principal, body), 201)
+        self.reply(await self.manager.ops.create_keypair(self.principal, body), 201)
 
 
 class KeypairHandler(APIBase):
     async def get(self, ak):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_keypair, self.principal, ak))
+        self.reply(await self.manager.ops.get_keypair(self.principal, ak))
 
     async def patch(self, ak):
         self.query()
         body = self.body("KeypairUpdate")
-        self.reply(await self.manager.db(admin.update_keypair, self.principal, ak, body))
+        self.reply(await self.manager.ops.update_keypair(self.principal, ak, body))
 
     async def delete(self, ak):
         self.query()
-        await self.manager.db(admin.delete_keypair, self.principal, ak)
+        await self.manager.ops.delete_keypair(self.principal, ak)
         self.reply(None, 204)
 
 
@@ -210,13 +210,13 @@ class PoliciesHandler(APIBase):
 
     async def get(self):
         f, o, n = self.query(_filters(f"/{self.kind}-resource-policies"))
-        self.reply(await self.manager.db_read(admin.list_policies, self.principal, self.kind, f, o, n))
+        self.reply(await self.manager.ops.list_policies(self.principal, self.kind, f, o, n))
 
     async def post(self):
         self.query()
         body = self.body("KeypairResourcePolicyCreate" if self.kind == "keypair"
                          else "QuotaPolicyCreate")
-        self.reply(await self.manager.db(admin.create_policy, self.principal, self.kind, body), 201)
+        self.reply(await self.manager.ops.create_policy(self.principal, self.kind, body), 201)
 
 
 class PolicyHandler(APIBase):
@@ -225,17 +225,17 @@ class PolicyHandler(APIBase):
 
     async def get(self, name):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_policy, self.principal, self.kind, name))
+        self.reply(await self.manager.ops.get_policy(self.principal, self.kind, name))
 
     async def patch(self, name):
         self.query()
         body = self.body("KeypairResourcePolicyUpdate" if self.kind == "keypair"
                          else "QuotaPolicyUpdate")
-        self.reply(await self.manager.db(admin.update_policy, self.principal, self.kind, name, body))
+        self.reply(await self.manager.ops.update_policy(self.principal, self.kind, name, body))
 
     async def delete(self, name):
         self.query()
-        await self.manager.db(admin.delete_policy, self.principal, self.kind, name)
+        await self.manager.ops.delete_policy(self.principal, self.kind, name)
         self.reply(None, 204)
 
 
@@ -245,50 +245,49 @@ class PolicyHandler(APIBase):
 class ResourceGroupsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/resource-groups"))
-        self.reply(await self.manager.db_read(admin.list_resource_groups, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_resource_groups(self.principal, f, o, n))
 
     async def post(self):
         self.query()
         body = self.body("ResourceGroupCreate")
-        self.reply(await self.manager.db(admin.create_resource_group, self.principal, body), 201)
+        self.reply(await self.manager.ops.create_resource_group(self.principal, body), 201)
 
 
 class ResourceGroupHandler(APIBase):
     async def get(self, name):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_resource_group, self.principal, name))
+        self.reply(await self.manager.ops.get_resource_group(self.principal, name))
 
     async def patch(self, name):
         self.query()
         body = self.body("ResourceGroupUpdate")
-        self.reply(await self.manager.db(admin.update_resource_group, self.principal, name, body))
+        self.reply(await self.manager.ops.update_resource_group(self.principal, name, body))
 
     async def delete(self, name):
         self.query()
-        await self.manager.db(admin.delete_resource_group, self.principal, name)
+        await self.manager.ops.delete_resource_group(self.principal, name)
         self.reply(None, 204)
 
 
 class AgentsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/agents"))
-        self.reply(await self.manager.db_read(admin.list_agents, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_agents(self.principal, f, o, n))
 
 
 class AgentHandler(APIBase):
     async def get(self, aid):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_agent, self.principal, aid))
+        self.reply(await self.manager.ops.get_agent(self.principal, aid))
 
 
 class SchedulerHandler(APIBase):
     async def get(self):
         self.query()
-        visible = await self.manager.db_read(admin.scheduler_view, self.principal)
+        visible = await self.manager.ops.scheduler_view(self.principal)
         status = await self.manager.scheduler_status()
         if visible is not None and isinstance(status, dict):
-            groups = await self.manager.db(
-                lambda s: set(s.scalars(admin.select(admin.ResourceGroup.name))))
+            groups = set(await self.manager.ops.resource_group_names())
             status = {k: v for k, v in status.items() if k not in groups or k in visible}
         self.reply(json.loads(json.dumps(status, default=str)))
 
@@ -315,7 +314,7 @@ class SessionsHandler(APIBase):
         self.query()
         body = self.body("SessionCreate")
         group = body.get("resource_group", "default")
-        await self.manager.db(admin.check_session_create, self.principal, group)
+        await self.manager.ops.check_session_create(self.principal, group)
         image, slots = resources({"image": body["image"], **body.get("resources", {})})
         request = SessionRequest(
             image=image,
@@ -334,17 +333,17 @@ class SessionsHandler(APIBase):
         )
         sid = await self.manager.enqueue(request, username=self.principal.username,
                                          name=body["name"], environ={}, service_prefix="/")
-        self.reply(await self.manager.db_read(admin.get_session, self.principal, sid), 201)
+        self.reply(await self.manager.ops.get_session(self.principal, sid), 201)
 
 
 class SessionHandler(APIBase):
     async def get(self, sid):
         self.query()
-        self.reply(await self.manager.db_read(admin.get_session, self.principal, sid))
+        self.reply(await self.manager.ops.get_session(self.principal, sid))
 
     async def delete(self, sid):
         self.query()
-        await self.manager.db(admin.check_session_destroy, self.principal, sid)
+        await self.manager.ops.check_session_destroy(self.principal, sid)
         await self.manager.destroy_session(sid)
         self.reply(None, 204)
 
@@ -352,7 +351,7 @@ class SessionHandler(APIBase):
 class SessionLogsHandler(APIBase):
     async def get(self, sid):
         self.query()
-        out = await self.manager.db_read(admin.session_logs, self.principal, sid)
+        out = await self.manager.ops.session_logs(self.principal, sid)
         # Kept logs are written when a kernel ends; while it runs, ask its agent.
         if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
             for idx, k in enumerate(out["kernels"]):
@@ -360,7 +359,8 @@ class SessionLogsHandler(APIBase):
         self.reply(out)
 
 
-def _service_ports(db, p, sid: str) -> dict:
+@reads
+def session_service_ports(db, p, sid: str) -> dict:
     """What :class:`SessionServicePortsHandler` needs from the record (visibility as for
     ``GET /sessions/{id}``)."""
     from ..models import User
@@ -387,7 +387,7 @@ class SessionServicePortsHandler(APIBase):
 
     async def get(self, sid):
         self.query()
-        rec = await self.manager.db_read(_service_ports, self.principal, sid)
+        rec = await self.manager.ops.session_service_ports(self.principal, sid)
         server_url = None
         if rec["type"] != "batch" and rec["username"]:
             origin = f"{self.request.protocol}://{self.request.host}"
@@ -417,7 +417,8 @@ class SessionServicePortsHandler(APIBase):
         })
 
 
-def _ssh_key(db, p, sid: str) -> dict:
+@reads
+def session_ssh_key(db, p, sid: str) -> dict:
     """Issue 12: the key of a session's published sshd, for its owner only (others who
     may see the session, admins included, get 403; the rest 404 as for the session)."""
     from ..common.errors import Forbidden, NotFound
@@ -453,7 +454,7 @@ class SessionSSHKeyHandler(APIBase):
     async def get(self, sid):
         self.query()
         self.set_header("Cache-Control", "no-store")
-        self.reply(await self.manager.db_read(_ssh_key, self.principal, sid))
+        self.reply(await self.manager.ops.session_ssh_key(self.principal, sid))
 
 
 # -- vfolders ------------------------------------------------------------------
@@ -473,7 +474,7 @@ class VFolderHostsHandler(APIBase):
 class VFoldersHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/vfolders"))
-        self.reply(await self.manager.db_read(vfolders.list_folders, self.principal, f, o, n))
+        self.reply(await self.manager.ops.list_folders(self.principal, f, o, n))
 
     async def post(self):
         self.query()
@@ -484,12 +485,12 @@ class VFoldersHandler(APIBase):
 class VFolderHandler(APIBase):
     async def get(self, fid):
         self.query()
-        self.reply(await self.manager.db_read(vfolders.get_folder, self.principal, fid))
+        self.reply(await self.manager.ops.get_folder(self.principal, fid))
 
     async def patch(self, fid):
         self.query()
         body = self.body("VFolderUpdate")
-        self.reply(await self.manager.db(vfolders.update_folder, self.principal, fid, body))
+        self.reply(await self.manager.ops.update_folder(self.principal, fid, body))
 
     async def delete(self, fid):
         self.query()
@@ -500,12 +501,12 @@ class VFolderHandler(APIBase):
 class VFolderSharesHandler(APIBase):
     async def get(self, fid):
         _, o, n = self.query(_filters("/vfolders/{id}/shares"))
-        self.reply(await self.manager.db_read(vfolders.list_shares, self.principal, fid, o, n))
+        self.reply(await self.manager.ops.list_shares(self.principal, fid, o, n))
 
     async def post(self, fid):
         self.query()
         body = self.body("VFolderShareCreate")
-        self.reply(await self.manager.db(vfolders.add_share, self.principal, fid, body), 201)
+        self.reply(await self.manager.ops.add_share(self.principal, fid, body), 201)
 
 
 class VFolderShareHandler(APIBase):
@@ -513,11 +514,11 @@ class VFolderShareHandler(APIBase):
         self.query()
         body = self.body("VFolderShareUpdate")
         # (tornado has already unquoted the path's segments)
-        self.reply(await self.manager.db(vfolders.update_share, self.principal, fid, who, body))
+        self.reply(await self.manager.ops.update_share(self.principal, fid, who, body))
 
     async def delete(self, fid, who):
         self.query()
-        await self.manager.db(vfolders.remove_share, self.principal, fid, who)
+        await self.manager.ops.remove_share(self.principal, fid, who)
         self.reply(None, 204)
 
 
@@ -525,13 +526,13 @@ class VFolderFilesHandler(APIBase):
     async def get(self, fid):
         q, _, _ = self.query(params=_params("get", "/vfolders/{id}/files"))
         path = vfolders.check_path(q.get("path", ""))
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "list")
+        where = await self.manager.ops.file_access(self.principal, fid, "list")
         self.reply(await vfolders.list_files(self.manager, where, path))
 
     async def delete(self, fid):
         q, _, _ = self.query(params=_params("delete", "/vfolders/{id}/files"))
         path = vfolders.check_path(q["path"], allow_root=False)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "delete")
+        where = await self.manager.ops.file_access(self.principal, fid, "delete")
         await vfolders.delete_files(self.manager, where, path, q.get("recursive", False))
         self.reply(None, 204)
 
@@ -541,7 +542,7 @@ class VFolderMkdirHandler(APIBase):
         self.query()
         body = self.body("VFolderMkdir")
         path = vfolders.check_path(body["path"], allow_root=False)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        where = await self.manager.ops.file_access(self.principal, fid, "write")
         await vfolders.mkdir(self.manager, where, path, parents=body.get("parents", False))
         self.reply({"path": path}, 201)
 
@@ -552,7 +553,7 @@ class VFolderRenameHandler(APIBase):
         body = self.body("VFolderRename")
         src = vfolders.check_path(body["path"], allow_root=False)
         dst = vfolders.check_path(body["new_path"], "new_path", allow_root=False)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        where = await self.manager.ops.file_access(self.principal, fid, "write")
         await vfolders.rename(self.manager, where, src, dst)
         self.reply({"path": dst})
 
@@ -587,8 +588,7 @@ class VFolderUploadHandler(APIBase):
         await super().prepare()
         q, _, _ = self.query(params=_params("put", "/vfolders/{id}/upload"))
         self._path = vfolders.check_path(q["path"], allow_root=False)
-        where = await self.manager.db_read(vfolders.file_access, self.principal,
-                                           self.path_args[0], "upload")
+        where = await self.manager.ops.file_access(self.principal, self.path_args[0], "upload")
         self.request.connection.set_max_body_size(MAX_UPLOAD)
         self._queue = asyncio.Queue(maxsize=8)
 
@@ -630,7 +630,7 @@ class VFolderDownloadHandler(APIBase):
     async def get(self, fid):
         q, _, _ = self.query(params=_params("get", "/vfolders/{id}/download"))
         path = vfolders.check_path(q["path"], allow_root=False)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "download")
+        where = await self.manager.ops.file_access(self.principal, fid, "download")
         size, chunks = await vfolders.download(self.manager, where, path)
         name = path.rsplit("/", 1)[-1]
         self.set_header("Content-Type", "application/octet-stream")

@@ -26,6 +26,7 @@ from jupyterhub.utils import new_token
 
 from ..common.types import SessionStatus, UserRole, UserStatus
 from ..manager import admin
+from ..manager.ops import writes
 from ..models import Project
 
 
@@ -50,6 +51,7 @@ class HubChange:
 # -- the record half: in the caller's transaction --------------------------------------
 
 
+@writes
 def update_domain(db, p, name: str, body: dict) -> tuple[dict, HubChange]:
     out = admin.update_domain(db, p, name, body)
     ch = HubChange()
@@ -58,11 +60,13 @@ def update_domain(db, p, name: str, body: dict) -> tuple[dict, HubChange]:
     return out, ch
 
 
+@writes
 def create_project(db, p, body: dict) -> tuple[dict, HubChange]:
     out = admin.create_project(db, p, body)
     return out, HubChange(add={admin.group_name(out["domain_name"], out["name"]): []})
 
 
+@writes
 def update_project(db, p, pid: str, body: dict) -> tuple[dict, HubChange]:
     out, old_group = admin.update_project(db, p, pid, body)
     ch = HubChange(rename=(old_group, admin.group_name(out["domain_name"], out["name"])))
@@ -72,15 +76,18 @@ def update_project(db, p, pid: str, body: dict) -> tuple[dict, HubChange]:
     return out, ch
 
 
+@writes
 def delete_project(db, p, pid: str) -> tuple[None, HubChange]:
     return None, HubChange(delete=admin.delete_project(db, p, pid))
 
 
+@writes
 def add_members(db, p, pid: str, user_ids: list[str]) -> tuple[dict, HubChange]:
     out = admin.add_members(db, p, pid, user_ids)
     return out, HubChange(add={out["group"]: out["added"]})
 
 
+@writes
 def remove_members(db, p, pid: str, user_ids: list[str]) -> tuple[None, HubChange]:
     """All or nothing (the caller's transaction): a user who is not a member refuses."""
     ch = HubChange()
@@ -90,6 +97,7 @@ def remove_members(db, p, pid: str, user_ids: list[str]) -> tuple[None, HubChang
     return None, ch
 
 
+@writes
 def update_user(db, p, uid: str, body: dict) -> tuple[dict, HubChange]:
     out, old_groups = admin.update_user(db, p, uid, body)
     ch = HubChange()
@@ -105,6 +113,7 @@ def update_user(db, p, uid: str, body: dict) -> tuple[dict, HubChange]:
     return out, ch
 
 
+@writes
 def delete_user(db, p, uid: str) -> tuple[None, HubChange]:
     # Identity by id: the hub's account goes too (servers, tokens, cookies), so a new
     # user of the same name, in any domain, starts with nothing.
@@ -122,7 +131,7 @@ async def apply(h, ch: HubChange) -> None:
     for username, is_admin in ch.admin.items():
         h.hub_admin(username, is_admin)
     for kw, reason in ch.cut_off:
-        sids, names = await h.manager.db_read(admin.cut_off, **kw)
+        sids, names = await h.manager.ops.cut_off(**kw)
         await end_sessions(h, sids, reason)
         await end_hub_access(h, names)
     for username in ch.drop_accounts:

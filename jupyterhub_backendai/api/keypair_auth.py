@@ -49,6 +49,7 @@ from traitlets.config import Configurable, LoggingConfigurable
 from ..common import signing
 from ..common.errors import InvalidRequest, TooManyRequests, Unauthorized
 from ..common.types import UserStatus
+from ..manager.ops import reads
 from ..manager.ratelimit import RateLimitResult, get_rate_limiter, get_signature_memory
 from ..models import Domain, Keypair, Project, User, project_members
 
@@ -167,7 +168,7 @@ class KeypairAuth(LoggingConfigurable):
         if hit is not None and hit[0] > now:
             return hit[1]
         generation = self._generation
-        record = await self.manager.db(_load_record, access_key)
+        record = await self.manager.ops.keypair_record(access_key)
         # Keep it only if nothing changed while we read (a change empties the cache).
         if self.lookup_cache_ttl > 0 and generation == self._generation:
             if len(self._cache) >= self.lookup_cache_size:
@@ -288,7 +289,7 @@ class KeypairAuth(LoggingConfigurable):
             record = hit[1]
         else:
             generation = self._generation
-            record = await self.manager.db(_load_user_record, username)
+            record = await self.manager.ops.hub_user_keypair(username)
             if self.lookup_cache_ttl > 0 and generation == self._generation:
                 if len(self._cache) >= self.lookup_cache_size:
                     self._cache.clear()
@@ -317,7 +318,8 @@ def _main_keypair_query(user_id: str):
     return q.order_by(Keypair.is_default.desc(), Keypair.created_at, Keypair.access_key).limit(1)
 
 
-def _load_user_record(s, username: str) -> _KeypairRecord | None:
+@reads
+def hub_user_keypair(s, username: str) -> _KeypairRecord | None:
     row = s.execute(
         select(User.id, User.username, User.email, User.role, User.status,
                User.allowed_client_ip, User.domain_name)
@@ -335,7 +337,8 @@ def _load_user_record(s, username: str) -> _KeypairRecord | None:
     )
 
 
-def _load_record(s, access_key: str) -> _KeypairRecord | None:
+@reads
+def keypair_record(s, access_key: str) -> _KeypairRecord | None:
     row = s.execute(
         select(
             Keypair.access_key, Keypair.secret_key, Keypair.is_active, Keypair.is_admin,

@@ -5,7 +5,6 @@ declines; the inviter may withdraw a pending one. Rules: :mod:`..manager.vfolder
 
 from __future__ import annotations
 
-from ..manager import vfolders
 from . import models
 from .base import APIBase
 from .spec import Op, route
@@ -16,7 +15,7 @@ class InvitationsHandler(APIBase):
 
     async def get(self):
         _, offset, limit = self.query({})
-        items = await self.manager.db_read(vfolders.list_invitations, self.principal)
+        items = await self.manager.ops.list_invitations(self.principal)
         self.reply({"items": items[offset:offset + limit], "total": len(items),
                     "offset": offset, "limit": limit})
 
@@ -27,8 +26,8 @@ class VFolderInviteHandler(APIBase):
     async def post(self, fid):
         self.query()
         body = self.body("VFolderInvitationCreate")
-        made = await self.manager.db(vfolders.invite, self.principal, fid, [body["email"]],
-                                     body.get("permission", "ro"))
+        made = await self.manager.ops.invite(self.principal, fid, [body["email"]],
+                                             body.get("permission", "ro"))
         self.reply(made[0], 201)
 
 
@@ -41,8 +40,9 @@ class InvitationActionHandler(APIBase):
 
     async def post(self, inv_id):
         self.query()
-        fn = vfolders.accept_invitation if self.action == "accept" else vfolders.decline_invitation
-        self.reply(await self.manager.db(fn, self.principal, inv_id))
+        answer = (self.manager.ops.accept_invitation if self.action == "accept"
+                  else self.manager.ops.decline_invitation)
+        self.reply(await answer(self.principal, inv_id))
 
 
 # Declared once: the tornado URL list and the OpenAPI document's paths are made from these.

@@ -31,6 +31,7 @@ from ..models import (
     User,
     project_members,
 )
+from .ops import reads
 
 SUPERADMIN = UserRole.SUPERADMIN
 ADMIN = UserRole.ADMIN
@@ -64,6 +65,7 @@ class Principal:
         return self.role in (ADMIN, MONITOR)
 
 
+@reads
 def load_principal(db: DBSession, *, username: str | None = None, user_id: str | None = None,
                    access_key: str | None = None) -> Principal:
     """The caller's current record; inactive users and domains are refused with a reason.

@@ -84,3 +84,9 @@ def change_password(db, username: str, current: str, new: str) -> str:
     user.password = tenancy.hash_password(new)
     user.need_password_change = False
     return ""
+
+
+@reads
+def username_of(db, user_id: str) -> str:
+    """The username of user ``user_id``."""
+    return db.get(User, user_id).username

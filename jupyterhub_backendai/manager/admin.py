@@ -53,6 +53,7 @@ from ..models import (
 )
 from . import access, tenancy
 from .access import Principal
+from .ops import reads, writes
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
 # Sequencers the scheduler knows by name (Backend.AI's): a resource group names one.
@@ -284,6 +285,7 @@ def session_out(s: Session) -> dict:
 # -- whoami --------------------------------------------------------------------
 
 
+@reads
 def whoami(db: DBSession, p: Principal) -> dict:
     user = db.get(User, p.user_id)
     return {
@@ -310,6 +312,7 @@ def _apply(obj, body: dict, fields, slot_fields=("total_resource_slots",)) -> No
             setattr(obj, k, v)
 
 
+@reads
 def list_domains(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(Domain).where(access.domain_filter(p))
     if "is_active" in filters:
@@ -324,10 +327,12 @@ def _get_domain(db, p: Principal, name: str) -> Domain:
     return d
 
 
+@reads
 def get_domain(db, p: Principal, name: str) -> dict:
     return domain_out(_get_domain(db, p, name))
 
 
+@writes
 def create_domain(db, p: Principal, body: dict) -> dict:
     access.require(access.may_change_installation(p), "create domains")
     _check_name("name", body["name"])
@@ -350,6 +355,7 @@ def update_domain(db, p: Principal, name: str, body: dict) -> dict:
     return domain_out(d)
 
 
+@writes
 def delete_domain(db, p: Principal, name: str) -> None:
     d = _get_domain(db, p, name)
     access.require(access.may_change_installation(p), "delete domains")
@@ -368,6 +374,7 @@ PROJECT_FIELDS = ("name", "description", "is_active", "total_resource_slots",
                   "allowed_vfolder_hosts", "resource_policy")
 
 
+@reads
 def list_projects(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(Project).where(access.project_filter(p))
     if "domain" in filters:
@@ -386,6 +393,7 @@ def _get_project(db, p: Principal, pid: str) -> Project:
     return proj
 
 
+@reads
 def get_project(db, p: Principal, pid: str) -> dict:
     return project_out(_get_project(db, p, pid))
 
@@ -459,6 +467,7 @@ def group_name(domain: str, project: str) -> str:
     return f"{domain}:{project}"
 
 
+@reads
 def list_members(db, p: Principal, pid: str, offset: int, limit: int) -> dict:
     proj = _get_project(db, p, pid)
     access.require(p.is_superadmin or p.reads_domain, "list project members")
@@ -506,6 +515,7 @@ USER_FIELDS = ("email", "full_name", "status", "role", "domain_name", "resource_
                "need_password_change", "allowed_client_ip")
 
 
+@reads
 def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(User).where(access.user_filter(p))
     for key, col in (("domain", User.domain_name), ("role", User.role),
@@ -525,6 +535,7 @@ def _get_user(db, p: Principal, uid: str) -> User:
     return user
 
 
+@reads
 def get_user(db, p: Principal, uid: str) -> dict:
     return user_out(_get_user(db, p, uid))
 
@@ -555,6 +566,7 @@ def _set_projects(db, user: User, project_ids: list[str]) -> None:
     user.projects = projects
 
 
+@writes
 def create_user(db, p: Principal, body: dict) -> dict:
     body = dict(body)
     body.setdefault("domain_name", p.domain)
@@ -652,6 +664,7 @@ def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
 # -- deactivation: what it ends ---------------------------------------------------
 
 
+@reads
 def cut_off(db, *, domain: str | None = None, project: str | None = None,
             user: str | None = None) -> tuple[list[str], list[str]]:
     """(live session ids, usernames) a deactivation ends: every live session of the
@@ -673,6 +686,7 @@ def cut_off(db, *, domain: str | None = None, project: str | None = None,
 # -- keypairs ------------------------------------------------------------------
 
 
+@reads
 def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(Keypair).where(access.keypair_filter(p))
     if "user_id" in filters:
@@ -689,6 +703,7 @@ def _get_keypair(db, p: Principal, ak: str) -> Keypair:
     return kp
 
 
+@reads
 def get_keypair(db, p: Principal, ak: str) -> dict:
     return keypair_out(_get_keypair(db, p, ak))
 
@@ -706,6 +721,7 @@ def main_keypair(owner: User) -> Keypair | None:
 LIMIT_FIELDS = ("rate_limit", "resource_policy", "is_default")
 
 
+@writes
 def create_keypair(db, p: Principal, body: dict) -> dict:
     """A new keypair inherits the policy and rate limit of the owner's main keypair;
     only someone who may set the owner's limits (the level above) chooses others."""
@@ -734,6 +750,7 @@ def create_keypair(db, p: Principal, body: dict) -> dict:
     return out
 
 
+@writes
 def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
     kp = _get_keypair(db, p, ak)
     if not access.can_manage_user(p, kp.user):
@@ -765,6 +782,7 @@ def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
     return keypair_out(kp)
 
 
+@writes
 def delete_keypair(db, p: Principal, ak: str) -> None:
     kp = _get_keypair(db, p, ak)
     if not access.can_manage_user(p, kp.user):
@@ -800,6 +818,7 @@ def _policy_reader(p: Principal) -> None:
     access.require(p.is_superadmin or p.reads_domain, "read resource policies")
 
 
+@reads
 def list_policies(db, p: Principal, kind: str, filters: dict, offset: int, limit: int) -> dict:
     model, ser, *_ = POLICIES[kind]
     _policy_reader(p)
@@ -815,10 +834,12 @@ def _get_policy(db, p: Principal, kind: str, name: str):
     return row
 
 
+@reads
 def get_policy(db, p: Principal, kind: str, name: str) -> dict:
     return POLICIES[kind][1](_get_policy(db, p, kind, name))
 
 
+@writes
 def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
     model, ser, label, fields, _ = POLICIES[kind]
     access.require(access.may_change_installation(p), f"create {label.removesuffix('policy')}policies")
@@ -832,6 +853,7 @@ def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
     return ser(row)
 
 
+@writes
 def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
     _, ser, label, fields, _ = POLICIES[kind]
     access.require(access.may_change_installation(p), f"change the {label} {name!r}")
@@ -841,6 +863,7 @@ def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
     return ser(row)
 
 
+@writes
 def delete_policy(db, p: Principal, kind: str, name: str) -> None:
     _, _, label, _, ref = POLICIES[kind]
     access.require(access.may_change_installation(p), f"delete the {label} {name!r}")
@@ -859,6 +882,7 @@ GROUP_FIELDS = ("description", "is_active", "is_public", "scheduler", "scheduler
                 "allowed_domains", "allowed_projects", "allowed_keypairs")
 
 
+@reads
 def list_resource_groups(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(ResourceGroup).where(access.resource_group_filter(db, p))
     if "is_active" in filters:
@@ -874,6 +898,7 @@ def _get_group(db, p: Principal, name: str) -> ResourceGroup:
     return g
 
 
+@reads
 def get_resource_group(db, p: Principal, name: str) -> dict:
     return resource_group_out(_get_group(db, p, name))
 
@@ -897,6 +922,7 @@ def _check_group_body(db, body: dict) -> None:
                 raise InvalidRequest(f"{field}: no {label} {key!r}")
 
 
+@writes
 def create_resource_group(db, p: Principal, body: dict) -> dict:
     access.require(access.may_change_installation(p), "create resource groups")
     _check_name("name", body["name"])
@@ -910,6 +936,7 @@ def create_resource_group(db, p: Principal, body: dict) -> dict:
     return resource_group_out(g)
 
 
+@writes
 def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
     g = _get_group(db, p, name)
     access.require(access.may_change_installation(p), "change resource groups")
@@ -919,6 +946,7 @@ def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
     return resource_group_out(g)
 
 
+@writes
 def delete_resource_group(db, p: Principal, name: str) -> None:
     g = _get_group(db, p, name)
     access.require(access.may_change_installation(p), "delete resource groups")
@@ -942,6 +970,7 @@ def _agent_reader(p: Principal) -> None:
     access.require(p.is_superadmin or p.reads_domain, "read agents")
 
 
+@reads
 def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     _agent_reader(p)
     stmt = select(Agent).where(access.agent_filter(db, p))
@@ -952,6 +981,7 @@ def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dic
     return _page(db, stmt, [Agent.id], offset, limit, agent_out)
 
 
+@reads
 def get_agent(db, p: Principal, aid: str) -> dict:
     _agent_reader(p)
     a = db.get(Agent, aid)
@@ -964,6 +994,7 @@ def get_agent(db, p: Principal, aid: str) -> dict:
 # -- sessions ------------------------------------------------------------------
 
 
+@reads
 def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     # Eager-load what session_out reads: one query per relation, not one per session.
     stmt = (
@@ -985,10 +1016,12 @@ def _get_session(db, p: Principal, sid: str) -> Session:
     return s
 
 
+@reads
 def get_session(db, p: Principal, sid: str) -> dict:
     return session_out(_get_session(db, p, sid))
 
 
+@reads
 def session_logs(db, p: Principal, sid: str) -> dict:
     s = _get_session(db, p, sid)
     access.require(access.outranks_owner(p, db.get(User, s.user_id)),
@@ -1001,6 +1034,7 @@ def session_logs(db, p: Principal, sid: str) -> dict:
     }
 
 
+@writes
 def check_session_create(db, p: Principal, resource_group: str) -> None:
     """Who may create sessions where; the manager's ``enqueue`` checks the rest."""
     access.require(p.role != UserRole.MONITOR, "create sessions (monitors change nothing)")
@@ -1010,6 +1044,7 @@ def check_session_create(db, p: Principal, resource_group: str) -> None:
         raise InvalidRequest(f"resource_group: no resource group {resource_group!r} you may use")
 
 
+@writes
 def check_session_destroy(db, p: Principal, sid: str) -> None:
     s = _get_session(db, p, sid)
     owner = db.get(User, s.user_id)
@@ -1018,6 +1053,13 @@ def check_session_destroy(db, p: Principal, sid: str) -> None:
                    else f"stop session {s.name!r}")
 
 
+@reads
+def resource_group_names(db) -> list[str]:
+    """Every resource group's name."""
+    return sorted(db.scalars(select(ResourceGroup.name)))
+
+
+@reads
 def scheduler_view(db, p: Principal) -> set[str] | None:
     """Which resource groups' scheduler state the caller may read (None = all)."""
     access.require(p.is_superadmin or p.is_domain_admin, "read the scheduler's state")

@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 # Modules that declare operations; imported on the first lookup that misses.
-MODULES = ("jupyterhub_backendai.manager.accounts", "jupyterhub_backendai.manager.spawnviews",
-           "jupyterhub_backendai.pages.presets", "jupyterhub_backendai.pages.usage")
+MODULES = tuple(f"jupyterhub_backendai.{m}" for m in (
+    "manager.access", "manager.accounts", "manager.admin", "manager.spawnviews",
+    "manager.vfolders", "api.hubsync", "api.keypair_auth", "api.handlers",
+    "api.compat.handlers", "pages.console", "pages.presets", "pages.usage"))
 
 _REGISTRY: dict[str, tuple[Callable, bool]] = {}
 

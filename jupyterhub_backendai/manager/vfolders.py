@@ -54,6 +54,7 @@ from ..models import (
 from ..models.vfolder import VFolderInvitation
 from . import access
 from .access import Principal
+from .ops import reads, writes
 
 # A folder's name is its directory under /home/work: one path component of 1-64
 # characters. One '.' may come first: Backend.AI's automount folders (``.local``,
@@ -276,6 +277,7 @@ def check_path(path, field: str = "path", *, allow_root: bool = True) -> str:
 # -- list, get -----------------------------------------------------------------------
 
 
+@reads
 def list_folders(db: DBSession, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(VFolder).where(folder_filter(p))
     for key, col in (("name", VFolder.name), ("host", VFolder.host),
@@ -290,6 +292,7 @@ def list_folders(db: DBSession, p: Principal, filters: dict, offset: int, limit:
             "offset": offset, "limit": limit}
 
 
+@reads
 def get_folder(db: DBSession, p: Principal, fid: str) -> dict:
     return vfolder_out(db, _get_folder(db, p, fid), p)
 
@@ -441,6 +444,7 @@ async def create(manager, p: Principal, body: dict, *, home: bool = False) -> di
 # -- update, delete ------------------------------------------------------------------
 
 
+@writes
 def update_folder(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
     f = _get_folder(db, p, fid)
     access.require(can_manage_folder(p, f), "change this vfolder")
@@ -517,6 +521,7 @@ def _refuse_if_mounted(db: DBSession, f: VFolder) -> None:
                        "end them first")
 
 
+@writes
 def move_to_trash(db: DBSession, p: Principal, fid: str) -> dict:
     """Backend.AI's delete since 24.03: the folder goes to the trash (its files stay)."""
     f = _get_folder(db, p, fid)
@@ -530,6 +535,7 @@ def move_to_trash(db: DBSession, p: Principal, fid: str) -> dict:
     return vfolder_out(db, f, p)
 
 
+@writes
 def restore_from_trash(db: DBSession, p: Principal, fid: str) -> dict:
     f = _get_folder(db, p, fid)
     access.require(can_manage_folder(p, f), "restore this vfolder")
@@ -552,6 +558,7 @@ def _share_target(db: DBSession, f: VFolder, who: str) -> User:
     return user
 
 
+@reads
 def list_shares(db: DBSession, p: Principal, fid: str, offset: int, limit: int) -> dict:
     f = _get_folder(db, p, fid)
     access.require(f.user_id == p.user_id or p.is_superadmin or p.reads_domain,
@@ -581,6 +588,7 @@ def _owner_shares(db: DBSession, p: Principal, f: VFolder) -> None:
                         "in the allowed_vfolder_hosts of your domain, projects or keypair policy")
 
 
+@writes
 def add_share(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
     f = _get_folder(db, p, fid)
     _owner_shares(db, p, f)
@@ -605,6 +613,7 @@ def _get_share(db: DBSession, f: VFolder, who: str) -> VFolderPermissionRow:
     return row
 
 
+@writes
 def update_share(db: DBSession, p: Principal, fid: str, who: str, body: dict) -> dict:
     f = _get_folder(db, p, fid)
     _owner_shares(db, p, f)
@@ -614,6 +623,7 @@ def update_share(db: DBSession, p: Principal, fid: str, who: str, body: dict) ->
     return share_out(db, row)
 
 
+@writes
 def remove_share(db: DBSession, p: Principal, fid: str, who: str) -> None:
     """The owner (or an admin of the domain) unshares; a sharee may leave."""
     f = _get_folder(db, p, fid)
@@ -666,6 +676,7 @@ FILE_OPS = {
 }
 
 
+@reads
 def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
     """Check that the caller may do ``op`` on the folder's files; returns where they are.
 
@@ -782,6 +793,7 @@ def invitation_out(db: DBSession, inv: VFolderInvitation) -> dict:
     }
 
 
+@writes
 def invite(db: DBSession, p: Principal, fid: str, who: list, permission: str) -> list[dict]:
     """The owner of a user folder invites users of its domain; each invitation waits for
     its invitee. All or nothing: an unknown user, the owner, someone the folder is already
@@ -806,6 +818,7 @@ def invite(db: DBSession, p: Principal, fid: str, who: list, permission: str) ->
     return [invitation_out(db, r) for r in rows]
 
 
+@reads
 def list_invitations(db: DBSession, p: Principal, *, sent: bool = False) -> list[dict]:
     """The caller's pending invitations: received (or ``sent``)."""
     who = VFolderInvitation.inviter_id if sent else VFolderInvitation.invitee_id
@@ -827,6 +840,7 @@ def _pending(db: DBSession, p: Principal, inv_id: str, *, inviter_too: bool) -> 
     return inv
 
 
+@writes
 def accept_invitation(db: DBSession, p: Principal, inv_id: str) -> dict:
     """The invitee accepts: the folder is shared with them with the invitation's permission."""
     inv = _pending(db, p, inv_id, inviter_too=False)
@@ -842,6 +856,7 @@ def accept_invitation(db: DBSession, p: Principal, inv_id: str) -> dict:
     return invitation_out(db, inv)
 
 
+@writes
 def decline_invitation(db: DBSession, p: Principal, inv_id: str) -> dict:
     """The invitee declines (rejected), or the inviter withdraws it (canceled)."""
     inv = _pending(db, p, inv_id, inviter_too=True)
@@ -851,6 +866,7 @@ def decline_invitation(db: DBSession, p: Principal, inv_id: str) -> dict:
     return invitation_out(db, inv)
 
 
+@writes
 def share_with(db: DBSession, p: Principal, fid: str, who: list, permission: str) -> list[str]:
     """Backend.AI's ``vfolder share``: at once, no invitation. A project folder gives
     members of its project their own permission (admins of its domain may); a user
@@ -883,6 +899,7 @@ def share_with(db: DBSession, p: Principal, fid: str, who: list, permission: str
     return [t.email for t in targets]
 
 
+@writes
 def unshare_with(db: DBSession, p: Principal, fid: str, who: list) -> list[str]:
     """Backend.AI's ``vfolder unshare``: ends the shares of a user folder (its owner, or an
     admin of its domain), or a project folder's per-member permissions (admins of its

@@ -24,6 +24,7 @@ from ..common.slots import format_bytes, format_slots, parse_size
 from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
 from ..manager import access, admin, vfolders
 from ..manager.core import BackendAIManager
+from ..manager.ops import reads
 from ..models import Session, User
 from . import nav, usage
 
@@ -111,15 +112,16 @@ class PageBase(BaseHandler):
             return auth.manager
         return BackendAIManager.instance(config=self.settings.get("config"))
 
-    async def read(self, fn, *args, **kw):
+    async def read(self, operation: str, *args, **kw):
+        """Run the manager's read ``operation`` (manager/ops.py); refusals as pages."""
         try:
-            return await self.manager.db_read(fn, *args, **kw)
+            return await getattr(self.manager.ops, operation)(*args, **kw)
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, "%s", e.detail) from None
 
     async def load_principal(self) -> access.Principal:
         await self.manager.ready()
-        self.principal = await self.read(access.load_principal, username=self.current_user.name)
+        self.principal = await self.read("load_principal", username=self.current_user.name)
         nav.remember(self.principal.username, self.principal.role)
         return self.principal
 
@@ -151,7 +153,8 @@ class PageBase(BaseHandler):
 # -- My sessions --------------------------------------------------------------------
 
 
-def _newest_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_ROWS) -> dict:
+@reads
+def console_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_ROWS) -> dict:
     """The newest ``n`` sessions ``p`` may see (the API's list, newest first), with the
     idle time and service address the API's rows do not carry."""
     total = admin.list_sessions(db, p, filters, 0, 1)["total"]
@@ -183,9 +186,9 @@ def _newest_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_RO
 
 
 def _api_service_ports(db, p: access.Principal, sid: str) -> dict:
-    from ..api.handlers import _service_ports
+    from ..api.handlers import session_service_ports
 
-    return _service_ports(db, p, sid)
+    return session_service_ports(db, p, sid)
 
 
 def service_links(ports: list[dict], server_url: str | None) -> list[dict]:
@@ -232,7 +235,7 @@ class SessionsPage(PageBase):
     @web.authenticated
     async def get(self):
         p = await self.load_principal()
-        data = await self.read(_newest_sessions, p, {"user_id": p.user_id})
+        data = await self.read("console_sessions", p, {"user_id": p.user_id})
         await self.page("backendai/sessions.html",
                         sessions=_session_view(data["items"], p, _now(), self.server_origin),
                         total=data["total"], shown=SESSION_ROWS)
@@ -242,21 +245,22 @@ class SessionLogsPage(PageBase):
     @web.authenticated
     async def get(self, sid):
         p = await self.load_principal()
-        out = await self.read(admin.session_logs, p, sid)
+        out = await self.read("session_logs", p, sid)
         if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
             for idx, k in enumerate(out["kernels"]):
                 try:
                     k["logs"] = await self.manager.session_logs(sid, kernel_idx=idx)
                 except BackendAIError as e:
                     k["logs"] = f"(the agent did not give the logs: {e.detail})"
-        session = await self.read(admin.get_session, p, sid)
+        session = await self.read("get_session", p, sid)
         await self.page("backendai/logs.html", session=session, logs=out)
 
 
 # -- My folders ---------------------------------------------------------------------
 
 
-def _my_folders(db, p: access.Principal) -> dict:
+@reads
+def console_folders(db, p: access.Principal) -> dict:
     """The folders whose files the caller may use (the API's list, limited to those with
     a permission for the caller: an admin's list of the whole domain is the console's)."""
     page = vfolders.list_folders(db, p, {}, 0, spec.MAX_LIMIT)
@@ -276,7 +280,7 @@ class FoldersPage(PageBase):
     @web.authenticated
     async def get(self):
         p = await self.load_principal()
-        data = await self.read(_my_folders, p)
+        data = await self.read("console_folders", p)
         try:
             hosts = await vfolders.hosts(self.manager, p)
         except BackendAIError as e:
@@ -286,7 +290,8 @@ class FoldersPage(PageBase):
                         projects=data["projects"], hosts=hosts)
 
 
-def _folder(db, p: access.Principal, fid: str) -> dict:
+@reads
+def console_folder(db, p: access.Principal, fid: str) -> dict:
     f = vfolders.get_folder(db, p, fid)
     f["manage"] = vfolders.can_manage_folder(p, db.get(vfolders.VFolder, fid))
     f["shares"] = (vfolders.list_shares(db, p, fid, 0, spec.MAX_LIMIT)["items"]
@@ -303,8 +308,8 @@ class FolderPage(PageBase):
             path = vfolders.check_path(path)
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, "%s", e.detail) from None
-        folder = await self.read(_folder, p, fid)
-        where = await self.read(vfolders.file_access, p, fid, "list")
+        folder = await self.read("console_folder", p, fid)
+        where = await self.read("file_access", p, fid, "list")
         try:
             listing = await vfolders.list_files(self.manager, where, path)
         except BackendAIError as e:
@@ -322,7 +327,8 @@ class FolderPage(PageBase):
 # -- My keys ----------------------------------------------------------------------------
 
 
-def _my_keys(db, p: access.Principal) -> dict:
+@reads
+def console_keys(db, p: access.Principal) -> dict:
     page = admin.list_keypairs(db, p, {"user_id": p.user_id}, 0, spec.MAX_LIMIT)
     return {"items": page["items"]}
 
@@ -331,7 +337,7 @@ class KeysPage(PageBase):
     @web.authenticated
     async def get(self):
         p = await self.load_principal()
-        data = await self.read(_my_keys, p)
+        data = await self.read("console_keys", p)
         await self.page("backendai/keys.html", keys=data["items"])
 
 
@@ -346,7 +352,8 @@ def _policy_names(db, p: access.Principal, kind: str) -> list[str]:
     return [r["name"] for r in _all(admin.list_policies, db, p, kind)["items"]]
 
 
-def _console(db, p: access.Principal, section: str, filters: dict) -> dict:
+@reads
+def console_section(db, p: access.Principal, section: str, filters: dict) -> dict:
     """What a console page shows, and per row what the caller may change there: each
     ``may_*`` is asked of :mod:`..manager.access`, the rules the API itself applies
     when the page's buttons call it (a button shown is a change the API will accept
@@ -413,11 +420,11 @@ def _console(db, p: access.Principal, section: str, filters: dict) -> dict:
     elif section == "agents":
         out["agents"] = _all(admin.list_agents, db, p)["items"]
     elif section == "sessions":
-        data = _newest_sessions(db, p, filters)
+        data = console_sessions(db, p, filters)
         out["sessions"], out["total"] = data["items"], data["total"]
     elif section == "queue":
         out["visible"] = admin.scheduler_view(db, p)
-        out["pending"] = _newest_sessions(db, p, {"status": SessionStatus.PENDING})["items"]
+        out["pending"] = console_sessions(db, p, {"status": SessionStatus.PENDING})["items"]
     elif section == "plots":
         out["visible_agents"] = {a["id"] for a in _all(admin.list_agents, db, p)["items"]}
         out["visible_projects"] = {r["id"] for r in _all(admin.list_projects, db, p)["items"]}
@@ -445,7 +452,8 @@ async def live_stats(manager: BackendAIManager, agent_ids: list[str]) -> dict[st
     return out
 
 
-def _kernel_sessions(db, p: access.Principal, kernel_ids: set[str]) -> dict[str, dict]:
+@reads
+def console_kernel_sessions(db, p: access.Principal, kernel_ids: set[str]) -> dict[str, dict]:
     """Kernel id -> its session's name and owner, for the sessions ``p`` may see."""
     from ..models import Kernel
 
@@ -569,7 +577,7 @@ class AdminPage(PageBase):
             if filters.get("type") and filters["type"] not in ("interactive", "batch",
                                                                    "inference"):
                 raise web.HTTPError(400, "%s", "type must be interactive, batch or inference")
-        data = await self.read(_console, p, section, filters)
+        data = await self.read("console_section", p, section, filters)
         now = _now()
         if "sessions" in data:
             data["sessions"] = _session_view(data["sessions"], p, now, self.server_origin)
@@ -578,7 +586,7 @@ class AdminPage(PageBase):
             kids = {kid for st in stats.values() for kid in (st.get("kernels") or {})}
             kids |= {g["kernel_id"] for st in stats.values() for g in (st.get("gpus") or [])
                      if isinstance(g, dict) and g.get("kernel_id")}
-            names = await self.read(_kernel_sessions, p, kids)
+            names = await self.read("console_kernel_sessions", p, kids)
             t = time.time()
             data["agents"] = [_agent_view(a, live_view(stats.get(a["id"]), names, t))
                               for a in data["agents"]]

@@ -50,9 +50,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ...common.errors import BackendAIError, InvalidRequest, NotFound
 from ...common.types import SessionStatus
-from ...manager import admin, vfolders
-from ...models import User
-from .handlers import CompatBase, resolve_session
+from ...manager import vfolders
+from .handlers import CompatBase
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # session id -> the Jupyter kernel id kept for it (checked before each use).
@@ -91,8 +90,8 @@ class _JupyterServer:
     _token: str | None = None
 
     async def _open_server(self, ref: str) -> None:
-        sid = await self.manager.db_read(resolve_session, self.principal, ref)
-        sess = await self.manager.db_read(admin.get_session, self.principal, sid)
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        sess = await self.manager.ops.get_session(self.principal, sid)
         if sess["user_id"] != self.principal.user_id:
             raise NotFound(f"no session {ref!r} of yours (code runs only in your own sessions)")
         if sess["type"] != "interactive":
@@ -105,8 +104,7 @@ class _JupyterServer:
         self._base, self._server = await self._server_of(sid)
 
     async def _server_of(self, sid: str) -> tuple[str, object]:
-        username = await self.manager.db_read(
-            lambda db: db.get(User, self.principal.user_id).username)
+        username = await self.manager.ops.username_of(self.principal.user_id)
         user = self.find_user(username)
         for name, spawner in list((user.spawners if user else {}).items()):
             if getattr(spawner, "session_id", None) != sid:

@@ -30,6 +30,7 @@ from ...common.errors import (
 from ...common.slots import MIG_PREFIX
 from ...common.types import ALIVE_STATUSES, SessionStatus
 from ...manager import access, admin, vfolders
+from ...manager.ops import reads
 from ...models import Session, VFolder
 from ...storageproxy import transfer
 from ...storageproxy.client import InProcessStorageClient
@@ -99,6 +100,7 @@ def _as_hex(ref: str) -> str | None:
 # -- looking things up the way Backend.AI's clients name them ---------------------------
 
 
+@reads
 def resolve_session(db, p: access.Principal, ref: str) -> str:
     """A session id from a name or an id (dashed or hex), within what the caller sees.
     A name means the caller's own session of that name (a live one before ended ones,
@@ -118,6 +120,21 @@ def resolve_session(db, p: access.Principal, ref: str) -> str:
     return s.id
 
 
+@reads
+def live_session_named(db, user_id: str, name: str) -> str | None:
+    """The id of the user's queued or running session called ``name``, or None."""
+    return db.scalars(select(Session.id).where(
+        Session.user_id == user_id, Session.name == name,
+        Session.alive_marker.is_not(None)).limit(1)).first()
+
+
+@reads
+def bai_session(db, p: access.Principal, sid: str) -> dict:
+    """A session as Backend.AI's ``session info`` shows it."""
+    return gql.session_item(db, admin._get_session(db, p, sid))
+
+
+@reads
 def resolve_folder(db, p: access.Principal, ref: str) -> str:
     """A folder id from a name or an id (dashed or hex): the caller's own folder of that
     name first, then one shared with them or of their projects; ambiguity is a 409."""
@@ -215,16 +232,16 @@ class SessionCreateHandler(CompatBase):
         _check_create(body)
         config = body.get("config") or {}
         group = config.get("scalingGroup") or "default"
-        await self.manager.db(admin.check_session_create, self.principal, group)
+        await self.manager.ops.check_session_create(self.principal, group)
         image, slots = self.manager.parse_request({"image": body["image"], **_resources(config)})
         deps = []
         for ref in body.get("dependencies") or []:
-            deps.append(await self.manager.db_read(resolve_session, self.principal, str(ref)))
+            deps.append(await self.manager.ops.resolve_session(self.principal, str(ref)))
         kind = body.get("type", "interactive")
         if body.get("reuseIfExists", True):
             reused = await self._existing(body["name"])
             if reused is not None:  # Backend.AI's reuse (what `run` relies on): 200, created False
-                sess = await self.manager.db_read(admin.get_session, self.principal, reused)
+                sess = await self.manager.ops.get_session(self.principal, reused)
                 self.reply({"sessionId": gql.dashed(reused), "sessionName": body["name"],
                             "status": gql.bai_status(sess["status"]), "servicePorts": [],
                             "created": False})
@@ -252,7 +269,7 @@ class SessionCreateHandler(CompatBase):
         if not body.get("enqueueOnly"):
             status = await self._wait(sid, int(body.get("maxWaitSeconds") or 0))
         else:
-            sess = await self.manager.db_read(admin.get_session, self.principal, sid)
+            sess = await self.manager.ops.get_session(self.principal, sid)
             status = gql.bai_status(sess["status"])
         self.reply({"sessionId": gql.dashed(sid), "sessionName": body["name"],
                     "status": status, "servicePorts": [], "created": True}, 201)
@@ -264,14 +281,7 @@ class SessionCreateHandler(CompatBase):
         spawner = user.spawners.get(name) if user is not None else None
         if spawner is not None and spawner.active and getattr(spawner, "session_id", None):
             return spawner.session_id
-        uid = self.principal.user_id
-
-        def find(db):
-            return db.scalars(select(Session.id).where(
-                Session.user_id == uid, Session.name == name,
-                Session.alive_marker.is_not(None)).limit(1)).first()
-
-        return await self.manager.db_read(find)
+        return await self.manager.ops.live_session_named(self.principal.user_id, name)
 
     async def _interactive(self, body: dict, config: dict, group: str) -> str:
         """An interactive session is a JupyterHub named server of the key's owner (started
@@ -331,26 +341,24 @@ class SessionCreateHandler(CompatBase):
 
 class SessionHandler(CompatBase):
     async def get(self, ref):
-        sid = await self.manager.db_read(resolve_session, self.principal, ref)
-        item = await self.manager.db_read(
-            lambda db: gql.session_item(db, admin._get_session(db, self.principal, sid)))
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        item = await self.manager.ops.bai_session(self.principal, sid)
         self.reply(item)
 
     async def delete(self, ref):
-        sid = await self.manager.db_read(resolve_session, self.principal, ref)
-        await self.manager.db(admin.check_session_destroy, self.principal, sid)
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        await self.manager.ops.check_session_destroy(self.principal, sid)
         if not await self._stop_hub_server(sid):
             await self.manager.destroy_session(sid)
         self.reply({"stats": {}})
 
     async def _stop_hub_server(self, sid: str) -> bool:
         """An interactive session that is a JupyterHub server is stopped through the hub."""
-        sess = await self.manager.db_read(admin.get_session, self.principal, sid)
+        sess = await self.manager.ops.get_session(self.principal, sid)
         if sess["type"] != "interactive":
             return False
-        from ...models import User
 
-        username = await self.manager.db_read(lambda db: db.get(User, sess["user_id"]).username)
+        username = await self.manager.ops.username_of(sess["user_id"])
         user = self.find_user(username)
         if user is None:
             return False
@@ -363,8 +371,8 @@ class SessionHandler(CompatBase):
 
 class SessionLogsHandler(CompatBase):
     async def get(self, ref):
-        sid = await self.manager.db_read(resolve_session, self.principal, ref)
-        out = await self.manager.db_read(admin.session_logs, self.principal, sid)
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        out = await self.manager.ops.session_logs(self.principal, sid)
         if out["status"] in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
             logs = await self.manager.session_logs(sid, kernel_idx=0)
         else:
@@ -375,7 +383,8 @@ class SessionLogsHandler(CompatBase):
 # -- virtual folders -----------------------------------------------------------------------
 
 
-def _folder_rest(db, p, fid: str) -> dict:
+@reads
+def folder_rest(db, p, fid: str) -> dict:
     """A folder as Backend.AI's ``GET /folders/{name}`` answers it."""
     f = vfolders._get_folder(db, p, fid)
     out = vfolders.vfolder_out(db, f, p)
@@ -394,11 +403,10 @@ def _folder_rest(db, p, fid: str) -> dict:
 
 class FoldersHandler(CompatBase):
     async def get(self):
-        page = await self.manager.db_read(vfolders.list_folders, self.principal, {}, 0,
-                                          spec.MAX_LIMIT)
+        page = await self.manager.ops.list_folders(self.principal, {}, 0, spec.MAX_LIMIT)
         out = []
         for item in page["items"]:
-            out.append(await self.manager.db_read(_folder_rest, self.principal, item["id"]))
+            out.append(await self.manager.ops.folder_rest(self.principal, item["id"]))
         self.reply(out)
 
     async def post(self):
@@ -421,13 +429,13 @@ class FoldersHandler(CompatBase):
         if not isinstance(create["name"], str) or not create["name"]:
             raise InvalidRequest("name: required field missing")
         out = await vfolders.create(self.manager, self.principal, create)
-        self.reply(await self.manager.db_read(_folder_rest, self.principal, out["id"]), 201)
+        self.reply(await self.manager.ops.folder_rest(self.principal, out["id"]), 201)
 
 
     async def delete(self):
         """26.09's delete: ``DELETE /folders {"id"}`` moves the folder to the trash."""
-        fid = await self.manager.db_read(resolve_folder, self.principal, _body_id(self))
-        await self.manager.db(vfolders.move_to_trash, self.principal, fid)
+        fid = await self.manager.ops.resolve_folder(self.principal, _body_id(self))
+        await self.manager.ops.move_to_trash(self.principal, fid)
         self.set_status(204)
         self.finish()
 
@@ -447,9 +455,9 @@ class FolderTrashHandler(CompatBase):
         self.action = action
 
     async def post(self):
-        fid = await self.manager.db_read(resolve_folder, self.principal, _body_id(self))
+        fid = await self.manager.ops.resolve_folder(self.principal, _body_id(self))
         if self.action == "restore":
-            await self.manager.db(vfolders.restore_from_trash, self.principal, fid)
+            await self.manager.ops.restore_from_trash(self.principal, fid)
         else:
             await vfolders.delete(self.manager, self.principal, fid, trashed=True)
         self.set_status(204)
@@ -463,8 +471,8 @@ class FolderRenameHandler(CompatBase):
         name = self.json_body().get("new_name")
         if not isinstance(name, str) or not name:
             raise InvalidRequest("new_name: the folder's new name is required")
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        await self.manager.db(vfolders.update_folder, self.principal, fid, {"name": name})
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        await self.manager.ops.update_folder(self.principal, fid, {"name": name})
         self.set_status(201)
         self.finish()
 
@@ -482,8 +490,8 @@ class FolderRenameFileHandler(CompatBase):
         parent = path.rpartition("/")[0]
         dst = vfolders.check_path(f"{parent}/{new_name}" if parent else new_name, "new_name",
                                   allow_root=False)
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "write")
         await vfolders.rename(self.manager, where, path, dst)
         self.reply({})
 
@@ -496,8 +504,8 @@ class FolderMoveFileHandler(CompatBase):
         body = self.json_body()
         src = vfolders.check_path(body.get("src"), "src", allow_root=False)
         dst = vfolders.check_path(body.get("dst"), "dst")
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "write")
         base = src.rpartition("/")[2]
         if dst == "":
             dst = base
@@ -520,9 +528,9 @@ class FolderInviteHandler(CompatBase):
 
     async def post(self, ref):
         body = self.json_body()
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        made = await self.manager.db(vfolders.invite, self.principal, fid,
-                                     body.get("user_ids"), body.get("perm", "rw"))
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        made = await self.manager.ops.invite(self.principal, fid,
+                                             body.get("user_ids"), body.get("perm", "rw"))
         self.reply({"invited_ids": [i["invitee"] for i in made]}, 201)
 
 
@@ -532,9 +540,9 @@ class FolderShareHandler(CompatBase):
 
     async def post(self, ref):
         body = self.json_body()
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        emails = await self.manager.db(vfolders.share_with, self.principal, fid,
-                                       body.get("emails"), body.get("permission", "rw"))
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        emails = await self.manager.ops.share_with(self.principal, fid,
+                                                   body.get("emails"), body.get("permission", "rw"))
         self.reply({"shared_emails": emails}, 201)
 
 
@@ -543,9 +551,8 @@ class FolderUnshareHandler(CompatBase):
 
     async def delete(self, ref):
         body = self.json_body()
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        emails = await self.manager.db(vfolders.unshare_with, self.principal, fid,
-                                       body.get("emails"))
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        emails = await self.manager.ops.unshare_with(self.principal, fid, body.get("emails"))
         self.reply({"unshared_emails": emails})
 
 
@@ -556,8 +563,8 @@ class FolderLeaveHandler(CompatBase):
         body = self.json_body()
         who = body.get("shared_user_uuid") or self.principal.user_id
         who = _as_hex(str(who)) or str(who)
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        await self.manager.db(vfolders.remove_share, self.principal, fid, who)
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        await self.manager.ops.remove_share(self.principal, fid, who)
         self.reply({})
 
 
@@ -578,7 +585,7 @@ class InvitationsHandler(CompatBase):
     async def get(self):
         if self.action != "list":
             raise web.HTTPError(405)
-        items = await self.manager.db_read(vfolders.list_invitations, self.principal)
+        items = await self.manager.ops.list_invitations(self.principal)
         self.reply({"invitations": [_invitation_bai(i) for i in items]})
 
     def _inv_id(self) -> str:
@@ -590,13 +597,13 @@ class InvitationsHandler(CompatBase):
     async def post(self):
         if self.action != "accept":
             raise web.HTTPError(405)
-        await self.manager.db(vfolders.accept_invitation, self.principal, self._inv_id())
+        await self.manager.ops.accept_invitation(self.principal, self._inv_id())
         self.reply({"msg": "accepted"})
 
     async def delete(self):
         if self.action != "delete":
             raise web.HTTPError(405)
-        await self.manager.db(vfolders.decline_invitation, self.principal, self._inv_id())
+        await self.manager.ops.decline_invitation(self.principal, self._inv_id())
         self.reply({"msg": "rejected"})
 
 
@@ -609,7 +616,7 @@ class FolderIdHandler(CompatBase):
         name = body.get("name") or self.get_query_argument("name", None)
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name: the folder's name is required")
-        fid = await self.manager.db_read(resolve_folder, self.principal, name)
+        fid = await self.manager.ops.resolve_folder(self.principal, name)
         self.reply({"id": str(uuid.UUID(fid))})
 
 
@@ -621,11 +628,11 @@ class FolderHostsHandler(CompatBase):
 
 class FolderHandler(CompatBase):
     async def get(self, ref):
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        self.reply(await self.manager.db_read(_folder_rest, self.principal, fid))
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        self.reply(await self.manager.ops.folder_rest(self.principal, fid))
 
     async def delete(self, ref):
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
         await vfolders.delete(self.manager, self.principal, fid)
         self.set_status(204)
         self.finish()
@@ -636,8 +643,8 @@ class FolderFilesHandler(CompatBase):
         body = self.json_body()
         path = self.get_query_argument("path", None) or body.get("path") or ""
         path = vfolders.check_path("" if path in (".", "/") else str(path))
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "list")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "list")
         listing = await vfolders.list_files(self.manager, where, path)
         files = []
         for item in listing["items"]:
@@ -663,8 +670,8 @@ class FolderMkdirHandler(CompatBase):
         body = self.json_body()
         paths = body.get("path")
         paths = paths if isinstance(paths, list) else [paths]
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "write")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "write")
         for raw in paths:
             path = vfolders.check_path(raw, allow_root=False)
             try:
@@ -684,8 +691,8 @@ class FolderDeleteFilesHandler(CompatBase):
         if not isinstance(files, list) or not files:
             raise InvalidRequest("files: a list of paths is required")
         paths = [vfolders.check_path(str(f), allow_root=False) for f in files]
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "delete")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "delete")
         for path in paths:
             await vfolders.delete_files(self.manager, where, path, bool(body.get("recursive")))
         self.reply({})
@@ -726,8 +733,8 @@ class FolderRequestUploadHandler(CompatBase):
         size = body.get("size")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise InvalidRequest("size: the file's size in bytes (an integer >= 0) is required")
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "upload")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "upload")
         base, volume = _transfer_base(self, where["host"])
         storage = self.manager.storage
         limit = where.get("quota_bytes") or None
@@ -753,8 +760,8 @@ class FolderRequestDownloadHandler(CompatBase):
     async def post(self, ref):
         body = self.json_body()
         path = vfolders.check_path(str(body.get("path") or ""), allow_root=False)
-        fid = await self.manager.db_read(resolve_folder, self.principal, ref)
-        where = await self.manager.db_read(vfolders.file_access, self.principal, fid, "download")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        where = await self.manager.ops.file_access(self.principal, fid, "download")
         base, volume = _transfer_base(self, where["host"])
         token = _tokens(self).sign(
             transfer.download_claims(volume, where["quota_scope_id"], where["id"], path))
