@@ -152,6 +152,12 @@ class Domain(Response):
     created_at: Time
 
 
+class _Named(Request):
+    """A created object's name, first in the requests that inherit it (not a schema)."""
+
+    name: Name
+
+
 class DomainUpdate(Request):
     description: Text = None
     is_active: bool = None
@@ -160,13 +166,8 @@ class DomainUpdate(Request):
     allowed_docker_registries: Strings = None
 
 
-class DomainCreate(Request):
-    name: Name
-    description: Text = None
-    is_active: bool = None
-    total_resource_slots: SlotsIn = None
-    allowed_vfolder_hosts: VFolderHostsIn = None
-    allowed_docker_registries: Strings = None
+class DomainCreate(DomainUpdate, _Named):
+    """A new domain: its name, and the fields of DomainUpdate."""
 
 
 # -- projects ------------------------------------------------------------------------
@@ -322,18 +323,8 @@ class KeypairResourcePolicyUpdate(Request):
     allowed_vfolder_hosts: VFolderHostsIn = None
 
 
-class KeypairResourcePolicyCreate(Request):
-    name: Name
-    total_resource_slots: SlotsIn = None
-    default_for_unspecified: Literal["UNLIMITED", "LIMITED"] = None
-    max_concurrent_sessions: Int() = None
-    max_containers_per_session: Int() = None
-    max_session_lifetime: Int() = None
-    idle_timeout: Int() = None
-    max_priority: Int(0, 100) = None
-    max_pending_session_count: Int() | None = None
-    max_pending_session_resource_slots: SlotsIn | None = None
-    allowed_vfolder_hosts: VFolderHostsIn = None
+class KeypairResourcePolicyCreate(KeypairResourcePolicyUpdate, _Named):
+    """A new keypair resource policy: its name, and the fields of KeypairResourcePolicyUpdate."""
 
 
 class QuotaPolicy(Response):
@@ -348,10 +339,8 @@ class QuotaPolicyUpdate(Request):
     max_quota_scope_size: Int(0, INT64) = None
 
 
-class QuotaPolicyCreate(Request):
-    name: Name
-    max_vfolder_count: Int() = None
-    max_quota_scope_size: Int(0, INT64) = None
+class QuotaPolicyCreate(QuotaPolicyUpdate, _Named):
+    """A new user or project resource policy: its name, and the fields of QuotaPolicyUpdate."""
 
 
 # -- resource groups and agents -------------------------------------------------------
@@ -381,16 +370,8 @@ class ResourceGroupUpdate(Request):
     allowed_keypairs: Annotated[list[Str(20)], Field(max_length=500)] = None
 
 
-class ResourceGroupCreate(Request):
-    name: Name
-    description: Text = None
-    is_active: bool = None
-    is_public: bool = None
-    scheduler: _enum(KNOWN_SCHEDULERS) = None
-    scheduler_opts: Annotated[Object, Field(max_length=32)] = None
-    allowed_domains: Strings = None
-    allowed_projects: Ids = None
-    allowed_keypairs: Annotated[list[Str(20)], Field(max_length=500)] = None
+class ResourceGroupCreate(ResourceGroupUpdate, _Named):
+    """A new resource group: its name, and the fields of ResourceGroupUpdate."""
 
 
 class Agent(Response):
@@ -674,7 +655,8 @@ class VFolderHosts(Response):
 SCHEMAS: dict[str, type[BaseModel]] = {
     name: obj for name, obj in dict(globals()).items()
     if isinstance(obj, type) and issubclass(obj, (BaseModel, RootModel))
-    and obj.__module__ == __name__ and name.isidentifier() and obj not in (Request, Response)
+    and obj.__module__ == __name__ and name.isidentifier() and not name.startswith("_")
+    and obj not in (Request, Response)
 }
 
 

@@ -808,13 +808,8 @@ class Root:
         body = {k: v for k, v in props.items() if v is not None}
         if body.pop("integration_id", None):
             raise GraphQLError("integration_id: not supported by this server")
-        for k in ("total_resource_slots", "allowed_vfolder_hosts"):  # JSON strings here
-            if k in body:
-                try:
-                    body[k] = json.loads(body[k])
-                except ValueError:
-                    raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
-        return _checked(body, schema)
+        return _checked(_parse_json_fields(body, "total_resource_slots",
+                                           "allowed_vfolder_hosts"), schema)
 
     def create_domain(self, info, name, props):
         def run():
@@ -849,14 +844,8 @@ class Root:
         for k in ("max_vfolder_count", "max_vfolder_size", "max_quota_scope_size"):
             if body.pop(k, None):
                 raise GraphQLError(f"{k}: set it in a user or project resource policy here")
-        for k in ("total_resource_slots", "allowed_vfolder_hosts",
-                  "max_pending_session_resource_slots"):
-            if k in body:
-                try:
-                    body[k] = json.loads(body[k])
-                except ValueError:
-                    raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
-        return _checked(body, schema)
+        return _checked(_parse_json_fields(body, "total_resource_slots", "allowed_vfolder_hosts",
+                                           "max_pending_session_resource_slots"), schema)
 
     def create_keypair_resource_policy(self, info, name, props):
         def run():
@@ -888,13 +877,7 @@ class Root:
         for k in ("wsproxy_addr", "wsproxy_api_token"):
             if body.pop(k, ""):
                 raise GraphQLError(f"{k}: no wsproxy here (the hub proxies sessions' apps)")
-        if "scheduler_opts" in body:
-            try:
-                body["scheduler_opts"] = json.loads(body["scheduler_opts"])
-            except ValueError:
-                raise GraphQLError(f"scheduler_opts: not JSON: {body['scheduler_opts']!r}"
-                                   ) from None
-        return _checked(body, schema)
+        return _checked(_parse_json_fields(body, "scheduler_opts"), schema)
 
     def create_scaling_group(self, info, name, props):
         def run():
@@ -975,13 +958,8 @@ class Root:
             raise GraphQLError("integration_id: not supported by this server")
         if str(body.pop("type", "GENERAL")).upper() != "GENERAL":
             raise GraphQLError("type: only GENERAL groups (projects) here")
-        for k in ("total_resource_slots", "allowed_vfolder_hosts"):  # JSON strings here
-            if k in body:
-                try:
-                    body[k] = json.loads(body[k])
-                except ValueError:
-                    raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
-        return _checked(body, schema)
+        return _checked(_parse_json_fields(body, "total_resource_slots",
+                                           "allowed_vfolder_hosts"), schema)
 
     def create_group(self, info, name, props):
         def run():
@@ -1102,6 +1080,17 @@ class Root:
 
     def delete_keypair(self, info, access_key):
         return self._mutate(admin.delete_keypair, self.db, self.p, access_key)
+
+
+def _parse_json_fields(body: dict, *fields: str) -> dict:
+    """The mutation inputs the client sends as JSON strings, parsed in place."""
+    for k in fields:
+        if k in body:
+            try:
+                body[k] = json.loads(body[k])
+            except ValueError:
+                raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
+    return body
 
 
 def _checked(body: dict, schema_name: str) -> dict:
