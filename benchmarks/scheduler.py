@@ -16,9 +16,10 @@ the database's work or waiting for a CPU), and ``check_consistency`` at the end.
 ``--db postgres`` starts a throwaway PostgreSQL (tests/services.py); any other
 value is the SQLAlchemy URL of an empty database. The last line is
 ``agents=<n> pending=<n> placed=<n> seconds=<f> placements_per_s=<f> waiting=<n>
-idle_loop_s=<f> changed_loop_s=<f>`` (idle_loop_s: the median cost of the loop's pass
+idle_loop_s=<f> changed_loop_s=<f> released_loop_s=<f>`` (idle_loop_s: the median cost of the loop's pass
 once the queue cannot move, which is skipped as nothing changed; changed_loop_s: the
-median cost of a pass after one session arrived, of 3).
+median cost of a pass after one session arrived, of 3; released_loop_s: the median
+cost of a pass after one placed session ended, of 3, the queue still waiting).
 
     python benchmarks/scheduler.py --agents 10000 --pending 100000 --db postgres --baseline HEAD
 
@@ -26,7 +27,7 @@ median cost of a pass after one session arrived, of 3).
 the package of git revision REV and with this checkout's, alternately (``--rounds``
 each, every run in its own process): on a shared machine only figures taken side by
 side compare. Its last line adds ``baseline_seconds``, ``ratio`` (this / baseline,
-medians) and ``baseline_changed_loop_s``.
+medians), ``baseline_changed_loop_s`` and ``released_loop_s``/``baseline_released_loop_s``.
 """
 
 from __future__ import annotations
@@ -174,6 +175,23 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         assert not dispatcher.LAST_PASS["skipped"], "a pass after an arrival was skipped"
         placed_late = len(got)
     changed.sort()
+    # A loop after a release: one placed session ends (its slots given back), so the
+    # pass decides the queue again on fresh agents and usage; then the loop after it.
+    released, after, released_placed, released_pass = [], [], 0, {}
+    for _ in range(3):
+        end_one(sm)
+        t = time.perf_counter()
+        got = dispatcher.schedule_pass(sm, "default")
+        released.append(time.perf_counter() - t)
+        released_pass = dict(dispatcher.LAST_PASS)
+        assert not released_pass["skipped"], "a pass after a release was skipped"
+        released_placed += len(got)
+        t = time.perf_counter()
+        got = dispatcher.schedule_pass(sm, "default")
+        after.append(time.perf_counter() - t)
+        released_placed += len(got)
+    released.sort()
+    after.sort()
     problems = dispatcher.check_consistency(sm)
     engine.dispose()
     seconds = sum(p["total_s"] for p in passes)
@@ -190,6 +208,9 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         first_pass=passes[0], last_pass=passes[-1], idle_loop_s=idle[len(idle) // 2],
         waiting=pending - placed, db_cpu_s=db_cpu_s, changed_loop_s=changed[len(changed) // 2],
         changed_loop_pass=dict(dispatcher.LAST_PASS), changed_loop_placed=placed_late,
+        released_loop_s=released[len(released) // 2], released_loop_max_s=released[-1],
+        after_release_loop_s=after[len(after) // 2], released_pass=released_pass,
+        released_placed=released_placed,
     )
     if verbose:
         for i, p in enumerate(passes):
@@ -214,7 +235,27 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
               f"{out['changed_loop_s']:.4f}s, max {changed[-1]:.4f}s (last: load "
               f"{c.get('load_s', 0):.3f}, decide {c.get('decide_s', 0):.3f}, write "
               f"{c.get('write_s', 0):.3f}; placed {placed_late})")
+        r = out["released_pass"]
+        print(f"  loop after one session ended: median {out['released_loop_s']:.4f}s, max "
+              f"{released[-1]:.4f}s (last: decided {r.get('pending')}, load "
+              f"{r.get('load_s', 0):.3f}, decide {r.get('decide_s', 0):.3f}, write "
+              f"{r.get('write_s', 0):.3f}{', remembered queue' if r.get('released_only') else ''}"
+              f"); the loop after it: median {out['after_release_loop_s']:.4f}s; placed "
+              f"{released_placed} over the 3 releases")
     return out
+
+
+def end_one(sm) -> None:
+    """The first placed session (by id) ends, as the manager ends one: its kernels'
+    slots are given back to their agents and it is TERMINATED."""
+    with sm.begin() as s:
+        sess = s.scalars(select(Session).where(Session.status == "SCHEDULED")
+                         .order_by(Session.id).limit(1)).first()
+        dispatcher.release_kernels(s, sess, "TERMINATED")
+        dispatcher.set_status(sess, "TERMINATED", "ended")
+        sess.result = "SUCCESS"
+        sess.alive_marker = None
+        sess.terminated_at = utcnow()
 
 
 def arrive(sm, name: str) -> None:
@@ -318,8 +359,9 @@ def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) ->
           f"{subprocess.run(['git', '-C', REPO, 'rev-parse', '--short', rev], check=True, capture_output=True, text=True).stdout.strip()}")
     results: dict[str, list] = {"baseline": [], "this": []}
     print("| round | code | load avg | seconds | first pass: load / decide / write | "
-          "loop after an arrival (s) | idle loop (s) | database CPU (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "loop after an arrival (s) | loop after a release (s) | the loop after that (s) | "
+          "idle loop (s) | database CPU (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in range(rounds):
         for which, code in (("baseline", base), ("this", REPO)):
             url = dbs.copy(template)
@@ -337,6 +379,7 @@ def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) ->
             db = "" if res["db_cpu_s"] is None else f"{res['db_cpu_s']:.2f}"
             print(f"| {r + 1} | {which} | {load:.1f} | {res['seconds']:.2f} | {f['load_s']:.2f} / "
                   f"{f['decide_s']:.2f} / {f['write_s']:.2f} | {res['changed_loop_s']:.3f} | "
+                  f"{res['released_loop_s']:.3f} | {res['after_release_loop_s']:.3f} | "
                   f"{res['idle_loop_s']:.4f} | {db} |", flush=True)
             if not res["consistent"]:
                 sys.exit(f"{which}: check_consistency failed")
@@ -349,6 +392,8 @@ def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) ->
         baseline_seconds=med("baseline", "seconds"), seconds=med("this", "seconds"),
         baseline_changed_loop_s=med("baseline", "changed_loop_s"),
         changed_loop_s=med("this", "changed_loop_s"),
+        baseline_released_loop_s=med("baseline", "released_loop_s"),
+        released_loop_s=med("this", "released_loop_s"),
     )
 
 
@@ -432,6 +477,8 @@ def main() -> None:
               f"ratio={c['seconds'] / c['baseline_seconds']:.3f} "
               f"changed_loop_s={c['changed_loop_s']:.4f} "
               f"baseline_changed_loop_s={c['baseline_changed_loop_s']:.4f} "
+              f"released_loop_s={c['released_loop_s']:.4f} "
+              f"baseline_released_loop_s={c['baseline_released_loop_s']:.4f} "
               f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f}")
         return
     if args.db and args.db not in ("postgres",) and args.curve:
@@ -465,7 +512,8 @@ def main() -> None:
     print(f"agents={last['agents']} pending={last['pending']} placed={last['placed']} "
           f"seconds={last['seconds']:.3f} placements_per_s={last['placements_per_s']:.1f} "
           f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f} "
-          f"changed_loop_s={last['changed_loop_s']:.4f}")
+          f"changed_loop_s={last['changed_loop_s']:.4f} "
+          f"released_loop_s={last['released_loop_s']:.4f}")
 
 
 if __name__ == "__main__":

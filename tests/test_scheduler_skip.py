@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from jupyterhub_backendai.common.types import AgentStatus
-from jupyterhub_backendai.models import Agent, KeypairResourcePolicy
+from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 from jupyterhub_backendai.models.base import utcnow
 from jupyterhub_backendai.scheduler import check_consistency, schedule_pass
 from jupyterhub_backendai.scheduler.dispatcher import LAST_PASS
@@ -181,4 +181,184 @@ def test_time_based_rules_still_fire_while_nothing_changes(w, sm):
     schedule_pass(sm, "default", now=t0 + dt.timedelta(seconds=120))
     assert LAST_PASS["skipped"] is False
     assert w.status("waits") == "CANCELLED"
+    assert check_consistency(sm) == []
+
+
+# -- after a release: the remembered queue, fresh agents and usage ---------------------
+
+
+@pytest.fixture
+def full(sm) -> World:
+    """One agent of 4 cores, full (r1, r2: 2 each); a queue behind it, oldest first:
+    one too large for the free room a release leaves, one too large for any agent,
+    and three that fit one by one."""
+    return _full(World(sm), sm)
+
+
+def _full(w: World, sm) -> World:
+    w.agent("a1", cpu=4, mem="64g")
+    w.user("alice")
+    w.enqueue("alice", "r1", cpu=2)
+    w.enqueue("alice", "r2", cpu=2)
+    w.enqueue("alice", "big", cpu=4)
+    w.enqueue("alice", "huge", cpu=64)
+    w.enqueue("alice", "w1", cpu=2)
+    w.enqueue("alice", "w2", cpu=1)
+    w.enqueue("alice", "w3", cpu=2)
+    assert w.names(schedule_pass(sm, "default")) == ["r1", "r2"]
+    settle(w, sm)
+    return w
+
+
+def test_a_release_decides_the_remembered_queue_again(full, sm):
+    w = full
+    w.finish("r1")  # 2 cores free: "big" still waits, "w1" is next in FIFO order
+    assert w.names(schedule_pass(sm, "default")) == ["w1"]
+    assert LAST_PASS["released_only"] is True
+    assert LAST_PASS["pending"] < 5  # "huge" (fits on no agent) was not decided again
+    assert w.info("huge").startswith("waiting for resources: no agent of the group is large")
+    assert w.info("w2").startswith("waiting for resources: no agent has")
+    assert quiet(sm) is True  # what it placed was remembered with it
+    w.finish("r2")  # 2 cores free again: "w2" (1 core) first, then "w3" (2) no longer fits
+    assert w.names(schedule_pass(sm, "default")) == ["w2"]
+    assert LAST_PASS["released_only"] is True
+    assert w.statuses()["w3"] == "PENDING" and w.statuses()["big"] == "PENDING"
+    assert check_consistency(sm) == []
+    # The same outcome as a full pass over the same record.
+    infos = {n: w.info(n) for n in ("big", "huge", "w3")}
+    assert schedule_pass(sm, "default", force=True) == []
+    assert {n: w.info(n) for n in infos} == infos
+    w.finish("w1")
+    w.finish("w2")
+    assert w.names(schedule_pass(sm, "default")) == ["big"]  # 4 free: the oldest first
+    assert LAST_PASS["released_only"] is True
+    assert check_consistency(sm) == []
+
+
+def test_a_release_keeps_priority_and_lifo_order(full, sm):
+    w = full
+    w.enqueue("alice", "vip", cpu=2, priority=90)
+    settle(w, sm)
+    w.finish("r1")
+    assert w.names(schedule_pass(sm, "default")) == ["vip"]  # ahead of the older w1
+    assert LAST_PASS["released_only"] is True
+    w.group(scheduler="lifo")
+    settle(w, sm)  # a group change: a full pass, then quiet again
+    w.finish("r2")
+    assert w.names(schedule_pass(sm, "default")) == ["w3"]  # the newest that fits
+    assert LAST_PASS["released_only"] is True
+    assert check_consistency(sm) == []
+
+
+def test_a_release_with_a_cancellation_or_a_new_priority_gets_a_full_pass(full, sm):
+    w = full
+    # A cancellation and an arrival created earlier: every PENDING aggregate as before.
+    w.finish("w1", status="CANCELLED", result="FAILURE")
+    w.enqueue("alice", "late", cpu=2, created_at=w.clock - dt.timedelta(seconds=10))
+    w.finish("r1")
+    assert w.names(schedule_pass(sm, "default")) == ["late"]
+    assert not LAST_PASS.get("released_only")
+    settle(w, sm)
+    with sm.begin() as s:  # reprioritised while it waits: no aggregate sees it
+        s.get(Session, w.ids["w3"]).priority = 90
+    w.finish("r2")
+    assert w.names(schedule_pass(sm, "default")) == ["w3"]
+    assert not LAST_PASS.get("released_only")
+    assert check_consistency(sm) == []
+
+
+def test_a_release_with_a_policy_change_gets_a_full_pass(full, sm):
+    w = full
+    w.policy("one", max_concurrent_sessions=1)
+    w.user("bob", policy="one")
+    w.enqueue("bob", "b1", cpu=1, priority=90)
+    w.enqueue("bob", "b2", cpu=1, priority=90)
+    w.agent("a2", cpu=2, mem="64g")
+    assert w.names(schedule_pass(sm, "default")) == ["b1", "w2"]
+    settle(w, sm)
+    assert w.info("b2").endswith("max_concurrent_sessions)")
+    w.finish("b1")  # a release: "b2", which waited on its limit, is decided again
+    assert w.names(schedule_pass(sm, "default")) == ["b2"]
+    assert LAST_PASS["released_only"] is True
+    settle(w, sm)
+    with sm.begin() as s:
+        s.get(KeypairResourcePolicy, "one").max_concurrent_sessions = 5
+    w.finish("r1")
+    assert w.names(schedule_pass(sm, "default")) == ["w1"]
+    assert not LAST_PASS.get("released_only")
+    assert check_consistency(sm) == []
+
+
+def test_a_release_keeps_the_starving_sessions_reservation(full, sm):
+    w = full
+    w.group(scheduler_opts={"starvation_threshold": 60})
+    later = utcnow() + dt.timedelta(seconds=120)  # "big" (and all) waited past 60 s
+    settle(w, sm, now=later)
+    assert list(w.group_state()["reservations"]) == [w.ids["big"]]
+    w.finish("r1")  # 2 free on the held agent: nothing else may take them
+    assert schedule_pass(sm, "default", now=later) == []
+    assert LAST_PASS["released_only"] is True
+    assert w.info("w1").startswith("waiting for resources")
+    assert "reserved agent(s) a1" in w.info("big")
+    w.finish("r2")
+    assert w.names(schedule_pass(sm, "default", now=later)) == ["big"]
+    assert LAST_PASS["released_only"] is True
+    assert check_consistency(sm) == []
+
+
+def test_a_release_on_postgresql_with_a_row_being_cancelled_or_another_manager(postgres):
+    """PostgreSQL, two managers (engines, each with its own memory) on one database: a
+    session whose row another transaction holds (a cancellation under way) is neither
+    placed nor written by the pass after a release (a full pass skips it, SKIP LOCKED);
+    and what one manager placed after a release the other does not place again."""
+    import uuid
+
+    from jupyterhub_backendai.manager import tenancy
+    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
+
+    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
+    engines = [make_engine(url) for _ in range(3)]
+    upgrade(engines[0])
+    a, b, other = (make_sessionmaker(e) for e in engines)
+    try:
+        with other.begin() as s:
+            tenancy.ensure_defaults(s)
+        w = _full(World(other), a)
+        settle(w, b)
+        with other.begin() as s:  # holds w1's row for the whole block
+            s.get(Session, w.ids["w1"], with_for_update=True)
+            w.finish("r1")
+            assert w.names(schedule_pass(a, "default")) == ["w2"]
+            assert not LAST_PASS.get("released_only")
+        assert w.status("w1") == "PENDING"
+        settle(w, a)
+        settle(w, b)
+        w.finish("r2")  # 3 cores free: "big" still waits, "w1" fits
+        assert w.names(schedule_pass(b, "default")) == ["w1"]
+        assert LAST_PASS["released_only"] is True
+        assert schedule_pass(a, "default") == []  # a's memory is stale: a full pass
+        assert not LAST_PASS.get("released_only") and LAST_PASS["skipped"] is False
+        assert check_consistency(a) == []
+    finally:
+        for e in engines:
+            e.dispose()
+
+
+def test_a_release_decides_sessions_waiting_for_it_again(full, sm):
+    """Sessions that wait for another session are decided again when it ends: placed
+    when it succeeded, cancelled when it failed (then the next pass runs in full)."""
+    w = full
+    w.enqueue("alice", "child", cpu=1, priority=90, deps=("r1",))
+    w.enqueue("alice", "orphan", cpu=1, priority=90, deps=("r2",))
+    settle(w, sm)
+    assert w.info("child").startswith("waiting for")
+    w.finish("r1")
+    assert w.names(schedule_pass(sm, "default")) == ["child", "w2"]
+    assert LAST_PASS["released_only"] is True
+    settle(w, sm)
+    w.finish("r2", status="ERROR", result="FAILURE")
+    assert w.names(schedule_pass(sm, "default")) == ["w1"]
+    assert LAST_PASS["released_only"] is True
+    assert w.status("orphan") == "CANCELLED"
+    assert quiet(sm) is False  # a pass that cancelled leaves nothing remembered
     assert check_consistency(sm) == []

@@ -26,6 +26,12 @@ When the only change is new PENDING sessions (:func:`arrivals_since`), the pass
 decides only them, against what the last pass remembered (its agents, usage,
 policies and the request shapes that did not fit): the sessions that waited
 then would wait again for the same reasons. See ``dispatcher._arrivals_pass``.
+
+When the only change is outside the queue (a release, an agent change:
+:func:`released_since`), the pass re-reads agents and usage and decides again
+only the remembered sessions whose verdict can have changed: those whose request
+shape now fits somewhere, and those that waited on a limit or a dependency. See
+``dispatcher._released_pass``.
 """
 
 from __future__ import annotations
@@ -114,6 +120,22 @@ def arrivals_since(db: DBSession, before: tuple, after: tuple) -> dt.datetime | 
     n = db.execute(select(func.count()).select_from(S).where(
         S.c.status == pending, S.c.created_at > newest)).scalar()
     return newest if n == n_new - n_old else None
+
+
+def released_since(before: tuple, after: tuple) -> bool:
+    """Whether what changed from fingerprint ``before`` to ``after`` is only sessions
+    outside the queue (a session ended, one went on starting or stopping) and agents
+    (slots given back, an agent joined, left or changed): no session arrived in the
+    queue or left it (the PENDING counts and times are equal), and the group, the
+    policies, keypairs, limits and dependencies are as they were. The queue the last
+    pass remembered is then the queue (the caller checks its rows too: a priority or
+    a retry count changes no aggregate)."""
+    if before == after or before[2:] != after[2:]:
+        return False
+    pending = SessionStatus.PENDING
+    old = next((r for r in before[0] if r[0] == pending), None)
+    new = next((r for r in after[0] if r[0] == pending), None)
+    return old is not None and old == new
 
 
 def next_due(ctx: PassContext, waiting: list[tuple[PendingSession, Verdict]]) -> dt.datetime | None:

@@ -54,7 +54,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from sqlalchemy import event, func, select
@@ -73,13 +73,20 @@ from .pool import AgentPool
 from .sequencers import SEQUENCERS
 from .snapshot import (
     HOLDING_STATUSES,
+    load_agents,
+    load_dependencies,
     load_group,
     load_pending,
     load_policies,
     load_snapshot,
+    load_usage,
+    lock_pending,
     lock_scheduler,
+    pending_keys,
+    queue_digest,
+    unread_levels,
 )
-from .state import LIMITED, PassContext, PendingSession, Verdict, fmt_amount, slot_limit
+from .state import LIMITED, GroupInfo, PassContext, PendingSession, Verdict, fmt_amount, slot_limit
 from .validators import reason_code, validate
 
 log = logging.getLogger("jupyterhub_backendai.scheduler")
@@ -114,7 +121,9 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
     depends on changed since the last pass that changed nothing, and no time-based
     rule came due (:mod:`.changes`); ``force`` runs it anyway. When only new sessions
     arrived since such a pass, only they are read and decided (:func:`_arrivals_pass`),
-    unless one of them can be placed or must be cancelled: then the pass runs in full."""
+    unless one of them can be placed or must be cancelled: then the pass runs in full.
+    When only sessions outside the queue or agents changed (a release), the remembered
+    queue is decided again on fresh agents and usage (:func:`_released_pass`)."""
     t0 = time.perf_counter()
     now = now or utcnow()
     with sm.begin() as db:
@@ -138,6 +147,10 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
             if since is not None and _arrivals_pass(db, resource_group, last, fp, since, now,
                                                     quiet, t0):
                 return []
+            if since is None and changes.released_since(last.fingerprint, fp):
+                placed = _released_pass(db, group, last, now, quiet, t0)
+                if placed is not None:
+                    return placed
             # Else (something else changed, or an arrival may be placed): a full pass.
         options = SchedulerOptions.lenient(group.scheduler_opts)
         if options.problems:
@@ -157,6 +170,9 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
                     alloc.flush()
                     writer.finish()  # the placements' rows are written (or this raises)
                 commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
+                # The queue condensed, for a later pass that reuses what this one knew.
+                queue = (queue_digest(db, resource_group) if snap.pending and not alloc.placed
+                         and not alloc.cancelled else None)
             finally:
                 if writer is not None:
                     writer.close()  # never leave a thread on the connection
@@ -171,7 +187,8 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         # An empty queue loads no agents or usage: nothing to remember then.
         quiet[resource_group] = changes.Quiet(
             fp, changes.next_due(snap.ctx, alloc.waiting),
-            Memory(snap.ctx, snap.pool, alloc.waiting, alloc.failed_shapes, Shapes(snap.pool))
+            Memory(snap.ctx, snap.pool, alloc.waiting, alloc.failed_shapes, Shapes(snap.pool),
+                   queue=queue)
             if snap.pending else None)
     LAST_PASS.clear()
     LAST_PASS.update(
@@ -205,6 +222,8 @@ class Memory:
     shapes: Shapes
     #: The oldest waiting session's ``created_at`` (computed on first use).
     oldest: dt.datetime | None = None
+    #: :func:`.snapshot.queue_digest` of the waiting sessions (PostgreSQL), or None.
+    queue: tuple | None = None
 
 
 def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.datetime,
@@ -254,8 +273,10 @@ def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.dat
         allocator.bulk_update(db, allocator.S, [
             {"id": s.id, "status_info": v.message} for s, v in waiting
             if s.status_info != v.message])
+        queue = queue_digest(db, group) if mem.queue is not None else None
         t4 = time.perf_counter()
     mem.waiting.extend(waiting)
+    mem.queue = queue
     due = changes.next_due(ctx, waiting)
     if last.due is not None and (due is None or last.due < due):
         due = last.due
@@ -282,6 +303,209 @@ def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.dat
     if oldest is not None:
         metrics.OLDEST_WAIT.labels(group).set(max(0.0, (now - oldest).total_seconds()))
     return True
+
+
+#: Sequencers whose order of a subset of the queue is that subset's order in the
+#: whole queue (DRF's depends on what is placed on the way: a full pass).
+_SUBSET_ORDER = ("fifo", "lifo")
+
+
+def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
+                   quiet: dict, t0: float) -> list[str] | None:
+    """A pass when, since a pass that changed nothing, only sessions outside the queue
+    or agents changed (a session ended and gave its slots back, an agent joined, left
+    or changed): the queue is the one that pass remembered.
+
+    Its rows are checked (the same sessions, with the same priority, retry count and
+    start time: a cancellation or a new priority makes this return None, and the caller
+    runs a full pass), then agents and usage are read again (policies, limits and the
+    group did not change: the fingerprint says so). Decided again, in the sequencer's
+    order, are only the sessions whose verdict can have changed: the starvation guard's
+    oldest (as a full pass does), those that waited on a limit or a dependency, and
+    those whose request shape now fits on some agent; a shape that does not fit at the
+    start of the pass cannot fit later in it, so those sessions keep waiting (with the
+    message a full pass would give). One difference from a full pass: once a shape
+    fails again in this pass, the later sessions of that shape that waited for resources
+    are not validated again (they wait for resources either way). Rows are written only
+    after the sessions placed, cancelled or given a new reason are locked as PENDING
+    (``SKIP LOCKED``): if one is not, None (a full pass)."""
+    mem: Memory = last.memory
+    if group.scheduler not in _SUBSET_ORDER:
+        return None
+    old_ctx = mem.ctx
+    options = SchedulerOptions.lenient(group.scheduler_opts)
+    with gc_paused():
+        t1 = time.perf_counter()
+        if mem.queue is not None:  # PostgreSQL: condensed by the database
+            if queue_digest(db, group.name) != mem.queue:
+                return None  # cancelled, reprioritised or put back meanwhile
+        else:
+            keys = pending_keys(db, group.name)
+            if len(keys) != len(mem.waiting):
+                return None
+            for s, _ in mem.waiting:
+                k = keys.get(s.id)
+                if k is None or (50 if k[0] is None else k[0]) != s.priority or (
+                        (k[1] or 0) != s.retries or k[2] != s.starts_at):
+                    return None  # cancelled, reprioritised or put back meanwhile
+        if last.fingerprint[6]:  # some session waits for another (deps count)
+            deps = load_dependencies(db, group.name)
+            for s, _ in mem.waiting:
+                if s.dependencies or s.id in deps:
+                    s.dependencies = deps.get(s.id, [])
+        agents = load_agents(db, group.name)
+        capacity = ResourceSlot()
+        for a in agents:
+            capacity = capacity + a.available
+        ctx = PassContext(
+            group=replace(group, scheduler_state=dict(group.scheduler_state)), options=options,
+            now=now, capacity=capacity.nonzero(), usage=load_usage(db, group.name),
+            policies=old_ctx.policies, user_policies=old_ctx.user_policies,
+            project_limits=old_ctx.project_limits, project_names=old_ctx.project_names,
+            domain_limits=old_ctx.domain_limits)
+        ctx.usage.unread = unread_levels(ctx)
+        pool = AgentPool(agents, options.resource_priority)
+        t2 = time.perf_counter()
+
+        alloc = Allocation()
+        selector = SELECTORS[options.agent_selector]
+        done: set[str] = set()
+        if options.max_reservations > 0:
+            threshold = options.starvation_threshold
+            cutoff = now - dt.timedelta(seconds=float(threshold) - 1)
+            starving = sorted((s for s, _ in mem.waiting if s.created_at <= cutoff),
+                              key=lambda s: (s.created_at, s.id))
+            done = _starving_first(ctx, (s for s in starving if ctx.waited(s) >= threshold),
+                                   pool, alloc, selector)
+        old_of: dict[str, Verdict] = {}
+        waiting: list[tuple[PendingSession, Verdict]] = []
+        changed: list[tuple[PendingSession, Verdict]] = []
+        fits: dict[tuple, object] = {}  # request key -> True (may fit) or its message
+        candidates: list[PendingSession] = []
+        key_of: dict[int, tuple] = {}  # id(session) -> its request key (candidates)
+        for s, v in mem.waiting:
+            if s.id in done:
+                old_of[s.id] = v
+                continue
+            if v.code != "no_resources" or s.dependencies:
+                old_of[s.id] = v
+                candidates.append(s)
+                continue
+            k = s.kernels  # _request_key(s), inline: this loop sees the whole queue
+            key = (s.cluster_mode, s.architecture, s.designated_agents,
+                   id(k[0][1]) if len(k) == 1 else tuple([id(slots) for _, slots in k]))
+            got = fits.get(key)
+            if got is None:
+                got = fits[key] = True if _may_fit(s, pool) else (
+                    _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool))
+            if got is True:
+                old_of[s.id] = v
+                candidates.append(s)
+                key_of[id(s)] = key
+            elif got == v.message:
+                waiting.append((s, v))
+            else:
+                v = Verdict("no_resources", got)
+                waiting.append((s, v))
+                changed.append((s, v))
+        for s, v in alloc.waiting:  # the starvation guard's
+            waiting.append((s, v))
+            if v.message != old_of[s.id].message:
+                changed.append((s, v))
+        failed: dict[tuple, str] = {}  # request key -> why it did not fit
+        failed_rep: dict[tuple, PendingSession] = {}
+        for s in SEQUENCERS[group.scheduler].sequence(candidates, ctx):
+            old = old_of[s.id]
+            key = key_of.get(id(s)) or _request_key(s)
+            msg = failed.get(key)
+            if msg is None or old.code != "no_resources" or s.dependencies:
+                verdict = validate(s, ctx)
+                if verdict is not None:
+                    if verdict.cancel:
+                        alloc.cancelled.append((s, verdict))
+                        continue
+                    msg = None
+                elif msg is None:
+                    agents = selector.select(s, pool, ctx)
+                    if agents is not None:
+                        alloc.place(s, agents, pool, ctx)
+                        continue
+                    msg = failed[key] = (
+                        _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool))
+                    failed_rep[key] = s
+            else:
+                verdict = None
+            v = verdict or (old if old.message == msg else Verdict("no_resources", msg))
+            waiting.append((s, v))
+            if v.message != old.message:
+                changed.append((s, v))
+        t3 = time.perf_counter()
+        ids = [s.id for s, _ in alloc.placed] + [s.id for s, _ in alloc.cancelled] + [
+            s.id for s, _ in changed]
+        if ids and len(lock_pending(db, ids)) != len(set(ids)):
+            return None  # one is being cancelled, or is no longer PENDING: a full pass
+        allocator.bulk_update(db, allocator.S, [
+            {"id": s.id, "status_info": v.message} for s, v in changed])
+        # Reasons are written above, for the locked rows only (``commit`` would compare
+        # with what these objects read when they were loaded, and write unlocked rows).
+        alloc.waiting = []
+        commit(db, alloc, pool, ctx, dict(group.scheduler_state))
+        for s, v in changed:
+            s.status_info = v.message
+        t4 = time.perf_counter()
+        if not alloc.cancelled and (not alloc.placed or not done) and (
+                ctx.group.scheduler_state.get("reservations")
+                == group.scheduler_state.get("reservations")):
+            # Placements included, what this pass wrote is the record now, and the next
+            # pass would decide as this one did (the starvation guard decided nothing
+            # or placed nothing, reservations unchanged): remember it with the
+            # fingerprint that includes the writes, once committed. The next moment
+            # time changes things can only be later than the last one's (fewer sessions).
+            fp2 = changes.fingerprint(db, group.name)
+            shape_of = Shapes(pool)
+            memory = Memory(ctx, pool, waiting,
+                            {shape_of(s): failed[key] for key, s in failed_rep.items()}, shape_of,
+                            queue=queue_digest(db, group.name))
+            event.listen(db, "after_commit", lambda _db: quiet.__setitem__(
+                group.name, changes.Quiet(fp2, last.due, memory)), once=True)
+    t5 = time.perf_counter()
+    LAST_PASS.clear()
+    LAST_PASS.update(
+        group=group.name, skipped=False, released_only=True, pending=len(candidates) + len(done),
+        waiting=len(waiting), agents=len(pool.agents), placed=len(alloc.placed),
+        lock_s=t1 - t0, load_s=t2 - t1, decide_s=t3 - t2, write_s=t4 - t3, commit_s=t5 - t4,
+        total_s=t5 - t0,
+    )
+    metrics.PASS_SECONDS.labels(group.name).observe(t5 - t0)
+    if alloc.placed:
+        metrics.PLACEMENTS.labels(group.name).inc(len(alloc.placed))
+        hist = metrics.WAIT_SECONDS.labels(group.name)
+        for s, _ in alloc.placed:
+            hist.observe(max(0.0, (now - s.created_at).total_seconds()))
+    metrics.QUEUE_LENGTH.labels(group.name).set(len(waiting))
+    return [s.id for s, _ in alloc.placed]
+
+
+def _request_key(s: PendingSession) -> tuple:
+    """Sessions with equal keys ask for the same (kernels' slot objects are shared by
+    sessions read together): a cheaper key than :class:`Shapes`' within one pass."""
+    k = s.kernels
+    return (s.cluster_mode, s.architecture, s.designated_agents,
+            id(k[0][1]) if len(k) == 1 else tuple([id(slots) for _, slots in k]))
+
+
+def _may_fit(s: PendingSession, pool: AgentPool) -> bool:
+    """False only if no selector can place ``s`` on the pool as it is: some kernel's
+    request (or, on one node, the whole request) fits on no eligible agent."""
+    multi = s.cluster_mode == "multi-node" and len(s.kernels) > 1
+    for need in ({id(slots): slots for _, slots in s.kernels}.values() if multi else (s.need,)):
+        if s.designated_agents:
+            if not pool.candidates(s.designated_agents, need, s.architecture):
+                return False
+        elif pool.least_fitting(need, s.architecture) is None:
+            return False
+    return True
+
 
 _gc_lock = threading.Lock()
 _gc_users = 0
@@ -339,14 +563,47 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
 
     # Starvation guard: the oldest sessions past the threshold go first and, if
     # they do not fit, get agents held for them.
+    done = _starving_first(
+        ctx, sorted((s for s in live if ctx.waited(s) >= opts.starvation_threshold),
+                    key=lambda s: (s.created_at, s.id)) if opts.max_reservations > 0 else (),
+        pool, alloc, selector)
+
+    # The queue, in the sequencer's order; what does not fit is skipped (backfilling).
+    failed_shapes = alloc.failed_shapes
+    shape_of = Shapes(pool)
+
+    rest = [s for s in live if s.id not in done] if done else live
+    for s in sequencer.sequence(rest, ctx):
+        verdict = validate(s, ctx)
+        if verdict is not None:
+            reject(s, verdict)
+            continue
+        shape = shape_of(s)
+        # Within a pass free capacity only shrinks: a shape that failed fails again.
+        msg = failed_shapes.get(shape)
+        if msg is None:
+            agents = selector.select(s, pool, ctx)
+            if agents is not None:
+                alloc.place(s, agents, pool, ctx)
+                continue
+            msg = failed_shapes[shape] = (
+                _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool)
+            )
+        alloc.waiting.append((s, Verdict("no_resources", msg)))
+    return alloc
+
+
+def _starving_first(ctx: PassContext, starving, pool: AgentPool, alloc: Allocation,
+                    selector) -> set[str]:
+    """The starvation guard: ``starving`` (sessions past the threshold, oldest first)
+    are placed or get agents held for them, up to ``max_reservations`` of those that
+    pass the validators; the reservations go to ``ctx.group.scheduler_state``. Returns
+    the ids it decided (the rest of the pass skips them)."""
+    opts = ctx.options
     done: set[str] = set()
     old_res: dict = ctx.group.scheduler_state.get("reservations") or {}
     new_res: dict[str, list[str]] = {}
     if opts.max_reservations > 0:
-        starving = sorted(
-            (s for s in live if ctx.waited(s) >= opts.starvation_threshold),
-            key=lambda s: (s.created_at, s.id),
-        )
         for s in starving:
             # Only the oldest few go first: the others keep the sequencer's order
             # (after an outage everything is "old"; DRF or priority must still apply).
@@ -375,30 +632,7 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
             ctx.group.scheduler_state["reservations"] = new_res
         else:
             ctx.group.scheduler_state.pop("reservations", None)
-
-    # The queue, in the sequencer's order; what does not fit is skipped (backfilling).
-    failed_shapes = alloc.failed_shapes
-    shape_of = Shapes(pool)
-
-    rest = [s for s in live if s.id not in done] if done else live
-    for s in sequencer.sequence(rest, ctx):
-        verdict = validate(s, ctx)
-        if verdict is not None:
-            reject(s, verdict)
-            continue
-        shape = shape_of(s)
-        # Within a pass free capacity only shrinks: a shape that failed fails again.
-        msg = failed_shapes.get(shape)
-        if msg is None:
-            agents = selector.select(s, pool, ctx)
-            if agents is not None:
-                alloc.place(s, agents, pool, ctx)
-                continue
-            msg = failed_shapes[shape] = (
-                _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool)
-            )
-        alloc.waiting.append((s, Verdict("no_resources", msg)))
-    return alloc
+    return done
 
 
 class Shapes:

@@ -170,6 +170,54 @@ def load_pending(db: DBSession, group: str,
     return list(sessions.values())
 
 
+def pending_keys(db: DBSession, group: str) -> dict[str, tuple]:
+    """The group's PENDING sessions: id -> (priority, retries, starts_at), what a pass
+    decides on that a writer may change while they wait (not locked: a pass that
+    reuses what it remembered compares them, and locks the rows it writes)."""
+    return {sid: (prio, retries, starts) for sid, prio, retries, starts in db.execute(
+        select(S.c.id, S.c.priority, S.c.retries, S.c.starts_at)
+        .where(S.c.status == SessionStatus.PENDING, S.c.resource_group == group))}
+
+
+def queue_digest(db: DBSession, group: str) -> tuple | None:
+    """On PostgreSQL, the group's PENDING sessions condensed by the database: their
+    count and the sum of a hash of each one's (id, priority, retries, starts_at), which
+    any cancellation, arrival, new priority or retry changes (None elsewhere: then
+    :func:`pending_keys` is compared row by row)."""
+    if dialect(db) != "postgresql":
+        return None
+    return tuple(db.execute(text(
+        "SELECT count(*), coalesce(sum(hashtext(id || ':' || coalesce(priority, 50) || ':' ||"
+        " coalesce(retries, 0) || ':' || coalesce(starts_at::text, ''))), 0) FROM sessions"
+        " WHERE status = :p AND resource_group = :g"),
+        {"p": SessionStatus.PENDING, "g": group}).one())
+
+
+def load_dependencies(db: DBSession, group: str) -> dict[str, list[tuple]]:
+    """What the group's PENDING sessions wait for: id -> [(id, name, status, result)]."""
+    dep = S.alias("dep")
+    me = S.alias("me")
+    out: dict[str, list[tuple]] = defaultdict(list)
+    for sid, dep_id, dep_name, dep_status, dep_result in db.execute(
+        select(SD.c.session_id, dep.c.id, dep.c.name, dep.c.status, dep.c.result)
+        .select_from(SD.join(me, me.c.id == SD.c.session_id).join(dep, dep.c.id == SD.c.depends_on))
+        .where(me.c.status == SessionStatus.PENDING, me.c.resource_group == group)
+    ):
+        out[sid].append((dep_id, dep_name, dep_status, dep_result))
+    return out
+
+
+def lock_pending(db: DBSession, ids: list[str]) -> set[str]:
+    """Lock those of ``ids`` that are still PENDING and not locked by another
+    transaction (a cancellation under way); return them."""
+    got: set[str] = set()
+    for i in range(0, len(ids), 5000):
+        got.update(db.scalars(
+            select(S.c.id).where(S.c.id.in_(ids[i:i + 5000]), S.c.status == SessionStatus.PENDING)
+            .with_for_update(skip_locked=True)))
+    return got
+
+
 def _designated(text) -> tuple[str, ...]:
     if not text:
         return ()
