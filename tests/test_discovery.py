@@ -92,6 +92,9 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
 
                 assert await _until(back, 60), (wipe, agent.tail())
                 assert mgr.cluster.agents[agent.agent_id]["addr"] == agent.url
+                # Missing from a wiped etcd until it registered again is not a leave:
+                # the agent never went LOST (its sessions were never in doubt).
+                assert ("leave", agent.agent_id) not in changes, (wipe, changes)
 
             # kill -9: the lease expires, the hub marks the agent LOST
             changes.clear()

@@ -31,7 +31,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from traitlets import Dict, TraitError, Unicode, default
+from traitlets import Dict, Float, TraitError, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..common.etcdreg import AGENTS, SETTINGS, STORAGE_PROXIES, etcd_client
@@ -63,6 +63,14 @@ class BackendAICluster(LoggingConfigurable):
         return os.environ.get("BACKENDAI_ETCD_URL", "")
 
     etcd_prefix = Unicode("/backendai", help="Key prefix of this cluster in etcd.").tag(config=True)
+    rejoin_grace = Float(
+        20.0,
+        help="""Seconds an agent whose registration is missing when the hub reads etcd
+        again after losing it (etcd restarted, possibly without its data) has to
+        register again before it counts as a leave (LOST). Agents register again
+        within a third of their lease. A registration that goes away while the hub
+        follows etcd (the agent stopped, or its lease expired) is a leave at once.""",
+    ).tag(config=True)
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -70,6 +78,7 @@ class BackendAICluster(LoggingConfigurable):
         self.agents: dict[str, dict] = {}  # agent id -> its registration, as etcd has it
         self.storage_proxies: dict[str, dict] = {}
         self.settings: dict[str, object] = {}  # setting -> the value from etcd in force
+        self._rejoin: dict[str, asyncio.TimerHandle] = {}  # agents given time to register again
         self._configured: dict[str, object] = {}  # setting -> the hub's own value
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -164,6 +173,9 @@ class BackendAICluster(LoggingConfigurable):
         return await manager.db(_upsert_agent, info)
 
     async def stop(self) -> None:
+        for timer in self._rejoin.values():
+            timer.cancel()
+        self._rejoin.clear()
         hb, self._heartbeats = self._heartbeats, None
         if hb is not None:
             await hb.close()
@@ -215,8 +227,22 @@ class BackendAICluster(LoggingConfigurable):
             await self._apply(prefix, key, value)
         present = {k[len(prefix):].decode(errors="replace") for k in current}
         for rel in known:
-            if rel not in present:
-                await self._apply(prefix, prefix + rel.encode(), None)
+            if rel in present:
+                continue
+            if rel.startswith(AGENTS):
+                # etcd may have come back without its data: the agent registers again
+                # within its lease's refresh; only one that does not is a leave.
+                agent_id = rel[len(AGENTS):]
+                if agent_id not in self._rejoin:
+                    self._rejoin[agent_id] = asyncio.get_running_loop().call_later(
+                        self.rejoin_grace, self._rejoin_missed, prefix, agent_id)
+                continue
+            await self._apply(prefix, prefix + rel.encode(), None)
+
+    def _rejoin_missed(self, prefix: bytes, agent_id: str) -> None:
+        """The grace passed without a new registration of ``agent_id``: a leave."""
+        if self._rejoin.pop(agent_id, None) is not None:
+            self._manager._background(self._agent(agent_id, None))
 
     async def _apply(self, prefix: bytes, key: bytes, value: bytes | None) -> None:
         rel = key[len(prefix):].decode(errors="replace")
@@ -232,6 +258,9 @@ class BackendAICluster(LoggingConfigurable):
 
     async def _agent(self, agent_id: str, value: bytes | None) -> None:
         mgr = self._manager
+        rejoin = self._rejoin.pop(agent_id, None)
+        if rejoin is not None:
+            rejoin.cancel()
         if value is not None:
             info = json.loads(value)
             if info.get("id") != agent_id:
