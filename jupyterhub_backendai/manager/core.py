@@ -498,7 +498,11 @@ class BackendAIManager(SingletonConfigurable):
         dead_before = self._dead_kernels.get(agent_id, set())
         self._dead_kernels[agent_id] = dead
         vanished = {known[kid][0] for kid in running - present}
-        lost = sorted(vanished)
+        # A session this process is starting or ending right now is its claim holder's
+        # (a start that cleans up, an exit being handled): the next reconciliation
+        # looks again if the kernel is still missing then.
+        lost = sorted(sid for sid in vanished
+                      if sid not in self._destroying and sid not in self._start_tasks)
         dead_lost = sorted({known[kid][0] for kid in running & dead & dead_before} - vanished)
         client = await self._client_for(agent_id)
         for kid in ended:
