@@ -127,10 +127,12 @@ async def bench_node_api(src: str, size: int, rounds: int, work: str) -> dict:
     return {k: statistics.median(v) for k, v in results.items()}
 
 
-async def tus_upload(http: aiohttp.ClientSession, url: str, src: str, size: int) -> None:
-    async with http.post(url, headers={**TUS, "Upload-Length": str(size)}) as r:
-        assert r.status == 201, (r.status, await r.text())
-        url = r.headers["Location"]
+async def tus_upload(http: aiohttp.ClientSession, url: str, src: str, size: int,
+                     create: bool = True) -> None:
+    if create:
+        async with http.post(url, headers={**TUS, "Upload-Length": str(size)}) as r:
+            assert r.status == 201, (r.status, await r.text())
+            url = r.headers["Location"]
     offset = 0
     with open(src, "rb", buffering=0) as f:
         while offset < size:
@@ -166,16 +168,19 @@ def cpu_seconds(pid: int | None = None) -> float:
 class CPU:
     """CPU seconds the proxy and this client spent over a phase, beside its wall time."""
 
-    def __init__(self, pid: int):
-        self.pid = pid
+    def __init__(self, pid: int | list[int]):
+        self.pids = pid if isinstance(pid, list) else [pid]
+
+    def _proxy(self) -> float:
+        return sum(cpu_seconds(p) for p in self.pids)
 
     def __enter__(self):
-        self.t, self.d, self.c = time.perf_counter(), cpu_seconds(self.pid), cpu_seconds()
+        self.t, self.d, self.c = time.perf_counter(), self._proxy(), cpu_seconds()
         return self
 
     def __exit__(self, *exc):
         self.wall = time.perf_counter() - self.t
-        self.proxy = cpu_seconds(self.pid) - self.d
+        self.proxy = self._proxy() - self.d
         self.client = cpu_seconds() - self.c
 
     def __str__(self):
@@ -218,14 +223,17 @@ def _raw_response(sock: socket.socket) -> tuple[int, dict, bytes]:
     return status, headers, rest
 
 
-def raw_tus_upload(base: str, target: str, src: str, size: int) -> None:
-    """Our client: tus creation, then PATCHes of TUS_CHUNK sent from the file with
-    ``sendfile`` (no copy through Python), one connection each (the proxy closes
-    after a large PATCH)."""
-    sock = _raw_request(base, "POST", target, {**TUS, "Upload-Length": size, "Content-Length": 0})
-    status, _, _ = _raw_response(sock)
-    sock.close()
-    assert status == 201, status
+def raw_tus_upload(base: str, target: str, src: str, size: int, create: bool = True) -> None:
+    """Our client: tus creation (not with ``create=False``: Backend.AI's proxy has no
+    creation, its manager API made the upload), then PATCHes of TUS_CHUNK sent from
+    the file with ``sendfile`` (no copy through Python), one connection each (the
+    proxy closes after a large PATCH)."""
+    if create:
+        sock = _raw_request(base, "POST", target,
+                            {**TUS, "Upload-Length": size, "Content-Length": 0})
+        status, _, _ = _raw_response(sock)
+        sock.close()
+        assert status == 201, status
     offset = 0
     with open(src, "rb", buffering=0) as f:
         while offset < size:
@@ -268,6 +276,136 @@ def raw_download(base: str, target: str, dst: str) -> int:
         os.close(fd)
         sock.close()
     return got
+
+
+class BackendAIProxy:
+    """Backend.AI's own storage proxy (``backend.ai-storage-proxy`` 23.09, from
+    ``scripts/install-backendai-storage-proxy.sh``) with its own etcd and Redis (it reads
+    ``config/redis`` from etcd and starts its event bus), one worker (``num-proc = 1``,
+    like our single daemon process), the stock asyncio loop, a ``vfs`` volume under
+    ``root`` on the same file system, both APIs on loopback. The benchmark plays the
+    manager: ``POST /folder/file/upload`` / ``download`` on the manager-facing port (the
+    secret in ``X-BackendAI-Storage-Auth-Token``) answer a JWT for the client-facing
+    ``/upload?token=`` (tus PATCH, no creation) and ``/download?token=``."""
+
+    def __init__(self, venv: str, root: str):
+        self.python = os.path.join(REPO, venv, "bin", "python")
+        if not os.access(self.python, os.X_OK):
+            raise SystemExit(f"{self.python} is missing: run scripts/install-backendai-storage-proxy.sh")
+        self.root = root
+        self.secret, self.manager_secret = uuid.uuid4().hex, uuid.uuid4().hex
+        self.client_port, self.manager_port = free_port(), free_port()
+        self.base = f"http://127.0.0.1:{self.client_port}"
+        self.manager = f"http://127.0.0.1:{self.manager_port}"
+        self.log = os.path.join(root, "storage-proxy.log")
+        self.proc = self.etcd = self.redis = None
+
+    def start(self, timeout: float = 60) -> None:
+        import subprocess
+        import urllib.request
+
+        from tests.services import Etcd, Redis
+
+        vol = os.path.join(self.root, "vol")
+        os.makedirs(vol)
+        with open(os.path.join(vol, "version.txt"), "w") as f:
+            f.write("3\n")  # the current vfolder layout (else it warns of a migration)
+        self.etcd, self.redis = Etcd(), Redis()
+        subprocess.run(["etcdctl", "--endpoints", f"127.0.0.1:{self.etcd.port}", "put",
+                        "/sorna/local/config/redis/addr", f"127.0.0.1:{self.redis.port}"],
+                       check=True, capture_output=True, env=dict(os.environ, ETCDCTL_API="3"))
+        config = os.path.join(self.root, "storage-proxy.toml")
+        with open(config, "w") as f:
+            f.write(f"""\
+[etcd]
+namespace = "local"
+addr = {{ host = "127.0.0.1", port = {self.etcd.port} }}
+
+[storage-proxy]
+node-id = "bench-storage"
+num-proc = 1
+event-loop = "asyncio"
+ipc-base-path = "{os.path.join(self.root, 'ipc')}"
+secret = "{self.secret}"
+session-expire = "1d"
+aiomonitor-termui-port = {free_port()}
+aiomonitor-webui-port = {free_port()}
+
+[api.client]
+service-addr = {{ host = "127.0.0.1", port = {self.client_port} }}
+ssl-enabled = false
+
+[api.manager]
+service-addr = {{ host = "127.0.0.1", port = {self.manager_port} }}
+ssl-enabled = false
+secret = "{self.manager_secret}"
+
+[volume.volume1]
+backend = "vfs"
+path = "{vol}"
+
+[logging]
+level = "WARNING"
+drivers = ["console"]
+
+[debug]
+enabled = false
+""")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "ai.backend.storage.server", "-f", config],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.base + "/", timeout=2) as r:
+                    if r.status == 200 and self.pids()[1:]:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("Backend.AI's storage proxy did not start:\n" + self.tail())
+            time.sleep(0.2)
+
+    def tail(self) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def pids(self) -> list[int]:
+        """The main process and its descendants (the worker that serves)."""
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+        return out
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: it and its worker
+            try:
+                self.proc.wait(20)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for svc in (self.redis, self.etcd):
+            if svc is not None:
+                svc.stop()
+
+    async def call(self, http: aiohttp.ClientSession, path: str, body: dict) -> dict | None:
+        async with http.post(self.manager + path, json=body, headers={
+                "X-BackendAI-Storage-Auth-Token": self.manager_secret}) as r:
+            assert r.status in (200, 204), (path, r.status, await r.text())
+            return await r.json() if r.status == 200 else None
 
 
 def bench_official_cli(daemon: StorageDaemon, base: str, secret: str, src: str, size: int,
@@ -336,8 +474,63 @@ def bench_official_cli(daemon: StorageDaemon, base: str, secret: str, src: str, 
     return {k: statistics.median(v) for k, v in results.items()}
 
 
+async def small_files(http: aiohttp.ClientSession, up_urls: list[str], down_urls: list[str],
+                      body: bytes, concurrency: int, pids) -> tuple[CPU, CPU]:
+    """Each file one tus PATCH (no creation: Backend.AI's client skips it), then each
+    GET, ``concurrency`` at a time."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def put(url):
+        async with sem, http.patch(url, data=body, headers={
+                **TUS, "Upload-Offset": "0",
+                "Content-Type": "application/offset+octet-stream"}) as r:
+            assert r.status == 204, (r.status, await r.text())
+
+    async def get(url):
+        async with sem, http.get(url) as r:
+            assert r.status == 200 and await r.read() == body
+
+    with CPU(pids) as cpu_up:
+        await asyncio.gather(*(put(u) for u in up_urls))
+    with CPU(pids) as cpu_down:
+        await asyncio.gather(*(get(u) for u in down_urls))
+    return cpu_up, cpu_down
+
+
+async def bench_backendai_round(bai: BackendAIProxy, http: aiohttp.ClientSession, vfid: str,
+                                name: str, src: str, size: int, work: str, client_kind: str,
+                                check: bool) -> tuple[CPU, CPU]:
+    """One round of the big file through Backend.AI's proxy, as ours: the same client,
+    the same ``settle``; the tokens come from its manager API before the timing."""
+    where = {"volume": "volume1", "vfid": vfid, "relpath": name}
+    up = "/upload?token=" + (await bai.call(
+        http, "/folder/file/upload", {**where, "size": size}))["token"]
+    settle(src, work)
+    with CPU(bai.pids()) as cpu_up:
+        if client_kind == "raw":
+            await asyncio.to_thread(raw_tus_upload, bai.base, up, src, size, False)
+        else:
+            await tus_upload(http, bai.base + up, src, size, create=False)
+    down = "/download?token=" + (await bai.call(http, "/folder/file/download", where))["token"]
+    dst = os.path.join(work, "downloaded.bin")
+    settle(src, work)
+    with CPU(bai.pids()) as cpu_down:
+        if client_kind == "raw":
+            got = await asyncio.to_thread(raw_download, bai.base, down, dst)
+        else:
+            got = await get_to_file(http, bai.base + down, dst)
+    assert got == size
+    if check:
+        assert filecmp.cmp(src, dst, shallow=False), "Backend.AI's download differs"
+    os.unlink(dst)
+    await bai.call(http, "/folder/file/delete", {**{k: where[k] for k in ("volume", "vfid")},
+                                                 "relpaths": [name]})
+    return cpu_up, cpu_down
+
+
 async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: str,
-                node_api: bool, client_kind: str = "raw", official_cli: bool = False) -> dict:
+                node_api: bool, client_kind: str = "raw", official_cli: bool = False,
+                bai_venv: str | None = None) -> dict:
     src = os.path.join(work, "source.bin")
     with open(src, "wb") as f:
         for _ in range(size_mb):
@@ -355,11 +548,19 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
     tokens = TransferTokens(secret=secret)
     client = HTTPStorageClient(daemon.url, daemon.token)
     scope, folder = f"user:{uuid.uuid4().hex}", uuid.uuid4().hex
-    results: dict[str, list[float]] = {"upload": [], "download": [], "copy": []}
+    results: dict[str, list[float]] = {"upload": [], "download": [], "copy": [],
+                                       "bai_upload": [], "bai_download": []}
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
                                  timeout=aiohttp.ClientTimeout(total=None))
+    bai = None
     try:
         await client.create_folder("volume1", scope, folder)
+        if bai_venv:
+            bai = BackendAIProxy(bai_venv, os.path.join(work, "bai-proxy"))
+            os.makedirs(bai.root)
+            await asyncio.to_thread(bai.start)
+            bai_vfid = f"user:{uuid.uuid4()}/{uuid.uuid4().hex}"
+            await bai.call(http, "/folder/create", {"volume": "volume1", "vfid": bai_vfid})
         for r in range(rounds):
             name = f"big-{r}.bin"  # a new file each round: the same work as the first
             up = f"{base}/upload?token=" + tokens.sign(
@@ -400,12 +601,19 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
                 f"copy {results['copy'][-1]:.0f} MB/s {cpu_copy}",
                 flush=True,
             )
-        out = {k: statistics.median(v) for k, v in results.items()}
+            if bai is not None:
+                b_up, b_down = await bench_backendai_round(
+                    bai, http, bai_vfid, name, src, size, work, client_kind, r == 0)
+                results["bai_upload"].append(size / 1e6 / b_up.wall)
+                results["bai_download"].append(size / 1e6 / b_down.wall)
+                print(f"round {r + 1}: Backend.AI's proxy: tus upload "
+                      f"{results['bai_upload'][-1]:.0f} MB/s {b_up}, download "
+                      f"{results['bai_download'][-1]:.0f} MB/s {b_down}", flush=True)
+        out = {k: statistics.median(v) for k, v in results.items() if v}
 
         # Small files: one PATCH each (Backend.AI's client skips creation), then GET.
         await client.mkdir("volume1", scope, folder, "small")
         body = os.urandom(4096)
-        sem = asyncio.Semaphore(concurrency)
 
         # The tokens are signed beforehand: the manager's part, not the proxy's.
         up_urls = [f"{base}/upload?token=" + tokens.sign(
@@ -414,25 +622,36 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
         down_urls = [f"{base}/download?token=" + tokens.sign(
             download_claims("volume1", scope, folder, f"small/f{i}")) for i in range(small)]
 
-        async def put(i):
-            url = up_urls[i]
-            async with sem, http.patch(url, data=body, headers={
-                    **TUS, "Upload-Offset": "0",
-                    "Content-Type": "application/offset+octet-stream"}) as r:
-                assert r.status == 204, (r.status, await r.text())
-
-        async def get(i):
-            url = down_urls[i]
-            async with sem, http.get(url) as r:
-                assert r.status == 200 and await r.read() == body
-
-        with CPU(daemon.proc.pid) as cpu_sup:
-            await asyncio.gather(*(put(i) for i in range(small)))
-        with CPU(daemon.proc.pid) as cpu_sdown:
-            await asyncio.gather(*(get(i) for i in range(small)))
+        cpu_sup, cpu_sdown = await small_files(http, up_urls, down_urls, body, concurrency,
+                                               daemon.proc.pid)
         out["small"] = 2 * small / (cpu_sup.wall + cpu_sdown.wall)
         print(f"small files: {small} x 4 KiB up {small / cpu_sup.wall:.0f}/s {cpu_sup}, "
               f"down {small / cpu_sdown.wall:.0f}/s {cpu_sdown}", flush=True)
+        if bai is not None:
+            # Its tokens from its manager API, beforehand (an upload's also makes the
+            # session file its PATCH needs), concurrency at a time.
+            sem = asyncio.Semaphore(concurrency)
+
+            async def token(path, relpath, **extra):
+                async with sem:
+                    return (await bai.call(http, path, {
+                        "volume": "volume1", "vfid": bai_vfid, "relpath": relpath,
+                        **extra}))["token"]
+
+            t = time.perf_counter()
+            b_up_urls = [f"{bai.base}/upload?token={tok}" for tok in await asyncio.gather(*(
+                token("/folder/file/upload", f"small/f{i}", size=len(body))
+                for i in range(small)))]
+            b_down_urls = [f"{bai.base}/download?token={tok}" for tok in await asyncio.gather(*(
+                token("/folder/file/download", f"small/f{i}") for i in range(small)))]
+            print(f"(Backend.AI's proxy: {2 * small} tokens from its manager API in "
+                  f"{time.perf_counter() - t:.1f} s, not timed)", flush=True)
+            b_sup, b_sdown = await small_files(http, b_up_urls, b_down_urls, body, concurrency,
+                                               bai.pids())
+            out["bai_small"] = 2 * small / (b_sup.wall + b_sdown.wall)
+            print(f"small files, Backend.AI's proxy: {small} x 4 KiB up "
+                  f"{small / b_sup.wall:.0f}/s {b_sup}, down {small / b_sdown.wall:.0f}/s "
+                  f"{b_sdown}", flush=True)
         if official_cli:
             c = await asyncio.to_thread(bench_official_cli, daemon, base, secret, src, size,
                                         rounds, work)
@@ -444,6 +663,8 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
         await http.close()
         await client.close()
         daemon.stop()
+        if bai is not None:
+            await asyncio.to_thread(bai.stop)
     if node_api:
         n = await bench_node_api(src, size, rounds, work)
         print(f"node API (manager -> proxy): upload {n['upload']:.1f} MB/s, "
@@ -463,17 +684,36 @@ def main():
                     help="also move the big file with Backend.AI's own CLI (23.09) through a hub")
     ap.add_argument("--node-api", action="store_true",
                     help="also measure the manager's node API (HTTPStorageClient)")
+    ap.add_argument("--backendai-proxy", metavar="VENV", nargs="?", const=".venv-bai-storage",
+                    help="also measure Backend.AI's own storage proxy (23.09) from this venv "
+                    "(default .venv-bai-storage: scripts/install-backendai-storage-proxy.sh) "
+                    "side by side: the same file, client and page-cache preparation")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bai-storage-bench-")
     try:
         m = asyncio.run(bench(args.size_mb, args.rounds, args.small, args.concurrency, work,
-                              args.node_api, args.client, args.official_cli))
+                              args.node_api, args.client, args.official_cli,
+                              args.backendai_proxy))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    extra = ""
+    if "bai_upload" in m:
+        print(f"Backend.AI's proxy (median): upload {m['bai_upload']:.1f} MB/s, download "
+              f"{m['bai_download']:.1f} MB/s, small files {m['bai_small']:.0f}/s; ours / "
+              f"theirs: upload {m['upload'] / m['bai_upload']:.2f}, download "
+              f"{m['download'] / m['bai_download']:.2f}, small files "
+              f"{m['small'] / m['bai_small']:.2f}", flush=True)
+        extra = (f" backendai_upload_mb_s={m['bai_upload']:.1f}"
+                 f" backendai_download_mb_s={m['bai_download']:.1f}"
+                 f" backendai_small_files_per_s={m['bai_small']:.0f}"
+                 f" vs_backendai_upload={m['upload'] / m['bai_upload']:.2f}"
+                 f" vs_backendai_download={m['download'] / m['bai_download']:.2f}"
+                 f" vs_backendai_small={m['small'] / m['bai_small']:.2f}")
     print(
         f"upload_mb_s={m['upload']:.1f} download_mb_s={m['download']:.1f} "
         f"copy_mb_s={m['copy']:.1f} upload_ratio={m['upload'] / m['copy']:.3f} "
         f"download_ratio={m['download'] / m['copy']:.3f} small_files_per_s={m['small']:.0f}"
+        + extra
     )
 
 
