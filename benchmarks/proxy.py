@@ -20,7 +20,10 @@ measured
               its own CHP) with the same image, the image's own server config hidden (an
               empty file mounted over it), so jupyter-server-proxy 4.6.0 runs as shipped;
               the app started in the server's container, reached at
-              ``<hub>/user/admin/<server>/proxy/8070/...`` with a token with access:servers.
+              ``<hub>/user/admin/<server>/proxy/8070/...`` with a token with access:servers;
+  (d) chp:    a CHP of its own (the hub's binary and version) whose default target is (b)'s
+              published port: no auth, no Jupyter server. The ceiling any CHP-based fast
+              path could reach (what CHP alone costs over (b)); not a route the hub makes.
 
 For each of small and big responses and 1 and N concurrent clients (aiohttp, keep-alive,
 one connection per client; failed requests counted, not timed): requests/s, MB/s, p50/p99
@@ -34,7 +37,7 @@ responses: its session may be OOM-killed there). At the end each container's pea
 
     small_rps_ratio_direct=<f> big_mbps_ratio_direct=<f> ratio_vs_stock=<f> ws_rtt_p50_ms=<f>
 
-small/big: a/b at the highest client count; ratio_vs_stock: the smallest a/c over the
+small/big: a/b at the highest client count (a/d and d/b are printed too); ratio_vs_stock: the smallest a/c over the
 small and big rows (requests/s, MB/s) and the websocket rows (c's p50 over a's), rows where
 (c) failed requests left out (they are printed); ws_rtt_p50_ms: through the hub, 1 client.
 Everything started is removed at the end.
@@ -66,8 +69,10 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import spawn as stock  # noqa: E402
 
-from tests.hub import KERNEL_IMAGE  # noqa: E402
-from tests.test_service_ports import World, close_hub, start_hub  # noqa: E402
+from tests.hub import CHP, KERNEL_IMAGE  # noqa: E402
+from tests.services import free_port, wait_port  # noqa: E402
+from tests.conftest import shutdown_hub as close_hub  # noqa: E402
+from tests.test_service_ports import World, start_hub  # noqa: E402
 
 APP_PORT = 8070
 APP = (
@@ -185,6 +190,19 @@ def start_direct() -> tuple[str, str, str]:
     return cid, net, f"http://127.0.0.1:{port}"
 
 
+def start_chp(target: str) -> tuple[subprocess.Popen, str]:
+    """(d): a CHP of its own in front of ``target`` (its default target): no auth, no
+    Jupyter server. Returns (process, base URL)."""
+    port, api = free_port(), free_port()
+    env = dict(os.environ, CONFIGPROXY_AUTH_TOKEN=os.urandom(16).hex())
+    proc = subprocess.Popen([CHP, "--ip", "127.0.0.1", "--port", str(port), "--api-ip",
+                             "127.0.0.1", "--api-port", str(api), "--default-target", target,
+                             "--log-level", "warn"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_port(port, timeout=30, proc=proc)
+    return proc, f"http://127.0.0.1:{port}/user/bench/proxy/{APP_PORT}"
+
+
 def start_stock(hub) -> tuple[str, str, dict]:
     """(c): a server of the stock hub's admin, with the app started in it.
     Returns (container, base URL, headers)."""
@@ -248,7 +266,7 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     stock.ensure_image()
     tmp = tempfile.mkdtemp(prefix="bai-bench-proxy-")
-    hub = shub = direct_cid = net = None
+    hub = shub = direct_cid = net = chp = None
     res: dict = {}
     peaks: dict = {}
     try:
@@ -262,6 +280,7 @@ def main():
         [ours_cid] = docker("ps", "-q", "--filter",
                             f"label=ai.backend.agent-id={hub.agent_id}").split()
         direct_cid, net, direct_base = start_direct()
+        chp, chp_base = start_chp(direct_base)
         os.makedirs(os.path.join(tmp, "stock"))
         shub = stock_hub(os.path.join(tmp, "stock"))
         shub.start()
@@ -271,6 +290,7 @@ def main():
                       {"Authorization": f"token {world.alice_token}"}, ours_cid),
             "b-direct": (direct_base, {}, direct_cid),
             "c-stock": (stock_base, stock_headers, stock_cid),
+            "d-chp": (chp_base, {}, None),
         }
         runs: dict = {}
         for rnd in range(1, args.rounds + 1):
@@ -293,7 +313,8 @@ def main():
                 for e, n in r["errors"].items():
                     res[key]["errors"][e] = res[key]["errors"].get(e, 0) + n
         for v, (_, _, cid) in variants.items():
-            peaks[v] = peak_mib(cid)
+            if cid:
+                peaks[v] = peak_mib(cid)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -302,6 +323,12 @@ def main():
                 shub.close()
             except Exception as e:  # keep cleaning the others
                 print(f"cleanup of the stock hub: {e}", file=sys.stderr)
+        if chp is not None:
+            chp.terminate()
+            try:
+                chp.wait(10)
+            except subprocess.TimeoutExpired:
+                chp.kill()
         if direct_cid:
             docker("rm", "-f", direct_cid, check=False)
         if net:
@@ -331,6 +358,13 @@ def main():
                  a["rps"] / r["rps"] if kind == "small" else a["mbps"] / r["mbps"])
         print(f"a/c {kind} clients={c}: {ratio:.3f}")
         vs_stock.append(ratio)
+    for kind, unit in (("small", "rps"), ("big", "mbps")):
+        for c in counts:
+            a, b, d = (res[(kind, c, v)][unit] for v in ("a-hub", "b-direct", "d-chp"))
+            print(f"{kind} clients={c}: a/b={a / b:.3f} d/b={d / b:.3f} a/d={a / d:.3f}")
+    for c in counts:
+        a, b, d = (res[("ws", c, v)]["p50_ms"] for v in ("a-hub", "b-direct", "d-chp"))
+        print(f"ws clients={c}: rtt p50 b/a={b / a:.3f} b/d={b / d:.3f} d/a={d / a:.3f}")
     ws = res[("ws", min(counts), "a-hub")]["p50_ms"]
     print(f"small_rps_ratio_direct={small:.3f} big_mbps_ratio_direct={big:.3f} "
           f"ratio_vs_stock={min(vs_stock) if vs_stock else float('nan'):.3f} "
