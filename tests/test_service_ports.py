@@ -614,6 +614,161 @@ def test_streamed_responses_keep_redirects_head_and_survive_a_client_that_leaves
     single.server.run("rm -rf /tmp/www/sub /tmp/www/zeros.bin", "STREAM-GONE")
 
 
+# -- the direct path: keep-alive to the app, splice for large bodies ---------------------
+
+KA_PORT = 9200
+KA_BIG = 4 * 2**20
+# An HTTP/1.1 app that keeps connections alive (http.server above is HTTP/1.0): it answers
+# with the request's path, Authorization header, body and the port of the connection it
+# came on; /liar announces 5 bytes and sends a whole second response after them; /big is
+# 4 MiB (its connection's port in X-Conn); /broken announces 4 MiB, sends 1 MiB, hangs up.
+KA_APP = f"""
+import asyncio, json
+BIG = bytes(range(256)) * ({KA_BIG} // 256)
+async def handle(r, w):
+    peer = w.get_extra_info('peername')[1]
+    try:
+        while True:
+            head = (await r.readuntil(b'\\r\\n\\r\\n')).decode('latin-1').split('\\r\\n')
+            method, path, _ = head[0].split(' ', 2)
+            h = dict((k.lower(), v) for k, _, v in (x.partition(': ') for x in head[1:] if x))
+            n = int(h.get('content-length', '0'))
+            body = await r.readexactly(n) if n else b''
+            tail = path.rsplit('/', 1)[-1]
+            if tail == 'liar':
+                w.write(b'HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\nliar!'
+                        b'HTTP/1.1 200 OK\\r\\nContent-Length: 6\\r\\n\\r\\nstolen')
+            elif tail == 'big':
+                w.write(b'HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Conn: %d\\r\\n\\r\\n'
+                        % (len(BIG), peer) + BIG)
+            elif tail == 'broken':
+                w.write(b'HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n' % len(BIG)
+                        + BIG[:2**20])
+                await w.drain()
+                return
+            else:
+                out = json.dumps({{'path': path, 'auth': h.get('authorization', ''),
+                                  'conn': peer, 'body': body.decode()}}).encode()
+                w.write(b'HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\n'
+                        b'Content-Length: %d\\r\\n\\r\\n' % len(out) + out)
+            await w.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        w.close()
+async def main():
+    await asyncio.start_server(handle, '127.0.0.1', {KA_PORT})
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def _start_keepalive_app(world) -> None:
+    if getattr(world, "ka_started", False):
+        return
+    import base64
+
+    src = base64.b64encode(KA_APP.encode()).decode()
+    out = world.server.run(
+        f"echo {src} | base64 -d > /tmp/ka.py && (nohup python /tmp/ka.py >/tmp/ka.log 2>&1 &)"
+        f" && for i in $(seq 100); do python -c \"import socket; socket.create_connection("
+        f"('127.0.0.1',{KA_PORT}))\" 2>/dev/null && break; sleep 0.1; done", "KA-UP")
+    assert "KA-UP" in out
+    world.ka_started = True
+
+
+def test_keep_alive_to_the_app_never_hands_one_request_anothers_response(world):
+    """The image's proxy keeps connections to the app alive (tornado's client opened one
+    per request): sequential requests share one; an app that sends more than it
+    announced never has the surplus read as the next request's answer; concurrent
+    requests of alice and of bob (her server shared with him) each get their own
+    answer, with their own Authorization header at the app."""
+    import concurrent.futures
+
+    _start_keepalive_app(world)
+    s = world.server
+    conns = []
+    for i in range(5):
+        r = s.get(f"proxy/{KA_PORT}/seq/{i}")
+        assert r.status_code == 200, (world.mode, r.status_code, r.text[:500])
+        assert r.json()["path"] == f"/seq/{i}", r.text
+        conns.append(r.json()["conn"])
+    assert len(set(conns)) < 5, conns  # kept alive (stock: a new connection each time)
+    r = requests.post(s.url(f"proxy/{KA_PORT}/post"), data=b"payload", timeout=60, headers={
+        "Host": s.host, "Authorization": f"token {s.token}"})
+    assert r.status_code == 200 and r.json()["body"] == "payload", r.text[:500]
+    for i in range(3):
+        r = s.get(f"proxy/{KA_PORT}/liar")
+        assert (r.status_code, r.content) == (200, b"liar!")
+        r = s.get(f"proxy/{KA_PORT}/after/{i}")
+        assert r.status_code == 200 and r.json()["path"] == f"/after/{i}", r.text[:500]
+
+    hub = world.hub
+    a, b = world.alice["username"], world.bob["username"]
+    admin = mint_token(Login(hub, ADMIN_EMAIL, world.bob_login.host, ADMIN_PASSWORD), "admin")
+    r = hub.api("POST", f"/shares/{a}/{world.server_name}", token=admin, json={"user": b})
+    assert r.status_code in (200, 201), r.text
+    try:
+        tokens = [s.token, mint_token(world.bob_login, b)]
+
+        def one(i):
+            r = s.get(f"proxy/{KA_PORT}/c/{i}/liar" if i % 7 == 0 else f"proxy/{KA_PORT}/c/{i}",
+                      token=tokens[i % 2])
+            return r.status_code, r.content
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(one, range(60)))
+    finally:
+        r = hub.api("DELETE", f"/shares/{a}/{world.server_name}", token=admin)
+        assert r.status_code in (200, 204), r.text
+    for i, (code, body) in enumerate(results):
+        assert code == 200, (i, code, body[:300])
+        if i % 7 == 0:
+            assert body == b"liar!", (i, body[:300])
+        else:
+            got = json.loads(body)
+            assert (got["path"], got["auth"]) == (f"/c/{i}", f"token {tokens[i % 2]}"), (i, got)
+
+
+def test_a_large_body_is_spliced_intact_and_a_broken_one_is_cut(world):
+    """A body of known length >= 256 KiB is moved by splice() once its head is out; the
+    connection ends after it (``Connection: close``). Every byte arrives (SHA-256), in
+    single-origin and subdomain mode; an app that hangs up midway gives the client a
+    truncated response, never a complete-looking one; the app's next answer is intact."""
+    import hashlib
+
+    _start_keepalive_app(world)
+    s = world.server
+    expected = hashlib.sha256(bytes(range(256)) * (KA_BIG // 256)).hexdigest()
+    for _ in range(3):
+        r = s.get(f"proxy/{KA_PORT}/big")
+        assert r.status_code == 200, (world.mode, r.status_code, r.text[:300])
+        assert r.headers["Content-Length"] == str(KA_BIG)
+        assert r.headers.get("Connection", "").lower() == "close", r.headers  # spliced
+        assert hashlib.sha256(r.content).hexdigest() == expected
+        r = s.get(f"proxy/{KA_PORT}/after-big")
+        assert r.status_code == 200 and r.json()["path"] == "/after-big", r.text[:300]
+    # The session's server closes its connection to CHP after the 1 MiB; CHP does not
+    # pass that on (it leaves its client waiting for the rest): read until EOF or 8 s of
+    # silence. Either way the client has fewer bytes than announced.
+    with socket.create_connection(("127.0.0.1", world.hub.port), timeout=60) as c:
+        c.sendall((f"GET {s.prefix}proxy/{KA_PORT}/broken HTTP/1.1\r\nHost: {s.host}\r\n"
+                   f"Authorization: token {s.token}\r\n\r\n").encode())
+        got = b""
+        try:
+            while chunk := c.recv(1 << 20):
+                got += chunk
+                c.settimeout(8)
+        except TimeoutError:
+            pass
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), got[:300]
+    assert f"content-length: {KA_BIG}".encode() in head.lower(), head
+    assert 0 < len(body) < KA_BIG, len(body)
+    r = s.get(f"proxy/{KA_PORT}/after-broken")
+    assert r.status_code == 200 and r.json()["path"] == "/after-broken", r.text[:300]
+
+
 # -- an operator's own image ------------------------------------------------------------
 
 OPERATOR_IMAGE = "backendai-test/operator-app:latest"

@@ -268,10 +268,464 @@ async def _proxy_streamed(self, host, port, proxied_path, body, client):
     send_head()
 
 
+# -- the direct path: pooled keep-alive connections to the app, splice for large bodies --
+
+# Apps of a session listen on the kernel's loopback; these hosts are reached without a
+# resolver (tornado's client resolves "localhost" in a worker thread for every request).
+_LOOPBACK = {"localhost": ("127.0.0.1", "::1"), "127.0.0.1": ("127.0.0.1",), "::1": ("::1",)}
+# Idle keep-alive connections kept per app port, and for how long.
+_POOL_MAX = 16
+_POOL_IDLE = 30.0
+# A response body of a known length at least this large is moved by splice() (app socket
+# -> pipe -> client socket, no copy through Python) once its head is out; the client's
+# connection is closed after it. Smaller ones are read and written whole.
+_SPLICE_MIN = 256 << 10
+_PIPE_SIZE = 1 << 20
+# Seconds a spliced transfer may make no progress (either side) before it is cut.
+_SPLICE_IDLE = 300
+# Transfers spliced at once (each holds a thread while it runs); more wait for a slot.
+_SPLICE_THREADS = 64
+_HEAD_MAX = 64 << 10
+_IDEMPOTENT = {"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"}
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+# (ip, port) -> [(socket, time it was put back)]
+_pool: dict = {}
+_splice_slots: dict = {}
+
+
+class _AppGone(Exception):
+    """A reused keep-alive connection closed before any byte of the response."""
+
+
+def _pool_get(addr):
+    import socket
+    import time
+
+    idle = _pool.get(addr)
+    now = time.monotonic()
+    while idle:
+        sock, since = idle.pop()
+        if now - since < _POOL_IDLE:
+            try:
+                # Nothing may be waiting on an idle connection: stray bytes (an app that
+                # sent more than it announced) or EOF (the app closed it) retire it, so one
+                # request never reads what was meant for another.
+                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return sock
+            except OSError:
+                pass
+        sock.close()
+    return None
+
+
+def _pool_put(addr, sock) -> None:
+    import time
+
+    idle = _pool.setdefault(addr, [])
+    if len(idle) >= _POOL_MAX:
+        sock.close()
+        return
+    idle.append((sock, time.monotonic()))
+
+
+async def _connect(host: str, port: int, timeout: float):
+    import asyncio
+    import socket
+
+    loop = asyncio.get_running_loop()
+    err: Exception | None = None
+    for ip in _LOOPBACK[host]:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (ip, port)), timeout)
+        except (TimeoutError, OSError) as e:
+            sock.close()
+            err = e
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return (ip, port), sock
+    if isinstance(err, asyncio.TimeoutError):
+        raise ConnectionRefusedError(f"connecting to {host}:{port} timed out") from err
+    raise err  # OSError: the 502 page
+
+
+def _raw_capable(handler) -> bool:
+    """A plain-TCP HTTP/1.1 client connection (TLS keeps tornado's path)."""
+    import socket
+
+    from tornado import iostream
+
+    stream = getattr(handler.request.connection, "stream", None)
+    return (type(stream) is iostream.IOStream and isinstance(stream.socket, socket.socket)
+            and handler.request.version == "HTTP/1.1" and hasattr(os, "splice"))
+
+
+def _splice_body(client, app, first: bytes, count: int) -> bool:
+    """Send ``first``, then ``count`` more bytes from ``app`` to ``client`` by splice()
+    (both blocking sockets with _SPLICE_IDLE kernel timeouts). True if all arrived at
+    the app's side (so the app connection is at a clean boundary); raises on a client
+    that left or stalled, returns False on an app that closed early."""
+    import fcntl
+
+    client.sendall(first)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.fcntl(w, 1031, _PIPE_SIZE)  # F_SETPIPE_SZ
+        except OSError:
+            pass
+        src, dst = app.fileno(), client.fileno()
+        flags = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_MORE", 4)
+        left = count
+        while left:
+            n = os.splice(src, w, min(left, _PIPE_SIZE), flags=flags)
+            if not n:
+                return False
+            left -= n
+            while n:
+                n -= os.splice(r, dst, n, flags=flags)
+        return True
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+async def _in_thread(fn, *args):
+    """``fn(*args)`` in a daemon thread of its own (a transfer may hold it for long:
+    never a worker of the shared executor), at most _SPLICE_THREADS at a time."""
+    import asyncio
+    import threading
+
+    loop = asyncio.get_running_loop()
+    slots = _splice_slots.get(loop)
+    if slots is None:
+        slots = _splice_slots[loop] = asyncio.Semaphore(_SPLICE_THREADS)
+    fut = loop.create_future()
+
+    def done(ok, value):
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def run():
+        try:
+            value = fn(*args)
+        except BaseException as e:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(done, False, e)
+        else:
+            loop.call_soon_threadsafe(done, True, value)
+
+    async with slots:
+        threading.Thread(target=run, name="backendai-splice", daemon=True).start()
+        return await fut
+
+
+def _blocking(sock) -> None:
+    import socket
+    import struct
+
+    sock.settimeout(None)
+    tv = struct.pack("ll", _SPLICE_IDLE, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+async def _proxy_direct(self, host, port, proxied_path, body):
+    """The app's response without tornado's HTTP client.
+
+    - The request goes over a pooled keep-alive connection to the app (a fresh one for
+      a method that is not idempotent, or when none is idle); ``localhost`` is the
+      loopback, not resolved. A connection goes back to the pool only after a response
+      read to its exact end (Content-Length or the last chunk), HTTP/1.1 without
+      ``Connection: close``; an idle one with anything to read (stray bytes, EOF) is
+      dropped, never handed to the next request.
+    - The head is passed on as the stock handler does (hop-by-hop headers dropped,
+      ``Location`` of redirects rewritten, ``Content-Length`` kept).
+    - A body of known length >= _SPLICE_MIN to a plain HTTP/1.1 client: the client's
+      connection is taken from tornado after the head, the body moved by splice() in a
+      thread (no byte through Python), the connection closed after it
+      (``Connection: close``). Smaller bodies: read whole, written at once. Chunked or
+      close-delimited ones: streamed with the same backpressure as _proxy_streamed.
+    - An app that breaks midway cuts the client's connection (a truncated response,
+      never a complete-looking one); a client that leaves cuts the app's.
+    """
+    import asyncio
+    from urllib.parse import urlsplit
+
+    from tornado import httputil, web
+
+    loop = asyncio.get_running_loop()
+    req = self._build_proxy_request(host, port, proxied_path, body)
+    url = urlsplit(req.url)
+    target = (url.path or "/") + ("?" + url.query if url.query else "")
+    method = req.method
+    headers = req.headers
+    lines = [f"{method} {target} HTTP/1.1"]
+    for name, value in headers.get_all():
+        if name.lower() not in ("content-length", "connection", "keep-alive"):
+            lines.append(f"{name}: {value}")
+    if "Host" not in headers:
+        lines.append(f"Host: {url.netloc}")
+    if req.body is not None:
+        lines.append(f"Content-Length: {len(req.body)}")
+    data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if req.body:
+        data += req.body
+    head_timeout = req.request_timeout or 300.0
+
+    self._record_activity()
+    for attempt in (0, 1):
+        reused = None
+        if method in _IDEMPOTENT and attempt == 0:
+            for ip in _LOOPBACK[host]:
+                reused = _pool_get((ip, int(port)))
+                if reused is not None:
+                    addr, sock = (ip, int(port)), reused
+                    break
+        if reused is None:
+            addr, sock = await _connect(host, int(port), req.connect_timeout or 30.0)
+        try:
+            await loop.sock_sendall(sock, data)
+            buf = bytearray()
+            while True:  # the head (1xx heads skipped)
+                m = _HEAD_END.search(buf)
+                if m:
+                    first_line, _, rest = bytes(buf[:m.start()]).partition(b"\n")
+                    start = httputil.parse_response_start_line(
+                        first_line.decode("latin-1").strip())
+                    if 100 <= start.code < 200 and start.code != 101:
+                        del buf[:m.end()]
+                        continue
+                    resp_headers = httputil.HTTPHeaders.parse(rest.decode("latin-1"))
+                    del buf[:m.end()]
+                    break
+                if len(buf) > _HEAD_MAX:
+                    raise web.HTTPError(502, "the app's response head is too large")
+                chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), head_timeout)
+                if not chunk:
+                    if reused is not None and not buf:
+                        raise _AppGone()
+                    raise ConnectionResetError("the app closed the connection")
+                buf += chunk
+        except _AppGone:
+            sock.close()
+            continue
+        except ConnectionResetError:
+            sock.close()
+            if reused is not None and method in _IDEMPOTENT and attempt == 0:
+                continue
+            raise
+        except TimeoutError as e:
+            sock.close()
+            raise web.HTTPError(599, f"the app did not answer in {head_timeout:g} s") from e
+        except BaseException:
+            sock.close()
+            raise
+        break
+    else:  # pragma: no cover (the second attempt never raises _AppGone)
+        raise ConnectionResetError("the app closed the connection")
+
+    try:
+        await self._backendai_answer(sock, addr, buf, start, resp_headers, method,
+                                     host, port, proxied_path)
+    finally:
+        self._record_activity()
+
+
+async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port,
+                  proxied_path):
+    import asyncio
+
+    from tornado import httputil, iostream, web
+
+    loop = asyncio.get_running_loop()
+    code = start.code
+    bodyless = method == "HEAD" or code in (204, 304) or 100 <= code < 200
+    conn_tokens = {t.strip().lower() for t in resp_headers.get("Connection", "").split(",")}
+    keep = start.version == "HTTP/1.1" and "close" not in conn_tokens
+    chunked = "chunked" in resp_headers.get("Transfer-Encoding", "").lower()
+    length = None
+    if not bodyless and not chunked and "Content-Length" in resp_headers:
+        values = {v.strip() for v in resp_headers.get_list("Content-Length")
+                  for v in v.split(",")}
+        if len(values) != 1 or not next(iter(values)).isdigit():
+            sock.close()
+            raise web.HTTPError(502, "the app sent an invalid Content-Length")
+        length = int(values.pop())
+
+    out = []
+    for name, value in resp_headers.get_all():
+        lname = name.lower()
+        if lname in _HOP_BY_HOP or (lname == "content-length" and (bodyless and method != "HEAD"
+                                                                    or chunked)):
+            continue
+        if (lname == "location" and not self.absolute_url
+                and code in (301, 302, 303, 307, 308)):
+            value = self._rewrite_location_header(value, host, port, proxied_path)
+        out.append((name, value))
+
+    def set_head():
+        self.set_status(code, start.reason)
+        self._headers = httputil.HTTPHeaders()
+        for name, value in out:
+            self.add_header(name, value)
+
+    if bodyless or length is not None and length < _SPLICE_MIN:
+        n = 0 if bodyless else length
+        while len(buf) < n:
+            chunk = await loop.sock_recv(sock, max(65536, n - len(buf)))
+            if not chunk:
+                sock.close()
+                raise ConnectionResetError("the app closed the connection midway")
+            buf += chunk
+        if len(buf) == n and keep:
+            _pool_put(addr, sock)
+        else:
+            sock.close()
+        set_head()
+        if n:
+            self.write(bytes(buf[:n]))
+        return
+
+    if length is not None and _raw_capable(self):
+        # Large, known length: the head by hand, then splice; the connection ends after.
+        status = f"HTTP/1.1 {code} {start.reason or httputil.responses.get(code, 'Unknown')}"
+        head = "\r\n".join([status] + [f"{k}: {v}" for k, v in out]
+                           + ["Connection: close", "", ""]).encode("latin-1")
+        first = bytes(buf[:length])
+        stray = len(buf) > length
+        stream = self.detach()
+        try:
+            fd = os.dup(stream.socket.fileno())
+        finally:
+            stream.close()
+        import socket as _socket
+
+        client = _socket.socket(fileno=fd)
+        try:
+            _blocking(client)
+            _blocking(sock)
+            clean = await _in_thread(_splice_body, client, sock, head + first,
+                                     length - len(first))
+            if clean:
+                client.shutdown(_socket.SHUT_WR)
+        except OSError as e:
+            clean = False
+            self.log.info("proxied response to port %s cut: %s", port, e)
+        finally:
+            # An orderly close also when cut (a reset makes CHP fail on its own error page
+            # after the head went out): the client sees fewer bytes than Content-Length.
+            client.close()
+        if clean and keep and not stray:
+            sock.setblocking(False)
+            _pool_put(addr, sock)
+        else:
+            sock.close()
+        return
+
+    # Chunked, close-delimited, or large to a client we cannot take over: streamed.
+    set_head()
+    state = {"buffered": 0, "unacked": 0}
+
+    async def relay(data: bytes) -> None:
+        self.write(data)
+        state["buffered"] += len(data)
+        if state["buffered"] >= _FLUSH:
+            state["unacked"] += state["buffered"]
+            state["buffered"] = 0
+            fut = self.flush()
+            if state["unacked"] >= _WINDOW:
+                state["unacked"] = 0
+                await fut
+
+    async def fill() -> bool:
+        chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), _SPLICE_IDLE)
+        buf.extend(chunk)
+        return bool(chunk)
+
+    async def recv(n: int = 65536) -> bytes:
+        if not buf and not await fill():
+            return b""
+        data = bytes(buf[:n])
+        del buf[:n]
+        return data
+
+    clean = False
+    try:
+        if length is not None:
+            left = length
+            while left:
+                data = await recv(min(left, 65536))
+                if not data:
+                    raise ConnectionResetError("the app closed the connection midway")
+                left -= len(data)
+                await relay(data)
+            clean = not buf
+        elif chunked:
+            clean = await _relay_chunked(buf, fill, recv, relay)
+        else:
+            keep = False
+            while True:
+                data = await recv()
+                if not data:
+                    break
+                await relay(data)
+    except (TimeoutError, OSError, iostream.StreamClosedError, ValueError) as e:
+        sock.close()
+        self.log.warning("proxied response to port %s cut: %s: %s", port,
+                         type(e).__name__, e)
+        self.request.connection.close()
+        self._finished = True
+        return
+    if clean and keep:
+        _pool_put(addr, sock)
+    else:
+        sock.close()
+
+
+async def _relay_chunked(buf, fill, recv, relay) -> bool:
+    """Pass a chunked body's data on (tornado chunks it again towards the client).
+    True once the last chunk and the trailer are read and nothing follows."""
+
+    async def line() -> bytes:
+        while True:
+            i = buf.find(b"\n")
+            if i >= 0:
+                data = bytes(buf[:i + 1])
+                del buf[:i + 1]
+                return data
+            if len(buf) > 4096:
+                raise ValueError("chunk size line too long")
+            if not await fill():
+                raise ConnectionResetError("the app closed the connection midway")
+
+    while True:
+        size_line = await line()
+        size = int(size_line.split(b";", 1)[0].strip() or b"x", 16)
+        if size == 0:
+            while (await line()).strip():  # trailer
+                pass
+            return not buf
+        left = size
+        while left:
+            data = await recv(min(left, 65536))
+            if not data:
+                raise ConnectionResetError("the app closed the connection midway")
+            left -= len(data)
+            await relay(data)
+        await line()  # the CRLF after the chunk
+
+
 def _stream_or_buffer(original):
     async def _proxy_buffered(self, host, port, proxied_path, body, client):
         if self.rewrite_response:
             return await original(self, host, port, proxied_path, body, client)
+        if host in _LOOPBACK and self.unix_socket is None:
+            client.close()  # tornado's client, made by the caller: not used here
+            return await _proxy_direct(self, host, port, proxied_path, body)
         return await _proxy_streamed(self, host, port, proxied_path, body, client)
 
     return _proxy_buffered
@@ -326,6 +780,28 @@ def _start_ssh_activity(serverapp) -> None:
     PeriodicCallback(check, SSH_ACTIVITY_INTERVAL * 1000).start()
 
 
+def _quiet_proxy_log(serverapp, handler_class) -> None:
+    """No access-log work for a proxied request that succeeded: jupyter_server logs those
+    at debug level only, yet formats them (and times them into its Prometheus histogram)
+    every time; the app's own log has them. Errors and redirects, and everything when
+    the server logs at debug level, are logged as before."""
+    import logging
+
+    settings = serverapp.web_app.settings
+    original = settings.get("log_function")
+    if original is None or getattr(original, "_backendai", False):
+        return
+
+    def log_function(handler):
+        if (isinstance(handler, handler_class) and handler.get_status() < 300
+                and not handler.log.isEnabledFor(logging.DEBUG)):
+            return
+        original(handler)
+
+    log_function._backendai = True
+    settings["log_function"] = log_function
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
     from jupyter_server_proxy.handlers import ProxyHandler
 
@@ -333,6 +809,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
     if getattr(ProxyHandler, "_backendai_502", False):
         return
     ProxyHandler._proxy_buffered = _stream_or_buffer(ProxyHandler._proxy_buffered)
+    ProxyHandler._backendai_answer = _answer
     original = ProxyHandler.write_error
 
     def write_error(self, status_code, **kwargs):
@@ -351,6 +828,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
         ))
 
     ProxyHandler.write_error = write_error
+    _quiet_proxy_log(serverapp, ProxyHandler)
     ProxyHandler._backendai_502 = True
     serverapp.log.info("backendai: service ports %s", sorted(serverapp.config.ServerProxy.servers))
 
