@@ -274,7 +274,7 @@ async def _proxy_streamed(self, host, port, proxied_path, body, client):
 # resolver (tornado's client resolves "localhost" in a worker thread for every request).
 _LOOPBACK = {"localhost": ("127.0.0.1", "::1"), "127.0.0.1": ("127.0.0.1",), "::1": ("::1",)}
 # Idle keep-alive connections kept per app port, and for how long.
-_POOL_MAX = 16
+_POOL_MAX = 64
 _POOL_IDLE = 30.0
 # A response body of a known length at least this large is moved by splice() (app socket
 # -> pipe -> client socket, no copy through Python) once its head is out; the client's
@@ -792,9 +792,13 @@ def _quiet_proxy_log(serverapp, handler_class) -> None:
     if original is None or getattr(original, "_backendai", False):
         return
 
+    # The server's logger passes everything on (its handlers filter by --log-level), so
+    # ask the server's setting, not the logger.
+    if getattr(serverapp, "log_level", logging.INFO) <= logging.DEBUG:
+        return
+
     def log_function(handler):
-        if (isinstance(handler, handler_class) and handler.get_status() < 300
-                and not handler.log.isEnabledFor(logging.DEBUG)):
+        if isinstance(handler, handler_class) and handler.get_status() < 300:
             return
         original(handler)
 
