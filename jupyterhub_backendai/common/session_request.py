@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 
 from .errors import InvalidRequest
@@ -52,6 +52,10 @@ class ClusterMode(StrEnum):
 #: Options of the form and of ``user_options`` (besides ``preset``, handled before).
 OPTION_KEYS = ("image", "cpu", "mem", "gpu", "cluster_size", "cluster_mode", "project", "mounts")
 MIN_MEM = 64 * 2**20
+# Kernels in one session, as the admin API's schema bounds them: the admission and
+# placement checks work per kernel, so an unbounded number (10**12 through the spawn
+# form or the Backend.AI routes) held the hub's event loop for days.
+MAX_CLUSTER_SIZE = 16
 
 
 def whole_number(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
@@ -102,7 +106,11 @@ def resources(options: dict) -> tuple[str, ResourceSlot]:
             f"mem must be a size like 512m, 2g or 1.5 GiB, not {options.get('mem')!r}") from None
     if cpu <= 0:
         raise SessionRequestError(f"cpu must be positive, not {cpu}")
-    if cpu != cpu.quantize(Decimal("0.01")):
+    try:
+        hundredths = cpu.quantize(Decimal("0.01"))
+    except InvalidOperation:  # (more digits than Decimal keeps: 1e30 was a 500)
+        raise SessionRequestError(f"cpu {cpu} is more cores than any machine has") from None
+    if cpu != hundredths:
         raise SessionRequestError("cpu takes at most two decimal places")
     if mem < MIN_MEM:
         raise SessionRequestError(f"mem must be at least 64m (64 MiB), not {format_bytes(mem)}")
@@ -179,6 +187,9 @@ class SessionRequest:
         put("session_type", _choice(SessionType, "session_type", self.session_type))
         put("cluster_mode", _choice(ClusterMode, "cluster_mode", self.cluster_mode))
         put("cluster_size", whole_number("cluster_size", self.cluster_size, minimum=1))
+        if self.cluster_size > MAX_CLUSTER_SIZE:
+            raise SessionRequestError(
+                f"cluster_size must be at most {MAX_CLUSTER_SIZE}, not {self.cluster_size}")
         if not isinstance(self.resource_group, str) or not self.resource_group:
             raise SessionRequestError("resource_group must be a name")
         if self.project is not None and (not isinstance(self.project, str) or not self.project):

@@ -18,17 +18,33 @@ JSON strings.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 
-from graphql import GraphQLError, OperationType, build_schema, graphql_sync, parse
+from graphql import (
+    FieldNode,
+    FragmentDefinitionNode,
+    FragmentSpreadNode,
+    GraphQLError,
+    InlineFragmentNode,
+    OperationDefinitionNode,
+    OperationType,
+    Visitor,
+    build_schema,
+    execute_sync,
+    parse,
+    validate,
+    visit,
+)
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from ...common.errors import BackendAIError
+from ...common.errors import BackendAIError, InvalidRequest
 from ...common.types import SessionStatus
 from ...manager import access, admin, vfolders
 from ...models import Keypair, Session, VFolder
 from .. import hubsync
+from ..base import _check_text
 
 SDL = """
 scalar UUID
@@ -495,6 +511,14 @@ _STATUS_IN = {
 }
 MAX_PAGE = 100
 ALL = 10_000  # the unpaginated lists (domains, groups, ...): at most this many
+# What one request may ask (Backend.AI's clients send one root field and well under 200
+# fields). Each root field is database work: without these bounds one request of
+# thousands of aliases (``a1: users {...} a2: users {...} ...``) held a database thread
+# for a minute, and a few of them stopped every other tenant's API calls.
+MAX_QUERY_CHARS = 32 * 1024
+MAX_ROOT_FIELDS = 10
+MAX_FIELDS = 1000  # field selections, fragments expanded
+log = logging.getLogger("JupyterHub")
 
 
 def dashed(hex_id: str | None) -> str | None:
@@ -1203,24 +1227,102 @@ def _field_resolver(source, info, **args):
     return getattr(source, info.field_name, None)
 
 
+class _Strings(Visitor):
+    """The query's string literals: none a database cannot store (NUL, lone surrogates)."""
+
+    def enter_string_value(self, node, *_args):
+        _check_text(node.value, "query")
+
+
+def check_cost(doc) -> None:
+    """Refuse (400) a document that asks more than one request may: more than
+    :data:`MAX_ROOT_FIELDS` root fields in an operation or :data:`MAX_FIELDS` field
+    selections, fragments expanded. Walks iteratively and stops at the bound, so neither
+    fragment cycles nor fragments spread exponentially make the walk itself costly."""
+    frags = {d.name.value: d for d in doc.definitions if isinstance(d, FragmentDefinitionNode)}
+    fields = steps = 0
+    for op in doc.definitions:
+        if not isinstance(op, OperationDefinitionNode):
+            continue
+        roots = 0
+        stack = [(sel, True, ()) for sel in op.selection_set.selections]
+        while stack:
+            sel, at_root, path = stack.pop()
+            steps += 1
+            if steps > 4 * MAX_FIELDS:
+                fields = MAX_FIELDS + 1
+            elif isinstance(sel, FieldNode):
+                fields += 1
+                roots += at_root
+                if sel.selection_set is not None:
+                    stack += [(s, False, path) for s in sel.selection_set.selections]
+            elif isinstance(sel, InlineFragmentNode):
+                stack += [(s, at_root, path) for s in sel.selection_set.selections]
+            elif isinstance(sel, FragmentSpreadNode):
+                frag = frags.get(sel.name.value)
+                if frag is not None and sel.name.value not in path:  # (cycles: validation)
+                    stack += [(s, at_root, path + (sel.name.value,))
+                              for s in frag.selection_set.selections]
+            if fields > MAX_FIELDS:
+                raise InvalidRequest(
+                    f"the query selects more than {MAX_FIELDS} fields (fragments expanded); "
+                    "split it into smaller queries")
+            if roots > MAX_ROOT_FIELDS:
+                raise InvalidRequest(
+                    f"the query asks more than {MAX_ROOT_FIELDS} top-level fields (aliases "
+                    "included); split it into smaller queries")
+
+
+def _answer(result) -> dict:
+    """The response; an error that is not a refusal in words (a bug, a database error)
+    is logged with its traceback and answered without its text, which could show SQL,
+    parameters or paths."""
+    out: dict = {"data": result.data}
+    if result.errors:
+        errors = []
+        for e in result.errors:
+            orig = e.original_error
+            if orig is not None and not isinstance(orig, GraphQLError | BackendAIError):
+                log.error("GraphQL field %s failed", ".".join(map(str, e.path or [])),
+                          exc_info=orig)
+                e = GraphQLError("internal error; the hub's log has the details",
+                                 e.nodes, path=e.path)
+            errors.append(e.formatted)
+        out["errors"] = errors
+    return out
+
+
 async def execute(manager, p: access.Principal, query: str, variables: dict | None,
                   hub=None) -> dict:
     """Run one query for ``p``; answers ``{"data": ..., "errors": [...]}`` as GraphQL does.
+    A document over the bounds (:data:`MAX_QUERY_CHARS`, :func:`check_cost`) or with
+    text a database cannot store is an :class:`InvalidRequest` (400) before any work.
 
     ``hub``: the request's handler, which makes the JupyterHub side of the mutations
     (``hubsync.apply``) after their transaction committed."""
 
-    volumes = await vfolders._volumes(manager) if "storage_volume" in query else {}
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidRequest(f"the query has {len(query)} characters; at most "
+                             f"{MAX_QUERY_CHARS} are accepted")
+    _check_text(query, "query")
+    _check_text(variables or {}, "variables")
     try:
-        mutation = any(getattr(d, "operation", None) == OperationType.MUTATION
-                       for d in parse(query).definitions)
-    except GraphQLError:
-        mutation = False  # graphql_sync answers the syntax error
+        doc = parse(query)
+    except GraphQLError as e:
+        return {"data": None, "errors": [e.formatted]}
+    visit(doc, _Strings())
+    check_cost(doc)
+    errors = validate(SCHEMA, doc)
+    if errors:
+        return {"data": None, "errors": [e.formatted for e in errors]}
+    mutation = any(getattr(d, "operation", None) == OperationType.MUTATION
+                   for d in doc.definitions)
+    volumes = await vfolders._volumes(manager) if "storage_volume" in query else {}
 
     def run(db):
         root = Root(db, p)
         root.volumes = volumes
-        return graphql_sync(SCHEMA, query, root_value=root, variable_values=variables or {},
+        return execute_sync(SCHEMA, doc, root_value=root, variable_values=variables or {},
                             field_resolver=_field_resolver), root.changes
 
     result, changes = await (manager.db if mutation else manager.db_read)(run)
@@ -1228,10 +1330,7 @@ async def execute(manager, p: access.Principal, query: str, variables: dict | No
         raise RuntimeError("mutations JupyterHub mirrors need the request's handler")
     for change in changes:
         await hubsync.apply(hub, change)
-    out: dict = {"data": result.data}
-    if result.errors:
-        out["errors"] = [e.formatted for e in result.errors]
-    return out
+    return _answer(result)
 
 
 __all__ = ["execute", "dashed", "bai_status", "session_item", "SCHEMA"]

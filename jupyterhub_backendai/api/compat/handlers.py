@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import re
 import time
 import uuid
 from http.client import responses
@@ -27,6 +28,7 @@ from ...common.errors import (
     NotFound,
     StorageQuotaExceeded,
 )
+from ...common.session_request import MAX_CLUSTER_SIZE
 from ...common.slots import MIG_PREFIX
 from ...common.types import ALIVE_STATUSES, SessionStatus
 from ...manager import access, admin, vfolders
@@ -34,8 +36,8 @@ from ...manager.ops import reads
 from ...models import Session, VFolder
 from ...storageproxy import transfer
 from ...storageproxy.client import InProcessStorageClient
-from .. import spec
-from ..base import PROBLEM, APIBase, parse_json_body
+from .. import models, spec
+from ..base import PROBLEM, APIBase, _check_text, parse_json_body
 from . import gql
 
 # The API version announced in version negotiation: the 23.09 client's own (v7.20230615),
@@ -79,14 +81,28 @@ class CompatBase(APIBase):
                                 "title": f"{title}: {detail}" if detail != title else title,
                                 "status": status_code, "detail": str(detail)}))
 
+    async def prepare(self):
+        await super().prepare()
+        # Query parameters are read ad hoc by these handlers: none may carry text a
+        # database cannot store (the admin API checks its own in APIBase.query).
+        for name, values in self.request.query_arguments.items():
+            for raw in values:
+                try:
+                    _check_text(raw.decode("utf-8"), name)
+                except UnicodeDecodeError:
+                    raise InvalidRequest(f"query parameter {name!r} is not UTF-8") from None
+
     def json_body(self) -> dict:
-        """The JSON object body (Backend.AI's clients send one even with GET); {} when none."""
+        """The JSON object body (Backend.AI's clients send one even with GET); {} when none.
+        Strings a database cannot store (NUL, lone surrogates) are a 400 here, for every
+        handler, as :func:`..base.validate` makes them for the admin API."""
         raw = self.request.body
         if not raw or not raw.strip():
             return {}
         data = parse_json_body(raw)
         if not isinstance(data, dict):
             raise InvalidRequest("the body must be a JSON object")
+        _check_text(data)
         return data
 
 
@@ -207,14 +223,40 @@ def _resources(config: dict) -> dict:
     return out
 
 
+_OPT = type(None)
+
+
 def _check_create(body: dict) -> None:
-    for field, kinds in (("name", str), ("image", str), ("type", str), ("group", (str, type(None))),
-                         ("startupCommand", (str, type(None))), ("config", (dict, type(None)))):
+    for field, kinds in (("name", str), ("image", str), ("type", str), ("group", (str, _OPT)),
+                         ("startupCommand", (str, _OPT)), ("config", (dict, _OPT)),
+                         ("clusterMode", (str, _OPT)), ("starts_at", (str, _OPT)),
+                         ("dependencies", (list, _OPT)), ("enqueueOnly", (bool, _OPT)),
+                         ("reuseIfExists", (bool, _OPT))):
         if field in body and not isinstance(body[field], kinds):
             raise InvalidRequest(f"{field}: wrong type")
+    # Numbers bounded here: clusterSize is the number of kernels the request asks for
+    # (the admin API's bound); maxWaitSeconds how long the request may be held open.
+    for field, top in (("clusterSize", MAX_CLUSTER_SIZE), ("maxWaitSeconds", 24 * 3600)):
+        v = body.get(field)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                              or not 0 <= v <= top):
+            raise InvalidRequest(f"{field} must be a whole number from 0 to {top}, not {v!r}")
+    if not all(isinstance(d, str) for d in body.get("dependencies") or []):
+        raise InvalidRequest("dependencies: a list of session names or ids")
+    config = body.get("config") or {}
+    for field, kinds in (("resources", (dict, _OPT)), ("scalingGroup", (str, _OPT)),
+                         ("mounts", (list, _OPT))):
+        if field in config and not isinstance(config[field], kinds):
+            raise InvalidRequest(f"config.{field}: wrong type")
+    if not all(isinstance(m, str) for m in config.get("mounts") or []):
+        raise InvalidRequest("config.mounts: a list of vfolder names or ids")
     for field in ("name", "image"):
         if not body.get(field):
             raise InvalidRequest(f"{field}: required field missing")
+    if not re.fullmatch(models.NAME_PATTERN.strip("^$"), body["name"]):  # (as the admin API's)
+        raise InvalidRequest(f"name: {models.PATTERN_WORDS[models.NAME_PATTERN]}")
+    if len(body["image"]) > 512:
+        raise InvalidRequest("image: must be at most 512 characters long")
     if body.get("type", "interactive") not in ("batch", "interactive"):
         raise InvalidRequest(f"type must be batch or interactive, not {body['type']!r} "
                              "(inference sessions are not offered here)")
