@@ -390,6 +390,7 @@ def test_backendai_session_create_checks_its_fields(hub, world):
                           ({"name": "a" * 300}, "name"), ({"name": "x\n"}, "name"),
                           ({"dependencies": 5}, "dependencies"),
                           ({"dependencies": [5]}, "dependencies"),
+                          ({"dependencies": ["bobsess"] * 65}, "dependencies"),
                           ({"starts_at": 5}, "starts_at"),
                           ({"config": {"mounts": [5]}}, "config.mounts"),
                           ({"config": {"resources": "x"}}, "config.resources")):

@@ -243,6 +243,8 @@ def _check_create(body: dict) -> None:
             raise InvalidRequest(f"{field} must be a whole number from 0 to {top}, not {v!r}")
     if not all(isinstance(d, str) for d in body.get("dependencies") or []):
         raise InvalidRequest("dependencies: a list of session names or ids")
+    if len(body.get("dependencies") or []) > 64:  # (each is looked up; the admin API's bound)
+        raise InvalidRequest("dependencies: at most 64 sessions")
     config = body.get("config") or {}
     for field, kinds in (("resources", (dict, _OPT)), ("scalingGroup", (str, _OPT)),
                          ("mounts", (list, _OPT))):
