@@ -38,6 +38,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import secrets
 import socket
 import stat
@@ -74,6 +75,12 @@ READ_CHUNK = 4 << 20
 #: sent with ``sendfile`` (no copy through Python); the answer ends the connection.
 RAW_MIN = 256 << 10
 RAW_BUF = 1 << 20  # (bigger falls out of the CPU caches: slower on this kind of VM)
+#: A taken-over PATCH body with at least this much still to come is received by two
+#: threads: one splices the socket into pipes (RAW_PIPES of RAW_BUF), the other splices
+#: each filled pipe into the staged file, so the socket's share (TCP and the splice
+#: into a pipe) runs beside the file system's (the copy into the page cache).
+PIPELINE_MIN = 4 << 20
+RAW_PIPES = 3
 #: Seconds a taken-over connection may stall before it is dropped.
 RAW_TIMEOUT = 120.0
 #: Transfers on taken-over connections at once; more wait for a turn.
@@ -474,6 +481,16 @@ def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
                 written = len(first)
             except OSError as e:
                 why = e
+    if why is None and count - received >= PIPELINE_MIN:
+        pipes = [p for p in (_pipe() for _ in range(RAW_PIPES)) if p is not None]
+        try:
+            if len(pipes) == RAW_PIPES:
+                out = _receive_pipelined(sock, fd, pipes, count, received, written, room, at)
+                if out is not None:
+                    return out
+        finally:
+            for p in pipes:
+                _close_pipe(p)
     pipe = _pipe() if why is None else None
     buf = view = None
     try:
@@ -516,16 +533,137 @@ def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
             _close_pipe(pipe)
     if why is None:
         return written, None
+    return written, why if _drain(sock, received, count) else "gone"
+
+
+def _raw_patch(sock: socket.socket, fd: int, first: bytes, count: int, room: int | None,
+               at: int, st: _Staged, release) -> None:
+    """A taken-over PATCH in its transfer thread: the body into the staged file
+    (:func:`_receive`), then the upload's end (the last byte: commit; past the quota:
+    discard), ``release`` (the upload's lock, on the event loop: queued before the
+    answer goes out, so the client's next PATCH finds it free), the answer."""
+    # Written at explicit offsets (splice refuses an O_APPEND file); the lock makes
+    # this PATCH the upload's only writer, and ``at`` is its size.
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_APPEND)
+    written, why = _receive(sock, fd, first, count, room, at)
+    if why == "gone":
+        return  # what was written is kept: tus resumes from the offset
+    error, offset = None, at + written
+    try:
+        if why == "quota":
+            st.discard()
+            error = _quota(st, room)
+        elif isinstance(why, OSError):
+            error = _os_error(why, st.claims["path"])
+        elif offset == st.length:
+            st.commit()
+    except BackendAIError as e:
+        error = e
+    release()
+    if error is not None:
+        _problem_answer(sock, error)
+    else:
+        _answer(sock, 204, {"Tus-Resumable": TUS_VERSION, "Cache-Control": "no-store",
+                            "Upload-Offset": str(offset)})
+
+
+def _drain(sock: socket.socket, received: int, count: int) -> bool:
+    """Read and drop the rest of a refused body (so the client reads the answer);
+    False if the client left or stalled meanwhile."""
     drain = bytearray(min(RAW_BUF, max(count - received, 1)))
-    while received < count:  # drain what the client still sends, then answer
+    while received < count:
         try:
             n = sock.recv_into(drain, min(len(drain), count - received))
         except OSError:
-            return written, "gone"
+            return False
         if not n:
-            return written, "gone"
+            return False
         received += n
-    return written, why
+    return True
+
+
+def _receive_pipelined(sock: socket.socket, fd: int, pipes: list, count: int, received: int,
+                       written: int, room: int | None, at: int) -> tuple[int, object] | None:
+    """:func:`_receive`'s rest of a large body on two threads: this one splices the
+    socket into a free pipe (one ``splice`` a piece, at most RAW_BUF) and checks the
+    piece against ``room``; a writer thread splices each checked piece into ``fd`` at
+    its offset, in order, and hands the pipe back. A piece past ``room`` is dropped
+    unwritten; after a failed write the writer drops the pieces still coming. None
+    if this socket cannot splice (nothing received yet: the caller reads instead)."""
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    full: queue.SimpleQueue = queue.SimpleQueue()
+    for p in pipes:
+        free.put(p)
+    state: dict = {"written": written, "error": None}
+
+    def writer():
+        pos, can_splice = at + written, True
+        while (item := full.get()) is not None:
+            (r, _w), n = item
+            done = 0
+            try:
+                if state["error"] is not None:
+                    raise state["error"]  # dropped below: the upload has failed
+                while done < n:
+                    if can_splice:
+                        try:
+                            done += os.splice(r, fd, n - done, offset_dst=pos + done)
+                            continue
+                        except OSError as e:
+                            if e.errno != errno.EINVAL:
+                                raise
+                            can_splice = False  # this file system takes no splice
+                    chunk = os.read(r, n - done)
+                    _pwrite_all(fd, memoryview(chunk), pos + done)
+                    done += len(chunk)
+                state["written"] += n
+            except OSError as e:
+                state["error"] = state["error"] or e
+                _drop(r, n - done)
+            pos += done
+            free.put(item[0])
+
+    thread = threading.Thread(target=writer, name="transfer-write", daemon=True)
+    thread.start()
+    why: object = None
+    announced, start = written, received
+    try:
+        while received < count and state["error"] is None:
+            p = free.get()
+            try:
+                n = os.splice(sock.fileno(), p[1], min(RAW_BUF, count - received))
+            except OSError as e:
+                free.put(p)
+                if e.errno == errno.EINVAL and received == start:
+                    return None  # this socket cannot splice
+                why = "gone"
+                break
+            if not n:
+                why = "gone"
+                break
+            received += n
+            if room is not None and announced + n > room:
+                _drop(p[0], n)  # never written
+                why = "quota"
+                break
+            announced += n
+            full.put((p, n))
+    finally:
+        full.put(None)
+        thread.join()
+    written, error = state["written"], state["error"]
+    if why == "gone":
+        return written, "gone"  # what was written is kept: tus resumes from there
+    why = error or why
+    if why is None:
+        return written, None
+    return written, why if _drain(sock, received, count) else "gone"
+
+
+def _drop(r: int, n: int) -> None:
+    """Read and drop ``n`` bytes from the pipe end ``r``."""
+    while n > 0:
+        n -= len(os.read(r, min(n, RAW_BUF)))
 
 
 def _pipe() -> tuple[int, int] | None:
@@ -678,13 +816,19 @@ class TusUploadHandler(TransferHandler):
                 self._small, self._offset = int(count), offset
                 self.request.connection.set_max_body_size(min(st.length, RAW_MIN))
                 return
-            current = await asyncio.to_thread(st.create)
+
+            def begin():  # one trip to a thread: each costs a wake-up on a busy machine
+                current = st.create()
+                if offset != current or current >= st.length:
+                    return current, None
+                return current, st.room()
+
+            current, self._room = await asyncio.to_thread(begin)
             if offset != current:
                 raise Conflict(f"Upload-Offset is {offset}, but the upload is at {current}")
             if current >= st.length:
                 raise Conflict("the upload is already complete")
             self._offset = current
-            self._room = await asyncio.to_thread(st.room)
             self.request.connection.set_max_body_size(st.length - current)
             self._fd = os.open(st.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except BackendAIError as e:
@@ -701,8 +845,9 @@ class TusUploadHandler(TransferHandler):
 
     async def _patch_raw(self, count: int):
         """The PATCH on a taken-over connection (RAW_MIN): the same checks, the same
-        answers, the body written by a thread of its own straight from the socket."""
-        st = self.staged
+        answers, the body written by a thread of its own straight from the socket; that
+        thread also ends the upload (commit or discard) and answers, so a PATCH costs
+        the event loop no more trips to threads than the one."""
         sock = None
         try:
             try:
@@ -710,35 +855,10 @@ class TusUploadHandler(TransferHandler):
                     self, count, self.request.headers.get("Expect", "").lower() == "100-continue")
             except iostream.StreamClosedError:
                 return  # the client left before the body: nothing was written
-            # Written at explicit offsets (splice refuses an O_APPEND file); the lock
-            # makes this PATCH the upload's only writer, and _offset is its size.
-            fcntl.fcntl(self._fd, fcntl.F_SETFL,
-                        fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_APPEND)
-            written, why = await _in_thread(_receive, sock, self._fd, first, count, self._room,
-                                            self._offset)
-            self._close()
-            if why == "gone":
-                return  # what was written is kept: tus resumes from the offset
-            if why == "quota":
-                await asyncio.to_thread(st.discard)
-                error = _quota(st, self._room)
-            elif isinstance(why, OSError):
-                error = _os_error(why, st.claims["path"])
-            else:
-                error = None
-                offset = self._offset + written
-                if offset == st.length:
-                    try:
-                        await asyncio.to_thread(st.commit)
-                    except BackendAIError as e:
-                        error = e
-            self._release()  # before the answer: the client's next PATCH may follow at once
-            if error is not None:
-                await _in_thread(_problem_answer, sock, error)
-            else:
-                await _in_thread(_answer, sock, 204, {
-                    "Tus-Resumable": TUS_VERSION, "Cache-Control": "no-store",
-                    "Upload-Offset": str(offset)})
+            loop = asyncio.get_running_loop()
+            await _in_thread(_raw_patch, sock, self._fd, first, count, self._room,
+                             self._offset, self.staged,
+                             lambda: loop.call_soon_threadsafe(self._release))
         finally:
             self._close()
             self._release()
