@@ -106,6 +106,8 @@ def populate(sm, agents: int, pending: int, users: int = 100, seed: int = 1) -> 
                               occupied_slots=ResourceSlot(), status="ALIVE", schedulable=True))
         s.execute(insert(Agent), arows)
         weights = [w for w, *_ in SHAPES]
+        # All created in the last minute, none in the future (a session created after
+        # the newest one a pass saw is an arrival; one created before it is not).
         t0 = utcnow() - dt.timedelta(seconds=60)
         srows, kr = [], []
         for i in range(pending):
@@ -121,7 +123,7 @@ def populate(sm, agents: int, pending: int, users: int = 100, seed: int = 1) -> 
                 cluster_size=size, cluster_mode="multi-node" if size > 1 else "single-node",
                 priority=50, requested_slots=ResourceSlot(per), status="PENDING",
                 status_info="waiting for the scheduler", status_history={"PENDING": t0.isoformat()},
-                created_at=t0 + dt.timedelta(milliseconds=i), alive_marker=1,
+                created_at=t0 + dt.timedelta(microseconds=100 * i), alive_marker=1,
                 designated_agents=[], environ={},
             ))
             for k in range(size):
@@ -172,7 +174,8 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         t = time.perf_counter()
         got = dispatcher.schedule_pass(sm, "default")
         changed.append(time.perf_counter() - t)
-        assert not dispatcher.LAST_PASS["skipped"], "a pass after an arrival was skipped"
+        changed_pass = dict(dispatcher.LAST_PASS)
+        assert not changed_pass["skipped"], "a pass after an arrival was skipped"
         placed_late = len(got)
     changed.sort()
     # A loop after a release: one placed session ends (its slots given back), so the
@@ -207,7 +210,7 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         if considered else 0.0,
         first_pass=passes[0], last_pass=passes[-1], idle_loop_s=idle[len(idle) // 2],
         waiting=pending - placed, db_cpu_s=db_cpu_s, changed_loop_s=changed[len(changed) // 2],
-        changed_loop_pass=dict(dispatcher.LAST_PASS), changed_loop_placed=placed_late,
+        changed_loop_pass=changed_pass, changed_loop_placed=placed_late,
         released_loop_s=released[len(released) // 2], released_loop_max_s=released[-1],
         after_release_loop_s=after[len(after) // 2], released_pass=released_pass,
         released_placed=released_placed,

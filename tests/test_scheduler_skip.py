@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from sqlalchemy import text
 
 from jupyterhub_backendai.common.types import AgentStatus
 from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
@@ -47,6 +48,8 @@ def test_an_unchanged_queue_is_not_passed_again(w, sm):
     assert w.names(schedule_pass(sm, "default")) == ["fits"]
     assert LAST_PASS["skipped"] is False
     assert quiet(sm) is False  # after a pass that placed, the next one runs
+    # ... over what the placing pass remembered, not the whole queue read again
+    assert LAST_PASS["released_only"] is True
     assert quiet(sm) is True
     assert quiet(sm) is True
     assert w.status("waits") == "PENDING"
@@ -218,7 +221,10 @@ def test_a_release_decides_the_remembered_queue_again(full, sm):
     assert LAST_PASS["pending"] < 5  # "huge" (fits on no agent) was not decided again
     assert w.info("huge").startswith("waiting for resources: no agent of the group is large")
     assert w.info("w2").startswith("waiting for resources: no agent has")
-    assert quiet(sm) is True  # what it placed was remembered with it
+    # What it placed was remembered with it; read after its own writes, that record
+    # is checked once more (a pass over the remembered queue, not a full one).
+    assert quiet(sm) is False and LAST_PASS["released_only"] is True
+    assert quiet(sm) is True
     w.finish("r2")  # 2 cores free again: "w2" (1 core) first, then "w3" (2) no longer fits
     assert w.names(schedule_pass(sm, "default")) == ["w2"]
     assert LAST_PASS["released_only"] is True
@@ -362,3 +368,141 @@ def test_a_release_decides_sessions_waiting_for_it_again(full, sm):
     assert w.status("orphan") == "CANCELLED"
     assert quiet(sm) is False  # a pass that cancelled leaves nothing remembered
     assert check_consistency(sm) == []
+
+
+def test_a_pass_that_placed_leaves_its_queue_remembered(full, sm):
+    """After a full pass that placed sessions, the next pass decides the rest of the
+    queue from that pass's memory (fresh agents and usage), with the verdicts a full
+    pass would give, and then the loop is quiet."""
+    w = full
+    # An agent joins and a session arrives: the next pass runs in full.
+    w.agent("a2", cpu=3, mem="64g")
+    w.enqueue("alice", "w4", cpu=1)
+    assert w.names(schedule_pass(sm, "default")) == ["w1", "w2"]
+    assert not LAST_PASS.get("released_only") and LAST_PASS["skipped"] is False
+    infos = {n: w.info(n) for n in ("big", "huge", "w3", "w4")}
+    assert w.names(schedule_pass(sm, "default")) == []
+    assert LAST_PASS["released_only"] is True
+    assert LAST_PASS["waiting"] == 4
+    assert {n: w.info(n) for n in infos} == infos
+    assert quiet(sm) is True
+    schedule_pass(sm, "default", force=True)
+    assert {n: w.info(n) for n in infos} == infos  # the same as a full pass over it
+    w.finish("r1")
+    assert w.names(schedule_pass(sm, "default")) == ["w3"]
+    assert LAST_PASS["released_only"] is True
+    assert check_consistency(sm) == []
+
+
+@pytest.mark.parametrize("path", ["full", "released"])
+def test_a_policy_changed_while_a_placing_pass_runs_is_not_lost(postgres, monkeypatch, path):
+    """PostgreSQL reads committed data statement by statement: a policy that changes
+    while a pass places sessions is in the fingerprint that pass reads after its
+    writes, though the pass decided on the old one. The next pass must not take that
+    fingerprint on trust and skip: the new limit is applied at the next loop. (Arrivals,
+    releases and cancellations in the group cannot commit then: the pass holds the
+    group's row, its agents' and its queue's; the test below that shows it.) Here the
+    policy is changed from another connection between the pass's decisions and its
+    commit, in a full pass and in a pass over the remembered queue after a release."""
+    import uuid
+
+    from jupyterhub_backendai.manager import tenancy
+    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
+    from jupyterhub_backendai.scheduler import dispatcher
+
+    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
+    engines = [make_engine(url) for _ in range(2)]
+    upgrade(engines[0])
+    sched, other = (make_sessionmaker(e) for e in engines)
+    try:
+        with other.begin() as s:
+            tenancy.ensure_defaults(s)
+        w = World(other)
+        w.agent("a1", cpu=4, mem="64g")
+        w.user("alice")
+        w.policy("one", max_concurrent_sessions=1)
+        w.user("bob", policy="one")
+        w.enqueue("alice", "r1", cpu=2)
+        w.enqueue("alice", "r2", cpu=2)
+        assert w.names(schedule_pass(sched, "default")) == ["r1", "r2"]
+        settle(w, sched)
+        w.enqueue("alice", "w1", cpu=2)
+        w.enqueue("bob", "b0", cpu=1)
+        w.enqueue("bob", "b1", cpu=1)
+        settle(w, sched)
+        w.agent("a2", cpu=1, mem="64g")  # an agent joins and a session arrives:
+        w.enqueue("alice", "w2", cpu=4)  # a full pass, which places b0 on a2
+        if path == "released":
+            assert w.names(schedule_pass(sched, "default")) == ["b0"]
+            settle(w, sched)
+            w.finish("r1")  # a release: the remembered queue, w1 placed on a1
+        expect = ["b0"] if path == "full" else ["w1"]
+        assert w.info("b1").endswith("max_concurrent_sessions)") or path == "full"
+
+        real_commit = dispatcher.commit
+
+        def commit_and_meanwhile(*args, **kw):
+            real_commit(*args, **kw)
+            monkeypatch.setattr(dispatcher, "commit", real_commit)
+            with other.begin() as s:
+                s.get(KeypairResourcePolicy, "one").max_concurrent_sessions = 2
+
+        monkeypatch.setattr(dispatcher, "commit", commit_and_meanwhile)
+        assert w.names(schedule_pass(sched, "default")) == expect
+        assert bool(LAST_PASS.get("released_only")) == (path == "released")
+        assert dispatcher.commit is real_commit  # the change was made inside that pass
+        assert schedule_pass(sched, "default") == []  # no room left anywhere
+        assert LAST_PASS["skipped"] is False
+        # b1 no longer waits on bob's limit of one session, but for room.
+        assert w.info("b1").startswith("waiting for resources")
+        settle(w, sched)
+        assert check_consistency(sched) == []
+    finally:
+        for e in engines:
+            e.dispose()
+
+
+def test_an_arrival_in_the_group_waits_for_a_running_pass(postgres):
+    """Why a pass needs no guard against arrivals in its own group committed while it
+    runs: a new session's row refers to its resource group, whose row the pass holds
+    (``FOR UPDATE``), so the insert waits on that lock until the pass has committed."""
+    import threading
+    import time
+    import uuid
+
+    from jupyterhub_backendai.manager import tenancy
+    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
+    from jupyterhub_backendai.scheduler.snapshot import load_group
+
+    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
+    engines = [make_engine(url) for _ in range(3)]
+    upgrade(engines[0])
+    sched, other, watch = (make_sessionmaker(e) for e in engines)
+    try:
+        with other.begin() as s:
+            tenancy.ensure_defaults(s)
+        w = World(other)
+        w.agent("a1", cpu=4, mem="64g")
+        w.user("alice")
+        arrival = threading.Thread(target=w.enqueue, args=("alice", "new"), kwargs={"cpu": 1})
+        with sched.begin() as db:
+            load_group(db, "default")  # as a pass does
+            arrival.start()
+            deadline = time.monotonic() + 30
+            while True:
+                with watch.begin() as s:
+                    waiting = s.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND query ILIKE 'INSERT INTO sessions%'"
+                    )).scalar()
+                if waiting:
+                    break
+                assert arrival.is_alive(), "the arrival was inserted while the pass held the group"
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        arrival.join(30)
+        assert not arrival.is_alive()
+        assert w.status("new") == "PENDING"
+    finally:
+        for e in engines:
+            e.dispose()

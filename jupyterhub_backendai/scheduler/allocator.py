@@ -41,6 +41,9 @@ class Allocation:
     #: Request shapes that did not fit (:class:`.dispatcher.Shapes` key -> the reason):
     #: free capacity only shrinks within a pass, so they fail again.
     failed_shapes: dict = field(default_factory=dict)
+    #: The starvation guard decided a session (placed it or held agents for it): the
+    #: next pass may decide differently (the next oldest goes first).
+    guarded: bool = False
 
     def place(self, sess: PendingSession, agents: list[str], pool: AgentPool,
               ctx: PassContext) -> None:

@@ -174,6 +174,14 @@ class Quiet:
     #: What that pass knew (:class:`.dispatcher.Memory`): a pass that finds only
     #: arrivals decides them against it instead of re-reading the queue.
     memory: object = None
+    #: The fingerprint was read after the pass's own writes (it placed sessions), so it
+    #: may also hold what another transaction committed while the pass ran, which the
+    #: pass never saw (PostgreSQL reads committed data statement by statement). An
+    #: equal fingerprint then does not skip the next pass: it decides the remembered
+    #: queue again on fresh agents and usage, as after a release, with the queue checked
+    #: against the remembered sessions; only a pass that wrote nothing leaves a fingerprint read before its
+    #: reads, which a skip can trust.
+    tainted: bool = False
 
 
 #: engine -> {group: Quiet}; weak so that a disposed engine's entries go with it.

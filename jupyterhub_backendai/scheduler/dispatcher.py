@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
+import heapq
 import logging
 import threading
 import time
@@ -84,6 +85,7 @@ from .snapshot import (
     lock_scheduler,
     pending_keys,
     queue_digest,
+    queue_digest_without,
     unread_levels,
 )
 from .state import LIMITED, GroupInfo, PassContext, PendingSession, Verdict, fmt_amount, slot_limit
@@ -132,7 +134,7 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         fp = changes.fingerprint(db, resource_group)
         last = quiet.get(resource_group)
         recent = not force and last is not None and (last.due is None or now < last.due)
-        if recent and last.fingerprint == fp:
+        if recent and last.fingerprint == fp and not last.tainted:
             LAST_PASS.clear()
             LAST_PASS.update(group=resource_group, skipped=True,
                              total_s=time.perf_counter() - t0)
@@ -147,8 +149,9 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
             if since is not None and _arrivals_pass(db, resource_group, last, fp, since, now,
                                                     quiet, t0):
                 return []
-            if since is None and changes.released_since(last.fingerprint, fp):
-                placed = _released_pass(db, group, last, now, quiet, t0)
+            if since is None and (changes.released_since(last.fingerprint, fp) or (
+                    last.tainted and last.fingerprint == fp)):
+                placed = _released_pass(db, group, last, fp, now, quiet, t0)
                 if placed is not None:
                     return placed
             # Else (something else changed, or an arrival may be placed): a full pass.
@@ -170,9 +173,19 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
                     alloc.flush()
                     writer.finish()  # the placements' rows are written (or this raises)
                 commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
+                remember = bool(snap.pending) and not alloc.cancelled and (
+                    snap.ctx.group.scheduler_state.get("reservations")
+                    == snap.state_before.get("reservations")) and (
+                    not alloc.placed or not alloc.guarded)
+                fp_after = None
+                if remember and alloc.placed:
+                    # What this pass wrote is the record now: remember it with the
+                    # fingerprint that includes the writes (tainted: read after them),
+                    # unless a policy, keypair, limit or the group changed meanwhile.
+                    fp_after = changes.fingerprint(db, resource_group)
+                    remember = fp_after[2:] == fp[2:]
                 # The queue condensed, for a later pass that reuses what this one knew.
-                queue = (queue_digest(db, resource_group) if snap.pending and not alloc.placed
-                         and not alloc.cancelled else None)
+                queue = queue_digest(db, resource_group) if remember else None
             finally:
                 if writer is not None:
                     writer.close()  # never leave a thread on the connection
@@ -182,14 +195,21 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
             snap.ctx.group.scheduler_state.get("reservations")
             == snap.state_before.get("reservations")):
         # This pass changed nothing the fingerprint sees: the next one may be skipped
-        # until something changes. (A pass that changed the record leaves no entry, so
-        # the next pass runs and finds out whether it can move further.)
-        # An empty queue loads no agents or usage: nothing to remember then.
+        # until something changes. (A pass that cancelled or moved a reservation leaves
+        # no entry, so the next pass runs in full and finds out whether it can move
+        # further.) An empty queue loads no agents or usage: nothing to remember then.
         quiet[resource_group] = changes.Quiet(
             fp, changes.next_due(snap.ctx, alloc.waiting),
-            Memory(snap.ctx, snap.pool, alloc.waiting, alloc.failed_shapes, Shapes(snap.pool),
-                   queue=queue)
+            Memory(snap.ctx, snap.pool, Waiting(alloc.waiting), alloc.failed_shapes,
+                   Shapes(snap.pool), queue=queue)
             if snap.pending else None)
+    elif fp_after is not None and remember:
+        # It placed sessions: the rest of the queue waits on what is left, which the
+        # next pass decides again from this memory (as after a release), not in full.
+        quiet[resource_group] = changes.Quiet(
+            fp_after, changes.next_due(snap.ctx, alloc.waiting),
+            Memory(snap.ctx, snap.pool, Waiting(alloc.waiting), alloc.failed_shapes,
+                   Shapes(snap.pool), queue=queue), tainted=True)
     LAST_PASS.clear()
     LAST_PASS.update(
         group=resource_group, skipped=False, pending=len(snap.pending), agents=len(snap.pool.agents),
@@ -208,6 +228,60 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
 LAST_PASS: dict = {}
 
 
+class Waiting:
+    """The sessions a pass left waiting, kept for the pass after a release. Those that
+    wait for room are grouped by their request (:func:`_request_key`) and reason: a
+    group whose request still fits nowhere is carried over whole, its sessions not
+    looked at one by one (80,000 waiting sessions are a few dozen groups). The others
+    (waiting on a limit or a dependency) are in ``rest``, decided again each time."""
+
+    __slots__ = ("groups", "rest", "count", "ordered")
+
+    def __init__(self, items=()):
+        #: (request key, reason) -> (the verdict, the sessions)
+        self.groups: dict[tuple, tuple[Verdict, list[PendingSession]]] = {}
+        self.rest: list[tuple[PendingSession, Verdict]] = []
+        self.count = 0
+        #: The groups whose sessions are in the sequencer's order (sorted once, kept).
+        self.ordered: set[tuple] = set()
+        self.extend(items)
+
+    def add(self, s: PendingSession, v: Verdict) -> None:
+        if v.code == "no_resources" and not s.dependencies:
+            self.add_group(_request_key(s), v, [s])
+        else:
+            self.rest.append((s, v))
+            self.count += 1
+
+    def add_group(self, key: tuple, v: Verdict, sessions: list[PendingSession],
+                  ordered: bool = False) -> None:
+        """Sessions of one request (``key``), waiting for room with verdict ``v``
+        (``ordered``: in the sequencer's order)."""
+        k = (key, v.message)
+        got = self.groups.get(k)
+        if got is None:
+            self.groups[k] = (v, sessions)
+            if ordered:
+                self.ordered.add(k)
+        else:
+            got[1].extend(sessions)
+            self.ordered.discard(k)
+        self.count += len(sessions)
+
+    def extend(self, items) -> None:
+        for s, v in items:
+            self.add(s, v)
+
+    def __iter__(self):
+        for v, sessions in self.groups.values():
+            for s in sessions:
+                yield s, v
+        yield from self.rest
+
+    def __len__(self) -> int:
+        return self.count
+
+
 @dataclass
 class Memory:
     """What a pass that changed nothing knew at its end: its context (usage, policies,
@@ -217,7 +291,7 @@ class Memory:
 
     ctx: PassContext
     pool: AgentPool
-    waiting: list[tuple[PendingSession, Verdict]]
+    waiting: Waiting
     failed_shapes: dict
     shapes: Shapes
     #: The oldest waiting session's ``created_at`` (computed on first use).
@@ -282,7 +356,8 @@ def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.dat
         due = last.due
     # Remembered once the reasons are committed (as a full pass's, after its commit).
     event.listen(db, "after_commit",
-                 lambda _db: quiet.__setitem__(group, changes.Quiet(fp, due, mem)), once=True)
+                 lambda _db: quiet.__setitem__(group, changes.Quiet(fp, due, mem, last.tainted)),
+                 once=True)
     t5 = time.perf_counter()
     LAST_PASS.clear()
     LAST_PASS.update(
@@ -310,11 +385,13 @@ def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.dat
 _SUBSET_ORDER = ("fifo", "lifo")
 
 
-def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
+def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt.datetime,
                    quiet: dict, t0: float) -> list[str] | None:
-    """A pass when, since a pass that changed nothing, only sessions outside the queue
-    or agents changed (a session ended and gave its slots back, an agent joined, left
-    or changed): the queue is the one that pass remembered.
+    """A pass when, since a pass that changed nothing or only placed sessions, only
+    sessions outside the queue or agents changed (a session ended and gave its slots
+    back, an agent joined, left or changed), or nothing did but that pass read its
+    fingerprint after its own writes (:attr:`.changes.Quiet.tainted`): the queue is
+    the one that pass remembered.
 
     Its rows are checked (the same sessions, with the same priority, retry count and
     start time: a cancellation or a new priority makes this return None, and the caller
@@ -326,7 +403,12 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
     start of the pass cannot fit later in it, so those sessions keep waiting (with the
     message a full pass would give). One difference from a full pass: once a shape
     fails again in this pass, the later sessions of that shape that waited for resources
-    are not validated again (they wait for resources either way). Rows are written only
+    are not validated again (they wait for resources either way). The sessions that
+    waited for room come in groups of one request and reason (:class:`Waiting`): a
+    group whose request fits nowhere is carried over whole, and a group whose request
+    fits is merged into the sequencer's order and stops at its first session that no
+    longer fits, so a release costs the groups and the sessions placed, not the
+    queue. Rows are written only
     after the sessions placed, cancelled or given a new reason are locked as PENDING
     (``SKIP LOCKED``): if one is not, None (a full pass)."""
     mem: Memory = last.memory
@@ -337,8 +419,12 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
     with gc_paused():
         t1 = time.perf_counter()
         if mem.queue is not None:  # PostgreSQL: condensed by the database
-            if queue_digest(db, group.name) != mem.queue:
-                return None  # cancelled, reprioritised or put back meanwhile
+            # The count is checked against the sessions remembered too, not only the
+            # digest read when they were: a pass skips rows locked by another
+            # transaction (a cancellation under way), which its digest still counts.
+            queue = queue_digest(db, group.name)
+            if queue != mem.queue or queue[0] != len(mem.waiting):
+                return None  # arrived, cancelled, reprioritised or put back meanwhile
         else:
             keys = pending_keys(db, group.name)
             if len(keys) != len(mem.waiting):
@@ -350,7 +436,7 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
                     return None  # cancelled, reprioritised or put back meanwhile
         if last.fingerprint[6]:  # some session waits for another (deps count)
             deps = load_dependencies(db, group.name)
-            for s, _ in mem.waiting:
+            for s, _ in mem.waiting.rest:  # a session with dependencies is never grouped
                 if s.dependencies or s.id in deps:
                     s.dependencies = deps.get(s.id, [])
         agents = load_agents(db, group.name)
@@ -373,72 +459,123 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
         if options.max_reservations > 0:
             threshold = options.starvation_threshold
             cutoff = now - dt.timedelta(seconds=float(threshold) - 1)
-            starving = sorted((s for s, _ in mem.waiting if s.created_at <= cutoff),
-                              key=lambda s: (s.created_at, s.id))
+            starving = [s for _, lst in mem.waiting.groups.values() for s in lst
+                        if s.created_at <= cutoff]
+            starving += [s for s, _ in mem.waiting.rest if s.created_at <= cutoff]
+            starving.sort(key=lambda s: (s.created_at, s.id))
             done = _starving_first(ctx, (s for s in starving if ctx.waited(s) >= threshold),
                                    pool, alloc, selector)
-        old_of: dict[str, Verdict] = {}
-        waiting: list[tuple[PendingSession, Verdict]] = []
+        old_of: dict[str, Verdict] = {}  # the sessions decided one by one
+        waiting = Waiting()
         changed: list[tuple[PendingSession, Verdict]] = []
         fits: dict[tuple, object] = {}  # request key -> True (may fit) or its message
-        candidates: list[PendingSession] = []
-        key_of: dict[int, tuple] = {}  # id(session) -> its request key (candidates)
-        for s, v in mem.waiting:
-            if s.id in done:
-                old_of[s.id] = v
-                continue
-            if v.code != "no_resources" or s.dependencies:
-                old_of[s.id] = v
-                candidates.append(s)
-                continue
-            k = s.kernels  # _request_key(s), inline: this loop sees the whole queue
-            key = (s.cluster_mode, s.architecture, s.designated_agents,
-                   id(k[0][1]) if len(k) == 1 else tuple([id(slots) for _, slots in k]))
+        # Sessions to decide, in streams each in the sequencer's order: a group of
+        # sessions of one request that waited for room (ends once the request fails),
+        # and those that waited on anything else (decided one by one).
+        streams: list[tuple[tuple | None, Verdict | None, list[PendingSession]]] = []
+        ordered = []  # per stream: already in the sequencer's order
+        for (key, msg), (v, lst) in mem.waiting.groups.items():
+            if done:
+                for s in lst:
+                    if s.id in done:
+                        old_of[s.id] = v
+                lst = [s for s in lst if s.id not in done]
+                if not lst:
+                    continue
             got = fits.get(key)
             if got is None:
+                s = lst[0]
                 got = fits[key] = True if _may_fit(s, pool) else (
                     _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool))
             if got is True:
-                old_of[s.id] = v
-                candidates.append(s)
-                key_of[id(s)] = key
-            elif got == v.message:
-                waiting.append((s, v))
+                streams.append((key, v, lst))
+                ordered.append((key, msg) in mem.waiting.ordered)
+            elif got == msg:  # carried over as it is: not looked at
+                waiting.add_group(key, v, lst, (key, msg) in mem.waiting.ordered)
             else:
                 v = Verdict("no_resources", got)
-                waiting.append((s, v))
-                changed.append((s, v))
+                waiting.add_group(key, v, lst, (key, msg) in mem.waiting.ordered)
+                changed.extend([(s, v) for s in lst])
+        rest = []
+        for s, v in mem.waiting.rest:
+            old_of[s.id] = v
+            if s.id not in done:
+                rest.append(s)
+        if rest:
+            streams.append((None, None, rest))
+            ordered.append(False)
         for s, v in alloc.waiting:  # the starvation guard's
-            waiting.append((s, v))
+            waiting.add(s, v)
             if v.message != old_of[s.id].message:
                 changed.append((s, v))
+        order = SEQUENCERS[group.scheduler].sort_key(ctx)
+        heap = []
+        for i, (_, _, lst) in enumerate(streams):
+            if not ordered[i]:
+                lst.sort(key=order)
+            heap.append((order(lst[0]), i, 0))
+        heapq.heapify(heap)
+        decided = len(done)
         failed: dict[tuple, str] = {}  # request key -> why it did not fit
         failed_rep: dict[tuple, PendingSession] = {}
-        for s in SEQUENCERS[group.scheduler].sequence(candidates, ctx):
-            old = old_of[s.id]
-            key = key_of.get(id(s)) or _request_key(s)
-            msg = failed.get(key)
-            if msg is None or old.code != "no_resources" or s.dependencies:
+        while heap:
+            _, i, pos = heapq.heappop(heap)
+            key, old, lst = streams[i]
+            s = lst[pos]
+            decided += 1
+            if key is None:  # waited on a limit or a dependency: decided again
+                old = old_of[s.id]
+                key = _request_key(s)
                 verdict = validate(s, ctx)
+                msg = failed.get(key)
                 if verdict is not None:
                     if verdict.cancel:
                         alloc.cancelled.append((s, verdict))
-                        continue
-                    msg = None
+                        verdict = False
                 elif msg is None:
                     agents = selector.select(s, pool, ctx)
                     if agents is not None:
                         alloc.place(s, agents, pool, ctx)
-                        continue
-                    msg = failed[key] = (
-                        _no_fit_message(s) if _ever_fits(s, pool) else _never_fits_message(s, pool))
-                    failed_rep[key] = s
-            else:
-                verdict = None
-            v = verdict or (old if old.message == msg else Verdict("no_resources", msg))
-            waiting.append((s, v))
-            if v.message != old.message:
-                changed.append((s, v))
+                        verdict = False
+                    else:
+                        msg = failed[key] = (_no_fit_message(s) if _ever_fits(s, pool)
+                                             else _never_fits_message(s, pool))
+                        failed_rep[key] = s
+                if verdict is not False:
+                    v = verdict or (old if old.message == msg else Verdict("no_resources", msg))
+                    waiting.add(s, v)
+                    if v.message != old.message:
+                        changed.append((s, v))
+            else:  # one of a request's sessions that waited for room, which may fit now
+                msg = failed.get(key)
+                if msg is None:
+                    verdict = validate(s, ctx)
+                    if verdict is not None:
+                        if verdict.cancel:
+                            alloc.cancelled.append((s, verdict))
+                        else:
+                            waiting.add(s, verdict)
+                            changed.append((s, verdict))
+                    else:
+                        agents = selector.select(s, pool, ctx)
+                        if agents is not None:
+                            alloc.place(s, agents, pool, ctx)
+                        else:
+                            msg = failed[key] = (_no_fit_message(s) if _ever_fits(s, pool)
+                                                 else _never_fits_message(s, pool))
+                            failed_rep[key] = s
+                if msg is not None:
+                    # The request does not fit any more (free room only shrinks within a
+                    # pass): this session and the rest of its group wait, not looked at.
+                    left = lst[pos:]
+                    v = old if old.message == msg else Verdict("no_resources", msg)
+                    waiting.add_group(key, v, left, ordered=True)
+                    if v is not old:
+                        changed.extend([(x, v) for x in left])
+                    decided += len(left) - 1
+                    continue
+            if pos + 1 < len(lst):
+                heapq.heappush(heap, (order(lst[pos + 1]), i, pos + 1))
         t3 = time.perf_counter()
         ids = [s.id for s, _ in alloc.placed] + [s.id for s, _ in alloc.cancelled] + [
             s.id for s, _ in changed]
@@ -458,20 +595,33 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, now: dt.datetime,
                 == group.scheduler_state.get("reservations")):
             # Placements included, what this pass wrote is the record now, and the next
             # pass would decide as this one did (the starvation guard decided nothing
-            # or placed nothing, reservations unchanged): remember it with the
-            # fingerprint that includes the writes, once committed. The next moment
-            # time changes things can only be later than the last one's (fewer sessions).
-            fp2 = changes.fingerprint(db, group.name)
+            # or placed nothing, reservations unchanged): remember it, once committed.
+            # The next moment time changes things can only be later than the last
+            # one's (fewer sessions).
             shape_of = Shapes(pool)
             memory = Memory(ctx, pool, waiting,
                             {shape_of(s): failed[key] for key, s in failed_rep.items()}, shape_of,
-                            queue=queue_digest(db, group.name))
-            event.listen(db, "after_commit", lambda _db: quiet.__setitem__(
-                group.name, changes.Quiet(fp2, last.due, memory)), once=True)
+                            queue=mem.queue)
+            if not alloc.placed:
+                # Nothing the fingerprint sees was written (reasons are not in it): the
+                # one read before this pass's reads holds, and the queue is the one
+                # checked above. The next pass may be skipped.
+                remembered = changes.Quiet(fp, last.due, memory)
+            else:
+                # The fingerprint that includes the writes, read after them (tainted:
+                # see changes.Quiet), unless a policy, keypair, limit or the group
+                # changed while this pass ran.
+                fp2 = changes.fingerprint(db, group.name)
+                memory.queue = queue_digest_without(db, mem.queue, [s.id for s, _ in alloc.placed])
+                remembered = (changes.Quiet(fp2, last.due, memory, tainted=True)
+                              if fp2[2:] == fp[2:] else None)
+            if remembered is not None:
+                event.listen(db, "after_commit", lambda _db: quiet.__setitem__(
+                    group.name, remembered), once=True)
     t5 = time.perf_counter()
     LAST_PASS.clear()
     LAST_PASS.update(
-        group=group.name, skipped=False, released_only=True, pending=len(candidates) + len(done),
+        group=group.name, skipped=False, released_only=True, pending=decided,
         waiting=len(waiting), agents=len(pool.agents), placed=len(alloc.placed),
         lock_s=t1 - t0, load_s=t2 - t1, decide_s=t3 - t2, write_s=t4 - t3, commit_s=t5 - t4,
         total_s=t5 - t0,
@@ -567,6 +717,7 @@ def run_pipeline(ctx: PassContext, pending: list[PendingSession], pool: AgentPoo
         ctx, sorted((s for s in live if ctx.waited(s) >= opts.starvation_threshold),
                     key=lambda s: (s.created_at, s.id)) if opts.max_reservations > 0 else (),
         pool, alloc, selector)
+    alloc.guarded = bool(done)
 
     # The queue, in the sequencer's order; what does not fit is skipped (backfilling).
     failed_shapes = alloc.failed_shapes

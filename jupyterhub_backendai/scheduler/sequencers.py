@@ -24,10 +24,12 @@ class FIFOSequencer:
 
     name = "fifo"
 
+    def sort_key(self, ctx: PassContext):
+        """The order as a sort key (a pass may merge lists sorted by it)."""
+        return lambda s: (-ctx.effective_priority(s), s.created_at, s.id)
+
     def sequence(self, sessions: list[PendingSession], ctx: PassContext) -> Iterator[PendingSession]:
-        yield from sorted(
-            sessions, key=lambda s: (-ctx.effective_priority(s), s.created_at, s.id)
-        )
+        yield from sorted(sessions, key=self.sort_key(ctx))
 
 
 class LIFOSequencer:
@@ -37,11 +39,12 @@ class LIFOSequencer:
 
     name = "lifo"
 
+    def sort_key(self, ctx: PassContext):
+        """The order as a sort key (a pass may merge lists sorted by it)."""
+        return lambda s: (-ctx.effective_priority(s), -s.created_at.timestamp(), s.id)
+
     def sequence(self, sessions: list[PendingSession], ctx: PassContext) -> Iterator[PendingSession]:
-        yield from sorted(
-            sessions,
-            key=lambda s: (-ctx.effective_priority(s), -s.created_at.timestamp(), s.id),
-        )
+        yield from sorted(sessions, key=self.sort_key(ctx))
 
 
 class DRFSequencer:

@@ -187,10 +187,24 @@ def queue_digest(db: DBSession, group: str) -> tuple | None:
     if dialect(db) != "postgresql":
         return None
     return tuple(db.execute(text(
-        "SELECT count(*), coalesce(sum(hashtext(id || ':' || coalesce(priority, 50) || ':' ||"
-        " coalesce(retries, 0) || ':' || coalesce(starts_at::text, ''))), 0) FROM sessions"
-        " WHERE status = :p AND resource_group = :g"),
+        f"SELECT count(*), {_DIGEST_SUM} FROM sessions WHERE status = :p AND resource_group = :g"),
         {"p": SessionStatus.PENDING, "g": group}).one())
+
+
+_DIGEST_SUM = ("coalesce(sum(hashtext(id || ':' || coalesce(priority, 50) || ':' ||"
+               " coalesce(retries, 0) || ':' || coalesce(starts_at::text, ''))), 0)")
+
+
+def queue_digest_without(db: DBSession, digest: tuple | None, ids: list[str]) -> tuple | None:
+    """``digest`` (of :func:`queue_digest`) with the sessions ``ids`` taken out, read by
+    their keys (a few rows, not the queue): what the digest of the queue is once a
+    pass placed them, if nothing else changed."""
+    if digest is None or not ids:
+        return digest
+    n, total = db.execute(text(
+        f"SELECT count(*), {_DIGEST_SUM} FROM sessions WHERE id = ANY(:ids)"),
+        {"ids": list(ids)}).one()
+    return (digest[0] - n, digest[1] - total)
 
 
 def load_dependencies(db: DBSession, group: str) -> dict[str, list[tuple]]:
