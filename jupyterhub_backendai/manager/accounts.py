@@ -71,9 +71,33 @@ def add_hub_user(db, name: str, email: str) -> bool:
     return True
 
 
+@reads
+def password_record(db, username: str) -> dict | None:
+    """The id and password hash of user ``username`` (the password page checks the
+    current password on the login pool, outside any transaction), or None."""
+    u = db.scalar(select(User).where(User.username == username))
+    return None if u is None else {"id": u.id, "hash": u.password}
+
+
+@writes
+def set_password(db, username: str, old_hash: str, new_hash: str) -> str:
+    """Store ``new_hash`` as the user's password if their hash is still ``old_hash``
+    (whose password the caller checked): "" when done, else why nothing was changed."""
+    user = db.scalar(select(User).where(User.username == username).with_for_update())
+    if user is None:
+        return "There is no Backend.AI account for this login, so there is no password to change."
+    if user.password != old_hash:
+        return "The password was changed meanwhile. Nothing was changed."
+    user.password = new_hash
+    user.need_password_change = False
+    return ""
+
+
 @writes
 def change_password(db, username: str, current: str, new: str) -> str:
-    """A user's own password change: "" when done, else why nothing was changed."""
+    """A user's own password change: "" when done, else why nothing was changed.
+    Hashes inside the transaction on the shared pool, unthrottled: for scripts and tests
+    only; the password page uses :func:`password_record` and :func:`set_password`."""
     user = db.scalar(select(User).where(User.username == username).with_for_update())
     if user is None:
         return "There is no Backend.AI account for this login, so there is no password to change."
