@@ -487,9 +487,9 @@ async def _proxy_direct(self, host, port, proxied_path, body):
                     break
         if reused is None:
             addr, sock = await _connect(host, int(port), req.connect_timeout or 30.0)
+        buf = bytearray()
         try:
             await loop.sock_sendall(sock, data)
-            buf = bytearray()
             while True:  # the head (1xx heads skipped)
                 m = _HEAD_END.search(buf)
                 if m:
@@ -513,9 +513,9 @@ async def _proxy_direct(self, host, port, proxied_path, body):
         except _AppGone:
             sock.close()
             continue
-        except ConnectionResetError:
+        except ConnectionError:  # reset, broken pipe, or closed before the head ended
             sock.close()
-            if reused is not None and method in _IDEMPOTENT and attempt == 0:
+            if reused is not None and not buf and attempt == 0:  # (idempotent)
                 continue
             raise
         except TimeoutError as e:
@@ -545,7 +545,8 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
     code = start.code
     bodyless = method == "HEAD" or code in (204, 304) or 100 <= code < 200
     conn_tokens = {t.strip().lower() for t in resp_headers.get("Connection", "").split(",")}
-    keep = start.version == "HTTP/1.1" and "close" not in conn_tokens
+    # (101: the connection is the app's other protocol now, never pooled.)
+    keep = start.version == "HTTP/1.1" and "close" not in conn_tokens and code != 101
     chunked = "chunked" in resp_headers.get("Transfer-Encoding", "").lower()
     length = None
     if not bodyless and not chunked and "Content-Length" in resp_headers:
@@ -576,7 +577,12 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
     if bodyless or length is not None and length < _SPLICE_MIN:
         n = 0 if bodyless else length
         while len(buf) < n:
-            chunk = await loop.sock_recv(sock, max(65536, n - len(buf)))
+            try:
+                chunk = await asyncio.wait_for(
+                    loop.sock_recv(sock, max(65536, n - len(buf))), _SPLICE_IDLE)
+            except BaseException:
+                sock.close()
+                raise
             if not chunk:
                 sock.close()
                 raise ConnectionResetError("the app closed the connection midway")
@@ -599,6 +605,9 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
         stray = len(buf) > length
         stream = self.detach()
         try:
+            if stream.closed() or stream.socket is None:  # the client left already
+                sock.close()
+                return
             fd = os.dup(stream.socket.fileno())
         finally:
             stream.close()
