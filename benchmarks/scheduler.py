@@ -195,6 +195,16 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         released_placed += len(got)
     released.sort()
     after.sort()
+    # A loop after a cancellation: one waiting session (the oldest) is cancelled.
+    cancelled = []
+    for _ in range(3):
+        cancel_one(sm)
+        t = time.perf_counter()
+        got = dispatcher.schedule_pass(sm, "default")
+        cancelled.append(time.perf_counter() - t)
+        cancelled_pass = dict(dispatcher.LAST_PASS)
+        released_placed += len(got)
+    cancelled.sort()
     problems = dispatcher.check_consistency(sm)
     engine.dispose()
     seconds = sum(p["total_s"] for p in passes)
@@ -213,6 +223,9 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         changed_loop_pass=changed_pass, changed_loop_placed=placed_late,
         released_loop_s=released[len(released) // 2], released_loop_max_s=released[-1],
         after_release_loop_s=after[len(after) // 2], released_pass=released_pass,
+        cancelled_loop_s=cancelled[len(cancelled) // 2], cancelled_pass=cancelled_pass,
+        # The pass right after the last one that placed (the queue cannot move then).
+        after_placing_loop_s=passes[-1]["total_s"] if len(passes) > 1 else 0.0,
         released_placed=released_placed,
     )
     if verbose:
@@ -245,7 +258,24 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
               f"{r.get('write_s', 0):.3f}{', remembered queue' if r.get('released_only') else ''}"
               f"); the loop after it: median {out['after_release_loop_s']:.4f}s; placed "
               f"{released_placed} over the 3 releases")
+        k = out["cancelled_pass"]
+        print(f"  loop after one waiting session was cancelled: median "
+              f"{out['cancelled_loop_s']:.4f}s, max {cancelled[-1]:.4f}s (last: "
+              f"{'remembered queue' if k.get('released_only') else 'full pass'})")
+        print(f"  the loop after the last placing pass: {out['after_placing_loop_s']:.4f}s")
     return out
+
+
+def cancel_one(sm) -> None:
+    """The oldest waiting session is cancelled, as the manager cancels one."""
+    with sm.begin() as s:
+        sess = s.scalars(select(Session).where(Session.status == "PENDING")
+                         .order_by(Session.created_at).limit(1)).first()
+        dispatcher.release_kernels(s, sess, "CANCELLED")
+        dispatcher.set_status(sess, "CANCELLED", "cancelled by the user")
+        sess.result = "FAILURE"
+        sess.alive_marker = None
+        sess.terminated_at = utcnow()
 
 
 def end_one(sm) -> None:
@@ -363,8 +393,9 @@ def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) ->
     results: dict[str, list] = {"baseline": [], "this": []}
     print("| round | code | load avg | seconds | first pass: load / decide / write | "
           "loop after an arrival (s) | loop after a release (s) | the loop after that (s) | "
+          "loop after a cancellation (s) | loop after the last placing pass (s) | "
           "idle loop (s) | database CPU (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in range(rounds):
         for which, code in (("baseline", base), ("this", REPO)):
             url = dbs.copy(template)
@@ -383,6 +414,7 @@ def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) ->
             print(f"| {r + 1} | {which} | {load:.1f} | {res['seconds']:.2f} | {f['load_s']:.2f} / "
                   f"{f['decide_s']:.2f} / {f['write_s']:.2f} | {res['changed_loop_s']:.3f} | "
                   f"{res['released_loop_s']:.3f} | {res['after_release_loop_s']:.3f} | "
+                  f"{res['cancelled_loop_s']:.3f} | {res['after_placing_loop_s']:.3f} | "
                   f"{res['idle_loop_s']:.4f} | {db} |", flush=True)
             if not res["consistent"]:
                 sys.exit(f"{which}: check_consistency failed")
@@ -397,6 +429,10 @@ def compare(dbs: Databases, rev: str, agents: int, pending: int, rounds: int) ->
         changed_loop_s=med("this", "changed_loop_s"),
         baseline_released_loop_s=med("baseline", "released_loop_s"),
         released_loop_s=med("this", "released_loop_s"),
+        baseline_cancelled_loop_s=med("baseline", "cancelled_loop_s"),
+        cancelled_loop_s=med("this", "cancelled_loop_s"),
+        baseline_after_placing_loop_s=med("baseline", "after_placing_loop_s"),
+        after_placing_loop_s=med("this", "after_placing_loop_s"),
     )
 
 
@@ -482,6 +518,10 @@ def main() -> None:
               f"baseline_changed_loop_s={c['baseline_changed_loop_s']:.4f} "
               f"released_loop_s={c['released_loop_s']:.4f} "
               f"baseline_released_loop_s={c['baseline_released_loop_s']:.4f} "
+              f"cancelled_loop_s={c['cancelled_loop_s']:.4f} "
+              f"baseline_cancelled_loop_s={c['baseline_cancelled_loop_s']:.4f} "
+              f"after_placing_loop_s={c['after_placing_loop_s']:.4f} "
+              f"baseline_after_placing_loop_s={c['baseline_after_placing_loop_s']:.4f} "
               f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f}")
         return
     if args.db and args.db not in ("postgres",) and args.curve:
@@ -516,7 +556,9 @@ def main() -> None:
           f"seconds={last['seconds']:.3f} placements_per_s={last['placements_per_s']:.1f} "
           f"waiting={last['waiting']} idle_loop_s={last['idle_loop_s']:.4f} "
           f"changed_loop_s={last['changed_loop_s']:.4f} "
-          f"released_loop_s={last['released_loop_s']:.4f}")
+          f"released_loop_s={last['released_loop_s']:.4f} "
+          f"cancelled_loop_s={last['cancelled_loop_s']:.4f} "
+          f"after_placing_loop_s={last['after_placing_loop_s']:.4f}")
 
 
 if __name__ == "__main__":

@@ -273,6 +273,29 @@ def test_a_release_with_a_cancellation_or_a_new_priority_gets_a_full_pass(full, 
     assert check_consistency(sm) == []
 
 
+def test_a_cancellation_is_taken_out_of_the_remembered_queue(full, sm):
+    """A session that leaves the queue (cancelled) costs a pass over the remembered
+    queue without it, not a full pass; it is never placed, and the rest keeps its
+    order. With an arrival beside it, the pass runs in full."""
+    w = full
+    w.finish("w1", status="CANCELLED", result="FAILURE")
+    assert schedule_pass(sm, "default") == []
+    assert LAST_PASS["released_only"] is True
+    assert LAST_PASS["waiting"] == 4  # big, huge, w2, w3
+    assert quiet(sm) is True
+    w.finish("r1")  # 2 cores free: w1 would have been next; w2 (1 core) is
+    assert w.names(schedule_pass(sm, "default")) == ["w2"]
+    assert LAST_PASS["released_only"] is True
+    assert w.status("w1") == "CANCELLED" and w.status("w3") == "PENDING"
+    settle(w, sm)
+    w.finish("w3", status="CANCELLED", result="FAILURE")
+    w.enqueue("alice", "late", cpu=1, created_at=w.clock - dt.timedelta(seconds=10))
+    w.enqueue("alice", "late2", cpu=1, created_at=w.clock - dt.timedelta(seconds=9))
+    assert w.names(schedule_pass(sm, "default")) == ["late"]
+    assert not LAST_PASS.get("released_only")
+    assert check_consistency(sm) == []
+
+
 def test_a_release_with_a_policy_change_gets_a_full_pass(full, sm):
     w = full
     w.policy("one", max_concurrent_sessions=1)
@@ -316,7 +339,8 @@ def test_a_release_on_postgresql_with_a_row_being_cancelled_or_another_manager(p
     """PostgreSQL, two managers (engines, each with its own memory) on one database: a
     session whose row another transaction holds (a cancellation under way) is neither
     placed nor written by the pass after a release (a full pass skips it, SKIP LOCKED);
-    and what one manager placed after a release the other does not place again."""
+    and what one manager placed after a release the other does not place again (it
+    takes it out of its own memory)."""
     import uuid
 
     from jupyterhub_backendai.manager import tenancy
@@ -342,8 +366,10 @@ def test_a_release_on_postgresql_with_a_row_being_cancelled_or_another_manager(p
         w.finish("r2")  # 3 cores free: "big" still waits, "w1" fits
         assert w.names(schedule_pass(b, "default")) == ["w1"]
         assert LAST_PASS["released_only"] is True
-        assert schedule_pass(a, "default") == []  # a's memory is stale: a full pass
-        assert not LAST_PASS.get("released_only") and LAST_PASS["skipped"] is False
+        # a's memory still holds w1: it left the queue (placed by b), so a decides the
+        # rest of its remembered queue on fresh agents and usage, and places nothing.
+        assert schedule_pass(a, "default") == []
+        assert LAST_PASS["released_only"] is True and LAST_PASS["waiting"] == 3
         assert check_consistency(a) == []
     finally:
         for e in engines:

@@ -31,7 +31,8 @@ When the only change is outside the queue (a release, an agent change:
 :func:`released_since`), the pass re-reads agents and usage and decides again
 only the remembered sessions whose verdict can have changed: those whose request
 shape now fits somewhere, and those that waited on a limit or a dependency. See
-``dispatcher._released_pass``.
+``dispatcher._released_pass``. So does a pass when sessions only left the queue
+(cancelled: :func:`left_since`), with them taken out of what it remembered.
 """
 
 from __future__ import annotations
@@ -136,6 +137,20 @@ def released_since(before: tuple, after: tuple) -> bool:
     old = next((r for r in before[0] if r[0] == pending), None)
     new = next((r for r in after[0] if r[0] == pending), None)
     return old is not None and old == new
+
+
+def left_since(before: tuple, after: tuple) -> bool:
+    """Whether, from fingerprint ``before`` to ``after``, sessions only left the queue
+    (cancelled, or placed by another manager) while others may have ended or agents
+    changed: fewer PENDING sessions, and the group, the policies, keypairs, limits and
+    dependencies as they were. The caller compares the queue row by row with the one
+    remembered: a session there that was not (an arrival) makes it a full pass."""
+    if before[2:] != after[2:]:
+        return False
+    pending = SessionStatus.PENDING
+    old = next((r for r in before[0] if r[0] == pending), None)
+    new = next((r for r in after[0] if r[0] == pending), None)
+    return old is not None and new is not None and new[1] < old[1]
 
 
 def next_due(ctx: PassContext, waiting: list[tuple[PendingSession, Verdict]]) -> dt.datetime | None:

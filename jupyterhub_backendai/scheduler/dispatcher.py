@@ -149,9 +149,10 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
             if since is not None and _arrivals_pass(db, resource_group, last, fp, since, now,
                                                     quiet, t0):
                 return []
-            if since is None and (changes.released_since(last.fingerprint, fp) or (
+            left = since is None and changes.left_since(last.fingerprint, fp)
+            if since is None and (left or changes.released_since(last.fingerprint, fp) or (
                     last.tainted and last.fingerprint == fp)):
-                placed = _released_pass(db, group, last, fp, now, quiet, t0)
+                placed = _released_pass(db, group, last, fp, now, quiet, t0, left=left)
                 if placed is not None:
                     return placed
             # Else (something else changed, or an arrival may be placed): a full pass.
@@ -272,6 +273,21 @@ class Waiting:
         for s, v in items:
             self.add(s, v)
 
+    def discard(self, ids: set[str]) -> None:
+        """Forget the sessions ``ids`` (they left the queue)."""
+        for k, (v, sessions) in list(self.groups.items()):
+            kept = [s for s in sessions if s.id not in ids]
+            if len(kept) != len(sessions):
+                self.count -= len(sessions) - len(kept)
+                if kept:
+                    self.groups[k] = (v, kept)  # a subsequence keeps its order
+                else:
+                    del self.groups[k]
+                    self.ordered.discard(k)
+        kept_rest = [(s, v) for s, v in self.rest if s.id not in ids]
+        self.count -= len(self.rest) - len(kept_rest)
+        self.rest = kept_rest
+
     def __iter__(self):
         for v, sessions in self.groups.values():
             for s in sessions:
@@ -386,7 +402,7 @@ _SUBSET_ORDER = ("fifo", "lifo")
 
 
 def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt.datetime,
-                   quiet: dict, t0: float) -> list[str] | None:
+                   quiet: dict, t0: float, left: bool = False) -> list[str] | None:
     """A pass when, since a pass that changed nothing or only placed sessions, only
     sessions outside the queue or agents changed (a session ended and gave its slots
     back, an agent joined, left or changed), or nothing did but that pass read its
@@ -418,22 +434,29 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt
     options = SchedulerOptions.lenient(group.scheduler_opts)
     with gc_paused():
         t1 = time.perf_counter()
-        if mem.queue is not None:  # PostgreSQL: condensed by the database
+        if mem.queue is not None and not left:  # PostgreSQL: condensed by the database
             # The count is checked against the sessions remembered too, not only the
             # digest read when they were: a pass skips rows locked by another
             # transaction (a cancellation under way), which its digest still counts.
             queue = queue_digest(db, group.name)
             if queue != mem.queue or queue[0] != len(mem.waiting):
                 return None  # arrived, cancelled, reprioritised or put back meanwhile
-        else:
+        else:  # row by row (SQLite; or sessions left the queue: which ones?)
             keys = pending_keys(db, group.name)
-            if len(keys) != len(mem.waiting):
-                return None
+            gone: set[str] = set()
             for s, _ in mem.waiting:
                 k = keys.get(s.id)
-                if k is None or (50 if k[0] is None else k[0]) != s.priority or (
+                if k is None:
+                    gone.add(s.id)
+                elif (50 if k[0] is None else k[0]) != s.priority or (
                         (k[1] or 0) != s.retries or k[2] != s.starts_at):
-                    return None  # cancelled, reprioritised or put back meanwhile
+                    return None  # reprioritised or put back meanwhile
+            if len(keys) != len(mem.waiting) - len(gone) or (gone and not left):
+                return None  # arrived (or left, with other changes) meanwhile
+            if gone:  # they left the queue (cancelled): they held nothing
+                mem.waiting.discard(gone)
+                if mem.queue is not None:
+                    mem.queue = queue_digest(db, group.name)
         if last.fingerprint[6]:  # some session waits for another (deps count)
             deps = load_dependencies(db, group.name)
             for s, _ in mem.waiting.rest:  # a session with dependencies is never grouped
