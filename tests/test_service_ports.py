@@ -769,6 +769,27 @@ def test_a_large_body_is_spliced_intact_and_a_broken_one_is_cut(world):
     assert r.status_code == 200 and r.json()["path"] == "/after-broken", r.text[:300]
 
 
+def test_websockets_are_relayed_byte_for_byte(world):
+    """The image relays a proxied websocket as bytes after the app's own 101 (no
+    re-framing): many small messages and one of 512 KiB come back intact and in
+    order, in single-origin and subdomain mode, and the app's answer is the handshake's
+    (a path the app serves without websockets answers as the app does, not 101)."""
+    import os as _os
+
+    with world.server.ws(f"proxy/{ECHO_PORT}/") as ws:
+        for i in range(50):
+            ws.send(f"m{i}")
+        assert [ws.recv(timeout=30) for _ in range(50)] == [f"echo:m{i}" for i in range(50)]
+        big = _os.urandom(1 << 18).hex()  # 512 KiB of text (the client takes 1 MiB at most)
+        ws.send(big)
+        assert ws.recv(timeout=60) == "echo:" + big
+    _start_keepalive_app(world)
+    with pytest.raises(InvalidStatus) as e:
+        with world.server.ws(f"proxy/{KA_PORT}/not-a-websocket"):
+            pass
+    assert e.value.response.status_code == 200  # the app's plain answer, passed on
+
+
 # -- an operator's own image ------------------------------------------------------------
 
 OPERATOR_IMAGE = "backendai-test/operator-app:latest"

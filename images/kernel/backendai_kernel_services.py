@@ -728,6 +728,167 @@ async def _relay_chunked(buf, fill, recv, relay) -> bool:
         await line()  # the CRLF after the chunk
 
 
+# -- websockets: the app's own handshake, then a byte relay -----------------------------
+
+# Activity is recorded at most this often while a relayed websocket carries traffic.
+_WS_ACTIVITY_EVERY = 1.0
+# Once one direction of a relayed websocket has ended, the other gets this long to end.
+_WS_LINGER = 30.0
+
+
+def _ws_get(original_get):
+    """``WebSocketHandlerMixin.get`` for a websocket upgrade to a kernel app, without
+    tornado's websocket machinery in between.
+
+    jupyter-server-proxy accepts the client's websocket itself, opens a second one to the
+    app and passes every message across (parsed, unmasked, re-framed, in Python). Here,
+    after the same checks (the hub's login in ``prepare``, run before; ``Connection:
+    Upgrade``; the Origin check; the host allowlist, in ``proxy_open``; a named app's
+    process started first, in ``open``), the client's handshake goes to the app as it
+    came (with jupyter-server-proxy's request headers), and the app's answer comes back:
+    a 101 passes on as is (the app chooses subprotocol and extensions), and from then on
+    bytes are relayed both ways as they come. Anything else the app answers is passed on
+    as an HTTP response. Unix-socket servers and TLS client connections keep the stock
+    relay."""
+
+    from tornado import web
+
+    async def get(self, *args, **kwargs):
+        headers = self.request.headers
+        if (headers.get("Upgrade", "").lower() != "websocket" or self.unix_socket is not None
+                or not _raw_capable(self)):
+            return await original_get(self, *args, **kwargs)
+        connection = {t.strip().lower() for t in headers.get("Connection", "").split(",")}
+        if "upgrade" not in connection:
+            raise web.HTTPError(400, '"Connection" must be "Upgrade".')
+        origin = headers.get("Origin", headers.get("Sec-Websocket-Origin"))
+        if origin is not None and not self.check_origin(origin):
+            raise web.HTTPError(403, "Cross origin websockets not allowed")
+        self._backendai_ws = {}
+        await self.open(*args, **kwargs)  # -> proxy_open below: checks, records the target
+        target = self._backendai_ws.get("target")
+        if target is None:  # pragma: no cover (open always reaches proxy_open)
+            raise web.HTTPError(500, "no websocket target")
+        host, port, proxied_path = target
+        await _relay_websocket(self, host, port, proxied_path)
+
+    return get
+
+
+def _ws_proxy_open(original):
+    async def proxy_open(self, host, port, proxied_path=""):
+        if getattr(self, "_backendai_ws", None) is None:
+            return await original(self, host, port, proxied_path)
+        from tornado import web
+
+        if not self._check_host_allowlist(host) or host not in _LOOPBACK:
+            raise web.HTTPError(403, "This host is not allowed.")
+        self._backendai_ws["target"] = (host, port, proxied_path)
+
+    return proxy_open
+
+
+async def _relay_websocket(self, host, port, proxied_path):
+    import asyncio
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    from tornado import httputil, web
+
+    loop = asyncio.get_running_loop()
+    if not proxied_path.startswith("/"):
+        proxied_path = "/" + proxied_path
+    req = self._build_proxy_request(host, port, proxied_path, None)
+    url = urlsplit(req.url)
+    target = (url.path or "/") + ("?" + url.query if url.query else "")
+    lines = [f"GET {target} HTTP/1.1"]
+    for name, value in req.headers.get_all():
+        if name.lower() not in ("content-length", "keep-alive", "te", "trailer",
+                                "transfer-encoding", "proxy-connection",
+                                "proxy-authorization", "proxy-authenticate"):
+            lines.append(f"{name}: {value}")
+    self._record_activity()
+    addr, app = await _connect(host, int(port), req.connect_timeout or 30.0)
+    try:
+        await loop.sock_sendall(app, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        buf = bytearray()
+        while not (m := _HEAD_END.search(buf)):
+            if len(buf) > _HEAD_MAX:
+                raise web.HTTPError(502, "the app's response head is too large")
+            chunk = await asyncio.wait_for(loop.sock_recv(app, 65536),
+                                           req.request_timeout or 300.0)
+            if not chunk:
+                raise ConnectionResetError("the app closed the connection")
+            buf += chunk
+        head = bytes(buf[:m.end()])
+        first_line, _, rest = bytes(buf[:m.start()]).partition(b"\n")
+        start = httputil.parse_response_start_line(first_line.decode("latin-1").strip())
+        del buf[:m.end()]
+    except TimeoutError as e:
+        app.close()
+        raise web.HTTPError(599, "the app did not answer the websocket handshake") from e
+    except BaseException:
+        app.close()
+        raise
+    if start.code != 101:  # refused by the app: its answer, as for any request
+        resp_headers = httputil.HTTPHeaders.parse(rest.decode("latin-1"))
+        await self._backendai_answer(app, addr, buf, start, resp_headers, "GET", host,
+                                     port, proxied_path)
+        return
+
+    stream = self.detach()
+    try:
+        if stream.closed() or stream.socket is None:
+            app.close()
+            return
+        # What the client sent beyond its handshake and tornado has read already (a
+        # client waits for the 101, so normally nothing).
+        buffered = getattr(stream, "_read_buffer_size", 0)
+        early = await stream.read_bytes(buffered) if buffered else b""
+        fd = os.dup(stream.socket.fileno())
+    finally:
+        stream.close()
+    client = socket.socket(fileno=fd)
+    client.setblocking(False)
+    last = [0.0]
+
+    def activity() -> None:
+        now = time.monotonic()
+        if now - last[0] >= _WS_ACTIVITY_EVERY:
+            last[0] = now
+            self._record_activity()
+
+    async def pump(src, dst, pending: bytes) -> None:
+        try:
+            if pending:
+                await loop.sock_sendall(dst, pending)
+            while data := await loop.sock_recv(src, 65536):
+                await loop.sock_sendall(dst, data)
+                activity()
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    try:
+        tasks = [asyncio.ensure_future(pump(app, client, head + bytes(buf))),
+                 asyncio.ensure_future(pump(client, app, early))]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if pending:
+            await asyncio.wait(pending, timeout=_WS_LINGER)
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+            elif not t.cancelled() and t.exception() is not None:
+                self.log.debug("websocket relay to port %s ended: %s", port, t.exception())
+    finally:
+        client.close()
+        app.close()
+        self._record_activity()
+
+
 def _stream_or_buffer(original):
     async def _proxy_buffered(self, host, port, proxied_path, body, client):
         if self.rewrite_response:
@@ -823,6 +984,10 @@ def _load_jupyter_server_extension(serverapp) -> None:
         return
     ProxyHandler._proxy_buffered = _stream_or_buffer(ProxyHandler._proxy_buffered)
     ProxyHandler._backendai_answer = _answer
+    from jupyter_server_proxy.websocket import WebSocketHandlerMixin
+
+    ProxyHandler.get = _ws_get(WebSocketHandlerMixin.get)
+    ProxyHandler.proxy_open = _ws_proxy_open(ProxyHandler.proxy_open)
     original = ProxyHandler.write_error
 
     def write_error(self, status_code, **kwargs):
