@@ -533,3 +533,21 @@ def test_password_page_guesses_are_throttled_as_logins_are(hub, world):
         from jupyterhub_backendai.models import User
         carol = db.query(User).filter_by(username="carol").one()
         assert tenancy.check_password(api_world.PASSWORD, carol.password)
+
+
+def test_minted_keypairs_share_the_users_rate_limit(hub, world):
+    """Each keypair had its own window: a user who minted k keypairs made k times their
+    rate limit. Now every signed request also spends the user's main keypair's window."""
+    dave = Tenant(hub, World._user(world.sa, "da", "dave"))
+    world.sa.ok("PATCH", f"/keypairs/{dave.keys[0]}", json={"rate_limit": 8})
+    minted = []
+    for _ in range(3):  # 3 of the 8
+        r = dave("POST", "/keypairs", {})
+        assert r.status_code == 201, r.text
+        assert r.json()["rate_limit"] == 8
+        minted.append(Tenant(hub, {"keypair": r.json()}))
+    codes = [k("GET", "/whoami").status_code for _ in range(3) for k in minted]
+    assert codes.count(200) == 5 and codes.count(429) == 4, codes
+    r = minted[0]("GET", "/whoami")
+    assert r.status_code == 429 and "user 'dave'" in r.json()["detail"], r.text
+    assert world.alice("GET", "/whoami").status_code == 200  # others keep theirs

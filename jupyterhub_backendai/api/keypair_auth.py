@@ -92,6 +92,9 @@ class _KeypairRecord:
     domain_active: bool
     allowed_client_ip: tuple[str, ...]
     project_ids: frozenset[str]
+    # The owner's main keypair (its rate limit is the user's, whichever key signs).
+    main_access_key: str = ""
+    main_rate_limit: int = 0
 
 
 class KeypairAuth(LoggingConfigurable):
@@ -266,6 +269,12 @@ class KeypairAuth(LoggingConfigurable):
                 "this signed request was already received once (a replay): sign every "
                 "request anew, with its own Date"
             )
+        if record.main_access_key and record.main_access_key != record.access_key:
+            # A keypair the user minted spends the user's (main keypair's) budget too: k
+            # minted keys no longer make k times the user's rate limit. (Its own window
+            # is counted last, so the X-RateLimit headers are the signing keypair's.)
+            await self._count(handler, record.main_access_key, record.main_rate_limit,
+                              f"user {record.username!r}")
         await self._count(handler, record.access_key, record.rate_limit,
                           f"keypair {record.access_key}")
         await self.record_use(record.access_key)
@@ -355,12 +364,14 @@ def keypair_record(s, access_key: str) -> _KeypairRecord | None:
      allowed_ip, domain, domain_active) = row
     projects = frozenset(s.scalars(
         select(project_members.c.project_id).where(project_members.c.user_id == uid)))
+    main = s.execute(_main_keypair_query(uid)).first()
     return _KeypairRecord(
         access_key=ak, secret_key=secret, keypair_active=bool(kp_active),
         is_admin=bool(is_admin), rate_limit=int(rate_limit or 0), user_id=uid,
         username=username, email=email, role=role, user_status=status, domain_name=domain,
         domain_active=bool(domain_active), allowed_client_ip=tuple(allowed_ip or ()),
-        project_ids=projects,
+        project_ids=projects, main_access_key=main[0] if main else "",
+        main_rate_limit=int(main[1] or 0) if main else 0,
     )
 
 
