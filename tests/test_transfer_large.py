@@ -1,9 +1,10 @@
 """Large tus PATCH bodies on a real ``backendai-storage-proxy`` daemon's transfer port
-(storageproxy/transfer.py): a body of PIPELINE_MIN or more is received by two threads
-(socket into pipes, pipes into the staged file). The quota is still checked per piece
-(a PATCH past it is refused and leaves nothing), a cut connection keeps what arrived
-for a resume, and the finished file is the bytes sent. Tokens are signed with the
-secret the daemon was given (the manager's part)."""
+(storageproxy/transfer.py): a body of RAW_MIN or more is moved by a thread of its own
+on the taken-over connection, which also ends the upload (commit or discard) and
+answers. The quota is checked per piece (a PATCH past it is refused and leaves
+nothing), a cut connection keeps what arrived for a resume, and the finished file is
+the bytes sent. Tokens are signed with the secret the daemon was given (the
+manager's part)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import requests
 
 from jupyterhub_backendai.storageproxy.client import HTTPStorageClient
 from jupyterhub_backendai.storageproxy.transfer import (
-    PIPELINE_MIN,
+    RAW_BUF,
+    RAW_MIN,
     TransferTokens,
     upload_claims,
 )
@@ -71,7 +73,7 @@ def _url(proxy, scope, folder, path, size) -> str:
 
 
 async def test_large_patch_past_the_quota_is_refused_and_leaves_nothing(proxy):
-    assert 12 * MiB >= PIPELINE_MIN
+    assert 12 * MiB > 6 * MiB > RAW_MIN and 6 * MiB > RAW_BUF  # refused a piece later
     scope, folder = await _scope(proxy, limit=6 * MiB)
     url = _url(proxy, scope, folder, "big.bin", 12 * MiB)
     r = requests.patch(url, data=os.urandom(12 * MiB), headers={**TUS, "Upload-Offset": "0"},

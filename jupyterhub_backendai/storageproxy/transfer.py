@@ -38,7 +38,6 @@ import hmac
 import json
 import logging
 import os
-import queue
 import secrets
 import socket
 import stat
@@ -75,12 +74,6 @@ READ_CHUNK = 4 << 20
 #: sent with ``sendfile`` (no copy through Python); the answer ends the connection.
 RAW_MIN = 256 << 10
 RAW_BUF = 1 << 20  # (bigger falls out of the CPU caches: slower on this kind of VM)
-#: A taken-over PATCH body with at least this much still to come is received by two
-#: threads: one splices the socket into pipes (RAW_PIPES of RAW_BUF), the other splices
-#: each filled pipe into the staged file, so the socket's share (TCP and the splice
-#: into a pipe) runs beside the file system's (the copy into the page cache).
-PIPELINE_MIN = 4 << 20
-RAW_PIPES = 3
 #: Seconds a taken-over connection may stall before it is dropped.
 RAW_TIMEOUT = 120.0
 #: Transfers on taken-over connections at once; more wait for a turn.
@@ -481,16 +474,6 @@ def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
                 written = len(first)
             except OSError as e:
                 why = e
-    if why is None and count - received >= PIPELINE_MIN:
-        pipes = [p for p in (_pipe() for _ in range(RAW_PIPES)) if p is not None]
-        try:
-            if len(pipes) == RAW_PIPES:
-                out = _receive_pipelined(sock, fd, pipes, count, received, written, room, at)
-                if out is not None:
-                    return out
-        finally:
-            for p in pipes:
-                _close_pipe(p)
     pipe = _pipe() if why is None else None
     buf = view = None
     try:
@@ -533,7 +516,16 @@ def _receive(sock: socket.socket, fd: int, first: bytes, count: int,
             _close_pipe(pipe)
     if why is None:
         return written, None
-    return written, why if _drain(sock, received, count) else "gone"
+    drain = bytearray(min(RAW_BUF, max(count - received, 1)))
+    while received < count:  # drain what the client still sends, then answer
+        try:
+            n = sock.recv_into(drain, min(len(drain), count - received))
+        except OSError:
+            return written, "gone"
+        if not n:
+            return written, "gone"
+        received += n
+    return written, why
 
 
 def _raw_patch(sock: socket.socket, fd: int, first: bytes, count: int, room: int | None,
@@ -565,105 +557,6 @@ def _raw_patch(sock: socket.socket, fd: int, first: bytes, count: int, room: int
     else:
         _answer(sock, 204, {"Tus-Resumable": TUS_VERSION, "Cache-Control": "no-store",
                             "Upload-Offset": str(offset)})
-
-
-def _drain(sock: socket.socket, received: int, count: int) -> bool:
-    """Read and drop the rest of a refused body (so the client reads the answer);
-    False if the client left or stalled meanwhile."""
-    drain = bytearray(min(RAW_BUF, max(count - received, 1)))
-    while received < count:
-        try:
-            n = sock.recv_into(drain, min(len(drain), count - received))
-        except OSError:
-            return False
-        if not n:
-            return False
-        received += n
-    return True
-
-
-def _receive_pipelined(sock: socket.socket, fd: int, pipes: list, count: int, received: int,
-                       written: int, room: int | None, at: int) -> tuple[int, object] | None:
-    """:func:`_receive`'s rest of a large body on two threads: this one splices the
-    socket into a free pipe (one ``splice`` a piece, at most RAW_BUF) and checks the
-    piece against ``room``; a writer thread splices each checked piece into ``fd`` at
-    its offset, in order, and hands the pipe back. A piece past ``room`` is dropped
-    unwritten; after a failed write the writer drops the pieces still coming. None
-    if this socket cannot splice (nothing received yet: the caller reads instead)."""
-    free: queue.SimpleQueue = queue.SimpleQueue()
-    full: queue.SimpleQueue = queue.SimpleQueue()
-    for p in pipes:
-        free.put(p)
-    state: dict = {"written": written, "error": None}
-
-    def writer():
-        pos, can_splice = at + written, True
-        while (item := full.get()) is not None:
-            (r, _w), n = item
-            done = 0
-            try:
-                if state["error"] is not None:
-                    raise state["error"]  # dropped below: the upload has failed
-                while done < n:
-                    if can_splice:
-                        try:
-                            done += os.splice(r, fd, n - done, offset_dst=pos + done)
-                            continue
-                        except OSError as e:
-                            if e.errno != errno.EINVAL:
-                                raise
-                            can_splice = False  # this file system takes no splice
-                    chunk = os.read(r, n - done)
-                    _pwrite_all(fd, memoryview(chunk), pos + done)
-                    done += len(chunk)
-                state["written"] += n
-            except OSError as e:
-                state["error"] = state["error"] or e
-                _drop(r, n - done)
-            pos += done
-            free.put(item[0])
-
-    thread = threading.Thread(target=writer, name="transfer-write", daemon=True)
-    thread.start()
-    why: object = None
-    announced, start = written, received
-    try:
-        while received < count and state["error"] is None:
-            p = free.get()
-            try:
-                n = os.splice(sock.fileno(), p[1], min(RAW_BUF, count - received))
-            except OSError as e:
-                free.put(p)
-                if e.errno == errno.EINVAL and received == start:
-                    return None  # this socket cannot splice
-                why = "gone"
-                break
-            if not n:
-                why = "gone"
-                break
-            received += n
-            if room is not None and announced + n > room:
-                _drop(p[0], n)  # never written
-                why = "quota"
-                break
-            announced += n
-            full.put((p, n))
-    finally:
-        full.put(None)
-        thread.join()
-    written, error = state["written"], state["error"]
-    if why == "gone":
-        return written, "gone"  # what was written is kept: tus resumes from there
-    why = error or why
-    if why is None:
-        return written, None
-    return written, why if _drain(sock, received, count) else "gone"
-
-
-def _drop(r: int, n: int) -> None:
-    """Read and drop ``n`` bytes from the pipe end ``r``."""
-    while n > 0:
-        n -= len(os.read(r, min(n, RAW_BUF)))
 
 
 def _pipe() -> tuple[int, int] | None:
