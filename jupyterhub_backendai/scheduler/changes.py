@@ -140,11 +140,13 @@ def released_since(before: tuple, after: tuple) -> bool:
 
 
 def left_since(before: tuple, after: tuple) -> bool:
-    """Whether, from fingerprint ``before`` to ``after``, sessions only left the queue
-    (cancelled, or placed by another manager) while others may have ended or agents
-    changed: fewer PENDING sessions, and the group, the policies, keypairs, limits and
-    dependencies as they were. The caller compares the queue row by row with the one
-    remembered: a session there that was not (an arrival) makes it a full pass."""
+    """Whether, from fingerprint ``before`` to ``after``, sessions may only have left
+    the queue (cancelled) while others may have ended or agents changed: fewer PENDING
+    sessions, and the group, the policies, keypairs, limits and dependencies as they
+    were. The caller checks the queue against the one remembered without the sessions
+    that left (row by row on SQLite; on PostgreSQL the sessions cancelled since, then
+    the queue's digest): anything else (an arrival, a session placed by another
+    manager on PostgreSQL) makes it a full pass."""
     if before[2:] != after[2:]:
         return False
     pending = SessionStatus.PENDING

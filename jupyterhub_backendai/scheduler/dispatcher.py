@@ -74,6 +74,7 @@ from .pool import AgentPool
 from .sequencers import SEQUENCERS
 from .snapshot import (
     HOLDING_STATUSES,
+    S,
     load_agents,
     load_dependencies,
     load_group,
@@ -273,20 +274,26 @@ class Waiting:
         for s, v in items:
             self.add(s, v)
 
-    def discard(self, ids: set[str]) -> None:
-        """Forget the sessions ``ids`` (they left the queue)."""
+    def discard(self, ids: set[str]) -> set[str]:
+        """Forget those of the sessions ``ids`` that are here (they left the queue);
+        return them."""
+        if not ids:
+            return set()
+        gone: set[str] = set()
         for k, (v, sessions) in list(self.groups.items()):
             kept = [s for s in sessions if s.id not in ids]
             if len(kept) != len(sessions):
-                self.count -= len(sessions) - len(kept)
+                gone.update(s.id for s in sessions if s.id in ids)
                 if kept:
                     self.groups[k] = (v, kept)  # a subsequence keeps its order
                 else:
                     del self.groups[k]
                     self.ordered.discard(k)
         kept_rest = [(s, v) for s, v in self.rest if s.id not in ids]
-        self.count -= len(self.rest) - len(kept_rest)
+        gone.update(s.id for s, _ in self.rest if s.id in ids)
         self.rest = kept_rest
+        self.count -= len(gone)
+        return gone
 
     def __iter__(self):
         for v, sessions in self.groups.values():
@@ -434,14 +441,28 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt
     options = SchedulerOptions.lenient(group.scheduler_opts)
     with gc_paused():
         t1 = time.perf_counter()
-        if mem.queue is not None and not left:  # PostgreSQL: condensed by the database
+        if mem.queue is not None and left:
+            # PostgreSQL, sessions left the queue: those cancelled since the last pass
+            # are taken out, and the rest must be the queue (its digest says so; if
+            # not, e.g. one was placed by another manager, a full pass).
+            since = max((r[3] for r in last.fingerprint[0] if r[3] is not None), default=None)
+            cond = [S.c.resource_group == group.name, S.c.status == SessionStatus.CANCELLED]
+            if since is not None:
+                cond.append(S.c.terminated_at > since)
+            gone = mem.waiting.discard(set(db.scalars(select(S.c.id).where(*cond))))
+            expected = queue_digest_without(db, mem.queue, list(gone))
+            queue = queue_digest(db, group.name)
+            if queue != expected or queue[0] != len(mem.waiting):
+                return None
+            mem.queue = queue
+        elif mem.queue is not None:  # PostgreSQL: condensed by the database
             # The count is checked against the sessions remembered too, not only the
             # digest read when they were: a pass skips rows locked by another
             # transaction (a cancellation under way), which its digest still counts.
             queue = queue_digest(db, group.name)
             if queue != mem.queue or queue[0] != len(mem.waiting):
                 return None  # arrived, cancelled, reprioritised or put back meanwhile
-        else:  # row by row (SQLite; or sessions left the queue: which ones?)
+        else:  # SQLite: row by row (and which sessions left the queue)
             keys = pending_keys(db, group.name)
             gone: set[str] = set()
             for s, _ in mem.waiting:
@@ -455,8 +476,6 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt
                 return None  # arrived (or left, with other changes) meanwhile
             if gone:  # they left the queue (cancelled): they held nothing
                 mem.waiting.discard(gone)
-                if mem.queue is not None:
-                    mem.queue = queue_digest(db, group.name)
         if last.fingerprint[6]:  # some session waits for another (deps count)
             deps = load_dependencies(db, group.name)
             for s, _ in mem.waiting.rest:  # a session with dependencies is never grouped
