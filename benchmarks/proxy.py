@@ -69,9 +69,9 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import spawn as stock  # noqa: E402
 
+from tests.conftest import shutdown_hub as close_hub  # noqa: E402
 from tests.hub import CHP, KERNEL_IMAGE  # noqa: E402
 from tests.services import free_port, wait_port  # noqa: E402
-from tests.conftest import shutdown_hub as close_hub  # noqa: E402
 from tests.test_service_ports import World, start_hub  # noqa: E402
 
 APP_PORT = 8070
