@@ -268,25 +268,23 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
 
 def cancel_one(sm) -> None:
     """The oldest waiting session is cancelled, as the manager cancels one."""
-    with sm.begin() as s:
-        sess = s.scalars(select(Session).where(Session.status == "PENDING")
-                         .order_by(Session.created_at).limit(1)).first()
-        dispatcher.release_kernels(s, sess, "CANCELLED")
-        dispatcher.set_status(sess, "CANCELLED", "cancelled by the user")
-        sess.result = "FAILURE"
-        sess.alive_marker = None
-        sess.terminated_at = utcnow()
+    _end(sm, select(Session).where(Session.status == "PENDING").order_by(Session.created_at),
+         "CANCELLED", "cancelled by the user", "FAILURE")
 
 
 def end_one(sm) -> None:
     """The first placed session (by id) ends, as the manager ends one: its kernels'
     slots are given back to their agents and it is TERMINATED."""
+    _end(sm, select(Session).where(Session.status == "SCHEDULED").order_by(Session.id),
+         "TERMINATED", "ended", "SUCCESS")
+
+
+def _end(sm, which, status: str, info: str, result: str) -> None:
     with sm.begin() as s:
-        sess = s.scalars(select(Session).where(Session.status == "SCHEDULED")
-                         .order_by(Session.id).limit(1)).first()
-        dispatcher.release_kernels(s, sess, "TERMINATED")
-        dispatcher.set_status(sess, "TERMINATED", "ended")
-        sess.result = "SUCCESS"
+        sess = s.scalars(which.limit(1)).first()
+        dispatcher.release_kernels(s, sess, status)
+        dispatcher.set_status(sess, status, info)
+        sess.result = result
         sess.alive_marker = None
         sess.terminated_at = utcnow()
 

@@ -4,7 +4,9 @@ joining or lost, a policy or group option change, a time-based rule coming due."
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import uuid
 
 import pytest
 from sqlalchemy import text
@@ -34,6 +36,26 @@ def quiet(sm, now=None) -> bool:
     if LAST_PASS["skipped"]:
         assert placed == []
     return LAST_PASS["skipped"]
+
+
+@contextlib.contextmanager
+def engines_on(postgres, n: int):
+    """``n`` sessionmakers, each on its own engine (as separate managers or clients),
+    on a fresh PostgreSQL database with the default tenancy."""
+    from jupyterhub_backendai.manager import tenancy
+    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
+
+    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
+    engines = [make_engine(url) for _ in range(n)]
+    try:
+        upgrade(engines[0])
+        makers = [make_sessionmaker(e) for e in engines]
+        with makers[-1].begin() as s:
+            tenancy.ensure_defaults(s)
+        yield makers
+    finally:
+        for e in engines:
+            e.dispose()
 
 
 def settle(w, sm, now=None) -> None:
@@ -340,18 +362,7 @@ def test_a_release_on_postgresql_with_a_row_being_cancelled_or_another_manager(p
     session whose row another transaction holds (a cancellation under way) is neither
     placed nor written by the pass after a release (a full pass skips it, SKIP LOCKED);
     and what one manager placed after a release the other does not place again."""
-    import uuid
-
-    from jupyterhub_backendai.manager import tenancy
-    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
-
-    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
-    engines = [make_engine(url) for _ in range(3)]
-    upgrade(engines[0])
-    a, b, other = (make_sessionmaker(e) for e in engines)
-    try:
-        with other.begin() as s:
-            tenancy.ensure_defaults(s)
+    with engines_on(postgres, 3) as (a, b, other):
         w = _full(World(other), a)
         settle(w, b)
         with other.begin() as s:  # holds w1's row for the whole block
@@ -370,9 +381,6 @@ def test_a_release_on_postgresql_with_a_row_being_cancelled_or_another_manager(p
         assert schedule_pass(a, "default") == []
         assert not LAST_PASS.get("released_only") and LAST_PASS["skipped"] is False
         assert check_consistency(a) == []
-    finally:
-        for e in engines:
-            e.dispose()
 
 
 def test_a_release_decides_sessions_waiting_for_it_again(full, sm):
@@ -429,19 +437,9 @@ def test_a_policy_changed_while_a_placing_pass_runs_is_not_lost(postgres, monkey
     group's row, its agents' and its queue's; the test below that shows it.) Here the
     policy is changed from another connection between the pass's decisions and its
     commit, in a full pass and in a pass over the remembered queue after a release."""
-    import uuid
-
-    from jupyterhub_backendai.manager import tenancy
-    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
     from jupyterhub_backendai.scheduler import dispatcher
 
-    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
-    engines = [make_engine(url) for _ in range(2)]
-    upgrade(engines[0])
-    sched, other = (make_sessionmaker(e) for e in engines)
-    try:
-        with other.begin() as s:
-            tenancy.ensure_defaults(s)
+    with engines_on(postgres, 2) as (sched, other):
         w = World(other)
         w.agent("a1", cpu=4, mem="64g")
         w.user("alice")
@@ -482,9 +480,6 @@ def test_a_policy_changed_while_a_placing_pass_runs_is_not_lost(postgres, monkey
         assert w.info("b1").startswith("waiting for resources")
         settle(w, sched)
         assert check_consistency(sched) == []
-    finally:
-        for e in engines:
-            e.dispose()
 
 
 def test_an_arrival_in_the_group_waits_for_a_running_pass(postgres):
@@ -493,19 +488,10 @@ def test_an_arrival_in_the_group_waits_for_a_running_pass(postgres):
     (``FOR UPDATE``), so the insert waits on that lock until the pass has committed."""
     import threading
     import time
-    import uuid
 
-    from jupyterhub_backendai.manager import tenancy
-    from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
     from jupyterhub_backendai.scheduler.snapshot import load_group
 
-    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
-    engines = [make_engine(url) for _ in range(3)]
-    upgrade(engines[0])
-    sched, other, watch = (make_sessionmaker(e) for e in engines)
-    try:
-        with other.begin() as s:
-            tenancy.ensure_defaults(s)
+    with engines_on(postgres, 3) as (sched, other, watch):
         w = World(other)
         w.agent("a1", cpu=4, mem="64g")
         w.user("alice")
@@ -528,6 +514,3 @@ def test_an_arrival_in_the_group_waits_for_a_running_pass(postgres):
         arrival.join(30)
         assert not arrival.is_alive()
         assert w.status("new") == "PENDING"
-    finally:
-        for e in engines:
-            e.dispose()
