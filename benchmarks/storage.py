@@ -3,6 +3,7 @@
     python benchmarks/storage.py [--size-mb 1024] [--rounds 3] [--small 10000]
                                  [--concurrency 16] [--client raw|aiohttp]
                                  [--official-cli] [--node-api]
+                                 [--backendai-proxy [VENV]]
 
 It starts a real ``backendai-storage-proxy`` (tests/services.py's StorageDaemon: a
 subprocess on free loopback ports, a volume in a temp dir) with its client-facing
@@ -30,6 +31,16 @@ download``) through a hub (tests/hub.py, local backend, SQLite) whose folder liv
 the same daemon (cluster mode: the hub grants, the daemon moves the bytes), timed
 around the whole command. ``--node-api`` also measures the manager's own node API
 (HTTPStorageClient upload/download, what the hub's admin API uses).
+
+``--backendai-proxy [VENV]`` also runs Backend.AI's own storage proxy (23.09, from
+``VENV``, default ``.venv-bai-storage``: scripts/install-backendai-storage-proxy.sh)
+side by side (BackendAIProxy: its own etcd and Redis, one worker, a vfs volume in the
+same temp dir, loopback ports): the same file, the same client, the same ``settle``,
+each operation on both proxies back to back (theirs first in every other round); its
+tokens come from its manager API (``POST /folder/file/upload`` / ``download``) before
+the timing, as ours are signed beforehand. It prints ours / theirs and appends
+``backendai_upload_mb_s= backendai_download_mb_s= backendai_small_files_per_s=
+vs_backendai_upload= vs_backendai_download= vs_backendai_small=`` to the last line.
 
 Every timed phase starts alike (``settle``: ``sync``, and a file the size of the
 source written and removed, so every phase writes into recycled page-cache pages).
@@ -497,20 +508,25 @@ async def small_files(http: aiohttp.ClientSession, up_urls: list[str], down_urls
     return cpu_up, cpu_down
 
 
-async def bench_backendai_round(bai: BackendAIProxy, http: aiohttp.ClientSession, vfid: str,
-                                name: str, src: str, size: int, work: str, client_kind: str,
-                                check: bool) -> tuple[CPU, CPU]:
-    """One round of the big file through Backend.AI's proxy, as ours: the same client,
-    the same ``settle``; the tokens come from its manager API before the timing."""
-    where = {"volume": "volume1", "vfid": vfid, "relpath": name}
-    up = "/upload?token=" + (await bai.call(
-        http, "/folder/file/upload", {**where, "size": size}))["token"]
+async def bai_upload(bai: BackendAIProxy, http: aiohttp.ClientSession, vfid: str, name: str,
+                     src: str, size: int, work: str, client_kind: str) -> CPU:
+    """The big file up through Backend.AI's proxy, as ours: the same client, the same
+    ``settle``; the token comes from its manager API before the timing."""
+    up = "/upload?token=" + (await bai.call(http, "/folder/file/upload", {
+        "volume": "volume1", "vfid": vfid, "relpath": name, "size": size}))["token"]
     settle(src, work)
     with CPU(bai.pids()) as cpu_up:
         if client_kind == "raw":
             await asyncio.to_thread(raw_tus_upload, bai.base, up, src, size, False)
         else:
             await tus_upload(http, bai.base + up, src, size, create=False)
+    return cpu_up
+
+
+async def bai_download(bai: BackendAIProxy, http: aiohttp.ClientSession, vfid: str, name: str,
+                       src: str, size: int, work: str, client_kind: str, check: bool) -> CPU:
+    """...and down again (then removed through its manager API)."""
+    where = {"volume": "volume1", "vfid": vfid, "relpath": name}
     down = "/download?token=" + (await bai.call(http, "/folder/file/download", where))["token"]
     dst = os.path.join(work, "downloaded.bin")
     settle(src, work)
@@ -523,9 +539,9 @@ async def bench_backendai_round(bai: BackendAIProxy, http: aiohttp.ClientSession
     if check:
         assert filecmp.cmp(src, dst, shallow=False), "Backend.AI's download differs"
     os.unlink(dst)
-    await bai.call(http, "/folder/file/delete", {**{k: where[k] for k in ("volume", "vfid")},
+    await bai.call(http, "/folder/file/delete", {"volume": "volume1", "vfid": vfid,
                                                  "relpaths": [name]})
-    return cpu_up, cpu_down
+    return cpu_down
 
 
 async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: str,
@@ -563,6 +579,12 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
             await bai.call(http, "/folder/create", {"volume": "volume1", "vfid": bai_vfid})
         for r in range(rounds):
             name = f"big-{r}.bin"  # a new file each round: the same work as the first
+            # With --backendai-proxy each operation runs on both proxies back to back,
+            # theirs first in every other round (the VM's page allocation has moods that
+            # last a few seconds: they should hit both alike).
+            theirs_first = bai is not None and r % 2 == 1
+            if theirs_first:
+                b_up = await bai_upload(bai, http, bai_vfid, name, src, size, work, client_kind)
             up = f"{base}/upload?token=" + tokens.sign(
                 upload_claims("volume1", scope, folder, name, size))
             settle(src, work)
@@ -572,6 +594,11 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
                 else:
                     await tus_upload(http, up, src, size)
             results["upload"].append(size / 1e6 / cpu_up.wall)
+            if bai is not None and not theirs_first:
+                b_up = await bai_upload(bai, http, bai_vfid, name, src, size, work, client_kind)
+            if theirs_first:
+                b_down = await bai_download(bai, http, bai_vfid, name, src, size, work,
+                                            client_kind, r == 0)
 
             dst = os.path.join(work, "downloaded.bin")
             down = f"{base}/download?token=" + tokens.sign(
@@ -588,6 +615,9 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
                 assert filecmp.cmp(src, dst, shallow=False), "download differs from the upload"
             os.unlink(dst)
             await client.delete("volume1", scope, folder, name)
+            if bai is not None and not theirs_first:
+                b_down = await bai_download(bai, http, bai_vfid, name, src, size, work,
+                                            client_kind, r == 0)
 
             cp = os.path.join(work, "copy.bin")
             settle(src, work)
@@ -602,8 +632,6 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
                 flush=True,
             )
             if bai is not None:
-                b_up, b_down = await bench_backendai_round(
-                    bai, http, bai_vfid, name, src, size, work, client_kind, r == 0)
                 results["bai_upload"].append(size / 1e6 / b_up.wall)
                 results["bai_download"].append(size / 1e6 / b_down.wall)
                 print(f"round {r + 1}: Backend.AI's proxy: tus upload "
