@@ -196,9 +196,12 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
     released.sort()
     after.sort()
     # A loop after a cancellation: one waiting session (the oldest) is cancelled.
-    cancelled = []
+    cancelled, cancelled_pass = [0.0], {}
     for _ in range(3):
-        cancel_one(sm)
+        if not cancel_one(sm):
+            break  # nothing waits (everything was placed)
+        if cancelled == [0.0]:
+            cancelled = []
         t = time.perf_counter()
         got = dispatcher.schedule_pass(sm, "default")
         cancelled.append(time.perf_counter() - t)
@@ -266,27 +269,31 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
     return out
 
 
-def cancel_one(sm) -> None:
-    """The oldest waiting session is cancelled, as the manager cancels one."""
-    _end(sm, select(Session).where(Session.status == "PENDING").order_by(Session.created_at),
+def cancel_one(sm) -> bool:
+    """The oldest waiting session is cancelled, as the manager cancels one (False if
+    none waits)."""
+    return _end(sm, select(Session).where(Session.status == "PENDING").order_by(Session.created_at),
          "CANCELLED", "cancelled by the user", "FAILURE")
 
 
-def end_one(sm) -> None:
+def end_one(sm) -> bool:
     """The first placed session (by id) ends, as the manager ends one: its kernels'
     slots are given back to their agents and it is TERMINATED."""
-    _end(sm, select(Session).where(Session.status == "SCHEDULED").order_by(Session.id),
+    return _end(sm, select(Session).where(Session.status == "SCHEDULED").order_by(Session.id),
          "TERMINATED", "ended", "SUCCESS")
 
 
-def _end(sm, which, status: str, info: str, result: str) -> None:
+def _end(sm, which, status: str, info: str, result: str) -> bool:
     with sm.begin() as s:
         sess = s.scalars(which.limit(1)).first()
+        if sess is None:
+            return False
         dispatcher.release_kernels(s, sess, status)
         dispatcher.set_status(sess, status, info)
         sess.result = result
         sess.alive_marker = None
         sess.terminated_at = utcnow()
+    return True
 
 
 def arrive(sm, name: str) -> None:

@@ -175,7 +175,8 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
                     alloc.flush()
                     writer.finish()  # the placements' rows are written (or this raises)
                 commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
-                remember = bool(snap.pending) and not alloc.cancelled and (
+                # (Nothing left waiting: the next pass reads an empty queue, cheaper.)
+                remember = bool(alloc.waiting) and not alloc.cancelled and (
                     snap.ctx.group.scheduler_state.get("reservations")
                     == snap.state_before.get("reservations")) and (
                     not alloc.placed or not alloc.guarded)
@@ -644,7 +645,9 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt
             memory = Memory(ctx, pool, waiting,
                             {shape_of(s): failed[key] for key, s in failed_rep.items()}, shape_of,
                             queue=mem.queue)
-            if not alloc.placed:
+            if alloc.placed and not len(waiting):
+                remembered = None  # nothing left waiting: an empty queue is cheaper to read
+            elif not alloc.placed:
                 # Nothing the fingerprint sees was written (reasons are not in it): the
                 # one read before this pass's reads holds, and the queue is the one
                 # checked above. The next pass may be skipped.
