@@ -35,6 +35,12 @@ def api_hub(request, tmp_path_factory):
         url = f"sqlite:///{tmp_path_factory.mktemp('api')}/backendai.sqlite"
     else:
         url = request.getfixturevalue("postgres").new_database("t_" + uuid.uuid4().hex[:12])
+    yield from local_hub(url)
+
+
+def local_hub(url: str):
+    """Start a real hub (local backend) on the database at ``url`` with an engine for
+    checks, yield it, then stop it and remove what it left (for module fixtures)."""
     hub = Hub(db_url=url, backend="local").start()
     hub.engine = make_engine(url)
     hub.sm = make_sessionmaker(hub.engine)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 import urllib.parse
 import uuid
@@ -40,11 +39,9 @@ from graphql import GraphQLError, build_schema, execute_sync, parse
 from jupyterhub_backendai.api.compat import gql
 from jupyterhub_backendai.api.compat import routes as compat_routes
 from jupyterhub_backendai.common import signing
-from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from . import api_world
 from .api_world import PREFIX, snapshot
-from .conftest import _kill_local_kernels
 from .hub import Hub
 
 FAR = "2100-01-01T00:00:00+00:00"
@@ -55,15 +52,7 @@ HOSTS = {"local:volume1": ["create-vfolder", "modify-vfolder", "delete-vfolder",
 
 @pytest.fixture(scope="module")
 def hub(postgres, tmp_path_factory):
-    url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
-    hub = Hub(db_url=url, backend="local").start()
-    hub.engine = make_engine(url)
-    hub.sm = make_sessionmaker(hub.engine)
-    yield hub
-    hub.close()
-    _kill_local_kernels(os.path.join(hub.env["BACKENDAI_STATE_DIR"], "agent", "local-kernels"))
-    hub.engine.dispose()
-    shutil.rmtree(hub.dir, ignore_errors=True)
+    yield from api_world.local_hub(postgres.new_database("t_" + uuid.uuid4().hex[:12]))
 
 
 class Tenant:

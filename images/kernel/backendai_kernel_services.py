@@ -665,13 +665,7 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
     clean = False
     try:
         if length is not None:
-            left = length
-            while left:
-                data = await recv(min(left, 65536))
-                if not data:
-                    raise ConnectionResetError("the app closed the connection midway")
-                left -= len(data)
-                await relay(data)
+            await _relay_count(length, recv, relay)
             clean = not buf
         elif chunked:
             clean = await _relay_chunked(buf, fill, recv, relay)
@@ -693,6 +687,16 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
         _pool_put(addr, sock)
     else:
         sock.close()
+
+
+async def _relay_count(count: int, recv, relay) -> None:
+    """Pass exactly ``count`` bytes of the app's answer on to the client."""
+    while count:
+        data = await recv(min(count, 65536))
+        if not data:
+            raise ConnectionResetError("the app closed the connection midway")
+        count -= len(data)
+        await relay(data)
 
 
 async def _relay_chunked(buf, fill, recv, relay) -> bool:
@@ -718,13 +722,7 @@ async def _relay_chunked(buf, fill, recv, relay) -> bool:
             while (await line()).strip():  # trailer
                 pass
             return not buf
-        left = size
-        while left:
-            data = await recv(min(left, 65536))
-            if not data:
-                raise ConnectionResetError("the app closed the connection midway")
-            left -= len(data)
-            await relay(data)
+        await _relay_count(size, recv, relay)
         await line()  # the CRLF after the chunk
 
 
