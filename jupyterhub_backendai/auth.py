@@ -8,10 +8,13 @@ JupyterHub admins and projects become JupyterHub groups named
 
 from __future__ import annotations
 
+import asyncio
+
 from jupyterhub.auth import Authenticator
 from tornado import web
-from traitlets import Unicode, default
+from traitlets import Integer, Unicode, default
 
+from .api import bodylimit
 from .common.errors import BackendAIError
 from .common.types import UserStatus
 from .manager.core import BackendAIManager
@@ -39,6 +42,18 @@ class BackendAIAuthenticator(Authenticator):
         from .pages import add_template_path
 
         add_template_path(self.parent)
+        # No body over max_request_body is held before a handler knows who sent it.
+        if self.parent is not None and hasattr(self.parent, "http_server"):
+            self._body_limit = asyncio.ensure_future(
+                bodylimit.install(self.parent, self.max_request_body))
+
+    max_request_body = Integer(
+        bodylimit.DEFAULT_LIMIT,
+        help="""Largest request body (bytes) the hub reads whole before a handler runs,
+        on every route (JupyterHub's own included); larger ones are read, dropped and
+        answered with 413. Uploads stream instead and are limited after authentication
+        (folder quotas; 64 MiB for Backend.AI's session upload).""",
+    ).tag(config=True)
 
     def get_handlers(self, app):
         """The admin REST API under ``<base_url>hub/api/backendai/`` (docs/api.md) and

@@ -540,3 +540,73 @@ def test_minted_keypairs_share_the_users_rate_limit(hub, world):
     r = minted[0]("GET", "/whoami")
     assert r.status_code == 429 and "user 'dave'" in r.json()["detail"], r.text
     assert world.alice("GET", "/whoami").status_code == 200  # others keep theirs
+
+
+def _rss_peak_during(pid: int, work) -> int:
+    """Run ``work()``; the growth of ``pid``'s peak resident memory meanwhile, in bytes
+    (the kernel's high-water mark, reset first through /proc/PID/clear_refs)."""
+    def status(key: str) -> int:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError(f"no {key} for {pid}")
+
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = status("VmRSS")
+    work()
+    return status("VmHWM") - before
+
+
+def test_bodies_of_unknown_senders_are_not_held(hub, world):
+    """The hub read every request body whole (up to tornado's 100 MiB) before anything
+    knew who sent it, on every route: four anonymous 60 MiB POSTs at once took the hub
+    from about 170 to over 400 MB, and a few more would exhaust the machine. Now a body
+    a handler would read whole is dropped as it arrives past 1 MiB and answered with a
+    413 in words; streamed uploads authenticate before they keep anything."""
+    big = 60 * 2**20
+    sid = world.session
+    targets = [
+        ("/hub/login", {}),                               # JupyterHub's own form
+        ("/hub/api/users", {}),                           # JupyterHub's own API
+        (PREFIX + "/sessions", {"Content-Type": "application/json"}),  # ours
+        (PREFIX + f"/session/{sid}/upload",               # streamed: refused before kept
+         {"Content-Type": "multipart/form-data; boundary=x"}),
+    ]
+    answers: dict[str, requests.Response] = {}
+
+    def send_all():
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(len(targets) + 1) as pool:
+            futs = {pool.submit(requests.post, hub.base + path, data=b"\0" * big,
+                                headers=headers, timeout=120): path
+                    for path, headers in targets}
+
+            def chunked():  # no Content-Length: counted as it arrives
+                for _ in range(big >> 20):
+                    yield b"{" * 2**20
+            futs[pool.submit(requests.post, hub.base + PREFIX + "/domains", data=chunked(),
+                             timeout=120)] = "chunked"
+            for f in concurrent.futures.as_completed(futs):
+                answers[futs[f]] = f.result()
+
+    grew = _rss_peak_during(hub.proc.pid, send_all)
+    assert grew < 64 * 2**20, f"the hub's peak memory grew by {grew >> 20} MiB"
+    for path in ("/hub/login", "/hub/api/users", PREFIX + "/sessions", "chunked"):
+        r = answers[path]
+        assert r.status_code == 413, (path, r.status_code, r.text[:200])
+        assert "request body too large: at most 1 MiB here" in r.json()["message"], r.text
+    r = answers[PREFIX + f"/session/{sid}/upload"]
+    assert r.status_code == 401, (r.status_code, r.text[:300])
+    assert "signature" in r.text.lower() or "credentials" in r.text.lower(), r.text
+    # The hub still answers, and a signed caller's upload is gathered past 1 MiB: bob's
+    # session is queued, so the answer is about the session, not the body's size.
+    r = world.bob("POST", f"/session/{sid}/upload",
+                  files={"src": ("data.bin", os.urandom(3 * 2**20))})
+    assert r.status_code == 400, r.text
+    assert "bobsess" in r.json()["detail"] and "too large" not in r.text
+    # and past its own bound it is a 400 in words, with nothing kept
+    r = world.bob("POST", f"/session/{sid}/upload",
+                  files={"src": ("data.bin", b"\0" * (66 * 2**20))})
+    assert r.status_code == 400 and "at most 64 MiB per upload" in r.json()["detail"], r.text

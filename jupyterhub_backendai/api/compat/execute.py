@@ -45,7 +45,7 @@ import re
 import urllib.parse
 import uuid
 
-from tornado import websocket
+from tornado import httputil, web, websocket
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ...common.errors import BackendAIError, InvalidRequest, NotFound
@@ -383,16 +383,72 @@ MAX_UPLOAD_FILES = 1000
 MAX_UPLOAD_BYTES = 64 * 2**20
 
 
+# Multipart framing on top of the files' bytes that a body may carry.
+_MULTIPART_SLACK = 1 << 20
+_DRAIN = 256 * 2**20
+
+
+@web.stream_request_body
 class SessionUploadHandler(CompatBase, _JupyterServer):
     """``POST /session/{id}/upload``: the files of ``run IMAGE FILE...`` (multipart field
     ``src``, each named by its relative path) into the session's Jupyter server's root
     directory (``/home/work``), through its contents API, existing files replaced. Bad
     names and sizes are refused before anything is written; if the server refuses a
-    file, the files this request created are removed again."""
+    file, the files this request created are removed again.
+
+    The body is streamed: the caller is authenticated before any of it is kept (the
+    hub holds no more than :mod:`...bodylimit` allows for anyone unknown), then at most
+    :data:`MAX_UPLOAD_BYTES` (and the multipart framing) is gathered."""
+
+    _refused: Exception | None = None
+    _chunks: list[bytes] | None = None
+    _size = 0
+
+    async def prepare(self):
+        # A refusal is answered after the body is read and dropped: answering first would
+        # make the client see a reset connection instead of the reason.
+        try:
+            await super().prepare()
+        except (BackendAIError, web.HTTPError) as e:
+            self._refused = e
+            return
+        self._chunks = []
+        # Up to _DRAIN is read (what is over the bound, dropped) so that the refusal
+        # reaches the client; a larger body is cut by tornado.
+        self.request.connection.set_max_body_size(_DRAIN)
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_UPLOAD_BYTES + _MULTIPART_SLACK:
+            self._too_large()
+
+    def _too_large(self) -> None:
+        self._chunks = None
+        self._refused = InvalidRequest(
+            f"at most {MAX_UPLOAD_BYTES >> 20} MiB per upload (larger data: a folder, "
+            "vfolder upload, mounted with -m)")
+
+    def data_received(self, chunk: bytes):
+        if self._chunks is None:
+            return
+        self._size += len(chunk)
+        if self._size > MAX_UPLOAD_BYTES + _MULTIPART_SLACK:
+            self._too_large()
+            return
+        self._chunks.append(chunk)
 
     async def post(self, ref):
-        files = self.request.files.get("src") or []
-        if not files or set(self.request.files) != {"src"}:
+        if self._refused is not None:
+            raise self._refused
+        body, self._chunks = b"".join(self._chunks or ()), None
+        args: dict = {}
+        found: dict = {}
+        try:
+            httputil.parse_body_arguments(self.request.headers.get("Content-Type", ""), body,
+                                          args, found, self.request.headers)
+        except httputil.HTTPInputError as e:
+            raise InvalidRequest(f"the body is not valid multipart/form-data: {e}") from None
+        del body
+        files = found.get("src") or []
+        if not files or set(found) != {"src"}:
             raise InvalidRequest("send the files as multipart/form-data, field 'src'")
         if len(files) > MAX_UPLOAD_FILES:
             raise InvalidRequest(f"at most {MAX_UPLOAD_FILES} files per upload")
