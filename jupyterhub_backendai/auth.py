@@ -14,7 +14,7 @@ from jupyterhub.auth import Authenticator
 from tornado import web
 from traitlets import Integer, Unicode, default
 
-from .api import bodylimit
+from .common import bodylimit
 from .common.errors import BackendAIError
 from .common.types import UserStatus
 from .manager.core import BackendAIManager

@@ -216,7 +216,7 @@ def test_deeply_nested_json_is_a_400(hub):
 
 
 def test_oversized_json_is_a_413_in_words(hub):
-    """Past 1 MiB the hub does not even keep the body (api/bodylimit.py): read, dropped,
+    """Past 1 MiB the hub does not even keep the body (common/bodylimit.py): read, dropped,
     answered in the admin API's error shape."""
     name = "d" + uuid.uuid4().hex[:8]
     body = json.dumps({"name": name, "description": "x" * (2 << 20)}).encode()

@@ -583,6 +583,59 @@ def test_concurrent_large_downloads_do_not_take_the_session_down(single):
     single.server.run("rm -f /tmp/www/big.bin", "BIG-GONE")
 
 
+def test_anonymous_large_bodies_do_not_take_the_session_down(single):
+    """Every request to /user/alice/... reaches her server through the proxy, and the
+    Jupyter server read a body whole (up to 512 MiB) before it authenticated it: three
+    anonymous 200 MiB PUTs at once OOM-killed the 512 MiB session and the work in it.
+    Now (images/kernel/backendai_kernel_bodies.py) a body over 1 MiB is kept only from a
+    client with access to the server; others are dropped as they arrive and get a 413."""
+    import concurrent.futures
+
+    [cid] = containers_of(single.hub.agent_id)
+    started = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", cid],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    big = 200 * 2**20
+
+    def put(token):
+        headers = {"Host": single.server.host, "Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"token {token}"
+        return requests.put(single.server.url("api/contents/flood.txt"), data=b" " * big,
+                            headers=headers, allow_redirects=False, timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(put, [None, None, None, single.bob_token]))
+    for r in answers:  # anonymous, and another user's token
+        assert r.status_code == 413, (r.status_code, r.text[:300])
+        assert "from a client this server does not know" in r.json()["message"], r.text
+    state = json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert state["Running"] and not state["OOMKilled"] and state["StartedAt"] == started
+    events = subprocess.run(["docker", "exec", cid, "cat", "/sys/fs/cgroup/memory.events"],
+                            capture_output=True, text=True)
+    if events.returncode == 0:  # cgroup v2
+        counts = dict(line.split() for line in events.stdout.splitlines())
+        assert counts["oom_kill"] == "0", events.stdout
+    # alice's own large save (JupyterLab sends files up to 15 MB in one request) works.
+    content = "x" * (3 * 2**20)
+    r = requests.put(single.server.url("api/contents/large-save.txt"), json={
+        "type": "file", "format": "text", "content": content}, headers={
+        "Host": single.server.host, "Authorization": f"token {single.server.token}"},
+        timeout=120)
+    assert r.status_code in (200, 201), (r.status_code, r.text[:300])
+    r = single.server.get("api/contents/large-save.txt")
+    assert r.status_code == 200 and r.json()["content"] == content
+    assert single.server.get("api/contents/flood.txt").status_code == 404
+    # and from her browser, by the server's login cookie (as JupyterLab saves)
+    login = single.alice_login
+    assert login.get_following(single.server.url("hello/"),
+                               single.server.host).status_code == 200
+    r = login.request("PUT", single.server.url("api/contents/cookie-save.txt"), json={
+        "type": "file", "format": "text", "content": content}, headers={
+        "Host": single.server.host, "X-XSRFToken": login.cookies["_xsrf"]})
+    assert r.status_code in (200, 201), (r.status_code, r.text[:300])
+
+
 def test_streamed_responses_keep_redirects_head_and_survive_a_client_that_leaves(single):
     """The streamed proxy path: a redirect's Location is rewritten below the proxy prefix
     (as jupyter-server-proxy does), HEAD gets the app's Content-Length and no body, and a

@@ -758,6 +758,12 @@ def test_daemon_serves_tus_and_downloads_on_its_client_port(tmp_path):
         assert r.status_code == 401 and "signature" in r.json()["title"]
         r = requests.get(f"{base}/v1/volumes", timeout=30)  # the node API is not here
         assert r.status_code == 404
+        # An anonymous 20 MiB body on either port is dropped as it arrives, not held
+        # (common/bodylimit.py), and answered in words.
+        for url in (f"{base}/v1/volumes", f"{d.url}/v1/volumes"):
+            r = requests.post(url, data=b"\0" * (20 * 2**20), timeout=60)
+            assert r.status_code == 413, (url, r.status_code, r.text[:200])
+            assert "request body too large: at most 1 MiB" in r.json()["detail"], r.text
     finally:
         d.stop()
 

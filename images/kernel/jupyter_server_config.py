@@ -8,3 +8,5 @@ sys.path.insert(0, "/opt/backendai")
 import backendai_kernel_services  # noqa: E402
 
 backendai_kernel_services.configure(c)  # noqa: F821
+# No large request body from a client without access to this server (backendai_kernel_bodies).
+c.ServerApp.jpserver_extensions.update({"backendai_kernel_bodies": True})  # noqa: F821

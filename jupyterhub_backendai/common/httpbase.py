@@ -29,7 +29,7 @@ from tornado import httputil, web
 from traitlets import Dict, List, Unicode, default
 from traitlets.config import Configurable
 
-from . import errors
+from . import bodylimit, errors
 from .errors import BackendAIError, Forbidden, NotFound, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -208,15 +208,16 @@ class NotFoundHandler(NodeHandler):
 
 
 def listen(app: web.Application, port: int, host: str, auth: NodeAuth, **kw):
-    """Start ``app``'s server: HTTPS with client certificates when ``auth.tls``."""
+    """Start ``app``'s server: HTTPS with client certificates when ``auth.tls``; no
+    body over 1 MiB held before a handler runs (:mod:`.bodylimit`)."""
     if auth.tls is None:
         log.warning(
             "node API on %s:%s without TLS, authenticated by a shared token: DEPRECATED, "
             "make certificates (python -m jupyterhub_backendai.common.certs) and set tls",
             host, port,
         )
-        return app.listen(port, host, **kw)
-    return app.listen(port, host, ssl_options=auth.tls.server_context(), **kw)
+        return bodylimit.wrap(app.listen(port, host, **kw))
+    return bodylimit.wrap(app.listen(port, host, ssl_options=auth.tls.server_context(), **kw))
 
 
 class NodeClient:

@@ -20,6 +20,7 @@ from tornado import web
 from traitlets import Bool, Dict, Integer, Unicode, default
 from traitlets.config import Application
 
+from ..common import bodylimit
 from ..common.errors import BackendAIError, InvalidRequest
 from ..common.httpbase import NodeAuth, NodeAuthConfig, NodeHandler, NotFoundHandler, listen
 from . import transfer
@@ -379,8 +380,9 @@ class StorageProxyApp(NodeAuthConfig, Application):
             ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_ctx.load_cert_chain(self.client_tls["cert"], self.client_tls["key"])
         self.log.info("transfer API (tus, downloads) on %s:%s", self.client_host, self.client_port)
-        return app.listen(self.client_port, self.client_host, ssl_options=ssl_ctx,
-                          chunk_size=CHUNK_SIZE)
+        # Uploads stream (tus PATCH, authenticated first); nothing else is large.
+        return bodylimit.wrap(app.listen(self.client_port, self.client_host,
+                                         ssl_options=ssl_ctx, chunk_size=CHUNK_SIZE))
 
 
 def main(argv=None):
