@@ -537,6 +537,18 @@ def _big_pattern() -> bytes:
     return bytes(range(256)) * (BIG_MIB * 2**20 // 256)
 
 
+def _assert_never_restarted_nor_oom_killed(cid: str, started: str) -> None:
+    """The same container as at ``started``, running, no OOM kill in its cgroup."""
+    state = json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert state["Running"] and not state["OOMKilled"] and state["StartedAt"] == started
+    events = subprocess.run(["docker", "exec", cid, "cat", "/sys/fs/cgroup/memory.events"],
+                            capture_output=True, text=True)
+    if events.returncode == 0:  # cgroup v2
+        counts = dict(line.split() for line in events.stdout.splitlines())
+        assert counts["oom_kill"] == "0", events.stdout
+
+
 def test_concurrent_large_downloads_do_not_take_the_session_down(single):
     """jupyter-server-proxy 4.6.0 reads an app's whole response into memory (several
     copies) before sending any of it: 20 concurrent 32 MiB downloads through the hub's
@@ -571,14 +583,7 @@ def test_concurrent_large_downloads_do_not_take_the_session_down(single):
     assert results == [(200, str(size), size, expected)] * BIG_CLIENTS, [
         r[:3] for r in results]
     # The same container, never restarted, no OOM kill in its cgroup; the server answers.
-    state = json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
-                                      capture_output=True, text=True, check=True).stdout)
-    assert state["Running"] and not state["OOMKilled"] and state["StartedAt"] == started
-    events = subprocess.run(["docker", "exec", cid, "cat", "/sys/fs/cgroup/memory.events"],
-                            capture_output=True, text=True)
-    if events.returncode == 0:  # cgroup v2
-        counts = dict(line.split() for line in events.stdout.splitlines())
-        assert counts["oom_kill"] == "0", events.stdout
+    _assert_never_restarted_nor_oom_killed(cid, started)
     assert single.server.get("api/status").status_code == 200
     single.server.run("rm -f /tmp/www/big.bin", "BIG-GONE")
 
@@ -608,14 +613,7 @@ def test_anonymous_large_bodies_do_not_take_the_session_down(single):
     for r in answers:  # anonymous, and another user's token
         assert r.status_code == 413, (r.status_code, r.text[:300])
         assert "from a client this server does not know" in r.json()["message"], r.text
-    state = json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
-                                      capture_output=True, text=True, check=True).stdout)
-    assert state["Running"] and not state["OOMKilled"] and state["StartedAt"] == started
-    events = subprocess.run(["docker", "exec", cid, "cat", "/sys/fs/cgroup/memory.events"],
-                            capture_output=True, text=True)
-    if events.returncode == 0:  # cgroup v2
-        counts = dict(line.split() for line in events.stdout.splitlines())
-        assert counts["oom_kill"] == "0", events.stdout
+    _assert_never_restarted_nor_oom_killed(cid, started)
     # alice's own large save (JupyterLab sends files up to 15 MB in one request) works.
     content = "x" * (3 * 2**20)
     r = requests.put(single.server.url("api/contents/large-save.txt"), json={
