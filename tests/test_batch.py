@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from jupyterhub_backendai.common.errors import InvalidRequest
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager.core import BackendAIManager
 from jupyterhub_backendai.models import Session
 
 from .inproc import (
@@ -106,6 +107,47 @@ def test_concurrent_stops_end_the_session_once_with_its_logs(db_url, backend, tm
             sess = await mgr.get_session(sid)
             assert (sess.status, sess.status_info) == ("ERROR", "batch timeout")
             assert "started" in sess.kernels[0].logs
+            await assert_nothing_left(mgr)
+
+    asyncio.run(run())
+
+
+def test_a_reconciliation_before_the_exit_event_does_not_lose_the_kernel(
+        db_url, backend, tmp_path, monkeypatch):
+    """The fault: a batch command ends, and the agent's list is read (a periodic
+    reconciliation) before its exit event is handled. The local backend dropped an ended
+    kernel from its list at once, so the manager took it for lost and ended a successful
+    session as ERROR "kernel lost" (seen in CI). The list must say how it ended."""
+    gate: dict[str, asyncio.Event] = {}
+    handle = BackendAIManager.handle_event
+
+    async def late(self, name, payload):  # exit events wait until the test lets them go
+        if name == "kernel_terminated":
+            await gate["open"].wait()
+        await handle(self, name, payload)
+
+    monkeypatch.setattr(BackendAIManager, "handle_event", late)
+
+    async def run():
+        gate["open"] = asyncio.Event()
+        async with running_manager(db_url, tmp_path, backend) as mgr:
+            user = await make_user(mgr)
+            sid = await _batch(mgr, user, "quick", "sleep 1; echo done in time", backend)
+            await wait_status(mgr, sid, ("RUNNING",))
+            (agent_id, agent), = mgr.local_agents.items()
+            for _ in range(200):  # the command ends; its exit event is held back
+                if not any(r["alive"] for r in await agent.list_kernels()):
+                    break
+                await asyncio.sleep(0.05)
+            records = await agent.list_kernels()
+            assert [(r["alive"], r["exit_code"]) for r in records] == [(False, 0)], records
+
+            await mgr.reconcile_agent(agent_id)
+            gate["open"].set()
+            sess = await wait_status(mgr, sid, DEAD)
+            assert (sess.status, sess.result, sess.kernels[0].exit_code) == ("TERMINATED", "SUCCESS", 0), \
+                sess.status_info
+            assert "done in time" in sess.kernels[0].logs
             await assert_nothing_left(mgr)
 
     asyncio.run(run())

@@ -491,7 +491,8 @@ class BackendAIManager(SingletonConfigurable):
         running = {kid for kid, (_, st) in before.items() if st == SessionStatus.RUNNING
                    and known.get(kid, (None, None))[1] == SessionStatus.RUNNING}
         ended = sorted(running & set(ended_codes))
-        # A kernel that ended without an exit code in the list (the local backend's):
+        # A kernel that ended without an exit code in the list (the local backend's when
+        # the agent restarted meanwhile):
         # its exit event is likely on its way and says how it ended. Only one still
         # so at the agent's next reconciliation is taken as lost.
         dead = present - alive - set(ended_codes)

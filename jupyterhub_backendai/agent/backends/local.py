@@ -258,19 +258,27 @@ class LocalBackend(Backend):
             except FileNotFoundError:
                 pass
 
-    def _forget(self, kernel_id: str) -> None:
-        """Drop a kernel's state; remove its links unless another live kernel of the
-        same owner mounts the same folder."""
+    def _forget(self, kernel_id: str, exit_code: int | None = None, *, ended: bool = False) -> None:
+        """Drop a kernel's state (``ended``: keep it, marked ended with ``exit_code`` and
+        no mounts, until the kernel is removed); remove its links unless another live
+        kernel of the same owner mounts the same folder."""
         path = self._state_path(kernel_id)
         try:
             with open(path) as f:
                 data = json.load(f)
         except (OSError, ValueError):
+            if ended:
+                return  # removed meanwhile (destroy_kernel): nothing to mark
             data = {}
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        if ended:
+            with open(path + ".tmp", "w") as f:
+                json.dump({**data, "exited": True, "exit_code": exit_code, "mounts": []}, f)
+            os.replace(path + ".tmp", path)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         owner = data.get("owner")
         if not owner or not data.get("mounts"):
             return
@@ -309,18 +317,24 @@ class LocalBackend(Backend):
 
     async def _exited(self, kernel_id: str, code: int | None) -> None:
         self._watchers.pop(kernel_id, None)
-        self._forget(kernel_id)
+        # Keep the record, marked ended with its code, until the manager removes the
+        # kernel (as an exited container stays listed): a reconciliation that runs before
+        # the exit event is handled then sees how it ended, not a kernel gone missing.
+        # Its folders' links go now.
+        self._forget(kernel_id, code, ended=True)
         if self._on_exit:
             await self._on_exit(kernel_id, code)
 
     async def destroy_kernel(self, kernel_id: str) -> None:
         try:
             with open(self._state_path(kernel_id)) as f:
-                pid = int(json.load(f)["container_id"])
+                data = json.load(f)
         except FileNotFoundError:
             self._remove_log(kernel_id)
             return
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        pid = int(data["container_id"])
+        # An ended kernel's pid may belong to another process by now: signal none.
+        for sig, wait in () if data.get("exited") else ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
             try:
                 os.killpg(pid, sig)
             except ProcessLookupError:
@@ -360,7 +374,7 @@ class LocalBackend(Backend):
             data.pop("owner", None)
             data.pop("mounts", None)
             data.pop("workdir", None)
-            data["alive"] = _pid_alive(int(data["container_id"]))
+            data["alive"] = not data.pop("exited", False) and _pid_alive(int(data["container_id"]))
             out.append(KernelRecord(**data))
         return out
 
