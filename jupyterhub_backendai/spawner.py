@@ -460,6 +460,31 @@ class BackendAISpawner(Spawner):
             changed = await self.manager.wait_change(self.session_id, delay)
             delay = min(delay * 1.5, 0.25)
 
+    async def app_address(self) -> str | None:
+        """Where this server's kernel can be reached from the hub's host straight, its
+        container's address on its session network, for the app front's fast path
+        (:mod:`jupyterhub_backendai.appfront`). None where there is none: a kernel on
+        another node, the host network, or the local backend."""
+        if not self.session_id:
+            return None
+        sess = await self.manager.get_session(self.session_id)
+        if sess is None or sess.status != SessionStatus.RUNNING or not sess.kernels:
+            return None
+        kernel = sess.kernels[0]
+        agent = self.manager.local_agents.get(kernel.agent_id)
+        docker = getattr(getattr(agent, "impl", None), "docker", None)
+        if docker is None or not kernel.container_id:
+            return None
+        info = await docker.containers.container(kernel.container_id).show()
+        for net in (info.get("NetworkSettings") or {}).get("Networks", {}).values():
+            if not net.get("IPAddress"):
+                continue
+            # Only a bridge on this host routes from here (an overlay's does not).
+            driver = (await (await docker.networks.get(net["NetworkID"])).show()).get("Driver")
+            if driver == "bridge":
+                return net["IPAddress"]
+        return None
+
     async def progress(self):
         """Stream the session's states, each with the scheduler's reason while PENDING
         (e.g. a quota exceeded). A page that connects late first gets the states

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian bookworm machine (as root):
-# Docker engine, PostgreSQL, Redis, etcd, Chromium, debootstrap (system packages),
+# Docker engine, PostgreSQL, Redis, etcd, Chromium, debootstrap, nginx (system packages),
 # the pinned Python environment in .venv, configurable-http-proxy (npm, pinned by
 # package-lock.json), a running dockerd and the kernel image.
 set -euo pipefail
@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 # openssh-client: ssh/sftp into a session's published sshd (tests/test_ssh_port.py).
-pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client)
+# nginx-light: the app front (jupyterhub_backendai/appfront.py, tests/test_service_ports.py).
+pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client
+      nginx-light)
 # npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
 # (only when missing: a NodeSource nodejs brings its own npm).
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)

@@ -161,9 +161,10 @@ class Hub:
     def close(self) -> None:
         self.stop_hub()
         # The proxy survives the hub (by design); stop it by its pid file.
-        pidfile = os.path.join(self.env["BACKENDAI_STATE_DIR"], "jupyterhub-proxy.pid")
-        try:
-            with open(pidfile) as f:
-                os.kill(int(f.read().strip()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
+        # So may the app front's nginx (BACKENDAI_APP_FRONT).
+        for pidfile in ("jupyterhub-proxy.pid", os.path.join("app-front", "nginx.pid")):
+            try:
+                with open(os.path.join(self.env["BACKENDAI_STATE_DIR"], pidfile)) as f:
+                    os.kill(int(f.read().strip()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass

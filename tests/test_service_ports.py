@@ -12,7 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+import os
 import re
+import shlex
 import socket
 import subprocess
 import time
@@ -33,6 +35,7 @@ ECHO_PORT = 9100
 HTTP_PORT = 9000
 HELLO2_PORT = 9001
 CLOSED_PORT = 9999
+FRONT = "X-Backendai-App-Path"  # "front": the app front's fast path answered
 XSS = "<img src=x onerror=alert(1)>"
 
 # A websocket echo app a user would run in the session (tornado is in the image).
@@ -104,13 +107,16 @@ def read_until(ws, needle: str, timeout: float = 60) -> str:
     return seen
 
 
-def start_hub(tmp_path_factory, subdomains: bool) -> Hub:
+def start_hub(tmp_path_factory, subdomains: bool, front: bool = False) -> Hub:
+    """``front``: with the app front (nginx before CHP, jupyterhub_backendai/appfront.py)."""
     from jupyterhub_backendai.cli import create_superadmin
 
     d = tmp_path_factory.mktemp("sp-sub" if subdomains else "sp-one")
     db_url = f"sqlite:///{d}/backendai.sqlite"
     admin = create_superadmin(db_url, ADMIN_EMAIL, ADMIN_PASSWORD)
-    hub = Hub(db_url=db_url, backend="docker")
+    hub = Hub(db_url=db_url, backend="docker",
+              extra_env={"BACKENDAI_APP_FRONT": "nginx"} if front else None)
+    hub.front = front
     hub.admin_keys = (admin["access_key"], admin["secret_key"])
     if subdomains:
         origin = f"http://localhost:{hub.port}"
@@ -174,7 +180,12 @@ def mint_token(login: Login, user: str, scopes=None) -> str:
 class World:
     def __init__(self, hub: Hub, subdomains: bool):
         self.hub = hub
-        self.mode = "subdomains" if subdomains else "single-origin"
+        self.mode = ("subdomains" if subdomains else "single-origin") + (
+            "+front" if hub.front else "")
+        # Behind the app front, the ad-hoc apps listen on the container's address too,
+        # where the front reaches them straight; otherwise on loopback only.
+        self.front = hub.front
+        bind = "0.0.0.0" if hub.front else "127.0.0.1"
         self.alice = new_user(hub)
         self.bob = new_user(hub)
         hub_host = f"localhost:{hub.port}" if subdomains else f"127.0.0.1:{hub.port}"
@@ -201,9 +212,9 @@ class World:
         out = self.server.run(
             f"mkdir -p /tmp/www && echo served-by-http-server > /tmp/www/x.txt"
             f" && (nohup python -c \"{ECHO_APP}\" >/tmp/echo.log 2>&1 &)"
-            f" && (nohup python -m http.server {HTTP_PORT} --bind 127.0.0.1 --directory /tmp/www"
+            f" && (nohup python -m http.server {HTTP_PORT} --bind {bind} --directory /tmp/www"
             f" >/tmp/http.log 2>&1 &)"
-            f" && (nohup python /opt/backendai/hello_app.py --port {HELLO2_PORT}"
+            f" && (nohup python /opt/backendai/hello_app.py --port {HELLO2_PORT} --host {bind}"
             f" >/tmp/h2.log 2>&1 &)"
             f" && for p in {ECHO_PORT} {HTTP_PORT} {HELLO2_PORT}; do for i in $(seq 100);"
             f" do python -c \"import socket,sys; socket.create_connection(('127.0.0.1',$p))\""
@@ -230,9 +241,37 @@ def subdomain(docker_image, tmp_path_factory):
         shutdown_hub(hub)
 
 
+@pytest.fixture(scope="module")
+def single_front(docker_image, tmp_path_factory):
+    hub = start_hub(tmp_path_factory, subdomains=False, front=True)
+    try:
+        yield World(hub, subdomains=False)
+    finally:
+        shutdown_hub(hub)
+
+
+@pytest.fixture(scope="module")
+def subdomain_front(docker_image, tmp_path_factory):
+    hub = start_hub(tmp_path_factory, subdomains=True, front=True)
+    try:
+        yield World(hub, subdomains=True)
+    finally:
+        shutdown_hub(hub)
+
+
 @pytest.fixture(params=["single-origin", "subdomains"])
 def world(request):
     return request.getfixturevalue("single" if request.param == "single-origin" else "subdomain")
+
+
+@pytest.fixture(params=["single-origin", "subdomains", "single-origin+front", "subdomains+front"])
+def any_world(request):
+    """The security tests' worlds: also behind the app front, whose fast path must refuse
+    exactly what the full path refuses."""
+    return request.getfixturevalue({
+        "single-origin": "single", "subdomains": "subdomain",
+        "single-origin+front": "single_front", "subdomains+front": "subdomain_front",
+    }[request.param])
 
 
 # -- the apps ------------------------------------------------------------------------
@@ -314,10 +353,14 @@ def _refused_http(r: requests.Response, world) -> None:
         assert r.status_code in (401, 403), (r.status_code, r.text[:500])
 
 
-def test_owner_reaches_every_app(world):
+def test_owner_reaches_every_app(any_world):
+    world = any_world
     for path in HTTP_TARGETS:
         r = world.server.get(path)
         assert r.status_code == 200, (world.mode, path, r.status_code, r.text[:500])
+        # Behind the front, the apps on ports go the fast way; named apps the full way.
+        assert (r.headers.get(FRONT) == "front") == (world.front and "proxy/" in path), (
+            world.mode, path, r.headers)
     with world.server.ws(f"proxy/{ECHO_PORT}/") as ws:
         ws.send("x")
         assert ws.recv(timeout=30) == "echo:x"
@@ -325,12 +368,17 @@ def test_owner_reaches_every_app(world):
 
 @pytest.mark.parametrize("who", ["anonymous", "other-user", "token-without-access-servers",
                                  "bogus-token"])
-def test_http_to_service_ports_needs_the_hubs_auth(world, who):
+def test_http_to_service_ports_needs_the_hubs_auth(any_world, who):
+    world = any_world
     token = {"anonymous": None, "other-user": world.bob_token,
              "token-without-access-servers": world.scopeless_token,
              "bogus-token": "x" * 32}[who]
     for path in HTTP_TARGETS:
         r = world.server.get(path, token=token)
+        _refused_http(r, world)
+        assert FRONT not in r.headers, (who, path, r.headers)
+        # Nor can a client put the front's question itself.
+        r = world.server.get(path, token=token, headers={"X-Backendai-Auth-Probe": "GET"})
         _refused_http(r, world)
         if who != "anonymous":
             assert r.status_code == 403 or (r.status_code == 302 and who == "bogus-token"), (
@@ -344,9 +392,10 @@ def test_http_to_service_ports_needs_the_hubs_auth(world, who):
 
 @pytest.mark.parametrize("who", ["anonymous", "other-user", "token-without-access-servers",
                                  "bogus-token"])
-def test_websocket_to_service_ports_needs_the_hubs_auth(world, who):
+def test_websocket_to_service_ports_needs_the_hubs_auth(any_world, who):
     """CVE-2024-28179: jupyter-server-proxy once proxied websockets without checking the
     user. Both a proxied app's websocket and the terminal's are refused."""
+    world = any_world
     token = {"anonymous": None, "other-user": world.bob_token,
              "token-without-access-servers": world.scopeless_token,
              "bogus-token": "x" * 32}[who]
@@ -358,9 +407,10 @@ def test_websocket_to_service_ports_needs_the_hubs_auth(world, who):
         assert e.value.response.status_code in (401, 403), (who, path, e.value.response)
 
 
-def test_other_users_login_cookie_does_not_open_alices_apps(world):
+def test_other_users_login_cookie_does_not_open_alices_apps(any_world):
     """bob, logged in to the hub, follows a link to alice's app: the hub's OAuth refuses
     to give him a cookie for her server."""
+    world = any_world
     url = world.server.url("hello/")
     r = world.bob_login.get_following(url, world.server.host)
     assert r.status_code == 403, (r.status_code, r.url, r.text[:500])
@@ -370,11 +420,12 @@ def test_other_users_login_cookie_does_not_open_alices_apps(world):
     assert r.status_code == 200 and "Hello from the Backend.AI session" in r.text
 
 
-def test_a_server_shared_through_the_hub_opens_its_apps_to_that_user(world):
+def test_a_server_shared_through_the_hub_opens_its_apps_to_that_user(any_world):
     """JupyterHub's sharing is the one way to let another user in: once alice's server is
     shared with bob, his token and his browser login reach her apps (HTTP and websocket);
     once the share is revoked, a token of his is refused again. Fresh credentials each
     time: the server caches what a token or login may do (HubAuth's cache_max_age)."""
+    world = any_world
     hub = world.hub
     a, b = world.alice["username"], world.bob["username"]
     admin = mint_token(Login(hub, ADMIN_EMAIL, world.bob_login.host, ADMIN_PASSWORD), "admin")
@@ -385,6 +436,9 @@ def test_a_server_shared_through_the_hub_opens_its_apps_to_that_user(world):
         r = world.server.get("hello/", token=token)
         assert r.status_code == 200 and "Hello from the Backend.AI session" in r.text, (
             r.status_code, r.text[:500])
+        r = world.server.get(f"proxy/{HTTP_PORT}/x.txt", token=token)
+        assert r.status_code == 200 and "served-by-http-server" in r.text, r.status_code
+        assert (r.headers.get(FRONT) == "front") == world.front
         with world.server.ws(f"proxy/{ECHO_PORT}/", token=token) as ws:
             ws.send("shared")
             assert ws.recv(timeout=30) == "echo:shared"
@@ -406,8 +460,9 @@ def test_a_server_shared_through_the_hub_opens_its_apps_to_that_user(world):
         r = hub.api("DELETE", f"/shares/{a}/{world.server_name}", token=admin)
         assert r.status_code in (200, 204), r.text
     token = mint_token(world.bob_login, b)
-    r = world.server.get("hello/", token=token)
-    assert r.status_code == 403, (r.status_code, r.text[:500])
+    for path in ("hello/", f"proxy/{HTTP_PORT}/x.txt"):
+        r = world.server.get(path, token=token)
+        assert r.status_code == 403, (path, r.status_code, r.text[:500])
     with pytest.raises(InvalidStatus) as e:
         with world.server.ws(f"proxy/{ECHO_PORT}/", token=token):
             pass
@@ -482,6 +537,199 @@ def test_service_port_traffic_counts_as_server_activity(single, path):
     assert single.server.get(path).status_code == 200
     after = _last_activity(single.server)
     assert after > before, (before, after)
+
+
+# -- the app front (nginx before CHP, jupyterhub_backendai/appfront.py) ---------------
+
+FRONT_PORT = 9300
+# Answers every method with what it got: method, path, the body's SHA-256, the
+# Authorization header, and how many requests it has seen.
+FRONT_APP = (
+    "import hashlib, json, http.server\n"
+    "n = 0\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def answer(self):\n"
+    "        global n\n"
+    "        n += 1\n"
+    "        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))\n"
+    "        out = json.dumps({'method': self.command, 'path': self.path, 'n': n,\n"
+    "                          'sha': hashlib.sha256(body).hexdigest(),\n"
+    "                          'auth': self.headers.get('Authorization')}).encode()\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(out)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(out)\n"
+    "    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = answer\n"
+    "    def log_message(self, *a): pass\n"
+    f"http.server.ThreadingHTTPServer(('0.0.0.0', {FRONT_PORT}), H).serve_forever()\n"
+)
+
+
+def _start_front_app(world) -> None:
+    if getattr(world, "front_app", False):
+        return
+    out = world.server.run(
+        f"(nohup python -c {shlex.quote(FRONT_APP)} >/tmp/front.log 2>&1 &)"
+        f" && (nohup python -m http.server {FRONT_PORT + 1} --bind 127.0.0.1 --directory /tmp/www"
+        f" >/tmp/http2.log 2>&1 &)"
+        f" && for p in {FRONT_PORT} {FRONT_PORT + 1}; do for i in $(seq 100); do python -c"
+        f" \"import socket; socket.create_connection(('127.0.0.1',$p))\" 2>/dev/null && break;"
+        f" sleep 0.1; done; done", "FRONT-UP")
+    assert "FRONT-UP" in out
+    world.front_app = True
+
+
+def test_the_front_passes_requests_to_apps_as_sent(single_front):
+    """The fast path: the app gets the request line as the client sent it (escapes,
+    double slashes, the query; below the port, or whole for /proxy/absolute/), the
+    method, the body and the client's headers, with no Jupyter server in between."""
+    import hashlib
+
+    world = single_front
+    _start_front_app(world)
+    s = world.server
+    r = s.get(f"proxy/{FRONT_PORT}/a%20b/%2Fc//d?q=1&r=%2F")
+    assert r.status_code == 200 and r.headers.get(FRONT) == "front", (r.status_code, r.headers)
+    got = r.json()
+    assert (got["method"], got["path"]) == ("GET", "/a%20b/%2Fc//d?q=1&r=%2F"), got
+    assert got["auth"] == f"token {s.token}"
+    r = s.get(f"proxy/absolute/{FRONT_PORT}/x%20y/")
+    assert r.headers.get(FRONT) == "front"
+    assert r.json()["path"] == f"{s.prefix}proxy/absolute/{FRONT_PORT}/x%20y/"
+    body = bytes(range(256)) * (12 * 2**12)  # 3 MiB
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        r = requests.request(method, s.url(f"proxy/{FRONT_PORT}/m"), data=body, timeout=60,
+                             headers={"Host": s.host, "Authorization": f"token {s.token}"})
+        assert r.status_code == 200 and r.headers.get(FRONT) == "front", (method, r.status_code)
+        assert (r.json()["method"], r.json()["sha"]) == (method, hashlib.sha256(body).hexdigest())
+
+
+def test_the_front_never_lets_a_refused_request_reach_the_app(single_front):
+    """Anonymous clients, another user and a token without access:servers: no request,
+    of any method and with or without a body, reaches the app through the front (its
+    request counter moves only with the owner's), and a client's own probe header
+    changes nothing."""
+    world = single_front
+    _start_front_app(world)
+    s = world.server
+    n = s.get(f"proxy/{FRONT_PORT}/count").json()["n"]
+    for token in (None, world.bob_token, world.scopeless_token, "x" * 32):
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            for headers in ({}, {"X-Backendai-Auth-Probe": "GET"}):
+                r = requests.request(
+                    method, s.url(f"proxy/{FRONT_PORT}/steal"), timeout=60,
+                    data=b"z" * (2 * 2**20) if method in ("POST", "PUT") else None,
+                    allow_redirects=False, headers={
+                        "Host": s.host, **headers,
+                        **({"Authorization": f"token {token}"} if token else {})})
+                assert r.status_code in (302, 401, 403, 413), (token, method, r.status_code)
+                assert FRONT not in r.headers and '"path"' not in r.text, (method, r.text[:300])
+    assert s.get(f"proxy/{FRONT_PORT}/count").json()["n"] == n + 1
+
+
+def test_the_front_falls_back_to_the_full_path(single_front):
+    """What the front cannot pass straight goes the full way, with the full way's answer:
+    an app on the container's loopback only, a closed port (the 502 page), a websocket."""
+    world = single_front
+    _start_front_app(world)
+    s = world.server
+    r = s.get(f"proxy/{FRONT_PORT + 1}/x.txt")
+    assert r.status_code == 200 and "served-by-http-server" in r.text
+    assert FRONT not in r.headers
+    r = s.get(f"proxy/{CLOSED_PORT}/")
+    assert r.status_code == 502 and f"nothing is listening on port {CLOSED_PORT}" in r.text, (
+        r.status_code, r.text[:500])
+    assert FRONT not in r.headers
+    with s.ws(f"proxy/{ECHO_PORT}/") as ws:
+        ws.send("via-front")
+        assert ws.recv(timeout=30) == "echo:via-front"
+
+
+def test_the_probe_answers_only_for_its_own_server_and_its_own_user(single_front):
+    """The question the front puts to a session's server (through CHP, behind nginx):
+    yes (204) only for the owner's credentials and only when it names this server; a
+    question naming another server (a route below this one's proxy/) is answered 409,
+    and nothing is proxied either way."""
+    world = single_front
+    _start_front_app(world)
+    s = world.server
+    conf = open(os.path.join(world.hub.env["BACKENDAI_STATE_DIR"], "app-front",
+                             "nginx.conf")).read()
+    chp = re.search(r"upstream bai_chp \{ server ([\d.]+:\d+);", conf).group(1)
+    n = s.get(f"proxy/{FRONT_PORT}/count").json()["n"]
+
+    def probe(value, token):
+        return requests.get(f"http://{chp}{s.prefix}proxy/{FRONT_PORT}/probed", headers={
+            "Host": s.host, "X-Backendai-Auth-Probe": value,
+            **({"Authorization": f"token {token}"} if token else {})},
+            allow_redirects=False, timeout=60)
+
+    assert probe(f"POST {s.prefix}", s.token).status_code == 204
+    assert probe("GET /user/someone-else/", s.token).status_code == 409
+    assert probe(f"BREW {s.prefix}", s.token).status_code == 400
+    for token in (None, world.bob_token, world.scopeless_token):
+        assert probe(f"GET {s.prefix}", token).status_code in (302, 401, 403)
+    assert s.get(f"proxy/{FRONT_PORT}/count").json()["n"] == n + 1  # none reached the app
+
+
+def test_no_fast_path_over_another_servers_route():
+    """A named server called "proxy" owns /user/<name>/proxy/...: the default server's
+    fast locations would take its paths, so they are left out."""
+    from jupyterhub_backendai.appfront import AppFrontProxy
+
+    front = AppFrontProxy(public_url="http://127.0.0.1:8000/", state_dir="/nonexistent",
+                          auth_token="t", api_url="http://127.0.0.1:8001")
+    front._chp_url = "http://127.0.0.1:8002"
+    front._fast = {"/user/a/": ("", "/user/a/", "10.9.0.2"),
+                   "/user/a/proxy/": ("", "/user/a/proxy/", "10.9.0.3"),
+                   "/user/b/": ("", "/user/b/", "10.9.0.4")}
+    conf = front.render_conf()
+    assert "10.9.0.2" not in conf and "^/user/a/proxy/\\d+/" not in conf
+    assert 'location ~ "^/user/a/proxy/proxy/\\d+/"' in conf and "10.9.0.3" in conf
+    assert 'location ~ "^/user/b/proxy/\\d+/"' in conf
+
+
+def test_traffic_through_the_front_counts_as_server_activity(single_front):
+    world = single_front
+    _start_front_app(world)
+    before = _last_activity(world.server)
+    r = world.server.get(f"proxy/{FRONT_PORT}/active")
+    assert r.status_code == 200 and r.headers.get(FRONT) == "front"
+    after = _last_activity(world.server)
+    assert after > before, (before, after)
+
+
+def test_the_front_outlives_a_hub_restart_and_forgets_stopped_servers(docker_image,
+                                                                      tmp_path_factory):
+    """After the hub restarts, the front takes a running server's apps straight again;
+    once the server stops, nothing is passed to its old address; the hub's shutdown
+    stops nginx."""
+    hub = start_hub(tmp_path_factory, subdomains=False, front=True)
+    try:
+        world = World(hub, subdomains=False)
+        a = world.alice["username"]
+        assert world.server.get(f"proxy/{HTTP_PORT}/x.txt").headers.get(FRONT) == "front"
+        pidfile = os.path.join(hub.env["BACKENDAI_STATE_DIR"], "app-front", "nginx.pid")
+        with open(pidfile) as f:
+            first = int(f.read())
+        hub.stop_hub()
+        assert not os.path.exists(f"/proc/{first}"), "nginx outlived the hub's shutdown"
+        hub.start()
+        hub.wait_ready(a, world.server_name, token=world.alice_token)
+        r = world.server.get(f"proxy/{HTTP_PORT}/x.txt")
+        assert r.status_code == 200 and r.headers.get(FRONT) == "front", (r.status_code, r.headers)
+        r = hub.api("DELETE", f"/users/{a}/servers/{world.server_name}", token=world.alice_token)
+        assert r.status_code in (202, 204), r.text
+        for _ in range(300):
+            if not hub.api("GET", f"/users/{a}", token=world.alice_token).json()[
+                    "servers"].get(world.server_name):
+                break
+            time.sleep(0.1)
+        r = world.server.get(f"proxy/{HTTP_PORT}/x.txt")
+        assert FRONT not in r.headers and "served-by-http-server" not in r.text, r.status_code
+    finally:
+        shutdown_hub(hub)
 
 
 def test_api_lists_a_sessions_service_ports(world):

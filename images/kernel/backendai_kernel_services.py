@@ -974,6 +974,43 @@ def _quiet_proxy_log(serverapp, handler_class) -> None:
     settings["log_function"] = log_function
 
 
+# -- the app front's question --------------------------------------------------------
+
+# Set by the hub's app front (nginx, jupyterhub_backendai/appfront.py) on the one
+# request it sends before passing a client's request on straight to an app: the value
+# is "<the client's method> <the server's base URL>". The answer is this handler's own
+# verdict on the client's credentials (the same ``prepare``: the hub's token or login
+# cookie, access scopes, sharing), as 204 when it would proxy; nothing is proxied. A
+# question meant for another server is answered 409. The front drops this header from
+# every client request, and falls back to the full path on any answer but 2xx.
+PROBE_HEADER = "X-Backendai-Auth-Probe"
+_PROBE_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"}
+
+
+def _probe_prepare(original):
+    async def prepare(self, *args, **kwargs):
+        probe = self.request.headers.get(PROBE_HEADER)
+        if probe is None:
+            return await original(self, *args, **kwargs)
+        from tornado import web
+
+        method, _, server = probe.partition(" ")
+        if method.upper() not in _PROBE_METHODS:
+            raise web.HTTPError(400, f"{PROBE_HEADER}: not a method")
+        if server != self.base_url:
+            raise web.HTTPError(409, f"{PROBE_HEADER}: meant for another server")
+        self.request.method = method.upper()
+        await original(self, *args, **kwargs)  # 403, or a redirect to log in
+        if self._finished:
+            return
+        self._record_activity()  # the request passes straight to the app: it is activity
+        self.set_header("Cache-Control", "no-store")
+        self.set_status(204)
+        self.finish()
+
+    return prepare
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
     from jupyter_server_proxy.handlers import ProxyHandler
 
@@ -981,6 +1018,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
     if getattr(ProxyHandler, "_backendai_502", False):
         return
     ProxyHandler._proxy_buffered = _stream_or_buffer(ProxyHandler._proxy_buffered)
+    ProxyHandler.prepare = _probe_prepare(ProxyHandler.prepare)
     ProxyHandler._backendai_answer = _answer
     from jupyter_server_proxy.websocket import WebSocketHandlerMixin
 

@@ -45,6 +45,14 @@ if os.environ.get("BACKENDAI_PROXY_API_URL"):
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
 if os.environ.get("BACKENDAI_CHP"):
     c.ConfigurableHTTPProxy.command = [os.environ["BACKENDAI_CHP"]]
+# BACKENDAI_APP_FRONT=nginx: nginx in front of the proxy, with a fast path straight to
+# the apps sessions serve on ports (jupyterhub_backendai/appfront.py, docs/service-ports.md).
+# nginx appends one X-Forwarded-For entry before the proxy's: two trusted hops.
+if os.environ.get("BACKENDAI_APP_FRONT", "") == "nginx":
+    c.JupyterHub.proxy_class = "jupyterhub_backendai.appfront.AppFrontProxy"
+    c.ClientAddress.trusted_proxy_hops = 2
+elif os.environ.get("BACKENDAI_APP_FRONT", ""):
+    raise ValueError("BACKENDAI_APP_FRONT: only 'nginx' (or empty, no front) is known")
 c.JupyterHub.hub_port = int(os.environ.get("BACKENDAI_HUB_API_PORT", "8081"))
 # The hub API listens on loopback; with the Docker backend the embedded agent adds
 # its network's gateway, where kernels (each session on a network of its own) reach
