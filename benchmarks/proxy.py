@@ -21,6 +21,10 @@ measured
               empty file mounted over it), so jupyter-server-proxy 4.6.0 runs as shipped;
               the app started in the server's container, reached at
               ``<hub>/user/admin/<server>/proxy/8070/...`` with a token with access:servers;
+  (e) front:  (a)'s setup with the app front (BACKENDAI_APP_FRONT=nginx,
+              jupyterhub_backendai/appfront.py): a second hub, the same app in its
+              session; nginx asks the session's server about each request (auth_request
+              through CHP) and passes it straight to the container's address;
   (d) chp:    a CHP of its own (the hub's binary and version) whose default target is (b)'s
               published port: no auth, no Jupyter server. The ceiling any CHP-based fast
               path could reach (what CHP alone costs over (b)); not a route the hub makes.
@@ -36,8 +40,10 @@ responses: its session may be OOM-killed there). At the end each container's pea
 (cgroup) is printed. The last line is machine-readable:
 
     small_rps_ratio_direct=<f> big_mbps_ratio_direct=<f> ratio_vs_stock=<f> ws_rtt_p50_ms=<f>
+    small_rps_ratio_front=<f> big_mbps_ratio_front=<f>
 
-small/big: a/b at the highest client count (a/d and d/b are printed too); ratio_vs_stock: the smallest a/c over the
+small/big: a/b at the highest client count (a/d, d/b and e/b are printed too);
+*_front: e/b likewise (behind the front; websockets take (a)'s path there); ratio_vs_stock: the smallest a/c over the
 small and big rows (requests/s, MB/s) and the websocket rows (c's p50 over a's), rows where
 (c) failed requests left out (they are printed); ws_rtt_p50_ms: through the hub, 1 client.
 Everything started is removed at the end.
@@ -266,7 +272,7 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     stock.ensure_image()
     tmp = tempfile.mkdtemp(prefix="bai-bench-proxy-")
-    hub = shub = direct_cid = net = chp = None
+    hub = fhub = shub = direct_cid = net = chp = None
     res: dict = {}
     peaks: dict = {}
     try:
@@ -279,6 +285,20 @@ def main():
         assert "BENCH-UP" in out, out
         [ours_cid] = docker("ps", "-q", "--filter",
                             f"label=ai.backend.agent-id={hub.agent_id}").split()
+        fhub = start_hub(_Tmp(), subdomains=False, front=True)
+        fhub.spawn = functools.partial(type(fhub).spawn, fhub,
+                                       options={"cpu": args.cpu, "mem": args.mem})
+        fworld = World(fhub, subdomains=False)
+        out = fworld.server.run(f"(nohup python -c {shlex.quote(APP)} >/tmp/bench.log 2>&1 &)"
+                                f" && ({WAIT_APP}) && echo BENCH-''UP", "BENCH-UP")
+        assert "BENCH-UP" in out, out
+        [front_cid] = docker("ps", "-q", "--filter",
+                             f"label=ai.backend.agent-id={fhub.agent_id}").split()
+        front_base = f"http://127.0.0.1:{fhub.port}{fworld.server.prefix}proxy/{APP_PORT}"
+        r = requests.get(front_base + "/small", timeout=30,
+                         headers={"Authorization": f"token {fworld.alice_token}"})
+        if r.headers.get("X-Backendai-App-Path") != "front":
+            raise RuntimeError(f"the front did not take the fast path: {r.status_code} {r.headers}")
         direct_cid, net, direct_base = start_direct()
         chp, chp_base = start_chp(direct_base)
         os.makedirs(os.path.join(tmp, "stock"))
@@ -291,6 +311,7 @@ def main():
             "b-direct": (direct_base, {}, direct_cid),
             "c-stock": (stock_base, stock_headers, stock_cid),
             "d-chp": (chp_base, {}, None),
+            "e-front": (front_base, {"Authorization": f"token {fworld.alice_token}"}, front_cid),
         }
         runs: dict = {}
         for rnd in range(1, args.rounds + 1):
@@ -335,6 +356,8 @@ def main():
             docker("network", "rm", net, check=False)
         if hub is not None:
             close_hub(hub)
+        if fhub is not None:
+            close_hub(fhub)
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"medians over {args.rounds} rounds of {args.seconds:g} s per row "
@@ -360,15 +383,22 @@ def main():
         vs_stock.append(ratio)
     for kind, unit in (("small", "rps"), ("big", "mbps")):
         for c in counts:
-            a, b, d = (res[(kind, c, v)][unit] for v in ("a-hub", "b-direct", "d-chp"))
-            print(f"{kind} clients={c}: a/b={a / b:.3f} d/b={d / b:.3f} a/d={a / d:.3f}")
+            a, b, d, e = (res[(kind, c, v)][unit]
+                          for v in ("a-hub", "b-direct", "d-chp", "e-front"))
+            print(f"{kind} clients={c}: a/b={a / b:.3f} d/b={d / b:.3f} a/d={a / d:.3f} "
+                  f"e/b={e / b:.3f}")
     for c in counts:
-        a, b, d = (res[("ws", c, v)]["p50_ms"] for v in ("a-hub", "b-direct", "d-chp"))
-        print(f"ws clients={c}: rtt p50 b/a={b / a:.3f} b/d={b / d:.3f} d/a={d / a:.3f}")
+        a, b, d, e = (res[("ws", c, v)]["p50_ms"]
+                      for v in ("a-hub", "b-direct", "d-chp", "e-front"))
+        print(f"ws clients={c}: rtt p50 b/a={b / a:.3f} b/d={b / d:.3f} d/a={d / a:.3f} "
+              f"b/e={b / e:.3f}")
+    small_front = res[("small", top, "e-front")]["rps"] / res[("small", top, "b-direct")]["rps"]
+    big_front = res[("big", top, "e-front")]["mbps"] / res[("big", top, "b-direct")]["mbps"]
     ws = res[("ws", min(counts), "a-hub")]["p50_ms"]
     print(f"small_rps_ratio_direct={small:.3f} big_mbps_ratio_direct={big:.3f} "
           f"ratio_vs_stock={min(vs_stock) if vs_stock else float('nan'):.3f} "
-          f"ws_rtt_p50_ms={ws:.3f}", flush=True)
+          f"ws_rtt_p50_ms={ws:.3f} small_rps_ratio_front={small_front:.3f} "
+          f"big_mbps_ratio_front={big_front:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ to the hub's and the server's own limits), nor are responses.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pwd
 import re
@@ -45,6 +44,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from urllib.parse import unquote, urlparse
 
 from jupyterhub.proxy import ConfigurableHTTPProxy
@@ -144,14 +144,13 @@ class AppFrontProxy(ConfigurableHTTPProxy):
                                "(Debian: nginx-light) or use the plain proxy")
         os.makedirs(self._path("tmp"), mode=0o700, exist_ok=True)
         self._stop_previous_nginx()
-        self._load_routes()
         self._write_conf()
         self.log.info("Starting the app front (nginx) @ %s, CHP @ %s", self.public_url,
                       self._chp_url)
-        self._nginx_proc = subprocess.Popen(
-            [self.nginx, "-p", self.state_dir, "-c", self._path("nginx.conf")],
-            start_new_session=True, stdout=subprocess.DEVNULL,
-            stderr=open(self._path("nginx-error.log"), "ab"))
+        with open(self._path("nginx-error.log"), "ab") as err:
+            self._nginx_proc = subprocess.Popen(
+                [self.nginx, "-p", self.state_dir, "-c", self._path("nginx.conf")],
+                start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
         host, port = self._listen_addr()
         for _ in range(200):
             if self._nginx_proc.poll() is not None:
@@ -190,8 +189,6 @@ class AppFrontProxy(ConfigurableHTTPProxy):
         for _ in range(100):
             if not os.path.exists(f"/proc/{pid}"):
                 break
-            import time
-
             time.sleep(0.05)
 
     def stop(self):
@@ -251,18 +248,9 @@ class AppFrontProxy(ConfigurableHTTPProxy):
             self.log.warning("app front: no kernel address for %s/%s: %s", name, server, e)
             return None
 
-    def _load_routes(self) -> None:
-        try:
-            with open(self._path("routes.json")) as f:
-                self._fast = {k: tuple(v) for k, v in json.load(f).items()}
-        except (OSError, ValueError):
-            self._fast = {}
-
     def _save_and_reload(self) -> None:
-        tmp = self._path("routes.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(self._fast, f)
-        os.replace(tmp, self._path("routes.json"))
+        """The fast locations live in this process only: a restarted hub starts CHP and
+        nginx afresh, and JupyterHub adds the routes of the running servers again."""
         self._write_conf()
         if self._nginx_proc is not None and self._nginx_proc.poll() is None:
             self._nginx_proc.send_signal(signal.SIGHUP)
