@@ -316,6 +316,10 @@ http {{
     proxy_buffer_size 1m;
     proxy_buffers 4 1m;
     proxy_busy_buffers_size 2m;
+    # Apps answer through nginx: none may steer it (an internal redirect to another
+    # location, its buffering or rate) with nginx's own response headers.
+    proxy_ignore_headers X-Accel-Redirect X-Accel-Expires X-Accel-Limit-Rate
+                         X-Accel-Buffering X-Accel-Charset;
     proxy_http_version 1.1;
     proxy_read_timeout 1h;
     proxy_send_timeout 1h;

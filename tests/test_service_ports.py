@@ -557,11 +557,16 @@ FRONT_APP = (
     "                          'sha': hashlib.sha256(body).hexdigest(),\n"
     "                          'auth': self.headers.get('Authorization')}).encode()\n"
     "        self.send_response(200)\n"
+    "        if '/accel' in self.path:\n"
+    "            self.send_header('X-Accel-Redirect', self.path.split('/accel', 1)[1])\n"
     "        self.send_header('Content-Length', str(len(out)))\n"
     "        self.end_headers()\n"
     "        self.wfile.write(out)\n"
     "    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = answer\n"
     "    def log_message(self, *a): pass\n"
+    "import threading\n"
+    f"threading.Thread(target=http.server.ThreadingHTTPServer(('127.0.0.1', {FRONT_PORT + 2}),"
+    " H).serve_forever, daemon=True).start()\n"
     f"http.server.ThreadingHTTPServer(('0.0.0.0', {FRONT_PORT}), H).serve_forever()\n"
 )
 
@@ -688,6 +693,26 @@ def test_no_fast_path_over_another_servers_route():
     assert "10.9.0.2" not in conf and "^/user/a/proxy/\\d+/" not in conf
     assert 'location ~ "^/user/a/proxy/proxy/\\d+/"' in conf and "10.9.0.3" in conf
     assert 'location ~ "^/user/b/proxy/\\d+/"' in conf
+
+
+def test_apps_cannot_steer_the_front(single_front):
+    """nginx acts on ``X-Accel-Redirect`` in an upstream's answer (an internal redirect
+    to any of its locations: the probe's, another user's fast path, the hub). An app's
+    answer is passed on as it is, by the fast path and by the full path alike."""
+    world = single_front
+    _start_front_app(world)
+    s = world.server
+    targets = ["/_backendai_app_front_auth", "/hub/api/", "@bai_chp",
+               f"/user/{world.bob['username']}/proxy/{FRONT_PORT}/x"]
+    for target in targets:
+        fast = s.get(f"proxy/{FRONT_PORT}/accel{target}")
+        assert fast.status_code == 200 and fast.headers.get(FRONT) == "front", fast.status_code
+        assert fast.json()["path"] == f"/accel{target}", fast.text[:300]
+        # The same app on the container's loopback: the full path, behind nginx too.
+        full = s.get(f"proxy/{FRONT_PORT + 2}/accel{target}")
+        assert full.status_code == 200 and FRONT not in full.headers, (full.status_code,
+                                                                       full.text[:300])
+        assert full.json()["path"] == f"/accel{target}", full.text[:300]
 
 
 def test_traffic_through_the_front_counts_as_server_activity(single_front):
