@@ -379,6 +379,7 @@ http {{
             set $bai_rest "";
             {pick}
             if ($bai_rest = "") {{ return 418; }}
+            if ($request_uri ~ "\\x5c") {{ return 418; }}
             auth_request /_backendai_app_front_auth;
             error_page 401 403 500 502 503 504 = @bai_chp;
             proxy_connect_timeout 2s;

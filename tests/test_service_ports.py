@@ -545,15 +545,16 @@ FRONT_PORT = 9300
 # Answers every method with what it got: method, path, the body's SHA-256, the
 # Authorization header, and how many requests it has seen.
 FRONT_APP = (
-    "import hashlib, json, http.server\n"
+    "import hashlib, json, http.server, sys\n"
     "n = 0\n"
+    "WHO = sys.argv[1] if len(sys.argv) > 1 else ''\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
     "    protocol_version = 'HTTP/1.1'\n"
     "    def answer(self):\n"
     "        global n\n"
     "        n += 1\n"
     "        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))\n"
-    "        out = json.dumps({'method': self.command, 'path': self.path, 'n': n,\n"
+    "        out = json.dumps({'method': self.command, 'path': self.path, 'n': n, 'who': WHO,\n"
     "                          'sha': hashlib.sha256(body).hexdigest(),\n"
     "                          'auth': self.headers.get('Authorization')}).encode()\n"
     "        self.send_response(200)\n"
@@ -713,6 +714,46 @@ def test_apps_cannot_steer_the_front(single_front):
         assert full.status_code == 200 and FRONT not in full.headers, (full.status_code,
                                                                        full.text[:300])
         assert full.json()["path"] == f"/accel{target}", full.text[:300]
+
+
+def test_paths_that_read_differently_do_not_open_another_users_container(single_front):
+    """nginx picks a fast location by its own reading of the path; CHP routes the probe by
+    its own (WHATWG URLs: ``\\`` is ``/``, dot segments resolved). With bob's prefix
+    before a backslashed climb into alice's server, nginx's location is bob's while CHP
+    asked alice's server, which says yes to alice's token: before the probe named its
+    server (and without the checks of the raw line), nginx passed alice's request to bob's
+    container (seen). Dot segments the other way round too. Both end in alice's own
+    server or a refusal, never at bob's app."""
+    world = single_front
+    _start_front_app(world)
+    hub, b = world.hub, world.bob["username"]
+    r = hub.spawn(b, "bobsrv", token=world.bob_token)
+    assert r.status_code in (201, 202), r.text
+    model = hub.wait_ready(b, "bobsrv", token=world.bob_token)
+    bob = Server(hub, world.server.host, urllib.parse.urlsplit(model["url"]).path,
+                 world.bob_token)
+    out = bob.run(f"(nohup python -c {shlex.quote(FRONT_APP)} bob >/tmp/front.log 2>&1 &)"
+                  f" && for i in $(seq 100); do python -c \"import socket; socket."
+                  f"create_connection(('127.0.0.1',{FRONT_PORT}))\" 2>/dev/null && break;"
+                  f" sleep 0.1; done", "BOB-UP")
+    assert "BOB-UP" in out
+    r = bob.get(f"proxy/{FRONT_PORT}/own")
+    assert r.json()["who"] == "bob" and r.headers.get(FRONT) == "front", r.headers
+    s = world.server
+    ups = s.prefix.count("/") + 1  # from <a prefix>proxy/<port>/ up to the root
+    backslashed = (f"{bob.prefix}proxy/{FRONT_PORT}/" + "..\\" * ups
+                   + f"{s.prefix[1:]}proxy/{FRONT_PORT}/secret".replace("/", "\\"))
+    dotted = (f"{s.prefix}proxy/{FRONT_PORT}/" + "../" * ups
+              + f"{bob.prefix[1:]}proxy/{FRONT_PORT}/secret")
+    for raw in (backslashed, dotted):
+        with socket.create_connection(("127.0.0.1", hub.port), timeout=60) as c:
+            c.sendall((f"GET {raw} HTTP/1.1\r\nHost: {s.host}\r\nConnection: close\r\n"
+                       f"Authorization: token {s.token}\r\n\r\n").encode())
+            got = b""
+            while chunk := c.recv(1 << 16):
+                got += chunk
+        assert b'"who": "bob"' not in got, (raw, got[:500])
+        assert FRONT.lower().encode() not in got.lower(), (raw, got[:500])
 
 
 def test_traffic_through_the_front_counts_as_server_activity(single_front):
