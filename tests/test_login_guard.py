@@ -206,3 +206,60 @@ def test_a_client_cannot_choose_its_address_through_the_proxy(hub):
         assert refused(resp), (i, re.findall(r"login_error\">([^<]*)", resp.text))
     name, right = new_user(hub)
     throttled(spoofed_login(name, right, 99), "your address")
+
+
+@pytest.fixture(scope="module")
+def front_hub(tmp_path_factory):
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('front')}/backendai.sqlite"
+    cli.create_superadmin(db_url, ADMIN_EMAIL, ADMIN_PASSWORD)
+    hub = Hub(db_url=db_url, backend="local", extra_env={"BACKENDAI_APP_FRONT": "nginx"},
+              extra_args=[f"--LoginGuard.max_failures_per_account={ACCOUNT_LIMIT}",
+                          f"--LoginGuard.max_failures_per_address={ADDRESS_LIMIT}",
+                          f"--LoginGuard.failure_window={WINDOW}"])
+    try:
+        hub.start()
+        yield hub
+    finally:
+        hub.close()
+        shutil.rmtree(hub.dir, ignore_errors=True)
+
+
+def _login_from(hub, source: str, name: str, password: str) -> tuple[int, str]:
+    """POST /hub/login from the local address ``source`` (127.0.0.0/8 is all loopback),
+    with spoofed X-Forwarded-For and X-Real-Ip headers: (status, body)."""
+    import http.client
+    import urllib.parse
+
+    spoof = {"X-Forwarded-For": "192.0.2.7", "X-Real-Ip": "198.51.100.7"}
+
+    def request(method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=60,
+                                       source_address=(source, 0))
+        c.request(method, path, body=body, headers={**spoof, **(headers or {})})
+        r = c.getresponse()
+        out = (r.status, r.getheader("Set-Cookie") or "", r.read().decode(errors="replace"))
+        c.close()
+        return out
+
+    _, cookie, _ = request("GET", "/hub/login")
+    xsrf = re.search(r"_xsrf=([^;]+)", cookie).group(1)
+    status, _, text = request("POST", "/hub/login", urllib.parse.urlencode(
+        {"username": name, "password": password, "_xsrf": xsrf}), {
+        "Content-Type": "application/x-www-form-urlencoded", "Cookie": f"_xsrf={xsrf}"})
+    return status, text
+
+
+def test_behind_the_app_front_the_client_address_is_the_clients(front_hub):
+    """nginx appends the client's address, then CHP nginx's: with the front the packaged
+    config believes two entries. Failures from 127.0.0.2 (spoofed headers and all) throttle
+    127.0.0.2 and not 127.0.0.3; with one hop believed, every client would be nginx's
+    127.0.0.1 and share one budget."""
+    for i in range(ADDRESS_LIMIT):
+        status, _ = _login_from(front_hub, "127.0.0.2", f"nobody-{i}-{uuid.uuid4().hex[:6]}", "x")
+        assert status == 403, status
+    name, right = new_user(front_hub)
+    status, text = _login_from(front_hub, "127.0.0.2", name, right)
+    assert status == 429 and "Too many failed logins for your address" in re.sub(
+        r"\s+", " ", text), status
+    status, _ = _login_from(front_hub, "127.0.0.3", name, right)
+    assert status == 302, status
