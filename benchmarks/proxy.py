@@ -225,6 +225,25 @@ def start_stock(hub) -> tuple[str, str, dict]:
     return cid, f"{hub.base}/user/{stock.USER}/{STOCK_SERVER}/proxy/{APP_PORT}", headers
 
 
+def hub_with_app(args, front: bool):
+    """(a) or (e): our hub (with the app front or not), a server of a fresh user with the
+    app started in its kernel. Returns (hub, world, the kernel's container)."""
+    hub = start_hub(_Tmp(), subdomains=False, front=front)
+    try:
+        hub.spawn = functools.partial(type(hub).spawn, hub,
+                                      options={"cpu": args.cpu, "mem": args.mem})
+        world = World(hub, subdomains=False)
+        out = world.server.run(f"(nohup python -c {shlex.quote(APP)} >/tmp/bench.log 2>&1 &)"
+                               f" && ({WAIT_APP}) && echo BENCH-''UP", "BENCH-UP")
+        assert "BENCH-UP" in out, out
+        [cid] = docker("ps", "-q", "--filter",
+                       f"label=ai.backend.agent-id={hub.agent_id}").split()
+    except BaseException:
+        close_hub(hub)
+        raise
+    return hub, world, cid
+
+
 def stock_hub(tmpdir: str):
     """benchmarks/spawn.py's stock JupyterHub + DockerSpawner, the image's own Jupyter server
     config hidden (an empty file mounted over it): jupyter-server-proxy as shipped."""
@@ -276,24 +295,8 @@ def main():
     res: dict = {}
     peaks: dict = {}
     try:
-        hub = start_hub(_Tmp(), subdomains=False)
-        hub.spawn = functools.partial(type(hub).spawn, hub,
-                                      options={"cpu": args.cpu, "mem": args.mem})
-        world = World(hub, subdomains=False)
-        out = world.server.run(f"(nohup python -c {shlex.quote(APP)} >/tmp/bench.log 2>&1 &)"
-                               f" && ({WAIT_APP}) && echo BENCH-''UP", "BENCH-UP")
-        assert "BENCH-UP" in out, out
-        [ours_cid] = docker("ps", "-q", "--filter",
-                            f"label=ai.backend.agent-id={hub.agent_id}").split()
-        fhub = start_hub(_Tmp(), subdomains=False, front=True)
-        fhub.spawn = functools.partial(type(fhub).spawn, fhub,
-                                       options={"cpu": args.cpu, "mem": args.mem})
-        fworld = World(fhub, subdomains=False)
-        out = fworld.server.run(f"(nohup python -c {shlex.quote(APP)} >/tmp/bench.log 2>&1 &)"
-                                f" && ({WAIT_APP}) && echo BENCH-''UP", "BENCH-UP")
-        assert "BENCH-UP" in out, out
-        [front_cid] = docker("ps", "-q", "--filter",
-                             f"label=ai.backend.agent-id={fhub.agent_id}").split()
+        hub, world, ours_cid = hub_with_app(args, front=False)
+        fhub, fworld, front_cid = hub_with_app(args, front=True)
         front_base = f"http://127.0.0.1:{fhub.port}{fworld.server.prefix}proxy/{APP_PORT}"
         r = requests.get(front_base + "/small", timeout=30,
                          headers={"Authorization": f"token {fworld.alice_token}"})

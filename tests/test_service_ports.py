@@ -50,6 +50,14 @@ ECHO_APP = (
 )
 
 
+def wait_ports(*ports: int) -> str:
+    """A shell command that waits (10 s at most each) until the kernel's loopback ports
+    accept connections."""
+    return (f"for p in {' '.join(map(str, ports))}; do for i in $(seq 100); do python -c"
+            " \"import socket; socket.create_connection(('127.0.0.1',$p))\" 2>/dev/null"
+            " && break; sleep 0.1; done; done")
+
+
 class Server:
     """alice's server as seen from one origin."""
 
@@ -216,47 +224,36 @@ class World:
             f" >/tmp/http.log 2>&1 &)"
             f" && (nohup python /opt/backendai/hello_app.py --port {HELLO2_PORT} --host {bind}"
             f" >/tmp/h2.log 2>&1 &)"
-            f" && for p in {ECHO_PORT} {HTTP_PORT} {HELLO2_PORT}; do for i in $(seq 100);"
-            f" do python -c \"import socket,sys; socket.create_connection(('127.0.0.1',$p))\""
-            f" 2>/dev/null && break; sleep 0.1; done; done",
-            "APPS-UP")
+            " && " + wait_ports(ECHO_PORT, HTTP_PORT, HELLO2_PORT), "APPS-UP")
         assert "APPS-UP" in out
+
+
+def _world(tmp_path_factory, subdomains: bool, front: bool = False):
+    hub = start_hub(tmp_path_factory, subdomains=subdomains, front=front)
+    try:
+        yield World(hub, subdomains=subdomains)
+    finally:
+        shutdown_hub(hub)
 
 
 @pytest.fixture(scope="module")
 def single(docker_image, tmp_path_factory):
-    hub = start_hub(tmp_path_factory, subdomains=False)
-    try:
-        yield World(hub, subdomains=False)
-    finally:
-        shutdown_hub(hub)
+    yield from _world(tmp_path_factory, subdomains=False)
 
 
 @pytest.fixture(scope="module")
 def subdomain(docker_image, tmp_path_factory):
-    hub = start_hub(tmp_path_factory, subdomains=True)
-    try:
-        yield World(hub, subdomains=True)
-    finally:
-        shutdown_hub(hub)
+    yield from _world(tmp_path_factory, subdomains=True)
 
 
 @pytest.fixture(scope="module")
 def single_front(docker_image, tmp_path_factory):
-    hub = start_hub(tmp_path_factory, subdomains=False, front=True)
-    try:
-        yield World(hub, subdomains=False)
-    finally:
-        shutdown_hub(hub)
+    yield from _world(tmp_path_factory, subdomains=False, front=True)
 
 
 @pytest.fixture(scope="module")
 def subdomain_front(docker_image, tmp_path_factory):
-    hub = start_hub(tmp_path_factory, subdomains=True, front=True)
-    try:
-        yield World(hub, subdomains=True)
-    finally:
-        shutdown_hub(hub)
+    yield from _world(tmp_path_factory, subdomains=True, front=True)
 
 
 @pytest.fixture(params=["single-origin", "subdomains"])
@@ -579,9 +576,7 @@ def _start_front_app(world) -> None:
         f"(nohup python -c {shlex.quote(FRONT_APP)} >/tmp/front.log 2>&1 &)"
         f" && (nohup python -m http.server {FRONT_PORT + 1} --bind 127.0.0.1 --directory /tmp/www"
         f" >/tmp/http2.log 2>&1 &)"
-        f" && for p in {FRONT_PORT} {FRONT_PORT + 1}; do for i in $(seq 100); do python -c"
-        f" \"import socket; socket.create_connection(('127.0.0.1',$p))\" 2>/dev/null && break;"
-        f" sleep 0.1; done; done", "FRONT-UP")
+        " && " + wait_ports(FRONT_PORT, FRONT_PORT + 1), "FRONT-UP")
     assert "FRONT-UP" in out
     world.front_app = True
 
@@ -733,9 +728,7 @@ def test_paths_that_read_differently_do_not_open_another_users_container(single_
     bob = Server(hub, world.server.host, urllib.parse.urlsplit(model["url"]).path,
                  world.bob_token)
     out = bob.run(f"(nohup python -c {shlex.quote(FRONT_APP)} bob >/tmp/front.log 2>&1 &)"
-                  f" && for i in $(seq 100); do python -c \"import socket; socket."
-                  f"create_connection(('127.0.0.1',{FRONT_PORT}))\" 2>/dev/null && break;"
-                  f" sleep 0.1; done", "BOB-UP")
+                  " && " + wait_ports(FRONT_PORT), "BOB-UP")
     assert "BOB-UP" in out
     r = bob.get(f"proxy/{FRONT_PORT}/own")
     assert r.json()["who"] == "bob" and r.headers.get(FRONT) == "front", r.headers
@@ -1036,8 +1029,7 @@ def _start_keepalive_app(world) -> None:
     src = base64.b64encode(KA_APP.encode()).decode()
     out = world.server.run(
         f"echo {src} | base64 -d > /tmp/ka.py && (nohup python /tmp/ka.py >/tmp/ka.log 2>&1 &)"
-        f" && for i in $(seq 100); do python -c \"import socket; socket.create_connection("
-        f"('127.0.0.1',{KA_PORT}))\" 2>/dev/null && break; sleep 0.1; done", "KA-UP")
+        " && " + wait_ports(KA_PORT), "KA-UP")
     assert "KA-UP" in out
     world.ka_started = True
 
