@@ -67,6 +67,7 @@ def _open_tile(context, page, title: str, artifacts: str | None):
 @pytest.mark.parametrize("title,path,check", [
     ("Hello app", "hello/", "#greeting"),
     ("TensorBoard", "tensorboard/", "tf-tensorboard, #root, body"),
+    ("VS Code (code-server)", "vscode/", ".monaco-workbench"),
 ])
 def test_app_opens_from_its_launcher_tile(world, lab, title, path, check, tmp_path):
     context, page = lab
@@ -76,6 +77,12 @@ def test_app_opens_from_its_launcher_tile(world, lab, title, path, check, tmp_pa
         if title == "Hello app":
             assert app.locator("#greeting").inner_text() == "Hello from the Backend.AI session"
             assert app.locator("#path").inner_text() == "/"
+        elif path == "vscode/":
+            # The workbench, its explorer on the user's home folder (what the editor's
+            # websocket to its server brings in).
+            app.locator(".monaco-workbench").wait_for(timeout=120_000)
+            app.locator(".explorer-folders-view, .explorer-viewlet").first.wait_for(
+                timeout=120_000)
         else:
             app.wait_for_function("document.title.includes('TensorBoard')", timeout=120_000)
             assert re.search(r"TensorBoard", app.title())

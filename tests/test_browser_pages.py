@@ -230,7 +230,7 @@ def test_session_from_preset_lab_file_stop_download(world, browser, tmp_path):
         assert {apps.nth(i).get_attribute("data-app"): apps.nth(i).get_attribute("href")
                 for i in range(apps.count())} == {
             "jupyter": "/user/webuser/work/", "tensorboard": "/user/webuser/work/tensorboard/",
-            "hello": "/user/webuser/work/hello/"}
+            "hello": "/user/webuser/work/hello/", "vscode": "/user/webuser/work/vscode/"}
         u.shot("sessions-running")
         with u.ctx.expect_page() as new:
             row.locator('.backendai-apps a[data-app="hello"]').click()

@@ -648,7 +648,12 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
             fut = self.flush()
             if state["unacked"] >= _WINDOW:
                 state["unacked"] = 0
-                await fut
+                if fut is not None:
+                    await fut
+                else:  # no future to wait on: until the connection's writes are out
+                    stream = getattr(self.request.connection, "stream", None)
+                    while stream is not None and stream.writing() and not stream.closed():
+                        await asyncio.sleep(0.002)
 
     async def fill() -> bool:
         chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), _SPLICE_IDLE)
