@@ -136,13 +136,11 @@ class AppFrontProxy(ConfigurableHTTPProxy):
 
     async def _start_nginx(self) -> None:
         if self._nginx_proc is not None and self._nginx_proc.poll() is None:
-            self._write_conf()
-            self._nginx_proc.send_signal(signal.SIGHUP)
+            self._reload()
             return
         if not shutil.which(self.nginx):
             raise RuntimeError(f"AppFrontProxy: nginx not found ({self.nginx!r}); install nginx "
                                "(Debian: nginx-light) or use the plain proxy")
-        os.makedirs(self._path("tmp"), mode=0o700, exist_ok=True)
         self._stop_previous_nginx()
         self._write_conf()
         self.log.info("Starting the app front (nginx) @ %s, CHP @ %s", self.public_url,
@@ -221,12 +219,12 @@ class AppFrontProxy(ConfigurableHTTPProxy):
             prefix = "/" + path
             if (_SAFE_PREFIX.match(prefix) and (not host or _SAFE_HOST.match(host))):
                 self._fast[routespec] = (host, prefix, address)
-                self._save_and_reload()
+                self._reload()
 
     async def delete_route(self, routespec):
         await super().delete_route(routespec)
         if self._fast.pop(routespec, None) is not None:
-            self._save_and_reload()
+            self._reload()
 
     async def _address_for(self, data: dict) -> str | None:
         app = self.app
@@ -248,9 +246,10 @@ class AppFrontProxy(ConfigurableHTTPProxy):
             self.log.warning("app front: no kernel address for %s/%s: %s", name, server, e)
             return None
 
-    def _save_and_reload(self) -> None:
-        """The fast locations live in this process only: a restarted hub starts CHP and
-        nginx afresh, and JupyterHub adds the routes of the running servers again."""
+    def _reload(self) -> None:
+        """Write the configuration; a running nginx takes it. The fast locations live in
+        this process only: a restarted hub starts CHP and nginx afresh, and JupyterHub
+        adds the routes of the running servers again."""
         self._write_conf()
         if self._nginx_proc is not None and self._nginx_proc.poll() is None:
             self._nginx_proc.send_signal(signal.SIGHUP)
