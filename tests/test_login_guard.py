@@ -35,15 +35,21 @@ def hub(request, tmp_path_factory):
         db_url = f"sqlite:///{tmp_path_factory.mktemp('db')}/backendai.sqlite"
     else:
         db_url = request.getfixturevalue("postgres").new_database("t_" + uuid.uuid4().hex[:12])
+    for hub in _guarded_hub(db_url):
+        hub.admin_token  # logged in before any test spends loopback's failures  # noqa: B018
+        yield hub
+
+
+def _guarded_hub(db_url: str, extra_env=None):
+    """A started hub with this module's login limits (a generator: stops it after)."""
     cli.create_superadmin(db_url, ADMIN_EMAIL, ADMIN_PASSWORD)
-    hub = Hub(db_url=db_url, backend="local", extra_args=[
+    hub = Hub(db_url=db_url, backend="local", extra_env=extra_env, extra_args=[
         f"--LoginGuard.max_failures_per_account={ACCOUNT_LIMIT}",
         f"--LoginGuard.max_failures_per_address={ADDRESS_LIMIT}",
         f"--LoginGuard.failure_window={WINDOW}",
     ])
     try:
         hub.start()
-        hub.admin_token  # logged in before any test spends loopback's failures  # noqa: B018
         yield hub
     finally:
         hub.close()
@@ -211,17 +217,7 @@ def test_a_client_cannot_choose_its_address_through_the_proxy(hub):
 @pytest.fixture(scope="module")
 def front_hub(tmp_path_factory):
     db_url = f"sqlite:///{tmp_path_factory.mktemp('front')}/backendai.sqlite"
-    cli.create_superadmin(db_url, ADMIN_EMAIL, ADMIN_PASSWORD)
-    hub = Hub(db_url=db_url, backend="local", extra_env={"BACKENDAI_APP_FRONT": "nginx"},
-              extra_args=[f"--LoginGuard.max_failures_per_account={ACCOUNT_LIMIT}",
-                          f"--LoginGuard.max_failures_per_address={ADDRESS_LIMIT}",
-                          f"--LoginGuard.failure_window={WINDOW}"])
-    try:
-        hub.start()
-        yield hub
-    finally:
-        hub.close()
-        shutil.rmtree(hub.dir, ignore_errors=True)
+    yield from _guarded_hub(db_url, {"BACKENDAI_APP_FRONT": "nginx"})
 
 
 def _login_from(hub, source: str, name: str, password: str) -> tuple[int, str]:
