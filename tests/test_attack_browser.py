@@ -15,7 +15,6 @@ Local backend, SQLite (the refusal happens before any database work).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -26,10 +25,10 @@ import uuid
 import pytest
 import requests
 
+from .chromium import chromium
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 from .services import free_port, wait_port
 from .test_attacks_api import new_user, user_record
-from .test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.browser]
 
@@ -65,15 +64,8 @@ window.attack = (async () => {
 
 @pytest.fixture
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture

@@ -75,14 +75,7 @@ from types import SimpleNamespace
 import pytest
 
 from .binder_helpers import REPO, BinderSim
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--no-first-run",
-]
-
+from .chromium import CHROMIUM, chromium
 
 # The demo project's shared vfolder in the spawn form, and the first line of its README.
 SHARED_LABEL = "shared (project demo-project, read-write)"
@@ -116,7 +109,7 @@ def _login(page, account) -> None:
 
 @pytest.mark.browser
 def test_binder_demo(binder, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     accounts = _demo_accounts()
     hub_url = f"{binder.url}backendai-hub/"
@@ -146,8 +139,7 @@ def test_binder_demo(binder, tmp_path):
     binder.start_server()
     mark("server")
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         ctx = browser.new_context(viewport={"width": 1400, "height": 900})
         ctx.set_default_timeout(60_000)
         page = ctx.new_page()
@@ -293,8 +285,6 @@ def test_binder_demo(binder, tmp_path):
             print(f"screenshots in {tmp_path}; timings {times}")
             print(binder.log()[-20000:])
             raise
-        finally:
-            browser.close()
     print(f"binder demo timings (s since start): {times}")
 
 

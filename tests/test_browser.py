@@ -14,38 +14,21 @@ import time
 
 import pytest
 
+from .chromium import chromium
 from .conftest import containers_of
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD
 from .test_mounts import make_hub_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # Our session states as the spawner's progress() words them (lower case).
 STATE_WORDS = re.compile(r"\b(pending|scheduled|preparing|pulling|creating|running)\b")
 
 
 @pytest.fixture
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def _terminal_text(page) -> str:

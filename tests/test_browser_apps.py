@@ -4,13 +4,12 @@ the hub's login, at ``<server>/<name>/``."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
+from .chromium import chromium, screenshot
 from .conftest import shutdown_hub
-from .test_browser import CHROMIUM, CHROMIUM_ARGS
 from .test_service_ports import World, start_hub
 
 pytestmark = [pytest.mark.browser]
@@ -27,35 +26,28 @@ def world(docker_image, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab(world):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            context = b.new_context()
-            context.set_default_timeout(60_000)
-            page = context.new_page()
-            page.goto(world.hub.base + "/hub/login")
-            page.fill("input[name=username]", world.alice["email"])
-            page.fill("input[name=password]", "victim-pass-1")
-            page.click("#login_submit")
-            page.wait_for_url(lambda u: "/hub/login" not in u)
-            page.goto(world.hub.base + world.server.prefix + "lab")
-            page.locator("#jp-main-dock-panel").wait_for(timeout=120_000)
-            yield context, page
-        finally:
-            b.close()
+    with chromium() as b:
+        context = b.new_context()
+        context.set_default_timeout(60_000)
+        page = context.new_page()
+        page.goto(world.hub.base + "/hub/login")
+        page.fill("input[name=username]", world.alice["email"])
+        page.fill("input[name=password]", "victim-pass-1")
+        page.click("#login_submit")
+        page.wait_for_url(lambda u: "/hub/login" not in u)
+        page.goto(world.hub.base + world.server.prefix + "lab")
+        page.locator("#jp-main-dock-panel").wait_for(timeout=120_000)
+        yield context, page
 
 
-def _open_tile(context, page, title: str, artifacts: str | None):
+def _open_tile(context, page, title: str):
     tile = page.locator(f".jp-LauncherCard[title^='{title} ']")  # 'Title [↗]': a new tab
     try:
         tile.first.wait_for(timeout=60_000)
     except Exception:
         cards = page.locator(".jp-LauncherCard").evaluate_all(
             "els => els.map(e => e.getAttribute('title') + ' | ' + e.innerText)")
-        page.screenshot(path="/tmp/sp-launcher.png", full_page=True)
+        screenshot(page, "apps-launcher-without-the-tile.png", full_page=True)
         raise AssertionError(f"no tile {title!r}; tiles: {cards}") from None
     with context.expect_page(timeout=60_000) as new:
         tile.first.click()
@@ -71,7 +63,7 @@ def _open_tile(context, page, title: str, artifacts: str | None):
 ])
 def test_app_opens_from_its_launcher_tile(world, lab, title, path, check, tmp_path):
     context, page = lab
-    app = _open_tile(context, page, title, os.environ.get("BACKENDAI_TEST_ARTIFACTS"))
+    app = _open_tile(context, page, title)
     try:
         assert app.url.startswith(world.hub.base + world.server.prefix + path), app.url
         if title == "Hello app":

@@ -16,8 +16,9 @@ import time
 
 import pytest
 
+from .chromium import ARTIFACTS, screenshot
 from .conftest import containers_of
-from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, REPO
+from .hub import ADMIN_EMAIL, ADMIN_PASSWORD
 from .test_browser import _wait_terminal_text, browser  # noqa: F401 (fixture)
 from .test_mounts import make_hub_folder
 
@@ -27,8 +28,7 @@ MARK = "saved-by-the-browser-" + str(6 * 7)
 
 
 def artifacts_dir(name: str) -> str:
-    root = os.environ.get("BACKENDAI_TEST_ARTIFACTS") or os.path.join(REPO, "test-artifacts")
-    path = os.path.join(root, name)
+    path = os.path.join(ARTIFACTS, name)
     os.makedirs(path, exist_ok=True)
     for old in os.listdir(path):  # this run's pictures only
         if old.endswith(".png"):
@@ -62,12 +62,12 @@ def _spawn_through_form(page, hub, shots: str, tag: str) -> None:
     page.select_option("#backendai-image", hub.image)
     page.fill("#backendai-cpu", "0.5")
     page.fill("#backendai-mem", "512m")
-    page.screenshot(path=os.path.join(shots, f"{tag}-form.png"), full_page=True)
+    screenshot(page, os.path.join(shots, f"{tag}-form.png"), full_page=True)
     form.locator("[type=submit]").click()
     page.wait_for_url(re.compile(r"/hub/spawn-pending/|/user/admin/"))
     if "/spawn-pending/" in page.url:
         try:
-            page.screenshot(path=os.path.join(shots, f"{tag}-progress.png"), full_page=True)
+            screenshot(page, os.path.join(shots, f"{tag}-progress.png"), full_page=True)
         except Exception:  # the page moved on to JupyterLab meanwhile
             pass
     page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=90_000)
@@ -115,7 +115,7 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         assert MARK in text, os.listdir(os.path.dirname(path))
         cells = json.loads(text)["cells"]
         assert "".join(cells[0]["source"]) == f"print('{MARK}')"
-        page.screenshot(path=os.path.join(shots, "first-lab.png"), full_page=True)
+        screenshot(page, os.path.join(shots, "first-lab.png"), full_page=True)
 
         # -- stop, start again: the notebook is there --------------------------------------
         hub.stop_server("admin", "")
@@ -126,7 +126,7 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         item.first.dblclick()
         page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell",
                      has_text=MARK).first.wait_for(timeout=60_000)
-        page.screenshot(path=os.path.join(shots, "second-lab-notebook.png"), full_page=True)
+        screenshot(page, os.path.join(shots, "second-lab-notebook.png"), full_page=True)
 
         # -- a terminal: the kernel environment's python and pip; the '.'-folder ---------
         # xterm draws on a canvas; screen-reader mode mirrors it into the DOM (see
@@ -161,10 +161,10 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         page.keyboard.press("Enter")
         _wait_terminal_text(page, r"(?m)^settings\.ini\s*$")
         _wait_terminal_text(page, r"(?m)^listed-42\s*$")
-        page.screenshot(path=os.path.join(shots, "second-terminal.png"), full_page=True)
+        screenshot(page, os.path.join(shots, "second-terminal.png"), full_page=True)
     except BaseException:
         try:
-            page.screenshot(path=os.path.join(shots, "failure.png"), full_page=True)
+            screenshot(page, os.path.join(shots, "failure.png"), full_page=True)
             print(f"screenshot: {os.path.join(shots, 'failure.png')}; url {page.url}")
         except Exception:
             pass

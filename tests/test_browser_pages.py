@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 
@@ -29,14 +28,14 @@ from jupyterhub_backendai.models import Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .api_world import PASSWORD, superadmin
+from .chromium import chromium, screenshot
 from .conftest import containers_of, shutdown_hub
-from .hub import KERNEL_IMAGE, REPO, Hub
+from .hub import KERNEL_IMAGE, Hub
 from .test_browser_spawn import RECORD_PROGRESS
 from .test_pages import SECTIONS, USER_PAGES, _park, _user
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 sync_api = pytest.importorskip("playwright.sync_api")
-ARTIFACTS = os.environ.get("BACKENDAI_TEST_ARTIFACTS", os.path.join(REPO, "test-artifacts"))
 UPLOAD_MIB = 100
 # One preset, the default: the kernel image with the user's folder "labdata" mounted.
 PRESETS = [{"display_name": "Lab with data", "slug": "labdata", "default": True,
@@ -84,15 +83,8 @@ def world(tmp_path_factory, docker_image):
 
 @pytest.fixture(scope="module")
 def browser():
-    from .test_browser import CHROMIUM, CHROMIUM_ARGS
-
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 class Page:
@@ -124,7 +116,7 @@ class Page:
         return [(u, t) for u, t in self.errors if "/hub/" in u]
 
     def shot(self, name: str) -> None:
-        self.page.screenshot(path=os.path.join(ARTIFACTS, f"pages-{name}.png"), full_page=True)
+        screenshot(self.page, f"pages-{name}.png", full_page=True)
 
     def close(self):
         self.ctx.close()

@@ -11,7 +11,6 @@ test-artifacts/ in the checkout).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -25,10 +24,9 @@ from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.models import Keypair, KeypairResourcePolicy, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
+from .chromium import chromium, screenshot
 from .conftest import containers_of
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
-from .test_browser import CHROMIUM, CHROMIUM_ARGS
-from .test_password_page import ARTIFACTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 
@@ -99,16 +97,8 @@ def hub(tmp_path_factory, docker_image):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 class _Page:
@@ -134,7 +124,7 @@ class _Page:
         return [(u, t) for u, t in self.errors if "/hub/" in u]
 
     def shot(self, name: str) -> None:
-        self.page.screenshot(path=os.path.join(ARTIFACTS, f"spawn-{name}.png"), full_page=True)
+        screenshot(self.page, f"spawn-{name}.png", full_page=True)
 
     def close(self) -> None:
         self.context.close()

@@ -28,10 +28,10 @@ import zipfile
 import pytest
 import requests
 
+from .chromium import chromium as launch_chromium
 from .conftest import _kill_local_kernels, containers_of
 from .hub import CHP, KERNEL_IMAGE, REPO, Hub
 from .services import wait_port
-from .test_browser import CHROMIUM, CHROMIUM_ARGS
 
 UV = shutil.which("uv")
 CONSTRAINTS = os.path.join(REPO, "requirements", "ci.txt")
@@ -287,16 +287,8 @@ def _share_domain_cookies(s: requests.Session, host: str) -> None:
 
 @pytest.fixture
 def chromium():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launch_chromium() as b:
+        yield b
 
 
 @pytest.mark.browser

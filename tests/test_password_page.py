@@ -3,14 +3,13 @@ JupyterHub's page, linked from the navigation bar); wrong input changes nothing.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
-from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, REPO, Hub
+from .chromium import chromium, screenshot
+from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 
-ARTIFACTS = os.environ.get("BACKENDAI_TEST_ARTIFACTS", os.path.join(REPO, "test-artifacts"))
 NEW = "a-new-password-42"
 
 
@@ -68,34 +67,26 @@ def test_change_then_old_fails_new_works(hub):
 
 
 def test_page_is_linked_from_the_navigation_bar(hub):
-    from .test_browser import CHROMIUM, CHROMIUM_ARGS
-
-    sync_api = pytest.importorskip("playwright.sync_api")
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = b.new_page()
-            page.set_default_timeout(30_000)
-            errors: list[str] = []
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-            page.goto(hub.base + "/hub/login")
-            page.fill("input[name=username]", ADMIN_EMAIL)
-            page.fill("input[name=password]", ADMIN_PASSWORD)
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-            page.goto(hub.base + "/hub/home")
-            link = page.locator("#backendai-nav-password")
-            assert link.inner_text().strip() == "Password"
-            link.click()
-            page.wait_for_url(re.compile(r"/hub/backendai/password$"))
-            assert errors == [], errors  # the refused POST below is a 400, which Chromium logs
-            page.fill("#backendai-current", "wrong-password")
-            page.fill("#backendai-new", NEW)
-            page.fill("#backendai-confirm", NEW)
-            page.click("#backendai-password-form [type=submit]")
-            page.locator("#backendai-password-error").wait_for()
-            page.screenshot(path=os.path.join(ARTIFACTS, "password-page.png"), full_page=True)
-            assert "The current password is wrong" in page.locator("#backendai-password-error").inner_text()
-        finally:
-            b.close()
+    with chromium() as b:
+        page = b.new_page()
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(hub.base + "/hub/login")
+        page.fill("input[name=username]", ADMIN_EMAIL)
+        page.fill("input[name=password]", ADMIN_PASSWORD)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+        page.goto(hub.base + "/hub/home")
+        link = page.locator("#backendai-nav-password")
+        assert link.inner_text().strip() == "Password"
+        link.click()
+        page.wait_for_url(re.compile(r"/hub/backendai/password$"))
+        assert errors == [], errors  # the refused POST below is a 400, which Chromium logs
+        page.fill("#backendai-current", "wrong-password")
+        page.fill("#backendai-new", NEW)
+        page.fill("#backendai-confirm", NEW)
+        page.click("#backendai-password-form [type=submit]")
+        page.locator("#backendai-password-error").wait_for()
+        screenshot(page, "password-page.png", full_page=True)
+        assert "The current password is wrong" in page.locator("#backendai-password-error").inner_text()

@@ -281,99 +281,92 @@ def test_presets_in_chromium(world):
     """In headless Chromium: the presets are radios reached with the keyboard, the custom
     fields only with "Custom", the always-mounted folders listed; the chosen preset with
     a ticked folder starts; the console's plots page draws. Screenshots; no console errors."""
-    import os
+    from .chromium import chromium, screenshot
 
-    from .test_browser import CHROMIUM, CHROMIUM_ARGS
-    from .test_password_page import ARTIFACTS
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    os.makedirs(ARTIFACTS, exist_ok=True)
     hub, user = world["hub"], world["member"]
     errors: list[tuple[str, str]] = []
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            ctx = b.new_context(viewport={"width": 1280, "height": 1000})
-            ctx.set_default_timeout(30_000)
-            page = ctx.new_page()
-            page.on("console", lambda m: m.type == "error" and errors.append((page.url, m.text)))
-            page.on("pageerror", lambda e: errors.append((page.url, f"uncaught: {e}")))
-            from .api_world import PASSWORD
+    with chromium() as b:
+        ctx = b.new_context(viewport={"width": 1280, "height": 1000})
+        ctx.set_default_timeout(30_000)
+        page = ctx.new_page()
+        page.on("console", lambda m: m.type == "error" and errors.append((page.url, m.text)))
+        page.on("pageerror", lambda e: errors.append((page.url, f"uncaught: {e}")))
+        from .api_world import PASSWORD
 
-            page.goto(hub.base + "/hub/login")
-            page.fill("input[name=username]", user["email"])
-            page.fill("input[name=password]", PASSWORD)
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-            page.goto(hub.base + "/hub/spawn/presetmember/inbrowser")
-            page.locator("#spawn_form").wait_for()
-            assert page.locator("#backendai-preset-small").is_checked()
-            assert page.locator("#backendai-custom").is_hidden()
-            # The resource group (test_resource_group_chosen_or_refused made "gpus"):
-            # its presets show while it is chosen, with its free room.
-            assert page.locator("#backendai-preset-gpubox").is_hidden()
-            page.select_option("#backendai-resource-group", "gpus")
-            assert page.locator("#backendai-preset-gpubox").is_visible()
-            assert page.locator("#backendai-free").inner_text().strip() == (
-                "Free on the largest agent now: no agent is running in this resource group")
-            page.select_option("#backendai-resource-group", "default")
-            assert page.locator("#backendai-preset-gpubox").is_hidden()
-            assert page.locator("#backendai-preset-small").is_checked()
-            assert page.locator("#backendai-quota").inner_text().strip() == (
-                "Your quota: 1.5 cores, 2 GiB memory left; 0 of 30 sessions in use")
-            assert page.locator("#backendai-always-mounted li").all_inner_texts() == [
-                ".home (your home folder, at /home/work)",  # made by the earlier starts
-                ".config (at /home/work/.config, read-write)"]
-            page.screenshot(path=os.path.join(ARTIFACTS, "presets-form.png"), full_page=True)
-            # The keyboard: arrows move through the radio group, as in any radio group.
-            page.focus("#backendai-preset-small")
-            page.keyboard.press("ArrowDown")
-            assert page.locator("#backendai-preset-team").is_checked()
-            page.keyboard.press("ArrowDown")
-            assert page.locator("#backendai-preset-custom").is_checked()
-            assert page.locator("#backendai-custom").is_visible()
-            assert page.locator("label[for=backendai-cpu]").inner_text().strip() == "CPU cores"
-            assert page.get_attribute("#backendai-cpu", "max") == "1.5"
-            page.screenshot(path=os.path.join(ARTIFACTS, "presets-form-custom.png"),
-                            full_page=True)
-            page.keyboard.press("ArrowUp")
-            page.keyboard.press("ArrowUp")
-            assert page.locator("#backendai-preset-small").is_checked()
-            assert page.locator("#backendai-custom").is_hidden()
-            page.focus("#backendai-mounts input[value]:near(:text('extra'))")
-            page.check("#backendai-mounts label:has-text('extra')")
-            page.locator("#spawn_form [type=submit]").click()
-            page.wait_for_url(re.compile(r"/(spawn-pending|user)/presetmember/inbrowser"))
-            sess = _session(hub, user, "inbrowser")
-            assert {k: str(v) for k, v in sess.requested_slots.nonzero().items()} == {
-                "cpu": "0.5", "mem": str(256 * 2**20)}
-            assert sorted(m["name"] for m in sess.vfolder_mounts) == [
-                ".config", ".home", "extra", "presetdata"]
-            hub.wait_ready("presetmember", "inbrowser", token=user["token"])
-            page.screenshot(path=os.path.join(ARTIFACTS, "presets-started.png"))
-            ours = [e for e in errors if "/hub/" in e[0]]
-            assert ours == [], errors
-            ctx.close()
+        page.goto(hub.base + "/hub/login")
+        page.fill("input[name=username]", user["email"])
+        page.fill("input[name=password]", PASSWORD)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+        page.goto(hub.base + "/hub/spawn/presetmember/inbrowser")
+        page.locator("#spawn_form").wait_for()
+        assert page.locator("#backendai-preset-small").is_checked()
+        assert page.locator("#backendai-custom").is_hidden()
+        # The resource group (test_resource_group_chosen_or_refused made "gpus"):
+        # its presets show while it is chosen, with its free room.
+        assert page.locator("#backendai-preset-gpubox").is_hidden()
+        page.select_option("#backendai-resource-group", "gpus")
+        assert page.locator("#backendai-preset-gpubox").is_visible()
+        assert page.locator("#backendai-free").inner_text().strip() == (
+            "Free on the largest agent now: no agent is running in this resource group")
+        page.select_option("#backendai-resource-group", "default")
+        assert page.locator("#backendai-preset-gpubox").is_hidden()
+        assert page.locator("#backendai-preset-small").is_checked()
+        assert page.locator("#backendai-quota").inner_text().strip() == (
+            "Your quota: 1.5 cores, 2 GiB memory left; 0 of 30 sessions in use")
+        assert page.locator("#backendai-always-mounted li").all_inner_texts() == [
+            ".home (your home folder, at /home/work)",  # made by the earlier starts
+            ".config (at /home/work/.config, read-write)"]
+        screenshot(page, "presets-form.png", full_page=True)
+        # The keyboard: arrows move through the radio group, as in any radio group.
+        page.focus("#backendai-preset-small")
+        page.keyboard.press("ArrowDown")
+        assert page.locator("#backendai-preset-team").is_checked()
+        page.keyboard.press("ArrowDown")
+        assert page.locator("#backendai-preset-custom").is_checked()
+        assert page.locator("#backendai-custom").is_visible()
+        assert page.locator("label[for=backendai-cpu]").inner_text().strip() == "CPU cores"
+        assert page.get_attribute("#backendai-cpu", "max") == "1.5"
+        screenshot(page, "presets-form-custom.png", full_page=True)
+        page.keyboard.press("ArrowUp")
+        page.keyboard.press("ArrowUp")
+        assert page.locator("#backendai-preset-small").is_checked()
+        assert page.locator("#backendai-custom").is_hidden()
+        page.focus("#backendai-mounts input[value]:near(:text('extra'))")
+        page.check("#backendai-mounts label:has-text('extra')")
+        page.locator("#spawn_form [type=submit]").click()
+        page.wait_for_url(re.compile(r"/(spawn-pending|user)/presetmember/inbrowser"))
+        sess = _session(hub, user, "inbrowser")
+        assert {k: str(v) for k, v in sess.requested_slots.nonzero().items()} == {
+            "cpu": "0.5", "mem": str(256 * 2**20)}
+        assert sorted(m["name"] for m in sess.vfolder_mounts) == [
+            ".config", ".home", "extra", "presetdata"]
+        hub.wait_ready("presetmember", "inbrowser", token=user["token"])
+        # The pending page goes on to JupyterLab by itself; a screenshot taken while it
+        # navigates has no frame to capture, so wait for the lab's main area first.
+        page.wait_for_url(re.compile(r"/user/presetmember/inbrowser/lab"), timeout=120_000)
+        page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
+        page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=60_000)
+        screenshot(page, "presets-started.png")
+        ours = [e for e in errors if "/hub/" in e[0]]
+        assert ours == [], errors
+        ctx.close()
 
-            # The console's plots, as the superadmin.
-            ctx = b.new_context(viewport={"width": 1280, "height": 1000})
-            page = ctx.new_page()
-            page.on("console", lambda m: m.type == "error" and errors.append((page.url, m.text)))
-            page.on("pageerror", lambda e: errors.append((page.url, f"uncaught: {e}")))
-            page.goto(hub.base + "/hub/login")
-            page.fill("input[name=username]", "admin@example.com")
-            page.fill("input[name=password]", "admin-pass-123")
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-            page.goto(hub.base + "/hub/backendai/admin/plots")
-            page.locator("#plot-project-cpu").wait_for()
-            assert page.locator("svg[role=img]").count() >= 5
-            assert int(page.get_attribute("#plot-agent-cpu", "data-points")) >= 3
-            page.screenshot(path=os.path.join(ARTIFACTS, "console-plots.png"), full_page=True)
-            assert [e for e in errors if "/hub/" in e[0]] == [], errors
-            ctx.close()
-        finally:
-            b.close()
+        # The console's plots, as the superadmin.
+        ctx = b.new_context(viewport={"width": 1280, "height": 1000})
+        page = ctx.new_page()
+        page.on("console", lambda m: m.type == "error" and errors.append((page.url, m.text)))
+        page.on("pageerror", lambda e: errors.append((page.url, f"uncaught: {e}")))
+        page.goto(hub.base + "/hub/login")
+        page.fill("input[name=username]", "admin@example.com")
+        page.fill("input[name=password]", "admin-pass-123")
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+        page.goto(hub.base + "/hub/backendai/admin/plots")
+        page.locator("#plot-project-cpu").wait_for()
+        assert page.locator("svg[role=img]").count() >= 5
+        assert int(page.get_attribute("#plot-agent-cpu", "data-points")) >= 3
+        screenshot(page, "console-plots.png", full_page=True)
+        assert [e for e in errors if "/hub/" in e[0]] == [], errors
+        ctx.close()
     _stop(hub, user, "inbrowser")

@@ -7,7 +7,6 @@ failure pages go to $BACKENDAI_TEST_ARTIFACTS (default test-artifacts/)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -23,9 +22,8 @@ from jupyterhub_backendai.models import Agent, Keypair, KeypairResourcePolicy, S
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 from jupyterhub_backendai.spawner import _UNISOLATED
 
-from .hub import REPO, Hub
+from .hub import Hub
 
-ARTIFACTS = os.environ.get("BACKENDAI_TEST_ARTIFACTS", os.path.join(REPO, "test-artifacts"))
 START_TIMEOUT = 30
 STATES = ["pending", "scheduled", "preparing", "creating", "running"]
 

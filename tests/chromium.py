@@ -1,0 +1,65 @@
+"""Headless Chromium for the browser tests: Debian's chromium driven by Playwright.
+
+One place for the binary, its flags, the launch and the screenshots, so that every browser
+test runs the same browser the same way (never ``playwright install``: it downloads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Screenshots the tests leave for a person to look at (CI keeps the folder).
+ARTIFACTS = os.environ.get("BACKENDAI_TEST_ARTIFACTS", os.path.join(REPO, "test-artifacts"))
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator:
+    """A launched headless Chromium (Playwright's sync API), closed on leaving.
+
+    A missing browser fails the test: it is a test dependency, not an optional one."""
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def screenshot(page, path: str, **kwargs) -> None:
+    """``page.screenshot`` that survives the page navigating on its own at that moment.
+
+    A spawn's pending page goes on to the server by itself; Chromium then has no frame to
+    capture and answers "Unable to capture screenshot". The picture is a record for a person,
+    not an assertion, so wait for the next page to load and take it again (three tries)."""
+    from playwright.sync_api import Error
+
+    if not os.path.isabs(path):
+        path = os.path.join(ARTIFACTS, path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    for attempt in range(3):
+        try:
+            page.screenshot(path=path, **kwargs)
+            return
+        except Error as e:
+            if "Unable to capture screenshot" not in str(e) or attempt == 2:
+                raise
+            page.wait_for_load_state("load")
