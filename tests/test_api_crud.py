@@ -131,6 +131,35 @@ def test_user_crud_roles_follow_hub_admin(sa, api_hub):
     assert hub_api(api_hub, "GET", f"/users/{name}").status_code == 404
 
 
+def test_an_email_is_one_account_whatever_the_case_of_its_letters(sa, api_hub):
+    """``Carol@Example.COM`` and ``carol@example.com`` are one mailbox: one account to log
+    in with, find and share with, and never a second account (with its own keypair)."""
+    tag = uid()
+    given = f"Carol.{tag.upper()}@Example.COM"
+    u = sa.ok("POST", "/users", json={"email": given, "password": PASSWORD,
+                                      "username": f"carol-{tag}"})
+    assert u["email"] == given  # stored as given
+    before = snapshot(api_hub)
+    for variant in (given.lower(), given.upper(), given.swapcase()):
+        problem(sa("POST", "/users", json={"email": variant, "password": PASSWORD,
+                                           "username": f"other-{uid()}"}), 409, "exists")
+    assert snapshot(api_hub) == before  # no second user, no keypair
+    for variant in (given, given.lower(), given.upper()):
+        assert api_hub.login(variant, PASSWORD).last_login.status_code == 200, variant
+    assert api_hub.login(given.lower(), "wrong-password").last_login.status_code == 403
+    assert [x["id"] for x in sa.ok("GET", "/users", params={"email": given.lower()})["items"]] == [
+        u["id"]]
+    other = new_user(sa)
+    problem(sa("PATCH", f"/users/{other['id']}", json={"email": given.upper()}), 409, "exists")
+    # The owner may change the case of their own address.
+    assert sa.ok("PATCH", f"/users/{u['id']}", json={"email": given.lower()})["email"] == given.lower()
+    # Sharing a folder by the address in other letters reaches the same account.
+    f = other["client"].ok("POST", "/vfolders", json={"name": f"case-{tag}"})
+    share = other["client"].ok("POST", f"/vfolders/{f['id']}/shares",
+                               json={"email": given.upper(), "permission": "ro"})
+    assert share["user_id"] == u["id"], share
+
+
 def test_keypair_secret_is_shown_once(sa, api_hub):
     u = new_user(sa)
     c = u["client"]

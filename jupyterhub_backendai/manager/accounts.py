@@ -62,7 +62,7 @@ def add_hub_user(db, name: str, email: str) -> bool:
         raise ValueError(
             f"{name!r} is not a valid Backend.AI user name (lowercase letters, digits, "
             "'.', '_', '-')")
-    if db.scalar(select(User).where(User.email == email)):
+    if tenancy.user_by_email(db, email) is not None:
         raise ValueError(f"a Backend.AI user with email {email!r} exists")
     u, _kp, _secret = tenancy.create_user(
         db, email=email, password=secrets.token_urlsafe(16), username=name)

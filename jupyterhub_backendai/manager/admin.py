@@ -519,9 +519,11 @@ USER_FIELDS = ("email", "full_name", "status", "role", "domain_name", "resource_
 def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     stmt = select(User).where(access.user_filter(p))
     for key, col in (("domain", User.domain_name), ("role", User.role),
-                     ("status", User.status), ("email", User.email)):
+                     ("status", User.status)):
         if key in filters:
             stmt = stmt.where(col == filters[key])
+    if "email" in filters:
+        stmt = stmt.where(tenancy.email_is(filters["email"]))
     if "project" in filters:
         stmt = stmt.where(User.id.in_(select(project_members.c.user_id).where(
             project_members.c.project_id == filters["project"])))
@@ -610,7 +612,7 @@ def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]
                              or body.get("domain_name", user.domain_name) != user.domain_name):
         raise Conflict("you cannot change your own role, status or domain")
     if "email" in body and body["email"] != user.email and db.scalar(
-            select(User).where(User.email == body["email"])):
+            select(User).where(tenancy.email_is(body["email"]), User.id != user.id)):
         raise Conflict(f"email: a user with email {body['email']!r} exists")
     old_groups = sorted(hub_group(pr) for pr in user.projects)
     moved = "domain_name" in body and body["domain_name"] != user.domain_name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import bcrypt
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session as DBSession
 
 from ..common.errors import Conflict, InvalidRequest, NotFound
@@ -109,7 +109,7 @@ def create_user(
         raise InvalidRequest("password must be at least 8 characters")
     if db.get(Domain, domain) is None:
         raise NotFound(f"no domain {domain!r}")
-    if db.scalar(select(User).where(or_(User.email == email, User.username == username))):
+    if db.scalar(select(User).where(or_(email_is(email), User.username == username))):
         raise Conflict(f"a user with email {email!r} or username {username!r} exists")
     user = User(
         email=email,
@@ -146,9 +146,33 @@ def create_keypair(db: DBSession, user: User, *, is_default: bool = False) -> tu
     return kp, secret
 
 
+def email_is(email: str):
+    """The condition "this user's email is ``email``": letters compare without case.
+
+    An address is one mailbox however its letters are cased (as every mail provider and
+    JupyterHub's own OAuth logins treat it), so ``Alice@Example.com`` and
+    ``alice@example.com`` are one account: one to log in with, to share with, and never two
+    to create. The address is stored as it was given."""
+    return func.lower(User.email) == email.strip().lower()
+
+
+def user_by_email(db: DBSession, email: str) -> User | None:
+    """The user with this email, compared without case. A record made before that rule may
+    hold two addresses that differ only in case: the exact one then wins, else neither."""
+    found = db.scalars(select(User).where(email_is(email)).limit(8)).all()
+    exact = [u for u in found if u.email == email]
+    if exact:
+        return exact[0]
+    return found[0] if len(found) == 1 else None
+
+
 def find_user(db: DBSession, login: str) -> User | None:
-    """A user by email or by username."""
-    return db.scalar(select(User).where(or_(User.email == login, User.username == login)))
+    """A user by email (without case) or by username."""
+    if "@" in login:
+        user = user_by_email(db, login)
+        if user is not None:
+            return user
+    return db.scalar(select(User).where(User.username == login))
 
 
 def default_keypair(db: DBSession, user: User) -> Keypair | None:

@@ -52,7 +52,7 @@ from ..models import (
     VFolderPermissionRow,
 )
 from ..models.vfolder import VFolderInvitation
-from . import access
+from . import access, tenancy
 from .access import Principal
 from .ops import reads, writes
 
@@ -552,7 +552,7 @@ def restore_from_trash(db: DBSession, p: Principal, fid: str) -> dict:
 def _share_target(db: DBSession, f: VFolder, who: str) -> User:
     user = db.get(User, who) if "@" not in who else None
     if user is None:
-        user = db.scalar(select(User).where(User.email == who))
+        user = tenancy.user_by_email(db, who)
     if user is None or user.domain_name != f.domain_name:
         raise InvalidRequest(f"no user {who!r} in domain {f.domain_name!r}")
     return user
@@ -606,7 +606,7 @@ def add_share(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
 
 
 def _get_share(db: DBSession, f: VFolder, who: str) -> VFolderPermissionRow:
-    user = db.get(User, who) if "@" not in who else db.scalar(select(User).where(User.email == who))
+    user = db.get(User, who) if "@" not in who else tenancy.user_by_email(db, who)
     row = db.get(VFolderPermissionRow, (f.id, user.id)) if user is not None else None
     if row is None:
         raise NotFound(f"vfolder {f.name!r} is not shared with {who!r}")
