@@ -37,6 +37,7 @@ to the hub's and the server's own limits), nor are responses.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import os
 import pwd
 import re
@@ -282,10 +283,15 @@ class AppFrontProxy(ConfigurableHTTPProxy):
         user = f"user {pwd.getpwuid(os.getuid()).pw_name};\n" if os.getuid() == 0 else ""
         by_host: dict[str, list[tuple[str, str]]] = {}
         routes = sorted(self._fast.values(), key=lambda r: -len(r[1]))
+        # Sorted (host, prefix) pairs: those under one (host, path) are adjacent, so a
+        # bisection finds them (a linear scan per route made this quadratic in servers).
+        ordered = sorted((h, p) for h, p, _ in routes)
         for h, prefix, address in routes:
             # A server whose route lies below this one's proxy/ (a named server called
             # "proxy") owns those paths: no fast path that would take them.
-            if any(h2 == h and p2.startswith(prefix + "proxy/") for h2, p2, _ in routes):
+            below = prefix + "proxy/"
+            i = bisect.bisect_left(ordered, (h, below))
+            if i < len(ordered) and ordered[i][0] == h and ordered[i][1].startswith(below):
                 continue
             by_host.setdefault(h, []).append((prefix, address))
         servers = [self._server(listen, "", by_host.pop("", []), default=True)]

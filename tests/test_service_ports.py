@@ -709,6 +709,13 @@ def test_no_fast_path_over_another_servers_route():
     assert "10.9.0.2" not in conf and "^/user/a/proxy/\\d+/" not in conf
     assert 'location ~ "^/user/a/proxy/proxy/\\d+/"' in conf and "10.9.0.3" in conf
     assert 'location ~ "^/user/b/proxy/\\d+/"' in conf
+    # Subdomains: a route below another host's prefix takes nothing from it.
+    front._fast = {"a.hub.test/user/a/": ("a.hub.test", "/user/a/", "10.9.0.2"),
+                   "b.hub.test/user/a/proxy/": ("b.hub.test", "/user/a/proxy/", "10.9.0.3"),
+                   "b.hub.test/user/a/proxy/proxy/": ("b.hub.test", "/user/a/proxy/proxy/",
+                                                     "10.9.0.5")}
+    conf = front.render_conf()
+    assert "10.9.0.2" in conf and "10.9.0.5" in conf and "10.9.0.3" not in conf
 
 
 def test_apps_cannot_steer_the_front(single_front):
