@@ -27,7 +27,8 @@ class Session(Base):
     name: Mapped[str] = mapped_column(String(64))
     session_type: Mapped[str] = mapped_column(String(16), default="interactive")
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
-    access_key: Mapped[str] = mapped_column(ForeignKey("keypairs.access_key"), index=True)
+    # Indexed by the unique (access_key, name, alive_marker): its leading column.
+    access_key: Mapped[str] = mapped_column(ForeignKey("keypairs.access_key"))
     domain_name: Mapped[str] = mapped_column(ForeignKey("domains.name"))
     project_id: Mapped[str | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
     resource_group: Mapped[str] = mapped_column(ForeignKey("resource_groups.name"), index=True)

@@ -10,10 +10,12 @@ from sqlalchemy import (
     Boolean,
     Column,
     ForeignKey,
+    Index,
     Integer,
     String,
     Table,
     UniqueConstraint,
+    func,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -130,6 +132,11 @@ class User(Base):
         secondary=project_members, back_populates="members"
     )
     keypairs: Mapped[list[Keypair]] = relationship(back_populates="user")
+
+
+# Emails compare without case (``manager.tenancy.email_is``): this index serves those
+# lookups. (Alembic's autogenerate skips expression indexes; migration 0007 makes it.)
+Index("ix_users_email_lower", func.lower(User.email))
 
 
 class Keypair(Base):
