@@ -185,7 +185,8 @@ def main(argv=None) -> None:
         show_first_superadmin(state, out, login[: -len("/hub/login")])
     print(f"jupyterhub-backendai: log in at {login} as {email}", flush=True)
     config = os.path.join(os.path.dirname(__file__), "share", "jupyterhub_config.py")
-    os.execvp(sys.executable, [sys.executable, "-m", "jupyterhub", "-f", config, *argv])
+    os.execvp(sys.executable,
+              [sys.executable, "-m", "jupyterhub_backendai.hubmain", "-f", config, *argv])
 
 
 if __name__ == "__main__":

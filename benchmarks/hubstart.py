@@ -1,0 +1,77 @@
+"""Hub start: what ``backendai-hub`` costs before the hub answers.
+
+    python benchmarks/hubstart.py [--rounds N]
+
+Two measurements, rounds interleaved so that load from elsewhere hits both alike:
+
+  import:  ``python -m jupyterhub --version`` (JupyterHub's own entry point, the baseline)
+           against ``python -m jupyterhub_backendai.hubmain --version`` (the launcher's):
+           both import JupyterHub's application and stop; the difference is the optional
+           ``iri`` format checker that hubmain keeps from loading (its module docstring).
+  start:   the whole start as the tests and an operator run it (tests/hub.py: the launcher
+           on a fresh SQLite state directory, migrations, the first superadmin, JupyterHub,
+           CHP, the in-process local agent) until GET /hub/api/ answers 200 through the proxy.
+
+The last line printed is machine-readable:
+
+    plain_import_s=<f> hubmain_import_s=<f> ratio=<f> hub_start_p50_s=<f>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def _run(module: str) -> float:
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", module, "--version"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return time.monotonic() - t
+
+
+def _hub_start() -> float:
+    from tests.hub import Hub
+
+    d = tempfile.mkdtemp(prefix="bench-hubstart-")
+    t = time.monotonic()
+    hub = Hub(backend="local", db_url=f"sqlite:///{d}/backendai.sqlite").start()
+    took = time.monotonic() - t
+    hub.close()
+    shutil.rmtree(hub.dir, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    _run("jupyterhub")  # warm the file cache for both
+    plain, ours, starts = [], [], []
+    for i in range(args.rounds):
+        first, second = ("jupyterhub", "jupyterhub_backendai.hubmain")[:: 1 if i % 2 else -1]
+        a, b = _run(first), _run(second)
+        (plain if first == "jupyterhub" else ours).append(a)
+        (ours if first == "jupyterhub" else plain).append(b)
+        starts.append(_hub_start())
+    p, o, s = (statistics.median(x) for x in (plain, ours, starts))
+    print(f"import (median of {args.rounds}): python -m jupyterhub {p:.2f} s, "
+          f"python -m jupyterhub_backendai.hubmain {o:.2f} s")
+    print(f"hub start to answering (median of {args.rounds}): {s:.2f} s "
+          f"(all: {', '.join(f'{x:.2f}' for x in starts)})")
+    print(f"plain_import_s={p:.3f} hubmain_import_s={o:.3f} ratio={o / p:.3f} "
+          f"hub_start_p50_s={s:.3f}")
+
+
+if __name__ == "__main__":
+    main()
