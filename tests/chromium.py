@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from .hub import REPO
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -23,7 +25,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Screenshots the tests leave for a person to look at (CI keeps the folder).
 ARTIFACTS = os.environ.get("BACKENDAI_TEST_ARTIFACTS", os.path.join(REPO, "test-artifacts"))
 

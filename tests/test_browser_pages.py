@@ -35,7 +35,6 @@ from .test_browser_spawn import RECORD_PROGRESS
 from .test_pages import SECTIONS, USER_PAGES, _park, _user
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
-sync_api = pytest.importorskip("playwright.sync_api")
 UPLOAD_MIB = 100
 # One preset, the default: the kernel image with the user's folder "labdata" mounted.
 PRESETS = [{"display_name": "Lab with data", "slug": "labdata", "default": True,
