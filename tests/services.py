@@ -122,11 +122,22 @@ class Redis(Service):
         super().__init__("redis")
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir],
+             "--save", "", "--appendonly", "no", "--dir", self.dir, "--databases", "256"],
             stdout=subprocess.DEVNULL,
         )
         wait_port(self.port, proc=self.proc)
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._next_db = 1
+
+    def fresh_url(self) -> str:
+        """The URL of a database no other test has used (emptied): a test's event bus
+        starts with no stream, group or backlog left by another test's agents."""
+        import redis
+
+        db, self._next_db = self._next_db, self._next_db + 1
+        url = f"redis://127.0.0.1:{self.port}/{db}"
+        redis.Redis.from_url(url).flushdb()
+        return url
 
 
 class Etcd(Service):

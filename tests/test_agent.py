@@ -371,9 +371,10 @@ def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
     from jupyterhub_backendai.common.events import RedisEventBus
 
     agent_id = "i-stats-" + new_id()[:8]
+    url = redis_server.fresh_url()
 
     async def run():
-        bus = RedisEventBus(redis_server.url)
+        bus = RedisEventBus(url)
         c = Config()
         c.Agent.backend = "docker"
         c.Agent.agent_id = agent_id
@@ -382,7 +383,7 @@ def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
         c.Agent.slots = {"cpu": 4, "mem": "8g"}
         c.Agent.heartbeat_interval = 3600.0  # heartbeats by hand below
         agent = Agent(bus, config=c)
-        r = aioredis.from_url(redis_server.url)
+        r = aioredis.from_url(url)
         await agent.start()
         try:
             spec = {

@@ -45,8 +45,8 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
     certs = make_certs(tmp_path / "pki", "agent1", "storage1")
     # The daemon's event bus is another Redis database than the hub's: the hub can
     # learn of it only through etcd.
-    base = redis_server.url.rsplit("/", 1)[0]
-    agent = AgentDaemon(tmp_path / "agent1", f"i-etcd-{uuid.uuid4().hex[:8]}", base + "/13",
+    hub_bus = redis_server.fresh_url()
+    agent = AgentDaemon(tmp_path / "agent1", f"i-etcd-{uuid.uuid4().hex[:8]}", redis_server.fresh_url(),
                         certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
     storage = TLSStorageDaemon(tmp_path / "storage1", certs["storage1"])
     etcd.put("/backendai/config/storage-proxies/nfs1", {"url": storage.url})
@@ -54,7 +54,7 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
     key = agent_key("/backendai", agent.agent_id).decode()
 
     def cluster_mode(c):
-        c.BackendAIManager.redis_url = base + "/14"
+        c.BackendAIManager.redis_url = hub_bus
         c.BackendAICluster.tls = certs["hub"]
         c.BackendAICluster.etcd_url = etcd.url
 

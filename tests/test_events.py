@@ -23,7 +23,7 @@ async def _collect(bus, n, got):
 
 @pytest.mark.parametrize("kind", ["inprocess", "redis"])
 def test_events_arrive_in_order(kind, request):
-    url = request.getfixturevalue("redis_server").url if kind == "redis" else None
+    url = request.getfixturevalue("redis_server").fresh_url() if kind == "redis" else None
     asyncio.run(_in_order(url))
 
 
@@ -39,7 +39,7 @@ async def _in_order(url):
 
 
 def test_redis_consumer_group_delivers_each_event_once(redis_server):
-    asyncio.run(_group(redis_server.url))
+    asyncio.run(_group(redis_server.fresh_url()))
 
 
 async def _group(url):

@@ -205,12 +205,9 @@ def test_lost_agent_daemon(redis_server, tmp_path, returns):
     """A ``backendai-agent`` daemon killed with a session on it: LOST past
     agent_lost_timeout, the session marked with the reason; past agent_lost_grace it
     ends (ERROR) and its slots are freed. Back within the grace, the session lives on."""
-    import redis
-
     from .services import free_port
 
-    bus = redis_server.url.rsplit("/", 1)[0] + "/12"
-    redis.Redis.from_url(bus).flushdb()
+    bus = redis_server.fresh_url()
     token = "t-" + os.urandom(8).hex()
     port = free_port()
     daemon_id = f"i-test-lost-{os.urandom(4).hex()}"
@@ -279,6 +276,92 @@ def test_lost_agent_daemon(redis_server, tmp_path, returns):
                         break
                     await asyncio.sleep(0.05)
                 assert os.listdir(tmp_path / "daemon" / "local-kernels") == []
+            assert check_consistency(mgr.sm) == []
+
+    try:
+        asyncio.run(run())
+    finally:
+        _kill_group(daemon)
+
+
+@pytest.mark.parametrize("hub", ["restarts", "joins"])
+def test_heartbeats_a_dead_agent_left_in_the_stream_do_not_revive_it(redis_server, tmp_path, hub, caplog):
+    """No hub reads the event stream for a while (the only one stopped); an agent daemon
+    keeps sending heartbeats into it, then dies. A hub that starts afterwards (the same
+    one again, or a new hub of the cluster with a database of its own) is handed those
+    heartbeats by the stream's consumer group. They are seconds old, past
+    agent_lost_timeout: the dead agent must not become ALIVE, and a session meant for it
+    is refused with the reason instead of failing on an unreachable node. (Before: the
+    agent came back ALIVE and such a session ended in ERROR, "agent ... unreachable".)"""
+    import redis
+
+    from jupyterhub_backendai.common.errors import InvalidRequest
+    from jupyterhub_backendai.models import Agent
+
+    from .services import free_port
+
+    bus = redis_server.fresh_url()
+    token = "t-" + os.urandom(8).hex()
+    daemon_id = f"i-test-stale-{os.urandom(4).hex()}"
+
+    def cluster(c):
+        c.BackendAIManager.redis_url = bus
+        c.BackendAIManager.agent_token = token
+        c.BackendAIManager.agent_lost_timeout = 2.0
+
+    daemon = _start_daemon(tmp_path, bus, token, daemon_id, free_port())
+    r = redis.Redis.from_url(bus, decode_responses=True)
+
+    def backlog() -> int:
+        (group,) = [g for g in r.xinfo_groups("backendai.events") if g["name"] == "manager"]
+        return (group["lag"] or 0) + group["pending"]
+
+    async def record_of(mgr):
+        """The daemon's agent row: (status, last heartbeat), or None."""
+        row = await mgr.db_read(lambda s: s.execute(
+            select(Agent.status, Agent.last_heartbeat).where(Agent.id == daemon_id)).first())
+        return tuple(row) if row else None
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/a.sqlite", tmp_path, "local",
+                                   slots={"cpu": 1, "mem": "2g"}, configure=cluster) as mgr:
+            for _ in range(400):
+                if daemon_id in await occupied(mgr):
+                    break
+                await asyncio.sleep(0.05)
+            assert (await record_of(mgr))[0] == "ALIVE"
+            config = mgr.test_config
+        # No hub reads: the daemon's heartbeats (every 0.5 s) wait in the stream.
+        time.sleep(1.5)
+        _kill_group(daemon)
+        killed = utcnow()
+        assert backlog() >= 2
+        time.sleep(2.5)  # the newest of them is now past agent_lost_timeout
+        # The same hub again (its database says the agent was ALIVE), or a new one.
+        again = dict(config=config) if hub == "restarts" else dict(configure=cluster)
+        async with running_manager(f"sqlite:///{tmp_path}/b.sqlite", tmp_path, "local",
+                                   slots={"cpu": 1, "mem": "2g"}, **again) as mgr:
+            for _ in range(400):
+                if backlog() == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert backlog() == 0  # this hub has read and handled every one of them
+            said = [m for m in caplog.messages if m.startswith(f"heartbeat of agent {daemon_id} is ")]
+            assert len(said) == 1 and "past agent_lost_timeout (2 s): ignored" in said[0], said
+            record = await record_of(mgr)
+            if hub == "restarts":  # no heartbeat counted since the kill
+                assert record[1] < killed, (record, killed)
+            else:  # never heard of
+                assert record is None
+            await mgr.schedule_once()  # a pass first marks agents silent too long
+            assert (await record_of(mgr) or ("none",))[0] == ("LOST" if hub == "restarts" else "none")
+            user = await make_user(mgr)
+            with pytest.raises(InvalidRequest, match=f"designated agent.*{daemon_id} not alive"):
+                await mgr.enqueue(
+                    username=user, name="for-the-dead", image="local/python",
+                    slots=ResourceSlot(cpu=1, mem=512 * 2**20), environ={}, service_prefix="/",
+                    session_type="batch", startup_command="sleep 300",
+                    designated_agents=[daemon_id])
             assert check_consistency(mgr.sm) == []
 
     try:

@@ -53,10 +53,11 @@ def test_stand_in_figures_come_out_in_the_sample_with_their_holders(tmp_path, re
     from jupyterhub_backendai.common.events import RedisEventBus
 
     agent_id = "i-gpustats-" + new_id()[:8]
+    url = redis_server.fresh_url()
 
     async def run():
-        bus = RedisEventBus(redis_server.url)
-        r = aioredis.from_url(redis_server.url)
+        bus = RedisEventBus(url)
+        r = aioredis.from_url(url)
         agent, nvml = _agent(tmp_path, bus, agent_id)
         await agent.start()
         try:

@@ -31,7 +31,7 @@ def test_heartbeats_routine_and_not(postgres, redis_server):
     db_url = postgres.new_database("t_" + uuid.uuid4().hex[:12])
     c = Config()
     c.BackendAIManager.db_url = db_url
-    c.BackendAIManager.redis_url = redis_server.url
+    c.BackendAIManager.redis_url = redis_server.fresh_url()
     c.BackendAIManager.embedded_agent = False
 
     async def run():

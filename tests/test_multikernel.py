@@ -257,7 +257,7 @@ def test_multi_node_with_an_agent_daemon(redis_server, tmp_path):
 
     from .services import free_port, wait_port
 
-    bus = redis_server.url.rsplit("/", 1)[0] + "/11"
+    bus = redis_server.fresh_url()
     redis.Redis.from_url(bus).flushdb()
     token = "t-" + os.urandom(8).hex()
     port = free_port()

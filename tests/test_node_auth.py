@@ -30,7 +30,7 @@ def cluster(tmp_path_factory, redis_server):
     root = tmp_path_factory.mktemp("nodeauth")
     certs = make_certs(root / "pki", "agent1", "storage1")
     rogue = make_certs(root / "rogue-pki")  # another CA, a certificate named "hub"
-    bus = redis_server.url.rsplit("/", 1)[0] + "/12"
+    bus = redis_server.fresh_url()
     agent = AgentDaemon(root / "agent1", f"i-tls-{uuid.uuid4().hex[:8]}", bus, certs["agent1"])
     storage = TLSStorageDaemon(root / "storage1", certs["storage1"])
     os.makedirs(storage.root, exist_ok=True)

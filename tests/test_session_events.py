@@ -23,20 +23,12 @@ POLL = 60.0
 BOUND = 20.0
 
 
-def _fresh_redis(redis_server, db: int) -> str:
-    import redis
-
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-    redis.Redis.from_url(url).flushdb()
-    return url
-
-
 def test_a_transition_in_one_hub_wakes_a_watcher_in_another(postgres, redis_server, tmp_path):
     """Manager A starts and stops a session; manager B (same PostgreSQL and Redis,
     status_poll_interval 60 s) watches it and sees PENDING .. RUNNING, then TERMINATED,
     each within 20 s: woken by A's ``session_changed`` broadcasts, not by its poll."""
     db_url = postgres.new_database("t_sessev")
-    bus = _fresh_redis(redis_server, 13)
+    bus = redis_server.fresh_url()
 
     def cluster(c):
         c.BackendAIManager.redis_url = bus
@@ -98,7 +90,7 @@ def test_a_transition_in_one_hub_wakes_a_watcher_in_another(postgres, redis_serv
 def test_redis_broadcasts_reach_every_subscriber(redis_server):
     """Unlike the work queue (one manager per event), a broadcast reaches every
     subscribed process, once, in order; a subscriber hears nothing of its own past."""
-    url = _fresh_redis(redis_server, 14)
+    url = redis_server.fresh_url()
 
     async def run():
         buses = [RedisEventBus(url) for _ in range(3)]
@@ -188,7 +180,7 @@ def test_events_a_killed_consumer_left_are_handled_by_another(redis_server):
     """A manager killed after reading an event and before acknowledging it (a new
     process is a new consumer, so it never sees it again): a live consumer takes the
     event over once it has been idle ``claim_idle`` seconds, and handles it once."""
-    url = _fresh_redis(redis_server, 15)
+    url = redis_server.fresh_url()
 
     async def run():
         import redis.asyncio as aioredis

@@ -99,7 +99,7 @@ def test_lists_come_from_memory_and_follow_every_change(tmp_path):
 def test_another_managers_change_reaches_the_list_through_redis(redis_server, tmp_path):
     """Two managers on one database and one Redis bus: a change the second makes (and
     broadcasts) drops the first one's copy; nothing else would for an hour."""
-    bus = redis_server.url.rsplit("/", 1)[0] + "/11"
+    bus = redis_server.fresh_url()
     db = f"sqlite:///{tmp_path}/two.sqlite"
 
     def cluster(c):

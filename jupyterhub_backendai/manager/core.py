@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -299,6 +300,7 @@ class BackendAIManager(SingletonConfigurable):
         self._renewed = 0.0  # loop time of the last claim renewal
         self._reconciled = 0.0  # loop time of the last reconciliation with every agent
         self._reconciling: set[str] = set()  # agents being reconciled
+        self._stale_said: dict[str, float] = {}  # agent id -> when its stale heartbeat was logged
         # Per agent, kernels its last reconciliation found ended without an exit code.
         self._dead_kernels: dict[str, set[str]] = {}
         self._stopped = False
@@ -558,6 +560,8 @@ class BackendAIManager(SingletonConfigurable):
 
     async def handle_event(self, name: str, payload: dict) -> None:
         if name == "agent_heartbeat":
+            if self._stale_heartbeat(payload):
+                return
             # H-agents: a routine heartbeat is one autocommit UPDATE (manager/discovery.py).
             before = await self.cluster.record_heartbeat(self, payload)
             if before != AgentStatus.ALIVE and payload.get("id") not in self.local_agents:
@@ -571,6 +575,33 @@ class BackendAIManager(SingletonConfigurable):
             await self._kernel_exited(
                 payload["kernel_id"], payload.get("exit_code"), payload.get("logs")
             )
+
+    def _stale_heartbeat(self, payload: dict) -> bool:
+        """Whether a heartbeat is too old to say that its agent is alive now.
+
+        Heartbeats travel through the Redis stream's consumer group, which keeps what no
+        hub has read yet: a hub that starts (or comes back) is handed the heartbeats the
+        agents sent while no hub was reading, minutes or hours old, of agents that may
+        have died since. Counted as fresh, each would make its agent ALIVE again and the
+        scheduler would place kernels on a dead node. A heartbeat older than
+        ``agent_lost_timeout`` (by its ``ts``, the agent's clock) could not keep an agent
+        alive when it was new; it is dropped. The agent's next heartbeat counts."""
+        ts = payload.get("ts")
+        if not isinstance(ts, (int, float)):
+            return False  # an agent that does not say when: as before
+        age = time.time() - ts
+        if age <= self.agent_lost_timeout:
+            return False
+        aid = str(payload.get("id"))
+        now = time.monotonic()
+        if now - self._stale_said.get(aid, -3600.0) >= 600:  # once per agent per 10 min
+            self._stale_said[aid] = now
+            self.log.warning(
+                "heartbeat of agent %s is %.0f s old, past agent_lost_timeout (%g s): "
+                "ignored. It was waiting in the event stream while no hub read it, or that "
+                "agent's clock is behind this hub's; if the agent is alive and this repeats, "
+                "synchronise the clocks (NTP)", aid, age, self.agent_lost_timeout)
+        return True
 
     async def _kernel_exited(self, kernel_id: str, exit_code: int | None, logs: str | None) -> None:
         """Record a kernel's end; a running session whose kernel ended is over."""
