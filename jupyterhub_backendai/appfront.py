@@ -26,7 +26,7 @@ Kernel addresses come from the spawner (:meth:`BackendAISpawner.app_address`, th
 container's address on its session's bridge network); servers without one (other nodes,
 the local backend) have no fast path. The fast locations are written when JupyterHub adds
 a server's route and removed with it (nginx reloads its configuration; requests in flight
-finish). Responses that took the fast path carry ``X-Backendai-App-Path: front``.
+finish): a removal at once, additions together, at most one reload per 0.2 s for them. Responses that took the fast path carry ``X-Backendai-App-Path: front``.
 
 nginx runs as CHP does: started by the hub, outliving it (its pid file in the state
 directory), stopped by ``stop()``. Its configuration and temporary files live in
@@ -107,6 +107,9 @@ class AppFrontProxy(ConfigurableHTTPProxy):
         self._nginx_proc: subprocess.Popen | None = None
         # routespec -> (host or "", path prefix, kernel address)
         self._fast: dict[str, tuple[str, str, str]] = {}
+        self._pending: asyncio.Future | None = None  # a reload the added routes wait for
+        self._last_reload = float("-inf")  # the event loop's time of the last one
+        self.reloads = 0  # configurations nginx was told to take
 
     # -- paths ----------------------------------------------------------------
 
@@ -220,11 +223,13 @@ class AppFrontProxy(ConfigurableHTTPProxy):
             prefix = "/" + path
             if (_SAFE_PREFIX.match(prefix) and (not host or _SAFE_HOST.match(host))):
                 self._fast[routespec] = (host, prefix, address)
-                self._reload()
+                await self._reload_together()
 
     async def delete_route(self, routespec):
         await super().delete_route(routespec)
         if self._fast.pop(routespec, None) is not None:
+            # At once: the server's container and network go next, and its address may
+            # soon be another session's.
             self._reload()
 
     async def _address_for(self, data: dict) -> str | None:
@@ -247,13 +252,55 @@ class AppFrontProxy(ConfigurableHTTPProxy):
             self.log.warning("app front: no kernel address for %s/%s: %s", name, server, e)
             return None
 
+    # Added routes wait at most this long for a reload of their own; those added in the
+    # meantime share it.
+    RELOAD_GAP = 0.2
+
+    async def _reload_together(self) -> None:
+        """A reload for an added route, shared with the routes added around it.
+
+        Each reload makes nginx start new workers and keep the old ones until their
+        connections close (a websocket may take hours). A hub that starts adds the route
+        of every running server at once: with one reload each, a thousand servers meant
+        a thousand reloads and as many generations of workers. Routes added within
+        ``RELOAD_GAP`` of the last reload (or of each other) share the next one; the
+        caller returns once it is done. Until then the server's apps answer the full way
+        (through CHP), the same as before its fast path existed."""
+        loop = asyncio.get_running_loop()
+        if self._pending is None:
+            self._pending = loop.create_future()
+            loop.call_later(max(0.02, self._last_reload + self.RELOAD_GAP - loop.time()),
+                            self._reload_pending)
+        await asyncio.shield(self._pending)
+
+    def _reload_pending(self) -> None:
+        if self._pending is not None:  # else a reload at once took the routes with it
+            try:
+                self._reload()
+            except Exception:
+                pass  # the routes waiting for it raise it
+
     def _reload(self) -> None:
         """Write the configuration; a running nginx takes it. The fast locations live in
         this process only: a restarted hub starts CHP and nginx afresh, and JupyterHub
         adds the routes of the running servers again."""
-        self._write_conf()
-        if self._nginx_proc is not None and self._nginx_proc.poll() is None:
-            self._nginx_proc.send_signal(signal.SIGHUP)
+        waiting, self._pending = self._pending, None
+        try:
+            self._write_conf()
+            if self._nginx_proc is not None and self._nginx_proc.poll() is None:
+                self._nginx_proc.send_signal(signal.SIGHUP)
+                self.reloads += 1
+        except Exception as e:
+            if waiting is not None:
+                waiting.set_exception(e)
+            raise
+        finally:
+            try:
+                self._last_reload = asyncio.get_running_loop().time()
+            except RuntimeError:  # stop() at exit, no loop
+                pass
+        if waiting is not None:
+            waiting.set_result(None)
 
     # -- configuration --------------------------------------------------------
 

@@ -721,6 +721,107 @@ def test_no_fast_path_over_another_servers_route():
     assert "10.9.0.2" in conf and "10.9.0.5" in conf and "10.9.0.3" not in conf
 
 
+def test_routes_added_together_share_a_reload_and_a_removal_reloads_at_once(tmp_path):
+    """A hub that starts adds every running server's route at once (JupyterHub's
+    ``check_routes`` gathers them). 60 routes added together cost nginx one or two
+    reloads, not 60, and each ``add_route`` returns only once nginx has been told of its
+    fast location; a removal reloads at once, before ``delete_route`` returns.
+
+    Real CHP and nginx. The servers are small HTTP servers in this process: the
+    "Jupyter server" says yes to the front's probe (what jupyter-server-proxy's check
+    answers for its owner; that check has its own tests above), the "app" answers
+    with its name. JupyterHub's app object is a stand-in that knows where each server's
+    kernel is, as the spawner tells the front."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from jupyterhub.objects import Hub
+
+    from jupyterhub_backendai.appfront import AppFrontProxy
+
+    from .hub import CHP
+    from .services import free_port
+
+    class Jupyter(BaseHTTPRequestHandler):
+        def do_GET(self):
+            probe = self.headers.get("X-Backendai-Auth-Probe")
+            self.send_response(204 if probe else 200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    class App(Jupyter):
+        def do_GET(self):
+            body = b"the app"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (Jupyter, App)]
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    jupyter_port, app_port = (srv.server_address[1] for srv in servers)
+
+    async def where():
+        return "127.0.0.1"
+
+    n = 60
+    names = [f"u{i}" for i in range(n)]
+    app = SimpleNamespace(subdomain_host="", internal_ssl=False, users={
+        name: SimpleNamespace(spawners={"": SimpleNamespace(app_address=where)}) for name in names})
+    port = free_port()
+    front = AppFrontProxy(public_url=f"http://127.0.0.1:{port}/", state_dir=str(tmp_path / "front"),
+                          api_url=f"http://127.0.0.1:{free_port()}", auth_token="t" * 32,
+                          command=[CHP], pid_file=str(tmp_path / "chp.pid"), app=app,
+                          hub=Hub(ip="127.0.0.1", port=free_port(), base_url="/hub/"))
+
+    def through_front(name):
+        r = requests.get(f"http://127.0.0.1:{port}/user/{name}/proxy/{app_port}/x", timeout=10)
+        return r.status_code, r.headers.get(FRONT), r.text
+
+    async def run():
+        await front.start()
+        try:
+            before = front.reloads
+            await asyncio.gather(*(front.add_route(
+                f"/user/{name}/", f"http://127.0.0.1:{jupyter_port}",
+                {"user": name, "server_name": ""}) for name in names))
+            assert 1 <= front.reloads - before <= 2, front.reloads - before
+            conf = open(os.path.join(front.state_dir, "nginx.conf")).read()
+            assert all(f'location ~ "^/user/{name}/proxy/\\d+/"' in conf for name in names)
+            # nginx runs it (its reload is asynchronous: the full way answers until then)
+            for _ in range(100):
+                got = await asyncio.to_thread(through_front, "u59")
+                if got[1] == "front":
+                    break
+                await asyncio.sleep(0.1)
+            assert got == (200, "front", "the app"), got
+            # a removal: reloaded before delete_route returns, alone
+            before = front.reloads
+            await front.delete_route("/user/u59/")
+            assert front.reloads - before == 1
+            conf = open(os.path.join(front.state_dir, "nginx.conf")).read()
+            assert "/user/u59/" not in conf and "/user/u58/" in conf
+            for _ in range(100):
+                got = await asyncio.to_thread(through_front, "u59")
+                if got[1] != "front":
+                    break
+                await asyncio.sleep(0.1)
+            assert got[1] is None and got[2] != "the app", got  # CHP: no route, no app
+        finally:
+            front.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for srv in servers:
+            srv.shutdown()
+
+
 def test_apps_cannot_steer_the_front(single_front):
     """nginx acts on ``X-Accel-Redirect`` in an upstream's answer (an internal redirect
     to any of its locations: the probe's, another user's fast path, the hub). An app's
