@@ -218,12 +218,20 @@ class AppFrontProxy(ConfigurableHTTPProxy):
     async def add_route(self, routespec, target, data):
         await super().add_route(routespec, target, data)
         address = await self._address_for(data or {})
-        if address:
-            host, _, path = routespec.partition("/")
-            prefix = "/" + path
-            if (_SAFE_PREFIX.match(prefix) and (not host or _SAFE_HOST.match(host))):
-                self._fast[routespec] = (host, prefix, address)
-                await self._reload_together()
+        host, _, path = routespec.partition("/")
+        prefix = "/" + path
+        new = None
+        if address and _SAFE_PREFIX.match(prefix) and (not host or _SAFE_HOST.match(host)):
+            new = (host, prefix, address)
+        old = self._fast.pop(routespec, None)
+        if new is not None:
+            self._fast[routespec] = new
+        if old is not None and old != new:
+            # The route's old address goes (replaced, or no fast path now): at once, as
+            # at a removal.
+            self._reload()
+        elif new is not None and old is None:
+            await self._reload_together()
 
     async def delete_route(self, routespec):
         await super().delete_route(routespec)

@@ -766,13 +766,20 @@ def test_routes_added_together_share_a_reload_and_a_removal_reloads_at_once(tmp_
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     jupyter_port, app_port = (srv.server_address[1] for srv in servers)
 
-    async def where():
-        return "127.0.0.1"
-
     n = 60
     names = [f"u{i}" for i in range(n)]
+    addresses = dict.fromkeys(names, "127.0.0.1")
+
+    def where(name):
+        async def lookup():
+            if addresses[name] is None:
+                raise RuntimeError("no address")
+            return addresses[name]
+        return lookup
+
     app = SimpleNamespace(subdomain_host="", internal_ssl=False, users={
-        name: SimpleNamespace(spawners={"": SimpleNamespace(app_address=where)}) for name in names})
+        name: SimpleNamespace(spawners={"": SimpleNamespace(app_address=where(name))})
+        for name in names})
     port = free_port()
     front = AppFrontProxy(public_url=f"http://127.0.0.1:{port}/", state_dir=str(tmp_path / "front"),
                           api_url=f"http://127.0.0.1:{free_port()}", auth_token="t" * 32,
@@ -812,6 +819,24 @@ def test_routes_added_together_share_a_reload_and_a_removal_reloads_at_once(tmp_
                     break
                 await asyncio.sleep(0.1)
             assert got[1] is None and got[2] != "the app", got  # CHP: no route, no app
+
+            async def again(name):
+                before = front.reloads
+                await front.add_route(f"/user/{name}/", f"http://127.0.0.1:{jupyter_port}",
+                                      {"user": name, "server_name": ""})
+                return front.reloads - before, open(os.path.join(front.state_dir, "nginx.conf")).read()
+
+            # The same route again, same address: nothing to reload.
+            assert (await again("u1"))[0] == 0
+            # Another address for a route (JupyterHub updating a route whose target
+            # changed): the old one goes at once, as at a removal.
+            addresses["u1"] = "127.0.0.9"
+            reloads, conf = await again("u1")
+            assert reloads == 1 and "http://127.0.0.9:" in conf
+            # No address now (the spawner cannot say): the old fast path goes at once.
+            addresses["u1"] = None
+            reloads, conf = await again("u1")
+            assert reloads == 1 and "/user/u1/" not in conf and "127.0.0.9" not in conf
         finally:
             front.stop()
 
