@@ -26,7 +26,8 @@ Kernel addresses come from the spawner (:meth:`BackendAISpawner.app_address`, th
 container's address on its session's bridge network); servers without one (other nodes,
 the local backend) have no fast path. The fast locations are written when JupyterHub adds
 a server's route and removed with it (nginx reloads its configuration; requests in flight
-finish): a removal at once, additions together, at most one reload per 0.2 s for them. Responses that took the fast path carry ``X-Backendai-App-Path: front``.
+finish): a removal at once, additions together, at most one reload per 0.2 s for them.
+Responses that took the fast path carry ``X-Backendai-App-Path: front``.
 
 nginx runs as CHP does: started by the hub, outliving it (its pid file in the state
 directory), stopped by ``stop()``. Its configuration and temporary files live in
