@@ -650,10 +650,10 @@ async def _answer(self, sock, addr, buf, start, resp_headers, method, host, port
                 state["unacked"] = 0
                 if fut is not None:
                     await fut
-                else:  # no future to wait on: until the connection's writes are out
+                else:  # no future from flush(): the stream's own, done once all before it is out
                     stream = getattr(self.request.connection, "stream", None)
-                    while stream is not None and stream.writing() and not stream.closed():
-                        await asyncio.sleep(0.002)
+                    if stream is not None and not stream.closed():
+                        await stream.write(b"")
 
     async def fill() -> bool:
         chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), _SPLICE_IDLE)
