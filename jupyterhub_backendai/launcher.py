@@ -142,6 +142,19 @@ def find_or_install_chp(state: str) -> str:
     return local
 
 
+def chp_command(chp: str) -> list[str]:
+    """The command that runs configurable-http-proxy ``chp``: through
+    ``share/chp-guard.js`` (a malformed percent-encoding in a path gets 400 instead of
+    CHP's 500) when node is on PATH and ``chp`` is an npm-installed CHP (its
+    ``lib/configproxy.js`` beside its ``bin/``); else ``chp`` itself."""
+    real = os.path.realpath(chp)
+    node = shutil.which("node")
+    lib = os.path.join(os.path.dirname(os.path.dirname(real)), "lib", "configproxy.js")
+    if node and os.path.isfile(lib):
+        return [node, os.path.join(os.path.dirname(__file__), "share", "chp-guard.js"), real]
+    return [chp]
+
+
 def show_first_superadmin(state: str, out: dict, url: str) -> None:
     """Show the new superadmin's credentials once: on the terminal when stdout is one;
     otherwise (output going to a file or a log collector) in a 0600 file in the state

@@ -136,3 +136,39 @@ def test_form_offers_kernel_images_in_human_units(hub):
     assert "pattern=" not in r.text  # no regex for the browser to quote back
     assert "Free on the largest agent now: 2 cores, 4 GiB memory" in r.text
     assert "unisolated" not in r.text  # Docker: no local-backend notice
+
+
+# Paths whose percent-encoding does not decode: a % without two hex digits, bytes that
+# are not UTF-8.
+UNDECODABLE = ["/hub/%E0%A4%A", "/%", "/hub/api/users/%E0%A4", "/user/admin/%ZZ/lab",
+               "/user/admin/bad/proxy/8080/%C3%28"]
+
+
+def test_a_path_that_does_not_decode_is_a_400(hub):
+    """configurable-http-proxy decodes a request's path to find its route; one that does
+    not decode made it fail with 500 (its URIError) for any such address, from anyone.
+    Now: 400 with the hub's error page, for HTTP and websocket; the hub answers on."""
+    import http.client
+    import socket
+
+    import requests
+
+    host, port = hub.base.rsplit("//", 1)[1].split(":")
+    for path in UNDECODABLE:  # sent as they are (requests would escape the lone %)
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            body = r.read().decode()
+        finally:
+            c.close()
+        assert r.status == 400, (path, r.status, body[:200])
+        assert "400" in body and "Bad Request" in body, body[:500]
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /user/admin/%E0%A4 HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+                  b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        assert s.recv(4096).split(b"\r\n", 1)[0] == b"HTTP/1.1 400"
+    assert requests.get(hub.base + "/hub/api/", timeout=10).status_code == 200
+    # A well-formed escape still routes as before.
+    assert requests.get(hub.base + "/hub/%6Cogin", timeout=10).status_code == 200
