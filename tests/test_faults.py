@@ -338,9 +338,12 @@ def test_heartbeats_a_dead_agent_left_in_the_stream_do_not_revive_it(redis_serve
         assert backlog() >= 2
         time.sleep(2.5)  # the newest of them is now past agent_lost_timeout
         # The same hub again (its database says the agent was ALIVE), or a new one.
-        again = dict(config=config) if hub == "restarts" else dict(configure=cluster)
-        async with running_manager(f"sqlite:///{tmp_path}/b.sqlite", tmp_path, "local",
-                                   slots={"cpu": 1, "mem": "2g"}, **again) as mgr:
+        if hub == "restarts":  # a.sqlite, the same agent: the same configuration
+            db, again = f"sqlite:///{tmp_path}/a.sqlite", dict(config=config)
+        else:
+            db, again = f"sqlite:///{tmp_path}/b.sqlite", dict(configure=cluster)
+        async with running_manager(db, tmp_path, "local", slots={"cpu": 1, "mem": "2g"},
+                                   **again) as mgr:
             for _ in range(400):
                 if backlog() == 0:
                     break
