@@ -138,37 +138,45 @@ def test_form_offers_kernel_images_in_human_units(hub):
     assert "unisolated" not in r.text  # Docker: no local-backend notice
 
 
-# Paths whose percent-encoding does not decode: a % without two hex digits, bytes that
-# are not UTF-8.
+# Request targets the proxy cannot route: a % without two hex digits, bytes that are not
+# UTF-8, targets that do not parse as URLs (an open IPv6 bracket, a port past 65535, a
+# protocol-relative target whose host does not decode).
 UNDECODABLE = ["/hub/%E0%A4%A", "/%", "/hub/api/users/%E0%A4", "/user/admin/%ZZ/lab",
-               "/user/admin/bad/proxy/8080/%C3%28"]
+               "/user/admin/bad/proxy/8080/%C3%28", "http://[", "http://x:99999/", "//%E0"]
 
 
 def test_a_path_that_does_not_decode_is_a_400(hub):
-    """configurable-http-proxy decodes a request's path to find its route; one that does
-    not decode made it fail with 500 (its URIError) for any such address, from anyone.
+    """configurable-http-proxy parses and decodes a request's target to find its route;
+    one that does not parse or decode made it fail with 500, for anyone.
     Now: 400 with the hub's error page, for HTTP and websocket; the hub answers on."""
-    import http.client
     import socket
 
     import requests
 
     host, port = hub.base.rsplit("//", 1)[1].split(":")
-    for path in UNDECODABLE:  # sent as they are (requests would escape the lone %)
-        c = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            body = r.read().decode()
-        finally:
-            c.close()
-        assert r.status == 400, (path, r.status, body[:200])
+
+    def raw(target: str, websocket: bool = False) -> tuple[bytes, str]:
+        """The status line and body for a request line sent exactly as given."""
+        headers = ("Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n") if websocket else (
+                   "Connection: close\r\n")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode())
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+                if websocket:  # the status line is enough
+                    break
+        head, _, body = got.partition(b"\r\n\r\n")
+        return head.split(b"\r\n", 1)[0], body.decode(errors="replace")
+
+    for target in UNDECODABLE:  # sent as they are (requests would escape the lone %)
+        status, body = raw(target)
+        assert status == b"HTTP/1.1 400 Bad Request", (target, status, body[:200])
         assert "400" in body and "Bad Request" in body, body[:500]
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"GET /user/admin/%E0%A4 HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
-                  b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
-                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-        assert s.recv(4096).split(b"\r\n", 1)[0] == b"HTTP/1.1 400"
+    for target in ("/user/admin/%E0%A4", "//%E0"):
+        status, _ = raw(target, websocket=True)
+        assert status.startswith(b"HTTP/1.1 400"), (target, status)
     assert requests.get(hub.base + "/hub/api/", timeout=10).status_code == 200
     # A well-formed escape still routes as before.
     assert requests.get(hub.base + "/hub/%6Cogin", timeout=10).status_code == 200
