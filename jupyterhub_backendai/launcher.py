@@ -147,7 +147,7 @@ def chp_command(chp: str) -> list[str]:
     ``share/chp-guard.js`` (a malformed percent-encoding in a path gets 400 instead of
     CHP's 500) when node is on PATH and ``chp`` is an npm-installed CHP (its
     ``lib/configproxy.js`` beside its ``bin/``); else ``chp`` itself."""
-    real = os.path.realpath(chp)
+    real = os.path.realpath(shutil.which(chp) or chp)  # a bare command name: found on PATH
     node = shutil.which("node")
     lib = os.path.join(os.path.dirname(os.path.dirname(real)), "lib", "configproxy.js")
     if node and os.path.isfile(lib):

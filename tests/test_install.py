@@ -278,6 +278,27 @@ def test_hub_url_knobs(monkeypatch, env, bind, sub, login):
     assert (launcher.bind_url(), launcher.subdomain_host(), launcher.login_url()) == (bind, sub, login)
 
 
+def test_chp_runs_through_the_guard_when_it_can(monkeypatch, tmp_path):
+    """The packaged config's proxy command: CHP through share/chp-guard.js when node is on
+    PATH and CHP is an npm install (given as a path, a link to it, or a bare command
+    name on PATH); otherwise CHP as given."""
+    from jupyterhub_backendai import launcher
+
+    assert os.path.exists(CHP), "configurable-http-proxy missing: run `npm ci`"
+    real = os.path.realpath(CHP)
+    guard = os.path.join(os.path.dirname(launcher.__file__), "share", "chp-guard.js")
+    assert os.path.isfile(guard)
+    monkeypatch.setenv("PATH", f"{os.path.dirname(CHP)}:{os.environ['PATH']}")
+    node = shutil.which("node")
+    assert launcher.chp_command(CHP) == [node, guard, real]
+    assert launcher.chp_command("configurable-http-proxy") == [node, guard, real]
+    plain = tmp_path / "chp"  # not an npm install: no lib/configproxy.js beside it
+    plain.write_text("#!/bin/sh\n")
+    assert launcher.chp_command(str(plain)) == [str(plain)]
+    monkeypatch.setenv("PATH", str(tmp_path))  # no node
+    assert launcher.chp_command(CHP) == [CHP]
+
+
 def _share_domain_cookies(s: requests.Session, host: str) -> None:
     """See InstalledHub.login: Python's cookie jar and JupyterHub's Domain=<host> cookie."""
     for ck in list(s.cookies):
