@@ -144,8 +144,8 @@ def find_or_install_chp(state: str) -> str:
 
 def chp_command(chp: str) -> list[str]:
     """The command that runs configurable-http-proxy ``chp``: through
-    ``share/chp-guard.js`` (a malformed percent-encoding in a path gets 400 instead of
-    CHP's 500) when node is on PATH and ``chp`` is an npm-installed CHP (its
+    ``share/chp-guard.js`` (a request target that does not parse or decode gets 400
+    instead of CHP's 500) when node is on PATH and ``chp`` is an npm-installed CHP (its
     ``lib/configproxy.js`` beside its ``bin/``); else ``chp`` itself."""
     real = os.path.realpath(shutil.which(chp) or chp)  # a bare command name: found on PATH
     node = shutil.which("node")

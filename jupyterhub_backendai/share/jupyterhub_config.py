@@ -44,7 +44,7 @@ if os.environ.get("BACKENDAI_PROXY_API_URL"):
     c.ConfigurableHTTPProxy.api_url = os.environ["BACKENDAI_PROXY_API_URL"]
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
 if os.environ.get("BACKENDAI_CHP"):
-    # Through share/chp-guard.js: a malformed percent-encoding gets 400, not CHP's 500.
+    # Through share/chp-guard.js: a target that does not parse or decode gets 400, not 500.
     c.ConfigurableHTTPProxy.command = _launcher.chp_command(os.environ["BACKENDAI_CHP"])
 # BACKENDAI_APP_FRONT=nginx: nginx in front of the proxy, with a fast path straight to
 # the apps sessions serve on ports (jupyterhub_backendai/appfront.py, docs/service-ports.md).
