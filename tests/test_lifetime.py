@@ -221,8 +221,11 @@ def test_record_activity_only_moves_forward(db_url, tmp_path):
     asyncio.run(run())
 
 
-def test_two_managers_end_a_session_once(db_url, tmp_path):
+def test_two_managers_end_a_session_once(db_url, tmp_path, caplog):
     """Two managers sweeping the same record: the session ends once, with the reason."""
+    import logging
+
+    caplog.set_level(logging.INFO)
 
     async def run():
         async with running_manager(db_url, tmp_path, "local", configure=_configure) as mgr:
@@ -244,7 +247,11 @@ def test_two_managers_end_a_session_once(db_url, tmp_path):
                 await asyncio.sleep(1.2)  # let the idle timeout pass (not a timing assertion)
                 a, b = await asyncio.gather(
                     mgr._enforce_lifetimes(force=True), other._enforce_lifetimes(force=True))
-                assert sid in a + b
+                # The forced sweeps found it, or the second manager's own first sweep did:
+                # a manager checks once when it starts, and under load that may already
+                # be past the idle timeout. Either way one of them is ending it.
+                assert sid in a + b or any(m.startswith(f"ending session {sid}: idle for more")
+                                           for m in caplog.messages), (a, b)
                 sess = await wait_status(mgr, sid, DEAD)
                 # Let both destroys finish.
                 for m in (mgr, other):
