@@ -294,6 +294,7 @@ class AppFrontProxy(ConfigurableHTTPProxy):
         this process only: a restarted hub starts CHP and nginx afresh, and JupyterHub
         adds the routes of the running servers again."""
         waiting, self._pending = self._pending, None
+        self._last_reload = asyncio.get_running_loop().time()  # every caller runs in the loop
         try:
             self._write_conf()
             if self._nginx_proc is not None and self._nginx_proc.poll() is None:
@@ -303,11 +304,6 @@ class AppFrontProxy(ConfigurableHTTPProxy):
             if waiting is not None:
                 waiting.set_exception(e)
             raise
-        finally:
-            try:
-                self._last_reload = asyncio.get_running_loop().time()
-            except RuntimeError:  # stop() at exit, no loop
-                pass
         if waiting is not None:
             waiting.set_result(None)
 
