@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 
+from .services import agent_id as new_agent_id
 from .services import free_port, stop_process, wait_port
 
 BIN = os.path.dirname(sys.executable)
@@ -226,7 +227,7 @@ class Cluster:
         self.redis = RestartableRedis()
         self.certs = make_certs(tmp_path / "pki", "agent1", "agent2")
         self.daemons = [
-            AgentDaemon(tmp_path / n, f"i-node-{n}-{os.urandom(3).hex()}", self.redis.url,
+            AgentDaemon(tmp_path / n, new_agent_id(f"node-{n}"), self.redis.url,
                         self.certs[n], etcd_url=self.etcd.url, lease_ttl=3.0, slots=slots)
             for n in ("agent1", "agent2")]
 

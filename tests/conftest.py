@@ -15,7 +15,7 @@ import pytest
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade
 
 from .hub import Hub
-from .services import Etcd, Postgres, Redis
+from .services import RUN, Etcd, Postgres, Redis
 
 # Tests run as root here and keep hubs, agents and volumes in private temporary
 # directories (0700) that an unprivileged kernel user cannot enter: local-backend
@@ -23,6 +23,87 @@ from .services import Etcd, Postgres, Redis
 # safe default (kernels as uid 1000) turn this off for their own hubs
 # (tests/test_attacks_agent.py).
 os.environ.setdefault("BACKENDAI_UNSAFE_LOCAL_KERNELS_AS_ROOT", "1")
+
+
+def _controller(config) -> bool:
+    """The xdist controller, or the one process of a serial run (not a worker)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if _controller(config):
+        from . import engine_check
+
+        config._engine_before = engine_check.snapshot()
+
+
+def pytest_report_header(config):
+    n = getattr(config.option, "numprocesses", None)
+    return f"workers: {n or 0} (0: serial); run token {RUN}"
+
+
+# -- parallel runs (pytest-xdist, scripts/test) ---------------------------------------------
+#
+# A module's tests stay on one worker, so that its module fixtures (hubs, servers, clients)
+# start once; except the modules in SPREAD, whose tests share no fixture above function
+# scope: each of their tests goes to whichever worker is free. Work goes out heaviest
+# first (WEIGHT), so that no long module starts last and holds the run up alone.
+# WEIGHT: seconds each module took in a parallel run (scripts/test, 4 workers, 2 cores,
+# 2026-11-27); a module not listed goes after these, in collection order.
+WEIGHT = {
+    "test_faults": 493, "test_backendai_client": 304, "test_service_ports": 201,
+    "test_lifecycle": 184, "test_mounts": 135, "test_quota_e2e": 112, "test_binder": 99,
+    "test_api_schema": 97, "test_soak": 89, "test_cli": 83, "test_auth": 81,
+    "test_multikernel": 80, "test_api_isolation": 77, "test_install": 77, "test_fixtures": 75,
+    "test_batch": 75, "test_lifetime": 73, "test_multinode_swarm": 70, "test_attack_monitor": 69,
+    "test_e2e": 68, "test_ssh_port": 67, "test_vfolders_api": 66, "test_spawn_ux": 64,
+    "test_home": 63, "test_attack_browser": 62,
+}
+SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
+          "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
+          "test_e2e"}
+
+
+def _module(nodeid: str) -> str:
+    return os.path.basename(nodeid.split("::", 1)[0])[:-3]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Heaviest modules first (a stable sort: the order within a module is kept)."""
+    items.sort(key=lambda item: -WEIGHT.get(_module(item.nodeid), 0))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if _module(nodeid) in SPREAD else super()._split_scope(nodeid)
+
+    if config.getvalue("dist") != "loadscope":
+        return None
+    config.option.loadscopereorder = False  # the order above, not by number of tests
+    return Scheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Fails the run on an engine object of this run still there at the end."""
+    if not _controller(session.config):
+        return
+    from . import engine_check
+
+    ours, others = engine_check.leftovers(getattr(session.config, "_engine_before", None))
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if others and tr:
+        tr.write_line(f"engine: {len(others)} object(s) made meanwhile by others (not this "
+                      f"run's, left alone): " + "; ".join(others[:10]))
+    if ours:
+        if tr:
+            tr.write_line(f"engine: {len(ours)} object(s) of this run left behind:", red=True)
+            for o in ours:
+                tr.write_line("  " + o, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

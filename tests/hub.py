@@ -12,6 +12,7 @@ import time
 
 import requests
 
+from .services import agent_id as new_agent_id
 from .services import free_port, wait_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +42,7 @@ class Hub:
             BACKENDAI_AGENT_PORT_RANGE=f"{lo}-{lo + 200}",
             BACKENDAI_ADMIN_EMAIL=ADMIN_EMAIL,
             BACKENDAI_ADMIN_PASSWORD=ADMIN_PASSWORD,
-            BACKENDAI_AGENT_ID="i-test-" + os.path.basename(self.dir),
+            BACKENDAI_AGENT_ID=new_agent_id("hub"),
             **(extra_env or {}),
         )
         if slots:

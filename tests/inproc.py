@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import uuid
 from contextlib import asynccontextmanager
 
 from sqlalchemy import select
@@ -23,6 +22,7 @@ from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 from jupyterhub_backendai.scheduler.dispatcher import check_consistency
 
 from .hub import KERNEL_IMAGE
+from .services import agent_id as new_agent_id
 from .services import free_port
 
 DEAD = ("TERMINATED", "ERROR", "CANCELLED")
@@ -30,7 +30,7 @@ DEAD = ("TERMINATED", "ERROR", "CANCELLED")
 
 def agent_config(c: Config, tmp_path, backend: str, *, slots: dict, name: str) -> str:
     """Point ``c.Agent`` at a fresh agent of its own; returns its id."""
-    agent_id = f"i-test-{name}-{uuid.uuid4().hex[:8]}"
+    agent_id = new_agent_id(f"test-{name}")
     c.Agent.agent_id = agent_id
     c.Agent.backend = backend
     c.Agent.state_dir = str(tmp_path / agent_id)

@@ -19,6 +19,24 @@ import tempfile
 import time
 import urllib.request
 
+# This run's token: in every agent id, image tag and other engine object the suite makes,
+# so that the end-of-run check (tests/conftest.py) and a clean-up find this run's
+# objects and never another suite's on the same engine. scripts/test sets it; pytest's
+# xdist workers inherit it from the controller.
+RUN = os.environ.setdefault("BACKENDAI_TEST_RUN", secrets.token_hex(4))
+
+
+def agent_id(kind: str = "test") -> str:
+    """A fresh agent id of this run: ``i-<kind>-<run>-<random>`` (never the default
+    ``i-<hostname>``; never one another test, worker or suite uses)."""
+    return f"i-{kind}-{RUN}-{secrets.token_hex(4)}"
+
+
+def image_tag(repo: str, variant: str = "") -> str:
+    """A tag of this run for an image a test builds (``backendai-test/<repo>:<run>[-v]``):
+    the end-of-run check finds it if the test left it behind."""
+    return f"backendai-test/{repo}:{RUN}" + (f"-{variant}" if variant else "")
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -11,11 +11,15 @@ import asyncio
 import os
 import zlib
 
+import pytest
 from traitlets.config import Config
 
 from jupyterhub_backendai.agent.core import Agent
 from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
+
+from .services import agent_id as new_agent_id
+from .services import image_tag
 
 
 def _agent(tmp_path) -> Agent:
@@ -217,8 +221,6 @@ def test_local_backend_home_folder_is_the_working_directory(tmp_path):
 
 # -- CPU burst while an interactive kernel's server starts (Docker) -----------------------
 
-BURST_IMAGE = "backendai-test/cpu-burst:latest"
-
 
 CPU_MAX = """#!/bin/sh
 # The container's CPU limit as "<quota> <period>" (cgroup v2, or v1's two files).
@@ -228,25 +230,36 @@ fi
 """
 
 
-def _burst_image(tmp_path, cmd: str) -> str:
-    """The kernel image with another command: it records the CPU limit it started under,
-    then (in ``cmd``) serves HTTP on the Jupyter port after a second, or never."""
+@pytest.fixture
+def burst_image(tmp_path):
+    """Builds the kernel image with another command: it records the CPU limit it started
+    under, then (in ``cmd``) serves HTTP on the Jupyter port after a second, or never.
+    The image (tagged for this run) is removed after the test."""
     import subprocess
 
-    tag = f"{BURST_IMAGE.rsplit(':', 1)[0]}:{zlib.crc32(cmd.encode())}"
-    d = tmp_path / "img"
-    d.mkdir(exist_ok=True)
-    (d / "cpu-max").write_text(CPU_MAX)
-    (d / "start").write_text(f"#!/bin/sh\ncpu-max > /tmp/startup-cpu.max\n{cmd}\n")
-    for f in ("cpu-max", "start"):
-        (d / f).chmod(0o755)
-    (d / "Dockerfile").write_text(
-        "FROM backendai/python-kernel:latest\n"
-        "COPY cpu-max start /usr/local/bin/\n"
-        'CMD ["start"]\n'
-    )
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True, capture_output=True)
-    return tag
+    tags = []
+
+    def build(cmd: str) -> str:
+        tag = image_tag("cpu-burst", str(zlib.crc32(cmd.encode())))
+        d = tmp_path / "img"
+        d.mkdir(exist_ok=True)
+        (d / "cpu-max").write_text(CPU_MAX)
+        (d / "start").write_text(f"#!/bin/sh\ncpu-max > /tmp/startup-cpu.max\n{cmd}\n")
+        for f in ("cpu-max", "start"):
+            (d / f).chmod(0o755)
+        (d / "Dockerfile").write_text(
+            "FROM backendai/python-kernel:latest\n"
+            "COPY cpu-max start /usr/local/bin/\n"
+            'CMD ["start"]\n'
+        )
+        tags.append(tag)
+        subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True,
+                       capture_output=True)
+        return tag
+
+    yield build
+    if tags:
+        subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True)
 
 
 def _docker_agent(tmp_path, agent_id: str, **cfg) -> Agent:
@@ -283,9 +296,9 @@ def _interactive(name: str, image: str, cpu: str = "0.5") -> dict:
     }
 
 
-def test_a_kernel_starts_with_a_cpu_burst_and_is_handed_over_at_its_limit(tmp_path):
-    image = _burst_image(tmp_path, "sleep 1; exec python3 -m http.server 8888")
-    agent_id = "i-burst-" + new_id()[:8]
+def test_a_kernel_starts_with_a_cpu_burst_and_is_handed_over_at_its_limit(tmp_path, burst_image):
+    image = burst_image("sleep 1; exec python3 -m http.server 8888")
+    agent_id = new_agent_id("burst")
 
     async def run():
         agent = _docker_agent(tmp_path, agent_id, startup_cpus=2.0, startup_cpu_timeout=60.0)
@@ -315,11 +328,11 @@ def test_a_kernel_starts_with_a_cpu_burst_and_is_handed_over_at_its_limit(tmp_pa
     asyncio.run(run())
 
 
-def test_a_kernel_whose_server_never_answers_gets_its_limit_after_the_bound(tmp_path):
-    image = _burst_image(tmp_path, "exec sleep infinity")
+def test_a_kernel_whose_server_never_answers_gets_its_limit_after_the_bound(tmp_path, burst_image):
+    image = burst_image("exec sleep infinity")
 
     async def run():
-        agent = _docker_agent(tmp_path, "i-burst-" + new_id()[:8], startup_cpus=2.0,
+        agent = _docker_agent(tmp_path, new_agent_id("burst"), startup_cpus=2.0,
                               startup_cpu_timeout=1.5)
         await agent.start()
         k = await agent.create_kernel(_interactive("n", image, cpu="0.25"))
@@ -335,11 +348,11 @@ def test_a_kernel_whose_server_never_answers_gets_its_limit_after_the_bound(tmp_
     asyncio.run(run())
 
 
-def test_no_burst_when_disabled_or_not_interactive(tmp_path):
-    image = _burst_image(tmp_path, "exec python3 -m http.server 8888")
+def test_no_burst_when_disabled_or_not_interactive(tmp_path, burst_image):
+    image = burst_image("exec python3 -m http.server 8888")
 
     async def run():
-        agent = _docker_agent(tmp_path, "i-burst-" + new_id()[:8], startup_cpus=0.0)
+        agent = _docker_agent(tmp_path, new_agent_id("burst"), startup_cpus=0.0)
         await agent.start()
         k = await agent.create_kernel(_interactive("z", image))
         idle = await agent.create_kernel(dict(_interactive("i", image), kernel_type="idle"))
@@ -370,7 +383,7 @@ def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
     from jupyterhub_backendai.agent.stats import read_stats, stats_key
     from jupyterhub_backendai.common.events import RedisEventBus
 
-    agent_id = "i-stats-" + new_id()[:8]
+    agent_id = new_agent_id("stats")
     url = redis_server.fresh_url()
 
     async def run():

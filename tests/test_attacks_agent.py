@@ -26,13 +26,14 @@ from jupyterhub_backendai.common.events import make_event_bus
 
 from .conftest import _kill_local_kernels
 from .hub import Hub
+from .services import agent_id as new_agent_id
 
 PREFIX = "/hub/api/backendai"
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the agent must run as root")
 
 
 def _agent(tmp_path, **traits) -> Agent:
-    return Agent(make_event_bus(""), agent_id="i-test-" + uuid.uuid4().hex[:8],
+    return Agent(make_event_bus(""), agent_id=new_agent_id("attack"),
                  state_dir=str(tmp_path / "agent"), **traits)
 
 

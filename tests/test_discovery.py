@@ -17,6 +17,7 @@ from jupyterhub_backendai.models import Agent
 
 from .cluster_nodes import AgentDaemon, RestartableEtcd, TLSStorageDaemon, make_certs
 from .inproc import running_manager
+from .services import agent_id as new_agent_id
 
 TTL = 3.0
 
@@ -46,7 +47,7 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
     # The daemon's event bus is another Redis database than the hub's: the hub can
     # learn of it only through etcd.
     hub_bus = redis_server.fresh_url()
-    agent = AgentDaemon(tmp_path / "agent1", f"i-etcd-{uuid.uuid4().hex[:8]}", redis_server.fresh_url(),
+    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("etcd"), redis_server.fresh_url(),
                         certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
     storage = TLSStorageDaemon(tmp_path / "storage1", certs["storage1"])
     etcd.put("/backendai/config/storage-proxies/nfs1", {"url": storage.url})

@@ -26,6 +26,7 @@ from jupyterhub_backendai.scheduler.dispatcher import check_consistency
 
 from .conftest import containers_of
 from .inproc import make_user, occupied, running_manager, wait_status
+from .services import agent_id as new_agent_id
 
 # Short leases so that a test waits seconds, not the production minutes.
 FAST = ["--BackendAIManager.spawner_wait_lease=4", "--BackendAIManager.claim_lease=6"]
@@ -210,7 +211,7 @@ def test_lost_agent_daemon(redis_server, tmp_path, returns):
     bus = redis_server.fresh_url()
     token = "t-" + os.urandom(8).hex()
     port = free_port()
-    daemon_id = f"i-test-lost-{os.urandom(4).hex()}"
+    daemon_id = new_agent_id("lost")
     grace = 20.0 if returns else 3.0
 
     def cluster(c):
@@ -302,7 +303,7 @@ def test_heartbeats_a_dead_agent_left_in_the_stream_do_not_revive_it(redis_serve
 
     bus = redis_server.fresh_url()
     token = "t-" + os.urandom(8).hex()
-    daemon_id = f"i-test-stale-{os.urandom(4).hex()}"
+    daemon_id = new_agent_id("stale")
 
     def cluster(c):
         c.BackendAIManager.redis_url = bus

@@ -20,6 +20,8 @@ from jupyterhub_backendai.agent.resources.cuda import NO_MIG_UTIL, NVMLDeviceSou
 from jupyterhub_backendai.agent.resources.nvml_standin import GiB, MiB, stand_in
 from jupyterhub_backendai.common.ids import new_id
 
+from .services import agent_id as new_agent_id
+
 MIG = "cuda.mig-1g.10gb"
 
 
@@ -52,7 +54,7 @@ def test_stand_in_figures_come_out_in_the_sample_with_their_holders(tmp_path, re
     from jupyterhub_backendai.agent.stats import read_stats, stats_key
     from jupyterhub_backendai.common.events import RedisEventBus
 
-    agent_id = "i-gpustats-" + new_id()[:8]
+    agent_id = new_agent_id("gpustats")
     url = redis_server.fresh_url()
 
     async def run():

@@ -29,6 +29,8 @@ from jupyterhub_backendai.common.errors import AgentError
 from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
 
+from .services import agent_id as new_agent_id
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMA0 = "0-19,40-59"  # the DGX-1 stand-in's socket 0
 NUMA1 = "20-39,60-79"
@@ -343,7 +345,7 @@ def test_docker_kernel_gets_the_cpus_next_to_its_gpus_and_keeps_its_devices(tmp_
         a.device_source = NVMLDeviceSource(stand_in("dgx1-v100"))  # the stand-in
         return a
 
-    agent_id = "i-gputopo-" + new_id()[:8]
+    agent_id = new_agent_id("gputopo")
 
     async def run():
         agent = docker_agent()

@@ -33,6 +33,7 @@ from .inproc import (
     running_manager,
     wait_status,
 )
+from .services import agent_id as new_agent_id
 
 # The main kernel resolves every host of its cluster and knocks on a closed port:
 # "connection refused" proves the other kernel's host answered.
@@ -262,7 +263,7 @@ def test_multi_node_with_an_agent_daemon(redis_server, tmp_path):
     token = "t-" + os.urandom(8).hex()
     port = free_port()
     lo = free_port() % 20000 + 30000
-    daemon_id = f"i-test-daemon-{os.urandom(4).hex()}"
+    daemon_id = new_agent_id("daemon")
     cfg = tmp_path / "agent_config.py"
     cfg.write_text(
         f"c.Agent.slots = {{'cpu': 1, 'mem': '2g'}}\n"

@@ -23,6 +23,7 @@ from jupyterhub_backendai.storageproxy.client import HTTPStorageClient
 
 from .cluster_nodes import AgentDaemon, TLSStorageDaemon, make_certs
 from .inproc import assert_consistent, make_user, occupied, running_manager, wait_status
+from .services import agent_id as new_agent_id
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def cluster(tmp_path_factory, redis_server):
     certs = make_certs(root / "pki", "agent1", "storage1")
     rogue = make_certs(root / "rogue-pki")  # another CA, a certificate named "hub"
     bus = redis_server.fresh_url()
-    agent = AgentDaemon(root / "agent1", f"i-tls-{uuid.uuid4().hex[:8]}", bus, certs["agent1"])
+    agent = AgentDaemon(root / "agent1", new_agent_id("tls"), bus, certs["agent1"])
     storage = TLSStorageDaemon(root / "storage1", certs["storage1"])
     os.makedirs(storage.root, exist_ok=True)
     agent.start()

@@ -28,6 +28,7 @@ from websockets.sync.client import connect
 
 from .conftest import containers_of, shutdown_hub
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
+from .services import image_tag
 from .test_attacks_api import new_user
 from .test_signing import signed
 
@@ -1346,10 +1347,10 @@ def test_websockets_are_relayed_byte_for_byte(world):
 
 # -- an operator's own image ------------------------------------------------------------
 
-OPERATOR_IMAGE = "backendai-test/operator-app:latest"
+OPERATOR_IMAGE = image_tag("operator-app")
 
 
-def test_an_operators_image_brings_its_own_app(single, tmp_path):
+def test_an_operators_image_brings_its_own_app(single, tmp_path, request):
     """An image built on ours with its own label and service-def (no other change): its
     app is started on first use and answers at ``<server>/<name>/`` behind the hub's
     login, with a launcher tile; a declared port with nothing behind it gives the 502
@@ -1368,6 +1369,8 @@ def test_an_operators_image_brings_its_own_app(single, tmp_path):
         "COPY notes.json /etc/backend.ai/service-defs/notes.json\n"
         "USER work\n"
         'LABEL ai.backend.service-ports="jupyter:http:8888,notes:http:8090,idle:http:8095"\n')
+    request.addfinalizer(lambda: subprocess.run(["docker", "rmi", "-f", OPERATOR_IMAGE],
+                                                capture_output=True))
     subprocess.run(["docker", "build", "-q", "-t", OPERATOR_IMAGE, str(d)], check=True,
                    capture_output=True)
     b = single.bob["username"]
@@ -1393,7 +1396,6 @@ def test_an_operators_image_brings_its_own_app(single, tmp_path):
         _refused_http(server.get("notes/index.txt", token=single.alice_token), single)
     finally:
         hub.stop_server(b, "op", token=single.bob_token)
-        subprocess.run(["docker", "rmi", OPERATOR_IMAGE], capture_output=True)
 
 
 # -- an operator's own image: the label and service-defs alone (no Docker) -------------

@@ -76,6 +76,8 @@ class LocalBackend(Backend):
         self.shell = shutil.which("bash") or "/bin/sh"
         self._on_exit: ExitCallback | None = None
         self._watchers: dict[str, asyncio.Task] = {}
+        # Set once a watched kernel's end is in its state file (with its exit code).
+        self._recorded: dict[str, asyncio.Event] = {}
 
     async def init(self, on_exit: ExitCallback) -> None:
         os.makedirs(self.state_dir, exist_ok=True)
@@ -83,6 +85,7 @@ class LocalBackend(Backend):
         self._on_exit = on_exit
         for rec in await self.list_kernels():
             if rec.alive:
+                self._recorded[rec.kernel_id] = asyncio.Event()
                 self._watchers[rec.kernel_id] = asyncio.create_task(
                     self._watch_pid(rec.kernel_id, int(rec.container_id))
                 )
@@ -91,6 +94,7 @@ class LocalBackend(Backend):
         for t in self._watchers.values():
             t.cancel()
         self._watchers.clear()
+        self._recorded.clear()
 
     async def list_images(self) -> list[ImageInfo]:
         return [self.image]
@@ -191,6 +195,7 @@ class LocalBackend(Backend):
         with open(tmp, "w") as f:
             json.dump({**rec.to_json(), "owner": owner, "mounts": mounts, "workdir": workdir}, f)
         os.replace(tmp, self._state_path(rec.kernel_id))
+        self._recorded[rec.kernel_id] = asyncio.Event()
         self._watchers[rec.kernel_id] = asyncio.create_task(self._watch_proc(rec.kernel_id, proc))
         return rec
 
@@ -317,11 +322,14 @@ class LocalBackend(Backend):
 
     async def _exited(self, kernel_id: str, code: int | None) -> None:
         self._watchers.pop(kernel_id, None)
+        recorded = self._recorded.pop(kernel_id, None)
         # Keep the record, marked ended with its code, until the manager removes the
         # kernel (as an exited container stays listed): a reconciliation that runs before
         # the exit event is handled then sees how it ended, not a kernel gone missing.
         # Its folders' links go now.
         self._forget(kernel_id, code, ended=True)
+        if recorded:
+            recorded.set()
         if self._on_exit:
             await self._on_exit(kernel_id, code)
 
@@ -361,14 +369,30 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             pass
 
+    async def _settled_record(self, path: str) -> dict:
+        """A kernel's state file; for a process that has ended but whose watcher has not
+        yet recorded how (the window between its exit and ``proc.wait()`` returning, wide
+        on a busy machine), after that watcher has: a list never shows an ended kernel
+        without its exit code, which a reconciliation would take for a lost kernel."""
+        with open(path) as f:
+            data = json.load(f)
+        recorded = self._recorded.get(data.get("kernel_id", ""))
+        if recorded and not data.get("exited") and not _pid_alive(int(data["container_id"])):
+            try:
+                await asyncio.wait_for(recorded.wait(), 5)
+            except TimeoutError:
+                return data
+            with open(path) as f:
+                data = json.load(f)
+        return data
+
     async def list_kernels(self) -> list[KernelRecord]:
         out = []
         for fn in sorted(os.listdir(self.state_dir)):
             if not fn.endswith(".json"):
                 continue
             try:
-                with open(os.path.join(self.state_dir, fn)) as f:
-                    data = json.load(f)
+                data = await self._settled_record(os.path.join(self.state_dir, fn))
             except (OSError, ValueError):
                 continue
             data.pop("owner", None)

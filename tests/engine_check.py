@@ -1,0 +1,52 @@
+"""The run ends by holding the Docker engine against what it held at the start.
+
+Every engine object the suite makes carries this run's token (``services.RUN``): agent ids
+(containers and session networks are labelled with theirs), image tags
+(``services.image_tag``). What is still there at the end with the token is a leftover of
+this run, and fails it; objects another suite on the same engine made meanwhile are not
+this run's and are left alone (reported only). Called once, by the xdist controller (or
+the single process of a serial run), after every worker has finished.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from .services import RUN
+
+# (kind, docker command, format): one line per object, the id first.
+_LISTS = (
+    ("container", ["ps", "-a"], '{{.ID}}\t{{.Names}}\t{{.Image}}\t{{.Label "ai.backend.agent-id"}}'),
+    ("network", ["network", "ls"], '{{.ID}}\t{{.Name}}\t{{.Label "ai.backend.agent-id"}}'),
+    ("volume", ["volume", "ls"], '{{.Name}}\t{{.Label "ai.backend.agent-id"}}'),
+    ("image", ["images", "-a"], "{{.ID}}\t{{.Repository}}:{{.Tag}}"),
+)
+
+
+def snapshot() -> dict[str, str] | None:
+    """``"<kind> <id>" -> description`` of everything on the engine; None without one."""
+    if shutil.which("docker") is None:
+        return None
+    objects: dict[str, str] = {}
+    for kind, cmd, fmt in _LISTS:
+        r = subprocess.run(["docker", *cmd, "--format", fmt], capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode != 0:
+            return None
+        for line in r.stdout.splitlines():
+            if line.strip():
+                oid, _, desc = line.partition("\t")
+                objects[f"{kind} {oid}"] = desc.replace("\t", " ")
+    return objects
+
+
+def leftovers(before: dict[str, str] | None) -> tuple[list[str], list[str]]:
+    """(this run's objects still on the engine, other objects that appeared meanwhile)."""
+    after = snapshot()
+    if after is None:
+        return [], []
+    ours = sorted(f"{k} {d}" for k, d in after.items() if RUN in d)
+    others = sorted(f"{k} {d}" for k, d in after.items()
+                    if before is not None and k not in before and RUN not in d)
+    return ours, others
