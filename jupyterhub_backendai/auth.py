@@ -57,10 +57,13 @@ class BackendAIAuthenticator(Authenticator):
 
     def get_handlers(self, app):
         """The admin REST API under ``<base_url>hub/api/backendai/`` (docs/api.md) and
-        the pages under ``<base_url>hub/backendai/`` (jupyterhub_backendai.pages)."""
+        the pages under ``<base_url>hub/backendai/`` (jupyterhub_backendai.pages); and the
+        front gate before all of JupyterHub's handlers (``hubgate``)."""
         from . import pages
         from .api import get_handlers
+        from .hubgate import gate_when_built
 
+        gate_when_built(app)
         return super().get_handlers(app) + get_handlers() + pages.get_handlers()
 
     @property

@@ -30,15 +30,17 @@ ARTIFACTS = os.environ.get("BACKENDAI_TEST_ARTIFACTS", os.path.join(REPO, "test-
 
 
 @contextlib.contextmanager
-def chromium() -> Iterator:
-    """A launched headless Chromium (Playwright's sync API), closed on leaving.
+def chromium(*extra_args: str) -> Iterator:
+    """A launched headless Chromium (Playwright's sync API), closed on leaving;
+    ``extra_args`` go after the usual flags (``--host-resolver-rules=...``).
 
     A missing browser fails the test: it is a test dependency, not an optional one."""
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} missing (scripts/install-test-deps.sh installs it)")
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *extra_args],
+                             headless=True)
         try:
             yield b
         finally:

@@ -24,11 +24,15 @@ ADMIN_PASSWORD = "admin-pass-123"
 
 class Hub:
     def __init__(self, *, db_url: str, backend: str, slots: dict | None = None, extra_env=None,
-                 config: str | None = None, extra_args: list[str] | tuple = ()):
+                 config: str | None = None, extra_args: list[str] | tuple = (),
+                 ca: str | None = None):
         self.dir = tempfile.mkdtemp(prefix="bai-hub-")
         self.port = free_port()
         self.api_port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        # ca: the hub serves HTTPS (BACKENDAI_SSL_CERT/KEY in extra_env) with a
+        # certificate for 127.0.0.1 signed by this CA, which the clients here trust.
+        self.verify: str | bool = ca or True
+        self.base = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         lo = free_port() % 20000 + 30000
         self.env = dict(
             os.environ,
@@ -69,7 +73,8 @@ class Hub:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if requests.get(self.base + "/hub/api/", timeout=2).status_code == 200:
+                if requests.get(self.base + "/hub/api/", timeout=2,
+                                verify=self.verify).status_code == 200:
                     return self
             except requests.RequestException:
                 pass
@@ -97,6 +102,7 @@ class Hub:
 
     def login(self, email: str = ADMIN_EMAIL, password: str = ADMIN_PASSWORD) -> requests.Session:
         s = requests.Session()
+        s.verify = self.verify
         s.get(self.base + "/hub/login")
         r = s.post(self.base + "/hub/login",
                    data={"username": email, "password": password, "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
@@ -118,7 +124,7 @@ class Hub:
     def api(self, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
         headers = {"Authorization": f"token {token or self.admin_token}"}
         return requests.request(method, self.base + "/hub/api" + path, headers=headers,
-                                timeout=60, **kw)
+                                timeout=60, verify=self.verify, **kw)
 
     def spawn(self, user: str, server: str, options: dict | None = None, token=None):
         body = {"image": self.image, "cpu": "0.5", "mem": "512m"}

@@ -247,7 +247,8 @@ def signed(hub, method: str, path: str, ak: str, sk: str, *, json=None,
                "Date": raw, "Host": host, "Content-Type": "application/json",
                "X-BackendAI-Version": VERSION}
     data = None if json is None else jsonlib.dumps(json)
-    return requests.request(method, hub.base + target, headers=headers, data=data, timeout=60)
+    return requests.request(method, hub.base + target, headers=headers, data=data, timeout=60,
+                            verify=getattr(hub, "verify", True))
 
 
 def problem(r: requests.Response, status: int) -> str:

@@ -40,6 +40,14 @@ if not c.JupyterHub.subdomain_host:
         "localhost:8000/, or BACKENDAI_SUBDOMAIN_HOST) for an origin per user; see "
         "docs/security.md.", _launcher.hub_url()
     )
+# BACKENDAI_SSL_CERT and BACKENDAI_SSL_KEY (PEM files): the proxy serves HTTPS itself
+# (give an https:// BACKENDAI_HUB_URL); or a front proxy terminates TLS. Over HTTPS the
+# hub's cookies are __Host- cookies, which a browser takes only from the hub's own host:
+# no user's host can plant one beside them (cookie tossing; docs/security.md).
+if os.environ.get("BACKENDAI_SSL_CERT") or os.environ.get("BACKENDAI_SSL_KEY"):
+    c.JupyterHub.ssl_cert = os.environ["BACKENDAI_SSL_CERT"]
+    c.JupyterHub.ssl_key = os.environ["BACKENDAI_SSL_KEY"]
+c.JupyterHub.cookie_host_prefix_enabled = _launcher.hub_url().startswith("https://")
 if os.environ.get("BACKENDAI_PROXY_API_URL"):
     c.ConfigurableHTTPProxy.api_url = os.environ["BACKENDAI_PROXY_API_URL"]
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
