@@ -56,11 +56,21 @@ from .handlers import CompatBase
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # session id -> the Jupyter kernel id kept for it (checked before each use).
 _KERNELS: dict[str, str] = {}
+# At most this many execute streams of one user open at once in this hub process (each
+# holds a websocket to a Jupyter kernel and a token): past it, 429.
+MAX_STREAMS_PER_USER = 8
+# user id -> their execute streams open now (in this process).
+_STREAMS: dict[str, int] = {}
 
 
 class ServerUnavailable(BackendAIError):
     status_code = 502
     title = "Bad gateway"
+
+
+class TooManyStreams(BackendAIError):
+    status_code = 429
+    title = "Too many requests"
 
 
 def _record(status: str | None, console=(), exit_code=None, options=None) -> str:
@@ -89,7 +99,8 @@ class _JupyterServer:
 
     _token: str | None = None
 
-    async def _open_server(self, ref: str) -> None:
+    async def _check_session(self, ref: str) -> str:
+        """The id of ``ref``, the caller's own RUNNING interactive session; else refused."""
         sid = await self.manager.ops.resolve_session(self.principal, ref)
         sess = await self.manager.ops.get_session(self.principal, sid)
         if sess["user_id"] != self.principal.user_id:
@@ -100,26 +111,38 @@ class _JupyterServer:
                 "interactive session (its Jupyter kernel); run without --type batch")
         if sess["status"] != SessionStatus.RUNNING:
             raise InvalidRequest(f"session {sess['name']!r} is {sess['status']}, not RUNNING")
-        self._sid = sid
-        self._base, self._server = await self._server_of(sid)
+        return sid
 
-    async def _server_of(self, sid: str) -> tuple[str, object]:
+    async def _open_server(self, ref: str) -> None:
+        self._sid = await self._check_session(ref)
+        await self._find_server()
+        self._mint_token()
+
+    async def _find_server(self) -> None:
+        """The JupyterHub server of session ``_sid`` (waiting while JupyterHub has not
+        yet seen it answer); nothing is made for the caller yet."""
         username = await self.manager.ops.username_of(self.principal.user_id)
         user = self.find_user(username)
         for name, spawner in list((user.spawners if user else {}).items()):
-            if getattr(spawner, "session_id", None) != sid:
+            if getattr(spawner, "session_id", None) != self._sid:
                 continue
             # The session runs before JupyterHub has seen its server answer: wait for that.
             deadline = asyncio.get_running_loop().time() + 120
             while spawner.pending == "spawn" and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.2)
             if spawner.ready:
-                self._token = user.new_api_token(
-                    scopes=[f"access:servers!server={user.name}/{name}"], expires_in=3600,
-                    note=f"backend.ai run in {name}")
-                return spawner.server.url.rstrip("/") + "/", spawner
+                self._user, self._server_name, self._server = user, name, spawner
+                self._base = spawner.server.url.rstrip("/") + "/"
+                return
         raise InvalidRequest("this interactive session is not a running JupyterHub server "
                              "of yours, so it has no Jupyter kernel to run code in")
+
+    def _mint_token(self) -> None:
+        """A short-lived token of the owner for that one server (dropped by
+        ``_drop_token``)."""
+        self._token = self._user.new_api_token(
+            scopes=[f"access:servers!server={self._user.name}/{self._server_name}"],
+            expires_in=3600, note=f"backend.ai run in {self._server_name}")
 
     def _auth(self) -> dict:
         return {"Authorization": f"token {self._token}"}
@@ -148,18 +171,39 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
     def check_xsrf_cookie(self):
         return None
 
+    _counted: str | None = None
+
     async def get(self, ref):
-        await self._open_server(ref)
+        # Whatever can refuse the request is decided before anything is made for it:
+        # the caller (prepare), their number of open streams, the session and its server
+        # here; the handshake and its origin in tornado's get. The token and the kernel's
+        # websocket are made in open(), once the handshake is accepted.
+        uid = self.principal.user_id
+        if _STREAMS.get(uid, 0) >= MAX_STREAMS_PER_USER:
+            raise TooManyStreams(
+                f"you have {MAX_STREAMS_PER_USER} execute streams open (the most at once): "
+                "close one first")
+        self._sid = await self._check_session(ref)
+        await self._find_server()
+        _STREAMS[uid] = _STREAMS.get(uid, 0) + 1
+        self._counted = uid
         try:
+            await super().get(ref)
+        finally:
+            if self.ws_connection is None:  # refused (upgrade, origin): release the place
+                self._cleanup()
+
+    async def open(self, ref):
+        try:
+            self._mint_token()
             self._kernel = await self._ensure_kernel()
             self._kernel_ws = await websocket.websocket_connect(HTTPRequest(
                 f"ws{self._base[4:]}api/kernels/{self._kernel}/channels"
                 f"?session_id={uuid.uuid4().hex}", headers=self._auth(), request_timeout=30),
                 ping_interval=20)
         except (HTTPClientError, OSError) as e:
+            self._finish_failed(f"the session's Jupyter server did not answer: {e}")
             self._cleanup()
-            raise ServerUnavailable(f"the session's Jupyter server did not answer: {e}") from None
-        await super().get(ref)
 
     async def _ensure_kernel(self) -> str:
         client = AsyncHTTPClient()
@@ -213,6 +257,13 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
             self._kernel_ws.close()
             self._kernel_ws = None
         self._drop_token()
+        if self._counted is not None:
+            left = _STREAMS.get(self._counted, 1) - 1
+            if left > 0:
+                _STREAMS[self._counted] = left
+            else:
+                _STREAMS.pop(self._counted, None)
+            self._counted = None
 
     def _send(self, text: str) -> None:
         try:
