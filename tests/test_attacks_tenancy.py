@@ -128,18 +128,42 @@ def dom(sa):
 
 
 def test_domain_admin_keeps_off_superadmins_objects(sa, api_hub, dom):
+    """A superadmin's sessions, folders and keypairs are the installation's: an admin (or
+    monitor) of the superadmin's domain neither acts on them nor sees them, in lists or
+    by id (issue 22, row 9: they listed the superadmin's access keys)."""
     ad, boss = dom["admin"]["client"], dom["boss"]
+    monitor = new_user(sa, role="monitor", domain=dom["name"], projects=[dom["own"]])["client"]
     sid = park_session(api_hub, boss)
-    problem(ad("GET", f"/sessions/{sid}/logs"), 403, "superadmin's session")
-    problem(ad("DELETE", f"/sessions/{sid}"), 403, "superadmin's session")
-    assert session_row(api_hub, sid).status == "PENDING"
     folder = boss["client"].ok("POST", "/vfolders", json={"name": f"f-{uid()}"})
-    problem(ad("PATCH", f"/vfolders/{folder['id']}", json={"name": "stolen"}), 403, "vfolder")
-    problem(ad("DELETE", f"/vfolders/{folder['id']}"), 403, "vfolder")
+    keys = {k["access_key"] for k in sa.ok("GET", "/keypairs", params={"limit": 500})["items"]
+            if k["user_id"] == boss["id"]}
+    assert keys
+    for reader in (ad, monitor):
+        problem(reader("GET", f"/sessions/{sid}"), 404)
+        problem(reader("GET", f"/sessions/{sid}/logs"), 404)
+        problem(reader("GET", f"/vfolders/{folder['id']}"), 404)
+        for key in keys:
+            problem(reader("GET", f"/keypairs/{key}"), 404)
+        listed = reader.ok("GET", "/sessions", params={"limit": 500})["items"]
+        assert sid not in {s["id"] for s in listed}
+        listed = reader.ok("GET", "/vfolders", params={"limit": 500})["items"]
+        assert folder["id"] not in {f["id"] for f in listed}
+        listed = reader.ok("GET", "/keypairs", params={"limit": 500})["items"]
+        assert not keys & {k["access_key"] for k in listed}
+        assert boss["id"] not in {k["user_id"] for k in listed}
+    problem(ad("DELETE", f"/sessions/{sid}"), 404)
+    assert session_row(api_hub, sid).status == "PENDING"
+    problem(ad("PATCH", f"/vfolders/{folder['id']}", json={"name": "stolen"}), 404)
+    problem(ad("DELETE", f"/vfolders/{folder['id']}"), 404)
     assert sa.ok("GET", f"/vfolders/{folder['id']}")["name"] == folder["name"]
-    # Their own domain's ordinary users' objects remain theirs to manage.
+    # The domain's own objects stay visible to them.
     plain = new_user(sa, domain=dom["name"], projects=[dom["own"]])
-    ad.ok("DELETE", f"/sessions/{park_session(api_hub, plain)}")
+    mine = park_session(api_hub, plain)
+    assert mine in {s["id"] for s in ad.ok("GET", "/sessions", params={"limit": 500})["items"]}
+    assert plain["id"] in {k["user_id"] for k in ad.ok("GET", "/keypairs",
+                                                        params={"limit": 500})["items"]}
+    # Their own domain's ordinary users' objects remain theirs to manage.
+    ad.ok("DELETE", f"/sessions/{mine}")
 
 
 def test_nobody_raises_their_own_limits(sa, api_hub, dom):

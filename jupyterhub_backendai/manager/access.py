@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import false, or_, select, true
+from sqlalchemy import and_, false, or_, select, true
 from sqlalchemy.orm import Session as DBSession
+from sqlalchemy.orm import object_session
 
 from ..common.errors import Forbidden, NotFound
 from ..common.types import UserRole, UserStatus
@@ -99,6 +100,27 @@ def load_principal(db: DBSession, *, username: str | None = None, user_id: str |
 def deny(what: str) -> Forbidden:
     """A refusal that names the action refused ("you may not create users in domain 'x'")."""
     return Forbidden(f"you may not {what}")
+
+
+# -- superadmins' own objects ------------------------------------------------------
+#
+# A superadmin's keypairs, sessions and folders are the installation's, not their
+# domain's: a domain admin or monitor of that domain neither sees them (lists, GETs:
+# 404 like anything else they may not see) nor acts on them.
+
+
+def _superadmin_ids():
+    return select(User.id).where(User.role == SUPERADMIN)
+
+
+def _superadmins_own(obj, user_id: str | None) -> bool:
+    """Whether ``user_id`` (the owner of ``obj``, an object of a database session) is a
+    superadmin."""
+    if not user_id:
+        return False
+    db = object_session(obj)
+    owner = db.get(User, user_id) if db is not None else None
+    return owner is not None and owner.role == SUPERADMIN
 
 
 # -- domains -------------------------------------------------------------------
@@ -219,12 +241,15 @@ def keypair_filter(p: Principal):
     if p.is_superadmin:
         return true()
     if p.reads_domain:
-        return Keypair.user_id.in_(select(User.id).where(User.domain_name == p.domain))
+        return Keypair.user_id.in_(select(User.id).where(
+            User.domain_name == p.domain, User.role != SUPERADMIN))
     return Keypair.user_id == p.user_id
 
 
 def can_see_keypair(p: Principal, kp: Keypair) -> bool:
-    return can_see_user(p, kp.user)
+    if p.is_superadmin or kp.user_id == p.user_id:
+        return True
+    return can_see_user(p, kp.user) and kp.user.role != SUPERADMIN
 
 
 def owns_keypairs_of(p: Principal, owner: User) -> bool:
@@ -245,14 +270,16 @@ def session_filter(p: Principal):
     if p.is_superadmin:
         return true()
     if p.reads_domain:
-        return Session.domain_name == p.domain
+        return and_(Session.domain_name == p.domain, or_(
+            Session.user_id.is_(None), Session.user_id.not_in(_superadmin_ids())))
     return Session.user_id == p.user_id
 
 
 def can_see_session(p: Principal, sess: Session) -> bool:
     if p.is_superadmin or sess.user_id == p.user_id:
         return True
-    return p.reads_domain and sess.domain_name == p.domain
+    return (p.reads_domain and sess.domain_name == p.domain
+            and not _superadmins_own(sess, sess.user_id))
 
 
 def can_manage_session(p: Principal, sess: Session, owner: User | None = None) -> bool:

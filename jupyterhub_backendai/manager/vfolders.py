@@ -205,8 +205,10 @@ def folder_filter(p: Principal):
     own folders, those shared with them and their projects' folders."""
     if p.is_superadmin:
         return true()
-    if p.reads_domain:
-        return VFolder.domain_name == p.domain
+    if p.reads_domain:  # (a superadmin's own folders are not their domain's: access.py)
+        return and_(VFolder.domain_name == p.domain, or_(
+            VFolder.ownership_type != VFolderOwnership.USER, VFolder.user_id.is_(None),
+            VFolder.user_id.not_in(select(User.id).where(User.role == UserRole.SUPERADMIN))))
     own = and_(VFolder.ownership_type == VFolderOwnership.USER, VFolder.user_id == p.user_id)
     shared = VFolder.id.in_(select(VFolderPermissionRow.vfolder_id).where(
         VFolderPermissionRow.user_id == p.user_id))
@@ -220,6 +222,10 @@ def can_see_folder(db: DBSession, p: Principal, f: VFolder) -> bool:
     if p.is_superadmin:
         return True
     if p.reads_domain:
+        if f.ownership_type == VFolderOwnership.USER and f.user_id != p.user_id:
+            owner = db.get(User, f.user_id) if f.user_id else None
+            if owner is not None and owner.role == UserRole.SUPERADMIN:
+                return False
         return f.domain_name == p.domain
     if f.ownership_type == VFolderOwnership.USER:
         return f.user_id == p.user_id or db.get(VFolderPermissionRow, (f.id, p.user_id)) is not None
