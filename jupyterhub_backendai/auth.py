@@ -15,7 +15,7 @@ from tornado import web
 from traitlets import Integer, Unicode, default
 
 from .common import bodylimit
-from .common.errors import BackendAIError
+from .common.errors import BackendAIError, outage
 from .common.types import UserStatus
 from .manager.core import BackendAIManager
 
@@ -93,9 +93,17 @@ class BackendAIAuthenticator(Authenticator):
         """The user's current record: False (log in again; tokens refused) when the
         Backend.AI user is gone, not active, or in an inactive domain; otherwise their
         admin flag and project groups as the record has them now."""
-        await self.manager.ready()
+        try:
+            await self.manager.ready()
+            found = await self.manager.ops.hub_account(user.name)
+        except Exception as e:
+            # JupyterHub takes any failure here for "not logged in"; a handler of ours
+            # then answers 503 instead of 401 (api/base.py) when the database is away.
+            down = outage(e)
+            if down is not None and handler is not None:
+                handler._backendai_outage = down
+            raise
         name = user.name
-        found = await self.manager.ops.hub_account(name)
         if found is None:
             self.log.warning("%s: no active Backend.AI user (or domain) any more", name)
             return False
@@ -158,9 +166,18 @@ class BackendAIAuthenticator(Authenticator):
         guard = self.login_guard
         address = client_address(handler) if handler is not None else ""
         guard.check_address(address)
-        await self.manager.ready()
-
-        found = await self.manager.ops.login_record(login)
+        try:
+            await self.manager.ready()
+            found = await self.manager.ops.login_record(login)
+        except BackendAIError as e:  # the manager could not start (its agent: e.detail)
+            raise web.HTTPError(
+                503, "Sessions cannot start on this hub, so nobody can log in until its "
+                f"administrator fixes this: {e.detail}") from None
+        except Exception as e:
+            down = outage(e)
+            if down is None:
+                raise
+            raise web.HTTPError(503, f"Cannot log in now: {down.detail}.") from None
         key = guard.account_key(login, found and found.pop("id"))
         guard.check_account(key, login, address)
         hashed = found.pop("hash") if found is not None else None

@@ -109,12 +109,18 @@ class Postgres(Service):
             [_pg_bin("initdb"), "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
             check=True, stdout=subprocess.DEVNULL, preexec_fn=as_postgres,
         )
+        self._cmd = [_pg_bin("postgres"), "-D", data, "-p", str(self.port), "-k", sock,
+                     "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                     "-c", "max_connections=300", "-c", "synchronous_commit=off",
+                     "-c", "full_page_writes=off"]
+        self._as_postgres = as_postgres
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server (again, on the same data and port) and wait for logins."""
         self.proc = subprocess.Popen(
-            [_pg_bin("postgres"), "-D", data, "-p", str(self.port), "-k", sock,
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300",
-             "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "log"), "w"),
-            preexec_fn=as_postgres,
+            self._cmd, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.dir, "log"), "a"), preexec_fn=self._as_postgres,
         )
         wait_port(self.port, proc=self.proc)
         # Accepting TCP is not the same as accepting logins during startup.
@@ -122,6 +128,12 @@ class Postgres(Service):
             if self.psql("SELECT 1", check=False).returncode == 0:
                 break
             time.sleep(0.1)
+
+    def pause(self) -> None:
+        """Stop the server (an outage), keeping its data for ``resume``: a fast shutdown
+        (SIGINT), which ends the clients' connections instead of waiting for them."""
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
 
     def psql(self, sql: str, db: str = "postgres", check: bool = True):
         return subprocess.run(

@@ -29,7 +29,14 @@ from tornado import web
 from traitlets import Integer, List, Unicode
 from traitlets.config import Configurable
 
-from ..common.errors import BackendAIError, Forbidden, InvalidRequest, NotFound, Unauthorized
+from ..common.errors import (
+    BackendAIError,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    outage,
+)
 from ..manager import access
 from ..manager.core import BackendAIManager
 from . import models, spec
@@ -360,6 +367,10 @@ class APIBase(APIHandler):
             )
             return
         user = self.current_user
+        if user is None and getattr(self, "_backendai_outage", None) is not None:
+            # The credentials could not be checked (the database is away): not a 401,
+            # which would make clients drop credentials that are still good.
+            raise self._backendai_outage
         if user is None:
             raise Unauthorized(
                 "no credentials: send 'Authorization: token <JupyterHub API token>', "
@@ -380,7 +391,14 @@ class APIBase(APIHandler):
 
     def _handle_request_exception(self, e):
         # Our errors carry their own status and a message meant for the caller (an agent's
-        # failure included); let tornado report them as such.
+        # failure included); let tornado report them as such. The database not answering
+        # is a 503 with Retry-After, never a 500.
+        down = outage(e)
+        if down is not None and not self._finished and not self._headers_written:
+            self.log.warning("%s %s: %s (%s)", self.request.method, self.request.path,
+                             down.detail, e)
+            self.send_error(503, exc_info=(type(down), down, None))
+            return
         if isinstance(e, BackendAIError) and not self._finished:
             if self._headers_written:
                 return super()._handle_request_exception(e)

@@ -68,3 +68,30 @@ class AgentError(BackendAIError):
 class ImageNotFound(AgentError):
     status_code = 400
     title = "Unknown image"
+
+
+class ServiceUnavailable(BackendAIError):
+    """A part the hub needs (its database) does not answer now: try again later. Never
+    a 401/403, so that clients keep credentials that are still good."""
+
+    status_code = 503
+    title = "Service unavailable"
+    retry_after = 5
+
+    @property
+    def headers(self) -> dict:
+        return {"Retry-After": str(self.retry_after)}
+
+
+def outage(exc: BaseException) -> ServiceUnavailable | None:
+    """The 503 that ``exc`` means, when it is the database not answering (a connection
+    refused, lost or timed out); None for any other error."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    if isinstance(exc, OperationalError) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        text = str(getattr(exc, "orig", exc)).lower()
+        if "locked" in text and "database" in text:  # SQLite busy: not an outage
+            return None
+        return ServiceUnavailable("the hub's database does not answer; try again in a moment")
+    return None
