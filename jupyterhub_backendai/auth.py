@@ -165,7 +165,6 @@ class BackendAIAuthenticator(Authenticator):
             return None
         guard = self.login_guard
         address = client_address(handler) if handler is not None else ""
-        guard.check_address(address)
         try:
             await self.manager.ready()
             found = await self.manager.ops.login_record(login)
@@ -180,12 +179,13 @@ class BackendAIAuthenticator(Authenticator):
             raise web.HTTPError(503, f"Cannot log in now: {down.detail}.") from None
         key = guard.account_key(login, found and found.pop("id"))
         guard.check_account(key, login, address)
+        await guard.slow_down_if_hot(key, address)
         hashed = found.pop("hash") if found is not None else None
         if not await guard.check_password(password, hashed) or found is None:
             guard.failed(key, address)
             self.log.warning("failed login for %r from %s", login, address)
             return None
-        guard.succeeded(key)
+        guard.succeeded(key, address)
         if found.pop("status") != UserStatus.ACTIVE:
             raise web.HTTPError(403, "This account is not active. Ask your administrator to activate it.")
         if not found.pop("domain_active"):

@@ -16,7 +16,7 @@ import urllib.parse
 
 from tornado import web
 
-from ..common.errors import BackendAIError, InvalidRequest
+from ..common.errors import BackendAIError, Forbidden, InvalidRequest
 from ..common.session_request import SessionRequest, resources
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager import admin, vfolders
@@ -35,6 +35,27 @@ class WhoamiHandler(APIBase):
     async def get(self):
         self.query()
         self.reply(await self.manager.ops.whoami(self.principal))
+
+
+class LoginThrottlesHandler(APIBase):
+    """Forget the failed logins an address or an account collected (superadmins): the
+    command that ends a throttle at once (``manager/login.py``)."""
+
+    async def delete(self):
+        q, _, _ = self.query(params=_params("delete", "/login-throttles"))
+        if not self.principal.is_superadmin:
+            raise Forbidden("you may not clear login throttles (superadmins may)")
+        if not q:
+            raise InvalidRequest("name what to clear: address=<client address>, "
+                                 "login=<email or username>, or both")
+        guard = self.authenticator.login_guard
+        key = None
+        if "login" in q:
+            found = await self.manager.ops.login_record(q["login"])
+            key = guard.account_key(q["login"], found and found["id"])
+        guard.clear(address=q.get("address"), key=key)
+        self.log.info("login throttle cleared by %s: %s", self.principal.username, q)
+        self.reply(None, 204)
 
 
 class OpenAPIHandler(APIBase):
@@ -809,6 +830,10 @@ ROUTES += [
     route("/vfolders/{id}/rename", VFolderRenameHandler,
           post=Op("renameVFolderFile", "Move or rename a file or directory (rw or wd)",
                   body=models.VFolderRename, response=models.VFolderPath)),
+    route("/login-throttles", LoginThrottlesHandler,
+          delete=Op("clearLoginThrottles",
+                    "Forget the failed logins of a client address and/or an account (superadmin)",
+                    params={"address": (F_STR, False), "login": (F_STR, False)}, status=204)),
     route("/openapi.json", OpenAPIHandler,
           get=Op("openapi", "The OpenAPI document", public=True, tag="meta",
                  response={"type": "object"})),

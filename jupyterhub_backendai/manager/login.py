@@ -13,14 +13,23 @@ Three properties, for :meth:`BackendAIAuthenticator.authenticate`:
   the same path, so that the answer's timing does not tell which names exist. The
   Prometheus counter ``backendai_login_password_checks_total{against=user|dummy}``
   (``/hub/metrics``) counts both.
-- **Throttling** with sliding windows, per account (the user, whether named by
-  email or username; a name without a user, lowercased) and per client address (the socket peer, or X-Forwarded-For when the
+- **Throttling the guesser, not the door.** Failures are counted in sliding windows of
+  ``failure_window`` seconds: per (account, client address) pair, per account and per
+  client address (the account is the user, whether named by email or username; a name
+  without a user, lowercased; the address is the socket peer, or X-Forwarded-For when the
   peer is a trusted proxy: :func:`jupyterhub_backendai.api.base.client_address`).
-  After ``max_failures_per_account`` failed logins of one account, or
-  ``max_failures_per_address`` from one address, within ``failure_window`` seconds,
-  further attempts are refused with 429 and a ``Retry-After`` header, before any
-  password is checked. A successful login clears its account's window (not its
-  address's). The windows live in the hub process (JupyterHub runs one).
+  Only a pair is ever refused: after ``max_failures_per_account`` failures of one account
+  from one address, that address's attempts on that account get 429 with ``Retry-After``
+  for ``backoff`` seconds, doubled with each further failure (at most the window), before
+  any password is checked. An account guessed at from many addresses
+  (``max_failures_per_account`` in all), and an address that guessed at many accounts
+  (``max_failures_per_address``), only make other attempts on them *slower*
+  (``slow_down`` seconds before the check): a correct password of an account that an
+  address did not guess at is never refused, so neither a user nor a superadmin can be
+  locked out by someone else's guessing. A successful login clears its pair and its
+  account's window; ``DELETE /hub/api/backendai/login-throttles`` (superadmins) clears
+  what an address or an account has collected. The windows live in the hub process
+  (JupyterHub runs one).
 """
 
 from __future__ import annotations
@@ -48,7 +57,14 @@ PASSWORD_CHECKS = Counter(
 )
 THROTTLED = Counter(
     "backendai_login_throttled",
-    "Logins refused with 429 before any password check (too many recent failures)",
+    "Logins refused with 429 before any password check (too many recent failures of "
+    "that account from that address)",
+    ["by"],
+)
+SLOWED = Counter(
+    "backendai_login_slowed",
+    "Logins made to wait slow_down seconds before their check (their account, or their "
+    "address, has many recent failures), never refused for it",
     ["by"],
 )
 BCRYPT_ROUNDS = 10  # tenancy.hash_password's cost; the dummy hash must cost the same
@@ -61,10 +77,12 @@ def is_bcrypt_hash(value: str | None) -> bool:
 class SlidingWindow:
     """Failure times per key within the last ``window`` seconds (thread-safe)."""
 
-    def __init__(self, window: float, limit: int, max_keys: int = 100_000) -> None:
+    def __init__(self, window: float, limit: int, max_keys: int = 100_000,
+                 keep: int | None = None) -> None:
         self.window = window
         self.limit = limit
         self.max_keys = max_keys
+        self.keep = max(keep if keep is not None else limit, 1)  # failures remembered
         self._hits: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -93,15 +111,30 @@ class SlidingWindow:
         with self._lock:
             q = self._prune(key, now)
             if q is None:
-                q = self._hits[key] = collections.deque(maxlen=max(self.limit, 1))
+                q = self._hits[key] = collections.deque(maxlen=self.keep)
                 while len(self._hits) > self.max_keys:  # forget the least recently failed
                     self._hits.popitem(last=False)
             self._hits.move_to_end(key)
             q.append(now)
 
+    def count(self, key: str, now: float | None = None) -> tuple[int, float]:
+        """(failures of ``key`` in the window, time of the newest)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            q = self._prune(key, now)
+            return (0, 0.0) if q is None else (len(q), q[-1])
+
     def clear(self, key: str) -> None:
         with self._lock:
             self._hits.pop(key, None)
+
+    def clear_where(self, match) -> int:
+        """Forget every key for which ``match(key)`` holds; how many."""
+        with self._lock:
+            keys = [k for k in self._hits if match(k)]
+            for k in keys:
+                del self._hits[k]
+            return len(keys)
 
 
 class LoginGuard(LoggingConfigurable):
@@ -109,20 +142,35 @@ class LoginGuard(LoggingConfigurable):
 
     max_failures_per_account = Integer(
         10,
-        help="""Failed logins of one account (login name) within failure_window seconds
-        after which its logins are refused with 429 until the oldest failure leaves the
-        window. Bounds how fast anyone guesses one user's password, from any number of
-        addresses. 0: no per-account limit.""",
+        help="""Failed logins of one account from one client address within
+        failure_window seconds after which that address's attempts on that account are
+        refused with 429 for ``backoff`` seconds, doubled with each further failure (at
+        most failure_window). The same number of failures of the account from all
+        addresses together makes every other attempt on it wait slow_down seconds (never
+        refused). 0: no per-account throttling.""",
     ).tag(config=True)
     max_failures_per_address = Integer(
         30,
-        help="""Failed logins from one client address within failure_window seconds after
-        which logins from that address are refused with 429 (whatever the account).
-        0: no per-address limit.""",
+        help="""Failed logins from one client address (any accounts) within failure_window
+        seconds after which its attempts on accounts it has not failed on wait slow_down
+        seconds first: a sprayer is slowed, a correct password is never refused for it.
+        0: no per-address slowing.""",
     ).tag(config=True)
     failure_window = Float(
         300.0,
         help="Seconds of the sliding windows in which failed logins are counted.",
+    ).tag(config=True)
+    backoff = Float(
+        5.0,
+        help="""Seconds a (account, address) pair over max_failures_per_account waits
+        after its latest failure; doubled with each further failure, at most
+        failure_window.""",
+    ).tag(config=True)
+    slow_down = Float(
+        2.0,
+        help="""Seconds an attempt waits before its password is checked when its account
+        (from all addresses) or its address (on all accounts) has too many recent
+        failures.""",
     ).tag(config=True)
     hash_threads = Integer(
         help="""Threads that check passwords (bcrypt), apart from the thread pool that runs
@@ -151,6 +199,10 @@ class LoginGuard(LoggingConfigurable):
                                            thread_name_prefix="bai-login-hash",
                                            initializer=_lower_priority,
                                            initargs=(self.hash_thread_niceness,))
+        # Pairs remember enough failures for the doubling to reach the window.
+        doublings = max(int(math.log2(max(self.failure_window / max(self.backoff, 0.001), 1))) + 2, 1)
+        self.pairs = SlidingWindow(self.failure_window, self.max_failures_per_account,
+                                   keep=self.max_failures_per_account + doublings)
         self.accounts = SlidingWindow(self.failure_window, self.max_failures_per_account)
         self.addresses = SlidingWindow(self.failure_window, self.max_failures_per_address)
         self.in_flight = 0
@@ -163,36 +215,73 @@ class LoginGuard(LoggingConfigurable):
         """One key per account, whichever login name (email, username) was typed."""
         return f"id:{user_id}" if user_id else "name:" + login.strip().lower()
 
-    def check_address(self, address: str) -> None:
-        """Raise 429 (with Retry-After) when ``address`` failed too often lately."""
-        if self.max_failures_per_address > 0 and address:
-            self._refuse("address", self.addresses.retry_after(address), address)
+    @staticmethod
+    def _pair(key: str, address: str) -> str:
+        return f"{key}\n{address}"
 
     def check_account(self, key: str, login: str, address: str) -> None:
-        """Raise 429 (with Retry-After) when the account ``key`` failed too often lately."""
-        if self.max_failures_per_account > 0:
-            self._refuse("account", self.accounts.retry_after(key), address, login)
+        """Raise 429 (with Retry-After) while this address's failures on the account
+        ``key`` keep it waiting (only the pair: never the account or the address as a
+        whole)."""
+        limit = self.max_failures_per_account
+        if limit <= 0:
+            return
+        n, last = self.pairs.count(self._pair(key, address))
+        if n < limit:
+            return
+        wait = min(self.backoff * 2 ** (n - limit), self.failure_window)
+        self._refuse(last + wait - time.monotonic(), address, login)
 
-    def _refuse(self, by: str, wait: float, address: str, login: str = "") -> None:
-        if not wait:
+    async def slow_down_if_hot(self, key: str, address: str) -> None:
+        """Wait ``slow_down`` seconds before the check when the account (from all
+        addresses) or the address (on all accounts) failed too often lately: slower,
+        never refused."""
+        if self.slow_down <= 0:
+            return
+        by = None
+        if self.max_failures_per_account > 0 and \
+                self.accounts.count(key)[0] >= self.max_failures_per_account:
+            by = "account"
+        elif address and self.max_failures_per_address > 0 and \
+                self.addresses.count(address)[0] >= self.max_failures_per_address:
+            by = "address"
+        if by is not None:
+            SLOWED.labels(by=by).inc()
+            await asyncio.sleep(self.slow_down)
+
+    def _refuse(self, wait: float, address: str, login: str = "") -> None:
+        if wait <= 0:
             return
         seconds = math.ceil(wait)
-        THROTTLED.labels(by=by).inc()
-        self.log.warning("login throttled (%s) for %r from %s: retry in %d s", by, login,
-                         address, seconds)
-        who = "this account" if by == "account" else "your address"
+        THROTTLED.labels(by="account").inc()
+        self.log.warning("login throttled for %r from %s: retry in %d s", login, address, seconds)
         err = web.HTTPError(
-            429, f"Too many failed logins for {who}. Try again in {_duration(seconds)}.")
+            429, "Too many failed logins for this account from your address. "
+                 f"Try again in {_duration(seconds)}.")
         err.headers = {"Retry-After": str(seconds)}  # JupyterHub's error page sends these
         raise err
 
     def failed(self, key: str, address: str) -> None:
         self.accounts.hit(key)
+        self.pairs.hit(self._pair(key, address))
         if address:
             self.addresses.hit(address)
 
-    def succeeded(self, key: str) -> None:
+    def succeeded(self, key: str, address: str = "") -> None:
         self.accounts.clear(key)
+        self.pairs.clear(self._pair(key, address))
+
+    def clear(self, *, address: str | None = None, key: str | None = None) -> int:
+        """Forget the failures of an address and/or an account (an admin's command);
+        how many windows were cleared."""
+        n = 0
+        if address:
+            n += self.addresses.clear_where(lambda k: k == address)
+            n += self.pairs.clear_where(lambda k: k.rpartition("\n")[2] == address)
+        if key:
+            n += self.accounts.clear_where(lambda k: k == key)
+            n += self.pairs.clear_where(lambda k: k.partition("\n")[0] == key)
+        return n
 
     def _check(self, password: str, hashed: str | None) -> bool:
         against = "user" if is_bcrypt_hash(hashed) else "dummy"

@@ -68,10 +68,10 @@ class PasswordHandler(BaseHandler):
 
         guard = self.authenticator.login_guard
         address = client_address(self)
-        guard.check_address(address)
         found = await self.manager.ops.password_record(username)
         key = guard.account_key(username, found and found["id"])
         guard.check_account(key, username, address)
+        await guard.slow_down_if_hot(key, address)
         hashed = found["hash"] if found is not None else None
         if not await guard.check_password(current, hashed):
             guard.failed(key, address)
