@@ -84,6 +84,12 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(30_000)
     page = context.new_page()
+    # What failed on the way (printed when the test fails): a theme stylesheet that did
+    # not load once put JupyterLab's error dialog over the file browser (seen once in a
+    # parallel run on a loaded machine; the answer it got is what this records).
+    failed: list[str] = []
+    page.on("requestfailed", lambda r: failed.append(f"{r.url} failed: {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and failed.append(f"{r.url} -> {r.status}"))
     try:
         page.goto(hub.base + "/hub/login")
         page.fill("input[name=username]", ADMIN_EMAIL)
@@ -166,6 +172,8 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         try:
             screenshot(page, os.path.join(shots, "failure.png"), full_page=True)
             print(f"screenshot: {os.path.join(shots, 'failure.png')}; url {page.url}")
+            print("failed requests:\n" + "\n".join(failed[-30:]))
+            print("hub log:\n" + hub.log()[-4000:])
         except Exception:
             pass
         raise
