@@ -24,7 +24,7 @@ import pytest
 import requests
 from tusclient import client as tus_client
 
-from .api_world import new_user, superadmin
+from .api_world import PASSWORD, Client, new_user, superadmin
 from .hub import Hub
 
 SECRET = "test-transfer-secret-" + uuid.uuid4().hex
@@ -270,15 +270,20 @@ def test_expired_tampered_and_misused_tokens_are_refused(hub, sa):
 def test_cluster_mode_transfers_go_to_the_daemon_not_the_hub(tmp_path):
     """A folder on a ``backendai-storage-proxy`` daemon: request-upload answers the
     daemon's client_url, the CLI-style tus upload and the download go there (the hub
-    serves none of the bytes), signed with the secret both share."""
+    serves none of the bytes), signed with the secret both share; the daemon asks the hub
+    whether each token's grant still holds."""
     from jupyterhub_backendai.common.types import HOST_PERMISSIONS
 
     from .services import StorageDaemon, free_port
 
     cport = free_port()
+    hub = Hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="local",
+              extra_env={"BACKENDAI_TRANSFER_SECRET": SECRET})
     d = StorageDaemon(tmp_path / "storage", extra_config=(
         f"c.StorageProxyApp.client_port = {cport}\n"
-        "c.StorageProxyApp.client_host = '127.0.0.1'\n"))
+        "c.StorageProxyApp.client_host = '127.0.0.1'\n"
+        # every transfer asks the hub whether its token's grant still holds (row 4)
+        f"c.StorageProxyApp.grant_url = '{hub.base}/hub/api/backendai/storage/grant'\n"))
     os.makedirs(d.root, exist_ok=True)
     client_url = f"http://127.0.0.1:{cport}"
     proxies = {"remote": {"url": d.url, "token": d.token, "client_url": client_url}}
@@ -291,11 +296,8 @@ def test_cluster_mode_transfers_go_to_the_daemon_not_the_hub(tmp_path):
             os.environ.pop("BACKENDAI_TRANSFER_SECRET")
         else:
             os.environ["BACKENDAI_TRANSFER_SECRET"] = old
-    hub = None
     try:
-        hub = Hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="local",
-                  extra_env={"BACKENDAI_TRANSFER_SECRET": SECRET},
-                  extra_args=[f"--BackendAIManager.storage_proxies={json.dumps(proxies)}"])
+        hub.extra_args += [f"--BackendAIManager.storage_proxies={json.dumps(proxies)}"]
         try:
             hub.start()
         except Exception as e:
@@ -321,10 +323,18 @@ def test_cluster_mode_transfers_go_to_the_daemon_not_the_hub(tmp_path):
         assert requests.get(durl, timeout=60).content == data
         assert "far.bin" in [i["name"] for i in
                              u["client"].ok("GET", f"/vfolders/{f['id']}/files")["items"]]
+        # The daemon asks the hub about every token: deactivated, the user's download
+        # token is refused there within seconds (GRANT_FRESH), with the hub's reason.
+        sa.ok("PATCH", f"/users/{u['id']}", json={"status": "inactive"})
+        deadline = time.monotonic() + 15
+        while (r := requests.get(durl, timeout=60)).status_code != 403:
+            assert r.status_code == 200 and time.monotonic() < deadline, r.status_code
+            time.sleep(0.1)
+        assert "this transfer token's access has ended" in r.json()["title"], r.text
+        assert "not active" in r.json()["title"], r.text
     finally:
-        if hub is not None:
-            hub.close()
-            shutil.rmtree(hub.dir, ignore_errors=True)
+        hub.close()
+        shutil.rmtree(hub.dir, ignore_errors=True)
         d.stop()
 
 
@@ -345,3 +355,93 @@ def test_directory_removed_before_the_last_byte_leaves_nothing(hub, sa):
     url = _grant(u, f, "upload", path="nowhere/y.bin", size=1)
     r = requests.patch(url, data=b"y", headers=dict(hdr, **{"Upload-Offset": "0"}), timeout=30)
     assert r.status_code == 404 and _staging(hub, f) == []
+
+
+# -- issue 22, row 4: a token dies with the access it was issued for ---------------------
+
+
+def test_a_transfer_token_dies_with_its_grant(hub, sa):
+    """dave (read-write share of alice's folder) takes upload and download tokens; each
+    way his access ends (unshared, read-only now, deactivated, the folder in the trash)
+    ends his tokens within seconds: the proxy asks the record again (at most every 2 s
+    per token), and nothing of his lands in her folder."""
+    alice, dave = new_user(sa), new_user(sa)
+    f = _folder(alice)
+    with open(os.path.join(_dir(hub, f), "secret.txt"), "wb") as fh:
+        fh.write(b"alice's secret")
+    hdr = {"Tus-Resumable": "1.0.0", "Content-Type": "application/offset+octet-stream"}
+
+    def share(permission: str) -> None:
+        alice["client"].ok("POST", f"/vfolders/{f['id']}/shares",
+                           json={"email": dave["email"], "permission": permission})
+
+    def tokens() -> tuple[str, str]:
+        r = dave["client"]("POST", f"/folders/{f['id']}/request-upload",
+                           json={"path": "secret.txt", "size": 4})
+        assert r.status_code == 200, r.text
+        up = f"{r.json()['url']}?token={r.json()['token']}"
+        r = dave["client"]("POST", f"/folders/{f['id']}/request-download",
+                           json={"path": "secret.txt"})
+        assert r.status_code == 200, r.text
+        return up, f"{r.json()['url']}?token={r.json()['token']}"
+
+    def works(up: str, down: str) -> None:
+        assert requests.get(down, timeout=30).content == b"alice's secret"
+        r = requests.post(up, headers={"Tus-Resumable": "1.0.0", "Upload-Length": "4"},
+                          timeout=30)
+        assert r.status_code == 201, r.text
+
+    def refused(url: str, method: str = "GET", **kw) -> str:
+        r = requests.request(method, url, timeout=30, **kw)
+        assert r.status_code == 403, (method, r.status_code, r.text[:300])
+        assert "this transfer token's access has ended" in r.json()["title"], r.text
+        return r.json()["title"]
+
+    def settled(url: str) -> None:
+        """Until the proxy has heard the end of the grant: it keeps a "still granted"
+        answer for GRANT_FRESH (2) seconds per token (HEAD: changes nothing)."""
+        deadline = time.monotonic() + 15
+        while requests.head(url, headers={"Tus-Resumable": "1.0.0"},
+                            timeout=30).status_code != 403:
+            assert time.monotonic() < deadline, url
+            time.sleep(0.1)
+
+    def ended(up: str, down: str, why: str) -> None:
+        settled(up)
+        settled(down)
+        assert why in refused(down)
+        refused(up, "POST", headers={"Tus-Resumable": "1.0.0", "Upload-Length": "4"})
+        refused(up, "PATCH", data=b"mine", headers=dict(hdr, **{"Upload-Offset": "0"}))
+
+    # Unshared.
+    share("rw")
+    up, down = tokens()
+    works(up, down)
+    alice["client"].ok("DELETE", f"/vfolders/{f['id']}/shares/{dave['email']}", status=204)
+    ended(up, down, "no vfolder")
+    # Read-only now: the download token lives on, the upload token does not.
+    share("rw")
+    up, down = tokens()
+    alice["client"].ok("PATCH", f"/vfolders/{f['id']}/shares/{dave['email']}",
+                       json={"permission": "ro"})
+    settled(up)
+    assert requests.get(down, timeout=30).content == b"alice's secret"
+    assert "your permission on vfolder" in refused(
+        up, "PATCH", data=b"mine", headers=dict(hdr, **{"Upload-Offset": "0"}))
+    # Deactivated.
+    alice["client"].ok("PATCH", f"/vfolders/{f['id']}/shares/{dave['email']}",
+                       json={"permission": "rw"})
+    up, down = tokens()
+    sa.ok("PATCH", f"/users/{dave['id']}", json={"status": "inactive"})
+    ended(up, down, "not active")
+    sa.ok("PATCH", f"/users/{dave['id']}", json={"status": "active"})
+    # (deactivating him ended his JupyterHub tokens too: he logs in again)
+    dave["client"] = Client(hub, hub.token_for(hub.login(dave["email"], PASSWORD),
+                                               dave["username"]), dave["username"])
+    # Nothing of his landed in her file meanwhile.
+    with open(os.path.join(_dir(hub, f), "secret.txt"), "rb") as fh:
+        assert fh.read() == b"alice's secret"
+    # The folder in the trash.
+    up, down = tokens()
+    alice["client"].ok("DELETE", f"/vfolders/{f['id']}", status=204)
+    ended(up, down, "vfolder")

@@ -719,6 +719,20 @@ def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
     return out
 
 
+@reads
+def transfer_grant(db: DBSession, user_id: str, folder_id: str | None, op: str) -> None:
+    """Whether a transfer token's grant still holds: its user is active (and their
+    domain), and may still ``op`` (upload, download) the folder's files, which is still
+    ready. Raises the refusal; asked by the storage proxy on every request of a token."""
+    if op not in ("upload", "download") or not folder_id:
+        raise Forbidden("this transfer token grants nothing")
+    try:
+        p = access.load_principal(db, user_id=user_id)
+        file_access(db, p, folder_id, op)
+    except (Forbidden, NotFound, Conflict) as e:
+        raise Forbidden(f"this transfer token's access has ended: {e.detail}") from None
+
+
 # The storage side of the file operations (``where`` comes from :func:`file_access`).
 
 

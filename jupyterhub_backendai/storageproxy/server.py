@@ -308,6 +308,19 @@ class StorageProxyApp(NodeAuthConfig, Application):
         and on the hub.""",
     ).tag(config=True)
     client_host = Unicode("0.0.0.0", help="Address the transfer API listens on.").tag(config=True)
+    grant_url = Unicode(
+        "",
+        help="""The hub's grant check, ``<hub URL>/hub/api/backendai/storage/grant``: every
+        transfer request (at most every 2 s per token) asks there whether the access its
+        token was issued for still holds, so that unsharing, deactivation, trashing,
+        deletion and a lowered permission end a token within seconds. Empty: tokens are
+        checked for their signature and expiry only (warned at start).""",
+    ).tag(config=True)
+    grant_ca = Unicode(
+        "",
+        help="CA file that the hub's certificate at grant_url is checked against "
+             "(empty: the system's).",
+    ).tag(config=True)
     client_tls = Dict(
         help="""HTTPS for the transfer API: {"cert": ..., "key": ...} (a certificate
         clients trust; no client certificates: the token authorizes). Empty: plain
@@ -369,8 +382,16 @@ class StorageProxyApp(NodeAuthConfig, Application):
         import ssl
 
         TransferTokens.instance(config=self.config)  # the secret is read once, at start
+        grants = None
+        if self.grant_url:
+            grants = transfer.HubGrants(self.grant_url, self.grant_ca or None)
+        else:
+            self.log.warning(
+                "StorageProxyApp.grant_url is not set: transfer tokens are checked for "
+                "their signature and expiry only, and outlive the access they were issued "
+                "for (an unshared folder, a deactivated user) until they expire")
         app = web.Application(
-            transfer.routes("", lambda _handler, name: storage.volume(name)),
+            transfer.routes("", lambda _handler, name: storage.volume(name), grants),
             config=self.config,
             log_function=transfer.log_request,
             transfer_inline_io=self.transfer_inline_io,

@@ -111,8 +111,9 @@ class TransferTokens(SingletonConfigurable):
         raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
         return f"{_b64(raw)}.{_b64(self._mac(raw))}"
 
-    def check(self, token: str | None, op: str) -> dict:
-        """The claims of a valid, unexpired token for ``op``; else 401 with the reason."""
+    def check(self, token: str | None, op: str | None) -> dict:
+        """The claims of a valid, unexpired token for ``op`` (None: an upload or a
+        download token); else 401 with the reason."""
         if not token:
             raise Unauthorized("a transfer token is required (?token=...)")
         try:
@@ -126,8 +127,9 @@ class TransferTokens(SingletonConfigurable):
             claims = json.loads(raw)
         except ValueError:
             raise Unauthorized("the transfer token is malformed") from None
-        if not isinstance(claims, dict) or claims.get("op") != op:
-            raise Forbidden(f"this transfer token is not for {op}")
+        if not isinstance(claims, dict) or claims.get("op") != (op or claims.get("op")) or \
+                claims.get("op") not in ("upload", "download"):
+            raise Forbidden(f"this transfer token is not for {op or 'a transfer'}")
         if not isinstance(claims.get("exp"), int) or claims["exp"] < time.time():
             raise Unauthorized("the transfer token has expired; request a new one")
         check_ids(claims.get("scope"), claims.get("folder"))
@@ -142,13 +144,18 @@ def _unb64(s: str) -> bytes:
     return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
 
 
-def upload_claims(volume: str, scope: str, folder: str, path: str, size: int) -> dict:
+def upload_claims(volume: str, scope: str, folder: str, path: str, size: int,
+                  user: str | None = None) -> dict:
+    """An upload's claims; ``user``: who the grant is for (checked again on every
+    request, see :class:`TransferHandler`)."""
     return {"op": "upload", "vol": volume, "scope": scope, "folder": folder, "path": path,
-            "size": int(size), "id": secrets.token_hex(16)}
+            "size": int(size), "id": secrets.token_hex(16), "user": user}
 
 
-def download_claims(volume: str, scope: str, folder: str, path: str) -> dict:
-    return {"op": "download", "vol": volume, "scope": scope, "folder": folder, "path": path}
+def download_claims(volume: str, scope: str, folder: str, path: str,
+                    user: str | None = None) -> dict:
+    return {"op": "download", "vol": volume, "scope": scope, "folder": folder, "path": path,
+            "user": user}
 
 
 class _Staged:
@@ -304,12 +311,40 @@ class _Staged:
                          0o644))
 
 
+#: Seconds a "still granted" answer is kept for a token: the longest a token outlives
+#: the access it was issued for.
+GRANT_FRESH = 2.0
+_GRANTED: dict[str, float] = {}  # token -> until when its grant is known to hold
+
+
 class TransferHandler(web.RequestHandler):
     """Base: problem+json errors, CORS-free, token-authenticated (no cookies, no XSRF).
-    ``initialize(volume)``: ``volume(handler, name)`` gives the :class:`VFSVolume`."""
+    ``initialize(volume, grants)``: ``volume(handler, name)`` gives the :class:`VFSVolume`;
+    ``grants(handler, claims)`` (a coroutine function; None: none) asks whoever issued a token
+    whether the access it was issued for still holds, on every request: it raises the
+    refusal (the user deactivated, the folder unshared, trashed or deleted, the
+    permission lowered), so a token dies with its grant, not only when it expires."""
 
-    def initialize(self, volume):
+    def initialize(self, volume, grants=None):
         self._volume = volume
+        self._grants = grants
+
+    async def claims(self, op: str) -> dict:
+        """The claims of this request's valid token for ``op``, whose grant still holds
+        (asked at most every GRANT_FRESH seconds per token: a tus upload's PATCHes)."""
+        token = self.token()
+        claims = self.tokens.check(token, op)
+        if self._grants is not None:
+            if not isinstance(claims.get("user"), str):
+                raise Unauthorized("the transfer token names no user; request a new one")
+            now = time.monotonic()
+            if _GRANTED.get(token, 0.0) < now:
+                _GRANTED.pop(token, None)
+                await self._grants(self, claims)
+                if len(_GRANTED) > 10_000:
+                    _GRANTED.clear()
+                _GRANTED[token] = now + GRANT_FRESH
+        return claims
 
     def check_xsrf_cookie(self):
         pass  # authenticated by the token in the URL, never by a cookie
@@ -643,8 +678,8 @@ class TusUploadHandler(TransferHandler):
         self.set_header("Tus-Resumable", TUS_VERSION)
         self.set_header("Cache-Control", "no-store")
 
-    def _staged(self) -> _Staged:
-        claims = self.tokens.check(self.token(), "upload")
+    async def _staged(self) -> _Staged:
+        claims = await self.claims("upload")
         if not isinstance(claims.get("size"), int) or claims["size"] < 0:
             raise Unauthorized("the transfer token has no valid size")
         return _Staged(self.volume(claims), claims, self.tokens.ttl)
@@ -657,7 +692,7 @@ class TusUploadHandler(TransferHandler):
 
     async def post(self):
         try:
-            st = self._staged()
+            st = await self._staged()
             length = _header_int(self, "Upload-Length")
             if length != st.length:
                 raise InvalidRequest(f"Upload-Length is {length}, but the token was issued "
@@ -675,7 +710,7 @@ class TusUploadHandler(TransferHandler):
 
     async def head(self):
         try:
-            st = self._staged()
+            st = await self._staged()
             if not await st.settled():
                 raise BackendAIError("a PATCH of this upload is in progress", status_code=423)
             off = await asyncio.to_thread(st.create)
@@ -696,7 +731,7 @@ class TusUploadHandler(TransferHandler):
         self._buffered = 0
         self._written = 0
         try:
-            st = self.staged = self._staged()
+            st = self.staged = await self._staged()
             ctype = self.request.headers.get("Content-Type", "")
             if ctype.split(";")[0].strip() != "application/offset+octet-stream":
                 raise BackendAIError(
@@ -979,7 +1014,7 @@ class DownloadHandler(TransferHandler):
 
     async def _send(self, body: bool):
         try:
-            claims = self.tokens.check(self.token(), "download")
+            claims = await self.claims("download")
             vol = self.volume(claims)
             size, chunks, st, small = await _small_io(self, _open_download, vol, claims, body)
         except BackendAIError as e:
@@ -1101,9 +1136,43 @@ def log_request(handler: web.RequestHandler) -> None:
         1000.0 * req.request_time())
 
 
-def routes(prefix: str, volume) -> list[tuple]:
-    """The two routes under ``prefix``; ``volume``: (handler, name) -> :class:`VFSVolume`."""
+class HubGrants:
+    """A daemon's grant check (``grants`` of :class:`TransferHandler`): asks the hub that
+    issued the token (``POST <url>?token=``; 204: it holds). Closed when the hub does not
+    answer: 503, never a transfer on an unchecked grant."""
+
+    def __init__(self, url: str, ca: str | None = None):
+        self.url = url
+        self.ca = ca
+
+    async def __call__(self, handler: TransferHandler, claims: dict) -> None:
+        from urllib.parse import quote
+
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+        try:
+            await AsyncHTTPClient().fetch(
+                f"{self.url}?token={quote(handler.token() or '')}", method="POST", body=b"",
+                ca_certs=self.ca, request_timeout=10)
+        except HTTPClientError as e:
+            if e.code in (401, 403):
+                try:
+                    reason = json.loads(e.response.body)["title"]
+                except (AttributeError, ValueError, KeyError, TypeError):
+                    reason = "the hub says this transfer token's access has ended"
+                raise Forbidden(reason) from None
+            raise BackendAIError("the hub did not answer whether this transfer may go on; "
+                                 "try again in a moment", status_code=503) from None
+        except OSError:
+            raise BackendAIError("the hub did not answer whether this transfer may go on; "
+                                 "try again in a moment", status_code=503) from None
+
+
+def routes(prefix: str, volume, grants=None) -> list[tuple]:
+    """The two routes under ``prefix``; ``volume``: (handler, name) -> :class:`VFSVolume`;
+    ``grants``: see :class:`TransferHandler`."""
+    kw = {"volume": volume, "grants": grants}
     return [
-        (prefix + "/upload", TusUploadHandler, {"volume": volume}),
-        (prefix + "/download", DownloadHandler, {"volume": volume}),
+        (prefix + "/upload", TusUploadHandler, kw),
+        (prefix + "/download", DownloadHandler, kw),
     ]

@@ -27,6 +27,7 @@ from ...common.errors import (
     InvalidRequest,
     NotFound,
     StorageQuotaExceeded,
+    Unauthorized,
 )
 from ...common.session_request import MAX_CLUSTER_SIZE
 from ...common.slots import MIG_PREFIX
@@ -802,7 +803,8 @@ class FolderRequestUploadHandler(CompatBase):
 
             await vfolders.upload(self.manager, where, path, nothing())
         token = _tokens(self).sign(
-            transfer.upload_claims(volume, where["quota_scope_id"], where["id"], path, size))
+            transfer.upload_claims(volume, where["quota_scope_id"], where["id"], path, size,
+                                   self.principal.user_id))
         self.reply({"token": token, "url": base + "/upload"})
 
 
@@ -814,18 +816,50 @@ class FolderRequestDownloadHandler(CompatBase):
         where = await self.manager.ops.file_access(self.principal, fid, "download")
         base, volume = _transfer_base(self, where["host"])
         token = _tokens(self).sign(
-            transfer.download_claims(volume, where["quota_scope_id"], where["id"], path))
+            transfer.download_claims(volume, where["quota_scope_id"], where["id"], path,
+                                     self.principal.user_id))
         self.reply({"token": token, "url": base + "/download"})
+
+
+async def _local_grants(handler, claims: dict) -> None:
+    """The in-hub proxy asks the record itself: does the token's user still have the
+    access it was issued for (active, the folder ready and theirs to read or write)?"""
+    await _manager_of(handler).ops.transfer_grant(claims["user"], claims.get("folder"),
+                                                  claims["op"])
+
+
+class TransferGrantHandler(transfer.TransferHandler):
+    """``POST .../storage/grant?token=``: a storage proxy daemon asks whether the access
+    a transfer token (signed by this hub) was issued for still holds: 204, or 403 with
+    the reason. The token is the only credential: the answer tells its holder nothing
+    they could not learn by using it."""
+
+    def initialize(self):
+        super().initialize(volume=None, grants=_local_grants)
+
+    async def post(self):
+        try:
+            claims = self.tokens.check(self.token(), None)
+            if not isinstance(claims.get("user"), str):
+                raise Unauthorized("the transfer token names no user; request a new one")
+            await _local_grants(self, claims)
+        except BackendAIError as e:
+            return self.problem(e)
+        self.set_status(204)
+        self.finish()
+
+
+def _manager_of(handler):
+    from ...manager.core import BackendAIManager
+
+    auth = handler.settings.get("authenticator")
+    return getattr(auth, "manager", None) or BackendAIManager.instance(
+        config=handler.settings.get("config"))
 
 
 def _local_volume(handler, name):
     """The in-hub proxy's volume ``name`` (for the transfer routes)."""
-    from ...manager.core import BackendAIManager
-
-    auth = handler.settings.get("authenticator")
-    manager = getattr(auth, "manager", None) or BackendAIManager.instance(
-        config=handler.settings.get("config"))
-    client = manager.storage.clients.get("local")
+    client = _manager_of(handler).storage.clients.get("local")
     if not isinstance(client, InProcessStorageClient):
         raise NotFound("this hub runs no storage proxy of its own")
     return client.volume(name)
@@ -888,5 +922,6 @@ def routes() -> list[tuple]:
         (f"/folders/{SEG}/request-download", FolderRequestDownloadHandler),
         (f"/stream/session/{SEG}/execute", ExecuteHandler),
     ]
-    table += transfer.routes("/storage", _local_volume)
+    table += transfer.routes("/storage", _local_volume, _local_grants)
+    table.append(("/storage/grant", TransferGrantHandler))
     return [(base + row[0], *row[1:]) for row in table]
