@@ -30,6 +30,9 @@ def lab(world):
         context = b.new_context()
         context.set_default_timeout(60_000)
         page = context.new_page()
+        failed: list[str] = []  # what did not load (said if JupyterLab reports an error)
+        page.on("requestfailed", lambda r: failed.append(f"{r.url} failed: {r.failure}"))
+        page.on("response", lambda r: r.status >= 400 and failed.append(f"{r.url} -> {r.status}"))
         page.goto(world.hub.base + "/hub/login")
         page.fill("input[name=username]", world.alice["email"])
         page.fill("input[name=password]", "victim-pass-1")
@@ -37,6 +40,9 @@ def lab(world):
         page.wait_for_url(lambda u: "/hub/login" not in u)
         page.goto(world.hub.base + world.server.prefix + "lab")
         page.locator("#jp-main-dock-panel").wait_for(timeout=120_000)
+        page.wait_for_load_state("networkidle")
+        errors = page.locator(".jp-Dialog").all_inner_texts()
+        assert not errors, (errors, failed[-30:], world.hub.log()[-3000:])
         yield context, page
 
 
