@@ -25,7 +25,7 @@ ADMIN_PASSWORD = "admin-pass-123"
 class Hub:
     def __init__(self, *, db_url: str, backend: str, slots: dict | None = None, extra_env=None,
                  config: str | None = None, extra_args: list[str] | tuple = (),
-                 ca: str | None = None):
+                 ca: str | None = None, python: str | None = None):
         self.dir = tempfile.mkdtemp(prefix="bai-hub-")
         self.port = free_port()
         self.api_port = free_port()
@@ -53,6 +53,9 @@ class Hub:
             self.env["BACKENDAI_AGENT_SLOTS"] = json.dumps(slots)
         if backend == "local":
             self.env["BACKENDAI_HUB_API_IP"] = "127.0.0.1"
+        # The interpreter the hub runs on (its environment's packages, its kernels'
+        # jupyterhub-singleuser beside it): this one's, unless a test installs another.
+        self.python = python or sys.executable
         self.config = config
         # Command-line options for the hub (they win over the packaged config file).
         self.extra_args = list(extra_args)
@@ -64,7 +67,7 @@ class Hub:
 
     def start(self) -> Hub:
         log = open(os.path.join(self.dir, "hub.log"), "ab")
-        args = [sys.executable, "-m", "jupyterhub_backendai.launcher", *self.extra_args]
+        args = [self.python, "-m", "jupyterhub_backendai.launcher", *self.extra_args]
         if self.config:
             args += ["-f", self.config]
         self.proc = subprocess.Popen(args, env=self.env, cwd=self.dir, stdout=log, stderr=log,
