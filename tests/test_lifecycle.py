@@ -96,8 +96,17 @@ def test_pending_spawn_times_out_and_leaves_nothing(make_hub, db_url, docker_ima
     hub = make_hub(db_url=db_url, backend="docker", slots={"cpu": 0.5, "mem": "8g"},
                    extra_env={"BACKENDAI_START_TIMEOUT": "12"})
     sm = _db(hub)
-    assert hub.spawn("admin", "first").status_code in (201, 202)
-    hub.wait_ready("admin", "first")
+    # The agent's capacity is taken by a batch session (not a server of JupyterHub's,
+    # whose own start would have to beat the 12 s start timeout on a loaded machine).
+    r = hub.api("POST", "/backendai/sessions", json={
+        "name": "first", "image": hub.image, "startup_command": "sleep 600",
+        "resources": {"cpu": "0.5", "mem": "256m"}})
+    assert r.status_code == 201, r.text
+    first = r.json()["id"]
+    deadline = time.monotonic() + 180
+    while _status(sm, "first")[0] != "RUNNING":
+        assert time.monotonic() < deadline, _status(sm, "first")
+        time.sleep(0.3)
     assert hub.spawn("admin", "late").status_code == 202
     deadline = time.monotonic() + 45
     while hub.server_model("admin", "late") is not None and time.monotonic() < deadline:
@@ -106,3 +115,4 @@ def test_pending_spawn_times_out_and_leaves_nothing(make_hub, db_url, docker_ima
     assert _status(sm, "late")[0] == "CANCELLED"
     assert len(containers_of(hub.agent_id)) == 1
     assert check_consistency(sm) == []
+    assert hub.api("DELETE", f"/backendai/sessions/{first}").status_code in (200, 202, 204)

@@ -795,10 +795,16 @@ def test_routes_added_together_share_a_reload_and_a_removal_reloads_at_once(tmp_
         await front.start()
         try:
             before = front.reloads
+            t0 = asyncio.get_running_loop().time()
             await asyncio.gather(*(front.add_route(
                 f"/user/{name}/", f"http://127.0.0.1:{jupyter_port}",
                 {"user": name, "server_name": ""}) for name in names))
-            assert 1 <= front.reloads - before <= 2, front.reloads - before
+            spread = asyncio.get_running_loop().time() - t0
+            # One reload per RELOAD_GAP at most while routes keep coming (CHP answers
+            # the 60 adds over `spread` seconds: a fraction of one gap on a quiet
+            # machine, so one or two reloads; more on a loaded one), never one a route.
+            most = 2 + int(spread / front.RELOAD_GAP)
+            assert 1 <= front.reloads - before <= min(most, 10), (front.reloads - before, spread)
             conf = open(os.path.join(front.state_dir, "nginx.conf")).read()
             assert all(f'location ~ "^/user/{name}/proxy/\\d+/"' in conf for name in names)
             # nginx runs it (its reload is asynchronous: the full way answers until then)
