@@ -1154,6 +1154,7 @@ class HubGrants:
             await AsyncHTTPClient().fetch(
                 f"{self.url}?token={quote(handler.token() or '')}", method="POST", body=b"",
                 ca_certs=self.ca, request_timeout=10)
+            return
         except HTTPClientError as e:
             if e.code in (401, 403):
                 try:
@@ -1161,11 +1162,10 @@ class HubGrants:
                 except (AttributeError, ValueError, KeyError, TypeError):
                     reason = "the hub says this transfer token's access has ended"
                 raise Forbidden(reason) from None
-            raise BackendAIError("the hub did not answer whether this transfer may go on; "
-                                 "try again in a moment", status_code=503) from None
         except OSError:
-            raise BackendAIError("the hub did not answer whether this transfer may go on; "
-                                 "try again in a moment", status_code=503) from None
+            pass
+        raise BackendAIError("the hub did not answer whether this transfer may go on; "
+                             "try again in a moment", status_code=503)
 
 
 def routes(prefix: str, volume, grants=None) -> list[tuple]:

@@ -835,7 +835,7 @@ class TransferGrantHandler(transfer.TransferHandler):
     they could not learn by using it."""
 
     def initialize(self):
-        super().initialize(volume=None, grants=_local_grants)
+        super().initialize(volume=None)  # (no volume: it moves no bytes)
 
     async def post(self):
         try:
