@@ -176,7 +176,9 @@ class BackendAIAuthenticator(Authenticator):
             down = outage(e)
             if down is None:
                 raise
-            raise web.HTTPError(503, f"Cannot log in now: {down.detail}.") from None
+            err = web.HTTPError(503, f"Cannot log in now: {down.detail}.")
+            err.headers = down.headers  # Retry-After (JupyterHub's error page sends these)
+            raise err from None
         key = guard.account_key(login, found and found.pop("id"))
         guard.check_account(key, login, address)
         await guard.slow_down_if_hot(key, address)

@@ -63,6 +63,7 @@ def test_a_database_outage_is_a_503_everywhere_and_credentials_survive_it(tmp_pa
                 seen[name].add(r.status_code)
                 assert r.status_code in (200, 503), (name, r.status_code, r.text[:500])
                 if r.status_code == 503:
+                    assert r.headers["Retry-After"] == "5", (name, r.headers)
                     if name == "login":
                         assert "Cannot log in now: the hub&#39;s database does not answer" in \
                             r.text or "Cannot log in now: the hub's database does not answer" \
