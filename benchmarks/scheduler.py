@@ -63,7 +63,7 @@ from jupyterhub_backendai.models import (  # noqa: E402
 )
 from jupyterhub_backendai.models.base import utcnow  # noqa: E402
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade  # noqa: E402
-from jupyterhub_backendai.scheduler import dispatcher  # noqa: E402
+from jupyterhub_backendai.manager.scheduler import dispatcher  # noqa: E402
 
 GiB = 2**30
 SHAPES = [  # (weight, cpu, mem GiB, gpu, cluster_size)
@@ -446,7 +446,7 @@ def selector_curve(sizes=(100, 1000, 10000, 100000), placements: int = 20000) ->
     index, as agents grow, on agents already partly used, requests for about half the
     free capacity (all fit; a failed search costs more). Shows the per-placement
     cost growing with log(agents), where a scan would grow with agents."""
-    from jupyterhub_backendai.scheduler.pool import AgentPool, PoolAgent
+    from jupyterhub_backendai.manager.scheduler.pool import AgentPool, PoolAgent
 
     rnd = random.Random(7)
     weights = [w for w, *_ in SHAPES]

@@ -29,7 +29,7 @@ from jupyterhub_backendai.models import (
     session_dependencies,
 )
 from jupyterhub_backendai.models.base import utcnow
-from jupyterhub_backendai.scheduler.dispatcher import release_kernels, set_status
+from jupyterhub_backendai.manager.scheduler.dispatcher import release_kernels, set_status
 
 GiB = 2**30
 

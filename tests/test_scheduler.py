@@ -25,7 +25,7 @@ from jupyterhub_backendai.models import (
     Session,
 )
 from jupyterhub_backendai.models.base import utcnow
-from jupyterhub_backendai.scheduler import (
+from jupyterhub_backendai.manager.scheduler import (
     admit,
     check_consistency,
     schedule_pass,

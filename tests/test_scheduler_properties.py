@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from jupyterhub_backendai.models import Agent, Kernel, Session
 from jupyterhub_backendai.models.base import utcnow
-from jupyterhub_backendai.scheduler import check_consistency, schedule_pass
+from jupyterhub_backendai.manager.scheduler import check_consistency, schedule_pass
 
 from .scheduler_world import World, slots
 

@@ -14,8 +14,8 @@ from sqlalchemy import text
 from jupyterhub_backendai.common.types import AgentStatus
 from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 from jupyterhub_backendai.models.base import utcnow
-from jupyterhub_backendai.scheduler import check_consistency, schedule_pass
-from jupyterhub_backendai.scheduler.dispatcher import LAST_PASS
+from jupyterhub_backendai.manager.scheduler import check_consistency, schedule_pass
+from jupyterhub_backendai.manager.scheduler.dispatcher import LAST_PASS
 
 from .scheduler_world import World, slots
 
@@ -437,7 +437,7 @@ def test_a_policy_changed_while_a_placing_pass_runs_is_not_lost(postgres, monkey
     group's row, its agents' and its queue's; the test below that shows it.) Here the
     policy is changed from another connection between the pass's decisions and its
     commit, in a full pass and in a pass over the remembered queue after a release."""
-    from jupyterhub_backendai.scheduler import dispatcher
+    from jupyterhub_backendai.manager.scheduler import dispatcher
 
     with engines_on(postgres, 2) as (sched, other):
         w = World(other)
@@ -489,7 +489,7 @@ def test_an_arrival_in_the_group_waits_for_a_running_pass(postgres):
     import threading
     import time
 
-    from jupyterhub_backendai.scheduler.snapshot import load_group
+    from jupyterhub_backendai.manager.scheduler.snapshot import load_group
 
     with engines_on(postgres, 3) as (sched, other, watch):
         w = World(other)

@@ -910,7 +910,7 @@ def _check_group_body(db, body: dict) -> None:
         raise InvalidRequest(
             f"scheduler: unknown {body['scheduler']!r} (known: {', '.join(KNOWN_SCHEDULERS)})")
     if "scheduler_opts" in body:
-        from ..scheduler.options import SchedulerOptions
+        from .scheduler.options import SchedulerOptions
 
         try:
             SchedulerOptions.from_json(body["scheduler_opts"])

@@ -69,7 +69,7 @@ from ..models import (
 )
 from ..models.base import utcnow
 from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
-from ..scheduler import (
+from .scheduler import (
     admit,
     check_consistency,
     lost_agents,
@@ -77,7 +77,7 @@ from ..scheduler import (
     scheduler_stats,
     set_status,
 )
-from ..scheduler.metrics import PLACEMENTS, REJECTIONS
+from .scheduler.metrics import PLACEMENTS, REJECTIONS
 from ..storageproxy.client import make_storage_registry
 from . import lifecycle, sshkeys, tenancy
 from . import mounts as vfmounts

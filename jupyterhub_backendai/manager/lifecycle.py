@@ -45,7 +45,7 @@ from ..common.types import (
 )
 from ..models import Agent, Kernel, Session
 from ..models.base import utcnow
-from ..scheduler.dispatcher import release_kernels, set_status
+from .scheduler.dispatcher import release_kernels, set_status
 
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"

@@ -26,8 +26,8 @@ from sqlalchemy import select
 from ..common.errors import InvalidRequest
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, format_slots, is_mig_slot, parse_size
 from ..manager.ops import reads
-from ..scheduler.snapshot import load_limits, load_policies, load_usage
-from ..scheduler.state import slot_limit
+from ..manager.scheduler.snapshot import load_limits, load_policies, load_usage
+from ..manager.scheduler.state import slot_limit
 
 CUSTOM = "custom"
 PRESET_KEYS = {"display_name", "slug", "description", "default", "resource_groups", "projects",

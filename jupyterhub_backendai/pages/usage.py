@@ -25,7 +25,7 @@ from ..common.slots import CPU, CUDA, MEM
 from ..common.types import AgentStatus, SessionStatus
 from ..manager.ops import reads
 from ..models import Agent, Project, Session
-from ..scheduler.snapshot import load_usage
+from ..manager.scheduler.snapshot import load_usage
 
 _GIB = Decimal(2**30)
 

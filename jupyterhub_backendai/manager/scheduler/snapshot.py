@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from sqlalchemy import Text, cast, func, select, text
 from sqlalchemy.orm import Session as DBSession
 
-from ..common.slots import ResourceSlot
-from ..common.types import AgentStatus, SessionStatus
-from ..models import (
+from ...common.slots import ResourceSlot
+from ...common.types import AgentStatus, SessionStatus
+from ...models import (
     Agent,
     Domain,
     Kernel,

@@ -19,7 +19,7 @@ from decimal import Decimal
 
 from sortedcontainers import SortedList
 
-from ..common.slots import ResourceSlot
+from ...common.slots import ResourceSlot
 
 ZERO = Decimal(0)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from ..common.slots import ResourceSlot
+from ...common.slots import ResourceSlot
 from .pool import AgentPool
 from .state import PassContext, PendingSession
 

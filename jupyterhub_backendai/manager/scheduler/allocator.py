@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import bindparam, cast, column, update, values
 from sqlalchemy.orm import Session as DBSession
 
-from ..common.types import SessionStatus
+from ...common.types import SessionStatus
 from .pool import AgentPool
 from .snapshot import RG, A, K, S
 from .state import PassContext, PendingSession, Verdict

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from sqlalchemy import String, func, select, text
 from sqlalchemy.orm import Session as DBSession
 
-from ..common.types import SessionStatus
+from ...common.types import SessionStatus
 from .snapshot import KP, POL, RG, SD, A, D, P, S
 from .state import PassContext, PendingSession, Verdict
 from .validators import RetryBackoffValidator

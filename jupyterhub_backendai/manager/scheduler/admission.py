@@ -14,11 +14,11 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DBSession
 
-from ..common.errors import Forbidden, InvalidRequest, NotFound, QuotaExceeded
-from ..common.slots import ResourceSlot
-from ..common.types import SessionStatus
-from ..manager import access
-from ..models import (
+from ...common.errors import Forbidden, InvalidRequest, NotFound, QuotaExceeded
+from ...common.slots import ResourceSlot
+from ...common.types import SessionStatus
+from .. import access
+from ...models import (
     Domain,
     Kernel,
     Keypair,

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from ..common.slots import MEM, ResourceSlot, format_size
+from ...common.slots import MEM, ResourceSlot, format_size
 from .options import SchedulerOptions
 
 ZERO = Decimal(0)

@@ -61,10 +61,10 @@ from decimal import Decimal
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import sessionmaker
 
-from ..common.slots import ResourceSlot
-from ..common.types import ALIVE_STATUSES, AgentStatus, SessionStatus
-from ..models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
-from ..models.base import utcnow
+from ...common.slots import ResourceSlot
+from ...common.types import ALIVE_STATUSES, AgentStatus, SessionStatus
+from ...models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
+from ...models.base import utcnow
 from . import allocator, changes, metrics
 from .admission import admit
 from .agent_selectors import SELECTORS
@@ -1114,7 +1114,7 @@ def lost_agents(sm: sessionmaker, timeout: float) -> list[str]:
 def scheduler_stats(sm: sessionmaker) -> dict:
     """Per resource group: sequencer, selector, queue length, oldest wait (s),
     pending sessions by reason, reservations, live (placed) sessions. For the admin API."""
-    from ..models import ResourceGroup
+    from ...models import ResourceGroup
 
     now = utcnow()
     out: dict = {}

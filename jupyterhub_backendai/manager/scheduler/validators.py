@@ -16,8 +16,8 @@ import datetime as dt
 import re
 from decimal import Decimal
 
-from ..common.slots import CPU, CUDA, MEM, format_bytes, format_cores, format_slots
-from ..common.types import DEAD_STATUSES
+from ...common.slots import CPU, CUDA, MEM, format_bytes, format_cores, format_slots
+from ...common.types import DEAD_STATUSES
 from .state import PassContext, PendingSession, Verdict, first_excess, fmt_amount, slot_limit
 
 #: Every reason label the scheduler uses (metrics and ``scheduler_stats``).

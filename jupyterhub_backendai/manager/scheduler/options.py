@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from ..common.errors import InvalidRequest
-from ..common.session_request import whole_number
-from ..common.slots import CPU, CUDA, MEM
+from ...common.errors import InvalidRequest
+from ...common.session_request import whole_number
+from ...common.slots import CPU, CUDA, MEM
 
 DEFAULT_RESOURCE_PRIORITY = (CUDA, CPU, MEM)
 
