@@ -51,6 +51,7 @@ from sqlalchemy import insert, select  # noqa: E402
 
 from jupyterhub_backendai.common.slots import ResourceSlot  # noqa: E402
 from jupyterhub_backendai.manager import tenancy  # noqa: E402
+from jupyterhub_backendai.manager.scheduler import dispatcher  # noqa: E402
 from jupyterhub_backendai.models import (  # noqa: E402
     Agent,
     Kernel,
@@ -63,7 +64,6 @@ from jupyterhub_backendai.models import (  # noqa: E402
 )
 from jupyterhub_backendai.models.base import utcnow  # noqa: E402
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade  # noqa: E402
-from jupyterhub_backendai.manager.scheduler import dispatcher  # noqa: E402
 
 GiB = 2**30
 SHAPES = [  # (weight, cpu, mem GiB, gpu, cluster_size)

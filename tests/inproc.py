@@ -18,8 +18,8 @@ from traitlets.config import Config
 from jupyterhub_backendai.agent.core import Agent as LocalAgent
 from jupyterhub_backendai.manager import tenancy
 from jupyterhub_backendai.manager.core import BackendAIManager
-from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 
 from .hub import KERNEL_IMAGE
 from .services import agent_id as new_agent_id

@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy import select
 
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
 from jupyterhub_backendai.models import Session
 from jupyterhub_backendai.models.base import utcnow
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
 
 from .conftest import containers_of
 from .inproc import make_user, occupied, running_manager, wait_status

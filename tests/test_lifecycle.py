@@ -8,9 +8,9 @@ import time
 import requests
 from sqlalchemy import select
 
+from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
 from jupyterhub_backendai.models import Agent, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
 
 from .conftest import containers_of
 

@@ -16,6 +16,13 @@ from sqlalchemy import select
 
 from jupyterhub_backendai.common.errors import Forbidden, QuotaExceeded
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager.scheduler import (
+    admit,
+    check_consistency,
+    schedule_pass,
+    scheduler_stats,
+    set_status,
+)
 from jupyterhub_backendai.models import (
     Agent,
     Domain,
@@ -25,13 +32,6 @@ from jupyterhub_backendai.models import (
     Session,
 )
 from jupyterhub_backendai.models.base import utcnow
-from jupyterhub_backendai.manager.scheduler import (
-    admit,
-    check_consistency,
-    schedule_pass,
-    scheduler_stats,
-    set_status,
-)
 
 from .scheduler_world import GiB, World, slots
 

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
+from jupyterhub_backendai.manager.scheduler import check_consistency, schedule_pass
 from jupyterhub_backendai.models import Agent, Kernel, Session
 from jupyterhub_backendai.models.base import utcnow
-from jupyterhub_backendai.manager.scheduler import check_consistency, schedule_pass
 
 from .scheduler_world import World, slots
 

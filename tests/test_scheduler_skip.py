@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import text
 
 from jupyterhub_backendai.common.types import AgentStatus
-from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
-from jupyterhub_backendai.models.base import utcnow
 from jupyterhub_backendai.manager.scheduler import check_consistency, schedule_pass
 from jupyterhub_backendai.manager.scheduler.dispatcher import LAST_PASS
+from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
+from jupyterhub_backendai.models.base import utcnow
 
 from .scheduler_world import World, slots
 

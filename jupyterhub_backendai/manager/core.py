@@ -69,6 +69,12 @@ from ..models import (
 )
 from ..models.base import utcnow
 from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
+from ..storageproxy.client import make_storage_registry
+from . import lifecycle, sshkeys, tenancy
+from . import mounts as vfmounts
+from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient, close_agent_clients
+from .discovery import BackendAICluster
+from .ops import Operations
 from .scheduler import (
     admit,
     check_consistency,
@@ -78,12 +84,6 @@ from .scheduler import (
     set_status,
 )
 from .scheduler.metrics import PLACEMENTS, REJECTIONS
-from ..storageproxy.client import make_storage_registry
-from . import lifecycle, sshkeys, tenancy
-from . import mounts as vfmounts
-from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient, close_agent_clients
-from .discovery import BackendAICluster
-from .ops import Operations
 from .session_lists import SessionLists
 from .vfolders import mount_permission
 

@@ -24,8 +24,8 @@ from traitlets.config import LoggingConfigurable
 from ..common.slots import CPU, CUDA, MEM
 from ..common.types import AgentStatus, SessionStatus
 from ..manager.ops import reads
-from ..models import Agent, Project, Session
 from ..manager.scheduler.snapshot import load_usage
+from ..models import Agent, Project, Session
 
 _GIB = Decimal(2**30)
 

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session as DBSession
 from ...common.errors import Forbidden, InvalidRequest, NotFound, QuotaExceeded
 from ...common.slots import ResourceSlot
 from ...common.types import SessionStatus
-from .. import access
 from ...models import (
     Domain,
     Kernel,
@@ -28,6 +27,7 @@ from ...models import (
     Session,
     User,
 )
+from .. import access
 from .state import GroupInfo, fmt_amount, slot_limit
 
 
