@@ -82,139 +82,59 @@ def find_db(given: str | None, environ: Any = None) -> tuple[str, str]:
     return hub_db_url(environ), where
 
 
-class NoDatabase(Exception):
-    """There is no migrated database where the command looked."""
-
-
-def _shown(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a malformed URL is shown as given
-        return url
-
-
-def check_database(url: str, source: str = "--db") -> None:
-    """Refuse (NoDatabase) unless ``url`` holds a database migrated to this version.
-
-    Nothing is created: an SQLite file that does not exist is not opened.
-    """
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-    from sqlalchemy import create_engine
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
-    from .models.db import VERSION_TABLE, alembic_config
-
-    hint = ("run `backendai-admin db-upgrade` there first, or point at the hub's database "
-            "with --db, BACKENDAI_DB_URL or BACKENDAI_STATE_DIR")
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise NoDatabase(f"{url!r} (from {source}) is not a database URL") from None
-    if parsed.get_backend_name() == "sqlite":
-        path = parsed.database or ""
-        if not path or path == ":memory:" or "mode=memory" in url:
-            raise NoDatabase(f"{url} (from {source}) is an in-memory database: it holds nothing")
-        path = os.path.abspath(path)
-        if not os.path.isfile(path):
-            raise NoDatabase(f"no database at {path} (from {source}: {url}); {hint}")
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            current = MigrationContext.configure(
-                conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
-    except SQLAlchemyError as e:
-        raise NoDatabase(f"cannot open the database {_shown(url)} (from {source}): "
-                         f"{str(e.orig if hasattr(e, 'orig') and e.orig else e).strip()}; "
-                         f"{hint}") from None
-    finally:
-        engine.dispose()
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
-    if current is None:
-        raise NoDatabase(f"the database {_shown(url)} (from {source}) is not a migrated "
-                         f"Backend.AI database (no schema version); {hint}")
-    if current != head:
-        raise NoDatabase(f"the database {_shown(url)} (from {source}) is at schema version "
-                         f"{current}, this version needs {head}: run `backendai-admin "
-                         "db-upgrade` (the hub does so when it starts)")
-
-
-def _session(url: str):
-    from .manager import tenancy
-    from .models.db import make_engine, make_sessionmaker, upgrade
-
-    engine = make_engine(url)
-    upgrade(engine)
-    sm = make_sessionmaker(engine)
-    with sm.begin() as s:
-        tenancy.ensure_defaults(s)
-    return sm
-
-
 def create_superadmin(url: str, email: str, password: str | None, *, exist_ok: bool = True) -> dict:
     """Create the first superadmin; returns what to show the operator (password only if generated).
 
     Migrates (and so may create) the database: for ``backendai-hub``, which sets up
     the hub's own database; the ``create-superadmin`` command checks first.
     """
-    from .manager import tenancy
+    from .manager.cliviews import Record
 
-    sm = _session(url)
     generated = password is None
     password = password or secrets.token_urlsafe(12)
-    with sm.begin() as s:
-        existing = tenancy.find_user(s, email)
-        if existing is not None:
-            if not exist_ok:
-                raise SystemExit(f"user {email} exists")
-            return {"email": email, "created": False}
-        user, kp, secret = tenancy.create_user(
-            s, email=email, password=password, role="superadmin", username="admin"
-            if tenancy.find_user(s, "admin") is None else None,
-        )
-        out = {"email": email, "username": user.username, "created": True,
-               "access_key": kp.access_key, "secret_key": secret}
-        if generated:
-            out["password"] = password
-        return out
+    with Record(url) as record:
+        made = record.ops.bootstrap_superadmin(email, password)
+    if made is None:
+        if not exist_ok:
+            raise SystemExit(f"user {email} exists")
+        return {"email": email, "created": False}
+    out = {"email": email, "username": made["username"], "created": True,
+           "access_key": made["access_key"], "secret_key": made["secret_key"]}
+    if generated:
+        out["password"] = password
+    return out
 
 
-def reset_password(s, login: str, password: str | None) -> dict:
+def reset_password(record, login: str, password: str | None) -> dict:
     """Give the user ``login`` (email or username) a new password; generated when None."""
-    from .manager import tenancy
-
-    user = tenancy.find_user(s, login)
-    if user is None:
-        raise _UsageError(f"no user with email or username {login!r}")
     generated = password is None
     password = password or secrets.token_urlsafe(12)
-    if len(password) < 8:
-        raise _UsageError("the password must be at least 8 characters")
-    if len(password.encode()) > 72:
-        raise _UsageError("the password must be at most 72 bytes (bcrypt's limit)")
-    user.password = tenancy.hash_password(password)
-    out = {"email": user.email, "username": user.username, "password_reset": True}
+    user = record.ops.bootstrap_reset_password(login, password)
+    out = {"email": user["email"], "username": user["username"], "password_reset": True}
     if generated:
         out["password"] = password
     return out
 
 
 def _bootstrap(args: argparse.Namespace) -> Any:
-    from .manager import tenancy
+    """A bootstrap command on the database (manager/cliviews.py); no database there: a
+    usage error naming where the command looked."""
+    from .manager.cliviews import NoDatabase
+
+    try:
+        return _on_the_record(args)
+    except NoDatabase as e:
+        raise _UsageError(str(e)) from None
+
+
+def _on_the_record(args: argparse.Namespace) -> Any:
+    from .manager.cliviews import Record, check_database, make_sqlite_dir, shown_url
 
     url, source = find_db(args.db)
     if args.cmd == "db-upgrade":
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)), mode=0o700,
-                        exist_ok=True)
-        _session(url).kw["bind"].dispose()
-        return {"upgraded": True, "database": _shown(url), "from": source}
+        make_sqlite_dir(url)
+        Record(url).close()
+        return {"upgraded": True, "database": shown_url(url), "from": source}
     check_database(url, source)
     if args.cmd == "create-superadmin":
         return create_superadmin(url, args.email, args.password)
@@ -229,32 +149,22 @@ def _bootstrap(args: argparse.Namespace) -> Any:
             volumes[name] = os.path.abspath(path)
         storage, host = storage_from(volumes, args.config)
         return populate_file(url, args.file, storage, args.default_vfolder_host or host)
-    sm = _session(url)
-    try:
-        with sm.begin() as s:
-            if args.cmd == "create-domain":
-                return {"domain": tenancy.create_domain(s, args.name).name}
-            if args.cmd == "create-project":
-                pj = tenancy.create_project(s, args.domain, args.name)
-                return {"project": pj.name, "id": pj.id, "domain": pj.domain_name}
-            if args.cmd == "create-user":
-                user, kp, secret = tenancy.create_user(
-                    s, email=args.email, password=args.password, username=args.username,
-                    role=args.role, domain=args.domain, status=args.status,
-                    projects=args.projects,
-                )
-                return {"username": user.username, "email": user.email,
-                        "access_key": kp.access_key, "secret_key": secret}
-            if args.cmd == "create-keypair":
-                user = tenancy.find_user(s, args.email)
-                if user is None:
-                    raise _UsageError(f"no user with email or username {args.email!r}")
-                kp, secret = tenancy.create_keypair(s, user)
-                return {"access_key": kp.access_key, "secret_key": secret}
-            if args.cmd == "reset-password":
-                return reset_password(s, args.user, args.password)
-    finally:
-        sm.kw["bind"].dispose()
+    with Record(url) as record:
+        if args.cmd == "create-domain":
+            return {"domain": record.ops.bootstrap_domain(args.name)}
+        if args.cmd == "create-project":
+            pj = record.ops.bootstrap_project(args.domain, args.name)
+            return {"project": pj["name"], "id": pj["id"], "domain": pj["domain"]}
+        if args.cmd == "create-user":
+            return record.ops.bootstrap_user(
+                email=args.email, password=args.password, username=args.username,
+                role=args.role, domain=args.domain, status=args.status,
+                projects=args.projects,
+            )
+        if args.cmd == "create-keypair":
+            return record.ops.bootstrap_keypair(args.email)
+        if args.cmd == "reset-password":
+            return reset_password(record, args.user, args.password)
     raise AssertionError(args.cmd)
 
 
@@ -972,9 +882,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BackendAIError as e:
         print(f"backendai-admin: {e.detail}", file=sys.stderr)
-        return EXIT_USAGE
-    except NoDatabase as e:
-        print(f"backendai-admin: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ApiError as e:
         print(f"backendai-admin: {e}", file=sys.stderr)

@@ -74,7 +74,7 @@ def test_two_operations_cannot_share_a_name():
         ops.reads(hub_account)
 
 
-FRONT_ENDS = sorted(["spawner.py", "auth.py"] + [
+FRONT_ENDS = sorted(["spawner.py", "auth.py", "cli.py"] + [
     str(p.relative_to(PKG)) for d in ("api", "pages") for p in (PKG / d).rglob("*.py")])
 
 
@@ -89,6 +89,16 @@ def test_front_ends_use_the_facade(front_end):
 def test_every_operation_is_found():
     """The modules ops.py names declare operations without clashes (imported here)."""
     for name in ("list_sessions", "create_domain", "file_access", "update_user",
-                 "resolve_folder", "console_section", "keypair_record", "quota_left"):
+                 "resolve_folder", "console_section", "keypair_record", "quota_left",
+                 "console_role", "read_sample", "bootstrap_domain"):
         fn, _write = ops.lookup(name)
         assert fn.__name__ == name
+
+
+def test_the_console_lists_as_many_rows_as_one_api_page():
+    """manager/pageviews.py may not import the API (the manager imports no front end),
+    so it keeps its own copy of the API's largest page."""
+    from jupyterhub_backendai.api import spec
+    from jupyterhub_backendai.manager import pageviews
+
+    assert pageviews.MAX_ROWS == spec.MAX_LIMIT

@@ -23,8 +23,8 @@ from typing import Any
 # Modules that declare operations; imported on the first lookup that misses.
 MODULES = tuple(f"jupyterhub_backendai.{m}" for m in (
     "manager.access", "manager.accounts", "manager.admin", "manager.spawnviews",
-    "manager.vfolders", "api.hubsync", "api.keypair_auth", "api.handlers",
-    "api.compat.handlers", "pages.console", "pages.presets", "pages.usage"))
+    "manager.pageviews", "manager.cliviews", "manager.vfolders", "api.hubsync",
+    "api.keypair_auth", "api.handlers", "api.compat.handlers"))
 
 _REGISTRY: dict[str, tuple[Callable, bool]] = {}
 

@@ -1,6 +1,7 @@
 """The user's pages (sessions, folders, keys) and the admin console under ``/hub/backendai/``.
 
-Every page reads through the same functions and access rules as the admin REST API
+Every page reads through the manager's named operations (:mod:`..manager.pageviews`),
+made of the same functions and access rules as the admin REST API
 (:mod:`..manager.admin`, :mod:`..manager.vfolders`, :mod:`..manager.access`), with the
 caller's :class:`~..manager.access.Principal` loaded as the API loads it: a page never
 shows a row the API would hide from the same person. Pages change nothing themselves:
@@ -15,21 +16,17 @@ import datetime as dt
 import time
 
 from jupyterhub.handlers import BaseHandler
-from sqlalchemy import select
 from tornado import web
 
 from ..api import spec
 from ..common.errors import BackendAIError
 from ..common.slots import format_bytes, format_slots, parse_size
 from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
-from ..manager import access, admin, vfolders
+from ..manager import access, vfolders
 from ..manager.core import BackendAIManager
-from ..manager.ops import reads
-from ..models import Session, User
+from ..manager.pageviews import SESSION_ROWS
 from . import nav, usage
 
-#: Newest sessions shown on "My sessions" and in the console.
-SESSION_ROWS = 200
 ADMIN_SECTIONS = (
     ("domains", "Domains"),
     ("projects", "Projects"),
@@ -153,44 +150,6 @@ class PageBase(BaseHandler):
 # -- My sessions --------------------------------------------------------------------
 
 
-@reads
-def console_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_ROWS) -> dict:
-    """The newest ``n`` sessions ``p`` may see (the API's list, newest first), with the
-    idle time and service address the API's rows do not carry."""
-    total = admin.list_sessions(db, p, filters, 0, 1)["total"]
-    page = admin.list_sessions(db, p, filters, max(0, total - n), n)
-    rows = list(reversed(page["items"]))
-    ids = [r["id"] for r in rows]
-    extra = {}
-    if ids:
-        for sid, last, prefix, uid in db.execute(
-                select(Session.id, Session.last_activity, Session.service_prefix, Session.user_id)
-                .where(access.session_filter(p), Session.id.in_(ids))):
-            extra[sid] = (last, prefix, uid)
-        names = dict(db.execute(select(User.id, User.username).where(
-            User.id.in_({e[2] for e in extra.values()}))).all())
-    else:
-        names = {}
-    for r in rows:
-        last, prefix, uid = extra.get(r["id"], (None, "/", r["user_id"]))
-        r["last_activity"] = last
-        r["service_prefix"] = prefix or "/"
-        r["username"] = names.get(uid, "")
-        # The apps of a running interactive session: the record the API's
-        # ``GET /sessions/{id}/service-ports`` answers from (the same visibility).
-        r["service_ports"] = []
-        if r["status"] == SessionStatus.RUNNING and r["type"] != "batch":
-            rec = _api_service_ports(db, p, r["id"])
-            r["service_ports"] = [{**sp, "host": rec["host"]} for sp in rec["ports"]]
-    return {"items": rows, "total": total}
-
-
-def _api_service_ports(db, p: access.Principal, sid: str) -> dict:
-    from ..api.handlers import session_service_ports
-
-    return session_service_ports(db, p, sid)
-
-
 def service_links(ports: list[dict], server_url: str | None) -> list[dict]:
     """A session's apps as the API's ``service-ports`` answer gives them: an HTTP port
     is a link below the session's server (the first port is the server itself, the
@@ -259,23 +218,6 @@ class SessionLogsPage(PageBase):
 # -- My folders ---------------------------------------------------------------------
 
 
-@reads
-def console_folders(db, p: access.Principal) -> dict:
-    """The folders whose files the caller may use (the API's list, limited to those with
-    a permission for the caller: an admin's list of the whole domain is the console's)."""
-    page = vfolders.list_folders(db, p, {}, 0, spec.MAX_LIMIT)
-    rows = [f for f in page["items"] if f["my_permission"]]
-    projects = {pid: db.get(admin.Project, pid) for pid in {f["project_id"] for f in rows} if pid}
-    for f in rows:
-        pr = projects.get(f["project_id"])
-        f["owner"] = f"project {pr.name}" if pr is not None else (
-            "you" if f["user_id"] == p.user_id else "shared with you")
-        f["manage"] = vfolders.can_manage_folder(p, db.get(vfolders.VFolder, f["id"]))
-    user = db.get(User, p.user_id)
-    my_projects = sorted(((pr.id, pr.name) for pr in user.projects), key=lambda x: x[1])
-    return {"items": rows, "projects": my_projects}
-
-
 class FoldersPage(PageBase):
     @web.authenticated
     async def get(self):
@@ -288,15 +230,6 @@ class FoldersPage(PageBase):
                      "error": e.detail}
         await self.page("backendai/folders.html", folders=data["items"],
                         projects=data["projects"], hosts=hosts)
-
-
-@reads
-def console_folder(db, p: access.Principal, fid: str) -> dict:
-    f = vfolders.get_folder(db, p, fid)
-    f["manage"] = vfolders.can_manage_folder(p, db.get(vfolders.VFolder, fid))
-    f["shares"] = (vfolders.list_shares(db, p, fid, 0, spec.MAX_LIMIT)["items"]
-                   if f["ownership_type"] == "user" and f["manage"] else [])
-    return f
 
 
 class FolderPage(PageBase):
@@ -327,12 +260,6 @@ class FolderPage(PageBase):
 # -- My keys ----------------------------------------------------------------------------
 
 
-@reads
-def console_keys(db, p: access.Principal) -> dict:
-    page = admin.list_keypairs(db, p, {"user_id": p.user_id}, 0, spec.MAX_LIMIT)
-    return {"items": page["items"]}
-
-
 class KeysPage(PageBase):
     @web.authenticated
     async def get(self):
@@ -342,94 +269,6 @@ class KeysPage(PageBase):
 
 
 # -- admin console --------------------------------------------------------------------
-
-
-def _all(fn, db, p, *args, filters=None):
-    return fn(db, p, *args, filters or {}, 0, spec.MAX_LIMIT)
-
-
-def _policy_names(db, p: access.Principal, kind: str) -> list[str]:
-    return [r["name"] for r in _all(admin.list_policies, db, p, kind)["items"]]
-
-
-@reads
-def console_section(db, p: access.Principal, section: str, filters: dict) -> dict:
-    """What a console page shows, and per row what the caller may change there: each
-    ``may_*`` is asked of :mod:`..manager.access`, the rules the API itself applies
-    when the page's buttons call it (a button shown is a change the API will accept
-    from this role; its other checks, such as "not your own role", answer in words)."""
-    out: dict = {}
-    installation = access.may_change_installation(p)
-    if section == "domains":
-        out["domains"] = _all(admin.list_domains, db, p)["items"]
-        for d in out["domains"]:
-            d["may_edit"] = installation
-            d["may_delete"] = installation and d["name"] != admin.DEFAULT
-    elif section == "projects":
-        projects = _all(admin.list_projects, db, p)["items"]
-        users = _all(admin.list_users, db, p)["items"]
-        for pr in projects:
-            members = admin.list_members(db, p, pr["id"], 0, spec.MAX_LIMIT)["items"]
-            pr["member_rows"] = [{"id": m["id"], "name": m.get("username") or m.get("email")}
-                                 for m in members]
-            pr["members"] = [m["name"] for m in pr["member_rows"]]
-            row = db.get(admin.Project, pr["id"])
-            pr["can_set_limits"] = access.may_set_limits_of_project(p, row)
-            pr["may_edit"] = pr["may_delete"] = access.can_manage_domain_objects(
-                p, pr["domain_name"])
-            ids = {m["id"] for m in members}
-            pr["candidates"] = [u for u in users
-                                if u["domain_name"] == pr["domain_name"] and u["id"] not in ids]
-        out["projects"] = projects
-    elif section == "users":
-        out["users"] = _all(admin.list_users, db, p)["items"]
-        for u in out["users"]:
-            row = db.get(User, u["id"])
-            u["self"] = u["id"] == p.user_id
-            u["may_edit"] = access.can_manage_user(p, row)
-            u["may_delete"] = u["may_edit"] and not u["self"]
-            u["may_set_limits"] = access.may_set_limits_of_user(p, row)
-        out["domains"] = [d["name"] for d in _all(admin.list_domains, db, p)["items"]]
-        out["projects"] = _all(admin.list_projects, db, p)["items"]
-        out["user_policies"] = _policy_names(db, p, "user")
-    elif section == "keypairs":
-        keys = _all(admin.list_keypairs, db, p)["items"]
-        names = dict(db.execute(select(User.id, User.username).where(
-            User.id.in_({k["user_id"] for k in keys}))).all())
-        for k in keys:
-            k["username"] = names.get(k["user_id"], "")
-            row = db.get(admin.Keypair, k["access_key"])
-            k["may_edit"] = access.can_manage_keypair(p, row)
-            k["may_set_limits"] = access.may_set_limits_of_user(p, row.user)
-            k["may_delete"] = k["may_edit"] and not k["is_default"]
-        out["keypairs"] = keys
-        out["keypair_policies"] = _policy_names(db, p, "keypair")
-    elif section == "policies":
-        out["policies"] = {kind: _all(admin.list_policies, db, p, kind)["items"]
-                           for kind in spec.POLICY_KINDS}
-        for rows in out["policies"].values():
-            for r in rows:
-                r["may_edit"] = installation
-                r["may_delete"] = installation and r["name"] != admin.DEFAULT
-    elif section == "resource-groups":
-        out["groups"] = _all(admin.list_resource_groups, db, p)["items"]
-        for g in out["groups"]:
-            g["may_edit"] = installation
-            g["may_delete"] = installation and g["name"] != admin.DEFAULT
-        out["schedulers"] = sorted(admin.KNOWN_SCHEDULERS)
-    elif section == "agents":
-        out["agents"] = _all(admin.list_agents, db, p)["items"]
-    elif section == "sessions":
-        data = console_sessions(db, p, filters)
-        out["sessions"], out["total"] = data["items"], data["total"]
-    elif section == "queue":
-        out["visible"] = admin.scheduler_view(db, p)
-        out["pending"] = console_sessions(db, p, {"status": SessionStatus.PENDING})["items"]
-    elif section == "plots":
-        out["visible_agents"] = {a["id"] for a in _all(admin.list_agents, db, p)["items"]}
-        out["visible_projects"] = {r["id"] for r in _all(admin.list_projects, db, p)["items"]}
-        out["visible_groups"] = admin.scheduler_view(db, p)
-    return out
 
 
 async def live_stats(manager: BackendAIManager, agent_ids: list[str]) -> dict[str, dict]:
@@ -450,21 +289,6 @@ async def live_stats(manager: BackendAIManager, agent_ids: list[str]) -> dict[st
         if aid not in out and agent is not None and agent.last_stats:
             out[aid] = agent.last_stats
     return out
-
-
-@reads
-def console_kernel_sessions(db, p: access.Principal, kernel_ids: set[str]) -> dict[str, dict]:
-    """Kernel id -> its session's name and owner, for the sessions ``p`` may see."""
-    from ..models import Kernel
-
-    if not kernel_ids:
-        return {}
-    rows = db.execute(
-        select(Kernel.id, Session.name, Session.id, User.username)
-        .join(Session, Kernel.session_id == Session.id).join(User, Session.user_id == User.id)
-        .where(Kernel.id.in_(kernel_ids), access.session_filter(p))).all()
-    return {kid: {"session": name, "session_id": sid, "user": user}
-            for kid, name, sid, user in rows}
 
 
 def _percent(v) -> str:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import threading
 import time
 
-from sqlalchemy import select
-
 from ..common.types import UserRole
 
 TTL = 30.0
@@ -44,14 +42,13 @@ def console_link(user) -> bool:
     role = None
     try:
         from ..manager.core import BackendAIManager
-        from ..models import User
+        from ..manager.pageviews import console_role_now
 
         if not BackendAIManager.initialized():
             return False
-        manager = BackendAIManager.instance()
-        # A read that neither waits for nor blocks writers (WAL on SQLite): one indexed row.
-        with manager.sm_read() as s:
-            role = s.scalar(select(User.role).where(User.username == name))
+        # The manager's read-only operation, run at once (a template variable is called
+        # while the page renders, so it cannot wait): one indexed row.
+        role = console_role_now(BackendAIManager.instance(), name)
     except Exception:
         role = None
     remember(name, role or "")

@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
-from types import SimpleNamespace
-
-from sqlalchemy import select
 
 from ..common.errors import InvalidRequest
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM, format_slots, is_mig_slot, parse_size
-from ..manager.ops import reads
-from ..manager.scheduler.snapshot import load_limits, load_policies, load_usage
-from ..manager.scheduler.state import slot_limit
 
 CUSTOM = "custom"
 PRESET_KEYS = {"display_name", "slug", "description", "default", "resource_groups", "projects",
@@ -180,64 +174,7 @@ def summary(preset: dict, defaults: dict) -> str:
     return text
 
 
-# -- the quota left ------------------------------------------------------------------
-
-
-@reads
-def quota_left(db, username: str) -> dict:
-    """What ``username`` may still start, per project of theirs (None: no project), from
-    the scheduler's own reads (placed kernels' slots, the keypair, user, project and
-    domain limits): ``{project: {"left": {slot: Decimal|None}, "limit": {...},
-    "sessions": (n, max)}}``; None per slot is no limit."""
-    from ..manager import tenancy
-    from ..models import Project, User
-
-    user = db.scalar(select(User).where(User.username == username))
-    if user is None:
-        return {}
-    kp = tenancy.default_keypair(db, user)
-    usage = load_usage(db, "")
-    project_limits, _names, domain_limits = load_limits(db)
-    levels = []  # (used, limit_of(slot)) for every level that applies to any project
-    sessions = None
-    dfu = "UNLIMITED"
-    if kp is not None:
-        policies, user_policies = load_policies(
-            db, [SimpleNamespace(user_id=user.id, access_key=kp.access_key)])
-        pol = policies[kp.access_key]
-        dfu = pol.default_for_unspecified
-        levels.append((usage.keypair.get(kp.access_key) or {},
-                       lambda s, pol=pol: slot_limit(pol.total_resource_slots, s,
-                                                    pol.default_for_unspecified)))
-        for up in user_policies.get(user.id, []):
-            levels.append((usage.user.get(user.id) or {},
-                           lambda s, up=up: slot_limit(up.total_resource_slots, s,
-                                                      up.default_for_unspecified)))
-        sessions = (usage.sessions_per_keypair.get(kp.access_key, 0),
-                    pol.max_concurrent_sessions)
-    levels.append((usage.domain.get(user.domain_name) or {},
-                   lambda s: slot_limit(domain_limits.get(user.domain_name), s, dfu)))
-    projects = [p for p in user.projects if p.is_active] or [None]
-    out = {}
-    for proj in projects:
-        lv = list(levels)
-        if isinstance(proj, Project):
-            lv.append((usage.project.get(proj.id) or {},
-                       lambda s, pid=proj.id: slot_limit(project_limits.get(pid), s, dfu)))
-        left, limit = {}, {}
-        for slot in KNOWN_SLOTS:
-            lefts, lims = [], []
-            for used, limit_of in lv:
-                lim = limit_of(slot)
-                if lim is None:
-                    continue
-                lims.append(lim)
-                lefts.append(max(Decimal(0), lim - Decimal(used.get(slot, 0))))
-            left[slot] = min(lefts) if lefts else None
-            limit[slot] = min(lims) if lims else None
-        out[proj.name if proj is not None else None] = {
-            "left": left, "limit": limit, "sessions": sessions}
-    return out
+# -- the quota left (manager/pageviews.py ``quota_left`` reads it) -----------------
 
 
 def quota_words(q: dict, gpu: bool) -> str:

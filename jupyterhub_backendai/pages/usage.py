@@ -1,11 +1,12 @@
 """Use over time for the console's plots: a small time series kept by the hub.
 
 Every ``c.UsageSeries.interval`` seconds the hub process reads the record once (the
-agents' occupied and available slots, the slots of placed sessions per project, the
-queue per resource group and the waits of sessions placed since the last sample) and
-keeps the last ``c.UsageSeries.points`` samples in memory (a ring buffer: the
-history starts again with each hub start and is not shared between hubs). The
-console draws them as inline SVG (:func:`line_chart`): no script, nothing fetched.
+manager's ``read_sample``, manager/pageviews.py: the agents' occupied and available
+slots, the slots of placed sessions per project, the queue per resource group and the
+waits of sessions placed since the last sample) and keeps the last
+``c.UsageSeries.points`` samples in memory (a ring buffer: the history starts again
+with each hub start and is not shared between hubs). The console draws them as inline
+SVG (:func:`line_chart`): no script, nothing fetched.
 """
 
 from __future__ import annotations
@@ -14,20 +15,10 @@ import asyncio
 import datetime as dt
 import time
 from collections import deque
-from decimal import Decimal
 
 from markupsafe import Markup, escape
-from sqlalchemy import select
 from traitlets import Float, Integer
 from traitlets.config import LoggingConfigurable
-
-from ..common.slots import CPU, CUDA, MEM
-from ..common.types import AgentStatus, SessionStatus
-from ..manager.ops import reads
-from ..manager.scheduler.snapshot import load_usage
-from ..models import Agent, Project, Session
-
-_GIB = Decimal(2**30)
 
 
 class UsageSeries(LoggingConfigurable):
@@ -67,66 +58,6 @@ class UsageSeries(LoggingConfigurable):
         s["t"] = time.time()
         self.samples.append(s)
         return s
-
-
-def _f(v) -> float:
-    return float(v or 0)
-
-
-@reads
-def read_sample(db, now: dt.datetime, since: dt.datetime | None, window: float) -> dict:
-    """One sample: per agent and per project slots in use, per group queue and waits."""
-    agents = {}
-    for a in db.scalars(select(Agent).where(Agent.status != AgentStatus.TERMINATED)):
-        used, cap = a.occupied_slots or {}, a.available_slots or {}
-        agents[a.id] = {"cpu": _f(used.get(CPU)), "mem": _f(used.get(MEM)) / float(_GIB),
-                        "gpu": _f(used.get(CUDA)), "cpu_total": _f(cap.get(CPU)),
-                        "gpu_total": _f(cap.get(CUDA)), "resource_group": a.resource_group}
-    usage = load_usage(db, "")
-    names = dict(db.execute(select(Project.id, Project.name)).all())
-    projects = {}
-    for pid, slots in usage.project.items():
-        projects[pid] = {"name": names.get(pid, pid), "cpu": _f(slots.get(CPU)),
-                         "mem": _f(slots.get(MEM)) / float(_GIB), "gpu": _f(slots.get(CUDA))}
-    queues: dict[str, dict] = {}
-    for rg, created in db.execute(select(Session.resource_group, Session.created_at).where(
-            Session.status == SessionStatus.PENDING)):
-        q = queues.setdefault(rg, {"pending": 0, "oldest": 0.0, "waits": []})
-        q["pending"] += 1
-        q["oldest"] = max(q["oldest"], _age(now, created))
-    # Waits of the sessions placed since the last sample (PENDING -> SCHEDULED).
-    if since is not None:
-        start = now - dt.timedelta(seconds=window)
-        for rg, created, history in db.execute(
-                select(Session.resource_group, Session.created_at, Session.status_history).where(
-                    Session.created_at >= start,
-                    Session.status != SessionStatus.PENDING)):
-            at = _when((history or {}).get("SCHEDULED"))
-            if at is not None and since < at <= now:
-                q = queues.setdefault(rg, {"pending": 0, "oldest": 0.0, "waits": []})
-                q["waits"].append(_age(at, created))
-    for q in queues.values():
-        waits = q.pop("waits")
-        q["mean_wait"] = sum(waits) / len(waits) if waits else None
-    return {"agents": agents, "projects": projects, "queues": queues}
-
-
-def _when(iso) -> dt.datetime | None:
-    if not iso:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(iso)
-    except (TypeError, ValueError):
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
-def _age(now: dt.datetime, created) -> float:
-    if created is None:
-        return 0.0
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=dt.UTC)
-    return max(0.0, (now - created).total_seconds())
 
 
 _series: UsageSeries | None = None
