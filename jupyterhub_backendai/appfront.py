@@ -52,6 +52,8 @@ from urllib.parse import unquote, urlparse
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Integer, Unicode, default
 
+from .proxy import ClientPolicyRoutes
+
 PROBE_HEADER = "X-Backendai-Auth-Probe"
 PATH_HEADER = "X-Backendai-App-Path"
 # Route prefixes the front writes into its configuration: anything else stays on CHP.
@@ -83,7 +85,7 @@ def _headers(upgrade: str, connection: str, probe: str = '""') -> str:
     ))
 
 
-class AppFrontProxy(ConfigurableHTTPProxy):
+class AppFrontProxy(ClientPolicyRoutes, ConfigurableHTTPProxy):
     """ConfigurableHTTPProxy behind nginx, with nginx's fast path to session apps."""
 
     nginx = Unicode("nginx", config=True, help="The nginx executable (1.9+, with auth_request).")

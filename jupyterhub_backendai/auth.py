@@ -157,7 +157,7 @@ class BackendAIAuthenticator(Authenticator):
         """Email or username and password. Throttled per account and per client address
         (429 with Retry-After); the record is read first, then the password is checked
         on the login pool (an unknown name against a dummy hash: the same work)."""
-        from .manager.login import client_address
+        from .common.clientaddr import client_address
 
         login = (data.get("username") or "").strip()
         password = data.get("password") or ""
@@ -192,4 +192,14 @@ class BackendAIAuthenticator(Authenticator):
             raise web.HTTPError(403, "This account is not active. Ask your administrator to activate it.")
         if not found.pop("domain_active"):
             raise web.HTTPError(403, "This account's domain is not active.")
+        if handler is not None:
+            # The right password from outside the user's allowed_client_ip: refused, and
+            # said so (not "wrong password", which would send them guessing).
+            from .hubgate import address_refusal
+
+            why = await address_refusal(handler, found.get("name") or login)
+            if why is not None:
+                self.log.warning("login of %r refused from %s: outside allowed_client_ip",
+                                 login, address)
+                raise web.HTTPError(403, "%s", why)
         return found

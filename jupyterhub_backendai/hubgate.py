@@ -18,6 +18,21 @@ handler (issue 22, rows 1 and 2).
   plain HTTP cannot guarantee: a visitor with no hub cookie of their own can still be
   handed another's).
 
+- **A user's allowed client addresses hold on every hub door** (row 7). Once JupyterHub
+  has found the request's user (cookie or token), a user whose record restricts
+  ``allowed_client_ip`` gets 403, with the reason in words, from any other address:
+  JupyterHub's REST API (spawning included), its pages and the OAuth authorization that
+  gives a user's server its cookie. The client address is the hub's one rule
+  (:mod:`jupyterhub_backendai.common.clientaddr`); the gate checks and removes the
+  packaged proxy's secret header before any handler sees it. Three exceptions: the
+  admin and Backend.AI APIs check the address themselves (401, Backend.AI's answer);
+  logging out is always allowed; and what a running server sends the hub from the
+  session's own address is not refused for that address: "who is this?"
+  (``GET /hub/api/user``, with which a server checks a visitor's token; it changes
+  nothing) and tokens that can only identify their user, report activity and open a
+  server (a server's own API token). The proxy in front of servers checks the visitor's
+  address instead (``chp-guard.js``, :mod:`jupyterhub_backendai.proxy`).
+
 The platform's authenticator arranges it (``gate_when_built``, from its ``get_handlers``),
 so ``backendai-hub`` and ``jupyterhub -f jupyterhub_config.py`` both have it; it wraps the
 tornado application's router, and JupyterHub's handlers run unchanged behind it.
@@ -32,6 +47,8 @@ from urllib.parse import urlsplit
 from tornado import web
 from tornado.httputil import HTTPServerRequest
 from tornado.routing import Router
+
+from .common.clientaddr import client_address, client_address_settings, from_proxy
 
 # The hub's login and session cookies (and their __Host- forms): one of each is all a
 # browser can hold for the hub. (Several ``_xsrf`` cookies on several paths are normal,
@@ -97,10 +114,16 @@ class HubGate(Router):
         self.base_url = base_url
 
     def find_handler(self, request: HTTPServerRequest, **kwargs):
+        # Whether the packaged proxy sent it: decided now, and its secret header removed.
+        from_proxy(request, client_address_settings(self.app.settings.get("config")))
         refusal = self.check(request)
         if refusal is not None:
             return self.app.get_handler_delegate(request, Refusal, refusal)
-        return self.inner.find_handler(request, **kwargs)
+        delegate = self.inner.find_handler(request, **kwargs)
+        handler_class = getattr(delegate, "handler_class", None)
+        if handler_class is not None:
+            delegate.handler_class = address_checked(handler_class)
+        return delegate
 
     def _on_hub(self, path: str) -> bool:
         return path == self.hub_prefix or path.startswith(self.hub_prefix + "/")
@@ -158,6 +181,83 @@ class HubGate(Router):
                                f"{', '.join(repeated)} more than once (one was set by another "
                                "site under this domain): both are cleared; log in again"}
         return None
+
+
+# Scopes of tokens that only identify a user, report activity and open a server: what a
+# running server sends the hub from the session's address (its own token; the OAuth
+# tokens of its visitors, which it checks with the hub).
+SERVER_SCOPES = frozenset({"access:servers", "users:activity", "read:users:name",
+                           "read:users:groups", "read:users:activity"})
+_CHECKED: dict[type, type] = {}
+
+
+def _server_token(handler) -> bool:
+    if handler.get_auth_token() is None:
+        return False  # the login cookie: always checked
+    scopes = getattr(handler, "expanded_scopes", None) or set()
+    return bool(scopes) and all(s.split("!", 1)[0] in SERVER_SCOPES for s in scopes)
+
+
+async def address_refusal(handler, username: str) -> str | None:
+    """Why ``username`` may not act from this request's client address (their
+    ``allowed_client_ip``), in words; None when they may. The record is cached for a
+    few seconds (``c.KeypairAuth.lookup_cache_ttl``)."""
+    from .api.keypair_auth import address_refusal as refusal
+    from .api.keypair_auth import keypair_auth
+    from .common.errors import outage
+
+    manager = getattr(getattr(handler, "authenticator", None), "manager", None)
+    if manager is None:
+        return None
+    try:
+        record = await keypair_auth(manager).hub_user_record(username)
+    except Exception as e:
+        down = outage(e)
+        if down is None:
+            raise
+        err = web.HTTPError(503, f"Cannot check where you connect from now: {down.detail}.")
+        err.headers = down.headers  # type: ignore[attr-defined]
+        raise err from None
+    why = refusal(client_address(handler), record)
+    if why is None:
+        return None
+    return f"Not allowed from this address: {why} (its allowed_client_ip)."
+
+
+def address_checked(cls: type) -> type:
+    """``cls``, or a subclass of it (one per class) whose ``prepare`` refuses (403) a
+    user acting from outside their ``allowed_client_ip`` once JupyterHub found the user."""
+    done = _CHECKED.get(cls)
+    if done is not None:
+        return done
+    from jupyterhub.apihandlers.users import SelfAPIHandler
+    from jupyterhub.handlers.base import BaseHandler
+    from jupyterhub.handlers.login import LogoutHandler
+
+    from .api.base import APIBase
+
+    if (not isinstance(cls, type) or not issubclass(cls, BaseHandler)
+            or issubclass(cls, (APIBase, LogoutHandler, SelfAPIHandler))):
+        _CHECKED[cls] = cls
+        return cls
+
+    async def prepare(self):
+        await cls.prepare(self)
+        if self._finished:
+            return
+        user = self.current_user
+        if user is None or getattr(user, "kind", "user") != "user" or _server_token(self):
+            return
+        why = await address_refusal(self, user.name)
+        if why is not None:
+            self.log.warning("refused %s %s for %s: %s", self.request.method,
+                             self.request.path, user.name, why)
+            raise web.HTTPError(403, "%s", why)
+
+    checked = type(cls.__name__, (cls,), {"prepare": prepare, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+    _CHECKED[cls] = checked
+    return checked
 
 
 def install(hub) -> None:

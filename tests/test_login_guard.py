@@ -8,10 +8,11 @@ the address is hot, counted by the hub's Prometheus counter, never refused); a
 superadmin clears a throttle at once. An unknown login name costs the same bcrypt work as
 a known one (counted, not timed), and the admin API keeps answering while 16 clients
 guess. Client addresses come from the socket, or from X-Forwarded-For only when the
-peer is a trusted proxy (loopback by default: configurable-http-proxy). The tests
-play the proxy by talking to the hub's own port with X-Forwarded-For, which gives
-each test its own client address; the last test shows that a client cannot choose
-its address through the real proxy.
+request came through the hub's own proxy (configurable-http-proxy, told apart by its
+secret: tests/test_client_address.py). The tests log in through the real proxy from
+loopback addresses of their own (127.0.0.0/8 is all this host), which gives each test
+its own client address; the last tests show that a client cannot choose its address
+through the real proxy.
 """
 
 from __future__ import annotations
@@ -72,13 +73,13 @@ def new_user(hub) -> tuple[str, str]:
 
 
 def login(hub, name: str, password: str, address: str | None = None) -> requests.Response:
-    """POST /hub/login: through the proxy, or (``address``) to the hub's own port as the
-    proxy would, naming the client's address in X-Forwarded-For."""
-    base = hub.base if address is None else f"http://127.0.0.1:{hub.api_port}"
-    headers = {} if address is None else {"X-Forwarded-For": address}
-    s = requests.Session()
-    s.get(base + "/hub/login", headers=headers, timeout=60)
-    return s.post(base + "/hub/login", headers=headers, allow_redirects=False, timeout=60,
+    """POST /hub/login through the proxy, from 127.0.0.1 or (``address``, a loopback
+    address) from that local address."""
+    from .test_client_address import client
+
+    s = client(address) if address is not None else requests.Session()
+    s.get(hub.base + "/hub/login", timeout=60)
+    return s.post(hub.base + "/hub/login", allow_redirects=False, timeout=60,
                   data={"username": name, "password": password,
                         "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
 
@@ -132,7 +133,7 @@ def checks(hub) -> dict[str, float]:
 def test_guessing_one_accounts_password_throttles_the_guesser_not_the_owner(hub):
 
     name, right = new_user(hub)
-    addr = "10.1.0.1"
+    addr = "127.1.0.1"
     for i in range(ACCOUNT_LIMIT):
         assert refused(login(hub, name, f"guess-{i}", addr)), i
     before = checks(hub)
@@ -143,7 +144,7 @@ def test_guessing_one_accounts_password_throttles_the_guesser_not_the_owner(hub)
     # The owner, from elsewhere (by email too), is not locked out: slowed, as the
     # account is hot, but let in.
     s0 = slowed(hub)
-    assert succeeded(login(hub, f"{name}@example.com", right, "10.1.0.2"))
+    assert succeeded(login(hub, f"{name}@example.com", right, "127.1.0.2"))
     assert slowed(hub)["account"] == s0["account"] + 1
     # ...which does not free the guesser.
     throttled(login(hub, name, right, addr), "this account from your address")
@@ -163,7 +164,7 @@ def test_the_guessers_wait_doubles_with_each_further_failure(fast_hub):
 
     hub = fast_hub
     name, right = new_user(hub)
-    addr = "10.7.0.1"
+    addr = "127.7.0.1"
     for i in range(ACCOUNT_LIMIT):
         assert refused(login(hub, name, f"guess-{i}", addr)), i
     throttled(login(hub, name, right, addr), "this account from your address")
@@ -180,7 +181,7 @@ def test_the_guessers_wait_doubles_with_each_further_failure(fast_hub):
 
 def test_a_superadmin_clears_a_throttle(hub):
     name, right = new_user(hub)
-    addr = "10.6.0.1"
+    addr = "127.6.0.1"
     for i in range(ACCOUNT_LIMIT):
         assert refused(login(hub, name, f"guess-{i}", addr)), i
     throttled(login(hub, name, right, addr), "this account from your address")
@@ -197,18 +198,18 @@ def test_a_superadmin_clears_a_throttle(hub):
     assert clear(hub, address=addr).status_code == 204
     assert succeeded(login(hub, name, right, addr))
     # By account (its email or its name), from every address at once.
-    for a in ("10.6.0.2", "10.6.0.3"):
+    for a in ("127.6.0.2", "127.6.0.3"):
         for i in range(ACCOUNT_LIMIT):
             assert refused(login(hub, name, f"again-{i}", a)), i
         throttled(login(hub, name, right, a), "this account from your address")
     assert clear(hub, login=f"{name}@example.com").status_code == 204
-    for a in ("10.6.0.2", "10.6.0.3"):
+    for a in ("127.6.0.2", "127.6.0.3"):
         assert succeeded(login(hub, name, right, a))
 
 
 def test_spraying_from_one_address_slows_it_and_locks_nobody_out(hub):
     name, right = new_user(hub)
-    addr = "10.2.0.1"
+    addr = "127.2.0.1"
     for i in range(ADDRESS_LIMIT):  # a different (unknown) account each time
         assert refused(login(hub, f"nobody-{i}-{uuid.uuid4().hex[:6]}", "guess", addr)), i
     s0 = slowed(hub)
@@ -216,26 +217,26 @@ def test_spraying_from_one_address_slows_it_and_locks_nobody_out(hub):
     assert succeeded(login(hub, name, right, addr))
     assert slowed(hub)["address"] == s0["address"] + 1
     other, other_pw = new_user(hub)
-    assert succeeded(login(hub, other, other_pw, "10.2.0.2"))  # elsewhere: not slowed
+    assert succeeded(login(hub, other, other_pw, "127.2.0.2"))  # elsewhere: not slowed
     assert slowed(hub)["address"] == s0["address"] + 1
 
 
 def test_success_clears_the_accounts_failures(hub):
     name, right = new_user(hub)
     for i in range(ACCOUNT_LIMIT - 1):
-        assert refused(login(hub, name, f"typo-{i}", "10.3.0.1"))
-    assert succeeded(login(hub, name, right, "10.3.0.1"))
+        assert refused(login(hub, name, f"typo-{i}", "127.3.0.1"))
+    assert succeeded(login(hub, name, right, "127.3.0.1"))
     for i in range(ACCOUNT_LIMIT - 1):  # a fresh window: these would be too many otherwise
-        assert refused(login(hub, name, f"typo-again-{i}", "10.3.0.2"))
-    assert succeeded(login(hub, name, right, "10.3.0.2"))
+        assert refused(login(hub, name, f"typo-again-{i}", "127.3.0.2"))
+    assert succeeded(login(hub, name, right, "127.3.0.2"))
 
 
 def test_unknown_and_known_users_take_the_same_path(hub):
     name, _right = new_user(hub)
     c0 = checks(hub)
-    known = login(hub, name, "wrong-password", "10.4.0.1")
+    known = login(hub, name, "wrong-password", "127.4.0.1")
     c1 = checks(hub)
-    unknown = login(hub, "no-such-" + name, "wrong-password", "10.4.0.2")
+    unknown = login(hub, "no-such-" + name, "wrong-password", "127.4.0.2")
     c2 = checks(hub)
     # One bcrypt check each: against the user's hash, and against the dummy hash.
     assert (c1["user"] - c0["user"], c1["dummy"] - c0["dummy"]) == (1, 0)
@@ -259,7 +260,7 @@ def test_the_admin_api_answers_while_16_clients_guess(hub):
         while not stop.is_set():
             # A new address and account each time: never throttled, so every guess
             # costs a bcrypt check (the worst case for the hub).
-            r = login(hub, f"victim-{k}-{n}", "guess", f"10.5.{k}.{n % 250 + 1}")
+            r = login(hub, f"victim-{k}-{n}", "guess", f"127.5.{k}.{n % 250 + 1}")
             with lock:
                 answers.append(r.status_code)
             n += 1

@@ -14,7 +14,6 @@ error leaves as ``application/problem+json``.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import sys
@@ -26,8 +25,6 @@ from jsonschema.validators import extend
 from jupyterhub import orm, roles
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
-from traitlets import Integer, List, Unicode
-from traitlets.config import Configurable
 
 from ..common.errors import (
     BackendAIError,
@@ -69,115 +66,6 @@ def document() -> dict:
     if _DOC is None:
         _DOC = spec.load_document()
     return _DOC
-
-
-class ClientAddress(Configurable):
-    """Where a request comes from: the socket's peer, or what a trusted proxy says.
-
-    JupyterHub runs tornado with ``xheaders``, so ``request.remote_ip`` is whatever a
-    client writes into ``X-Real-Ip`` or ``X-Forwarded-For``. :func:`client_address`
-    ignores that: it starts from the socket's peer address and reads
-    ``X-Forwarded-For`` only when that peer is one of ``trusted_proxies``, and then
-    only the ``trusted_proxy_hops`` entries the proxies themselves appended (a proxy
-    appends the address it was connected from to what the client sent, so the entries
-    further left are the client's own words). ``X-Real-Ip`` is never read.
-    """
-
-    trusted_proxies = List(
-        Unicode(),
-        default_value=["127.0.0.1/32", "::1/128"],
-        help="""Addresses or networks (CIDR) of the proxies in front of the hub whose
-        X-Forwarded-For header is believed. The default is loopback, where the packaged
-        configurable-http-proxy connects from (JupyterHub.hub_connect_ip). Any other
-        program on this host that can reach the hub's port directly can therefore name
-        any client address; do not list networks whose hosts you do not control.
-        An empty list: only socket addresses count.""",
-    ).tag(config=True)
-    trusted_proxy_hops = Integer(
-        1,
-        help="""How many X-Forwarded-For entries, counted from the right, were appended by
-        trusted proxies: 1 for configurable-http-proxy alone (it appends the address of
-        whoever connected to it), 2 for a reverse proxy (nginx, a load balancer) in front
-        of it that appends one entry too. The client address is that entry; anything to
-        its left was written by the client and is ignored.""",
-    ).tag(config=True)
-
-    def networks(self) -> list:
-        nets = getattr(self, "_nets", None)
-        if nets is None or nets[0] != self.trusted_proxies:
-            parsed = []
-            for item in self.trusted_proxies:
-                try:
-                    parsed.append(ipaddress.ip_network(item.strip(), strict=False))
-                except ValueError:
-                    raise ValueError(
-                        f"ClientAddress.trusted_proxies: {item!r} is not an address or network"
-                    ) from None
-            nets = self._nets = (list(self.trusted_proxies), parsed)
-        return nets[1]
-
-    def trusted(self, ip: str) -> bool:
-        addr = _ip(ip)
-        return addr is not None and any(addr in net for net in self.networks())
-
-    def resolve(self, peer: str, forwarded: list[str]) -> str:
-        """The client address of a request from socket peer ``peer`` with these
-        X-Forwarded-For values (each header line, in order)."""
-        if not forwarded or not self.trusted(peer):
-            return peer
-        hops = [h.strip() for line in forwarded for h in line.split(",") if h.strip()]
-        if not hops:
-            return peer
-        n = max(1, self.trusted_proxy_hops)
-        entry = hops[-n] if len(hops) >= n else hops[0]
-        addr = _ip(entry)
-        # A proxy writes an address; anything else is not an address we can check.
-        return str(addr) if addr is not None else peer
-
-
-_CLIENT_ADDRESS: tuple[object, ClientAddress] | None = None
-
-
-def _ip(text: str | None):
-    try:
-        addr = ipaddress.ip_address((text or "").strip().strip("[]"))
-    except ValueError:
-        return None
-    mapped = getattr(addr, "ipv4_mapped", None)
-    return mapped or addr
-
-
-def client_address_settings(config=None) -> ClientAddress:
-    """The :class:`ClientAddress` settings of ``config`` (the hub's), made once."""
-    global _CLIENT_ADDRESS
-    if _CLIENT_ADDRESS is None or _CLIENT_ADDRESS[0] is not config:
-        _CLIENT_ADDRESS = (config, ClientAddress(config=config) if config is not None
-                           else ClientAddress())
-    return _CLIENT_ADDRESS[1]
-
-
-def peer_address(request) -> str:
-    """The socket peer of a tornado request (not what X-Real-Ip/X-Forwarded-For say)."""
-    ctx = getattr(getattr(request, "connection", None), "context", None)
-    raw = getattr(ctx, "_orig_remote_ip", None) or getattr(ctx, "remote_ip", None)
-    if raw is None:
-        raw = request.remote_ip
-    addr = _ip(raw)
-    return str(addr) if addr is not None else str(raw or "")
-
-
-def client_address(handler) -> str:
-    """The address of the client that sent ``handler``'s request, as a string.
-
-    The socket's peer, unless that peer is a trusted proxy
-    (``c.ClientAddress.trusted_proxies``), in which case the X-Forwarded-For entry
-    its proxies appended (``c.ClientAddress.trusted_proxy_hops``). Used for
-    ``allowed_client_ip`` and for login throttling; never trusts ``X-Real-Ip``.
-    """
-    request = handler.request
-    settings = client_address_settings(getattr(handler, "settings", {}).get("config"))
-    return settings.resolve(peer_address(request),
-                            request.headers.get_list("X-Forwarded-For"))
 
 
 def _reject_constant(name: str):

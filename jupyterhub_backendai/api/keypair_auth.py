@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import ipaddress
 import logging
 import time
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable, LoggingConfigurable
 
 from ..common import signing
+from ..common.clientaddr import address_allowed, client_address
 from ..common.errors import InvalidRequest, TooManyRequests, Unauthorized
 from ..common.types import UserStatus
 from ..manager.ops import reads
@@ -233,8 +233,6 @@ class KeypairAuth(LoggingConfigurable):
             )
 
     async def authenticate(self, handler: Any) -> KeypairPrincipal:
-        from .base import client_address
-
         request = handler.request
         skew = dt.timedelta(seconds=self.max_clock_skew)
         signed = signing.read_signed_request(
@@ -285,24 +283,27 @@ class KeypairAuth(LoggingConfigurable):
         )
 
 
-    async def authenticate_hub_user(self, handler: Any, username: str) -> None:
-        """For a request JupyterHub authenticated (token or cookie) as ``username``: refuse
-        a client address outside the user's ``allowed_client_ip`` (401), and count the
-        request against the user's main keypair's rate limit (429 past it)."""
-        from .base import client_address
-
+    async def hub_user_record(self, username: str) -> _KeypairRecord | None:
+        """The record of JupyterHub user ``username`` (client addresses, main keypair),
+        cached like keypair lookups (``lookup_cache_ttl``; this hub's changes empty it)."""
         key = _USER_KEY + username
         now = time.monotonic()
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
-            record = hit[1]
-        else:
-            generation = self._generation
-            record = await self.manager.ops.hub_user_keypair(username)
-            if self.lookup_cache_ttl > 0 and generation == self._generation:
-                if len(self._cache) >= self.lookup_cache_size:
-                    self._cache.clear()
-                self._cache[key] = (now + self.lookup_cache_ttl, record)
+            return hit[1]
+        generation = self._generation
+        record = await self.manager.ops.hub_user_keypair(username)
+        if self.lookup_cache_ttl > 0 and generation == self._generation:
+            if len(self._cache) >= self.lookup_cache_size:
+                self._cache.clear()
+            self._cache[key] = (now + self.lookup_cache_ttl, record)
+        return record
+
+    async def authenticate_hub_user(self, handler: Any, username: str) -> None:
+        """For a request JupyterHub authenticated (token or cookie) as ``username``: refuse
+        a client address outside the user's ``allowed_client_ip`` (401), and count the
+        request against the user's main keypair's rate limit (429 past it)."""
+        record = await self.hub_user_record(username)
         if record is None:
             return  # no Backend.AI user: the API's principal lookup refuses it
         if record.allowed_client_ip:
@@ -389,18 +390,20 @@ def _write_usage(engine, rows: list[dict]) -> None:
         conn.execute(_USAGE_UPDATE, rows)
 
 
+def address_refusal(address: str | None, record: _KeypairRecord | None) -> str | None:
+    """Why ``record``'s user may not act from ``address`` (outside their
+    ``allowed_client_ip``), in words; None when they may."""
+    if record is None or not record.allowed_client_ip:
+        return None
+    if address_allowed(address, record.allowed_client_ip):
+        return None
+    return f"client address {address} is not allowed for user {record.username!r}"
+
+
 def _check_client_ip(remote_ip: str | None, record: _KeypairRecord) -> None:
-    try:
-        addr = ipaddress.ip_address(remote_ip or "")
-    except ValueError as e:
-        raise Unauthorized(f"client address {remote_ip!r} is not an IP address") from e
-    for allowed in record.allowed_client_ip:
-        try:
-            if addr in ipaddress.ip_network(str(allowed), strict=False):
-                return
-        except ValueError:
-            continue
-    raise Unauthorized(f"client address {remote_ip} is not allowed for user {record.username!r}")
+    why = address_refusal(remote_ip, record)
+    if why is not None:
+        raise Unauthorized(why)
 
 
 def keypair_auth(manager: Any) -> KeypairAuth:

@@ -343,3 +343,18 @@ def not_found(kind: str, key: str) -> NotFound:
 
 def any_of(*conds):
     return or_(*conds)
+
+
+@reads
+def client_ip_allowlists(db: DBSession, usernames: list[str]) -> dict[str, tuple[str, ...]]:
+    """The ``allowed_client_ip`` of those of ``usernames`` that have one (not empty), for
+    the proxy's routes to their servers (jupyterhub_backendai.proxy)."""
+    out: dict[str, tuple[str, ...]] = {}
+    names = sorted(set(usernames))
+    for i in range(0, len(names), 500):
+        rows = db.execute(select(User.username, User.allowed_client_ip)
+                          .where(User.username.in_(names[i:i + 500])))
+        for name, allowed in rows:
+            if allowed:
+                out[name] = tuple(str(a) for a in allowed)
+    return out

@@ -17,7 +17,8 @@ Three properties, for :meth:`BackendAIAuthenticator.authenticate`:
   ``failure_window`` seconds: per (account, client address) pair, per account and per
   client address (the account is the user, whether named by email or username; a name
   without a user, lowercased; the address is the socket peer, or X-Forwarded-For when the
-  peer is a trusted proxy: :func:`jupyterhub_backendai.api.base.client_address`).
+  request came through the packaged proxy or a trusted one:
+  :func:`jupyterhub_backendai.common.clientaddr.client_address`).
   Only a pair is ever refused: after ``max_failures_per_account`` failures of one account
   from one address, that address's attempts on that account get 429 with ``Retry-After``
   for ``backoff`` seconds, doubled with each further failure (at most the window), before
@@ -48,6 +49,8 @@ from prometheus_client import Counter
 from tornado import web
 from traitlets import Float, Integer, default
 from traitlets.config import LoggingConfigurable
+
+from ..common.clientaddr import client_address as _client_address
 
 PASSWORD_CHECKS = Counter(
     "backendai_login_password_checks",
@@ -328,17 +331,6 @@ def _duration(seconds: int) -> str:
 
 
 def client_address(handler) -> str:
-    """The client's address for throttling: the API's rule (trusted proxies) when
-    available, else the socket's peer (never X-Real-Ip, which tornado's xheaders
-    would have put in ``request.remote_ip``)."""
-    try:
-        from ..api.base import client_address as api_client_address
-    except ImportError:  # pragma: no cover - the API module always has it
-        api_client_address = None
-    if api_client_address is not None:
-        return api_client_address(handler)
-    ctx = getattr(handler.request.connection, "context", None)
-    address = getattr(ctx, "address", None)
-    if isinstance(address, tuple) and address:
-        return str(address[0])
-    return getattr(ctx, "_orig_remote_ip", "") or handler.request.remote_ip or ""
+    """The client's address for throttling: the hub's one rule
+    (:func:`jupyterhub_backendai.common.clientaddr.client_address`)."""
+    return _client_address(handler)

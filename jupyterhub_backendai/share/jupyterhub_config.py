@@ -52,14 +52,37 @@ if os.environ.get("BACKENDAI_PROXY_API_URL"):
     c.ConfigurableHTTPProxy.api_url = os.environ["BACKENDAI_PROXY_API_URL"]
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
 if os.environ.get("BACKENDAI_CHP"):
-    # Through share/chp-guard.js: a target that does not parse or decode gets 400, not 500.
+    # Through share/chp-guard.js: a target that does not parse or decode gets 400, not 500;
+    # requests for the hub carry the proxy's secret; users' servers refuse addresses
+    # outside their allowed_client_ip.
     c.ConfigurableHTTPProxy.command = _launcher.chp_command(os.environ["BACKENDAI_CHP"])
+# The client-address rule (docs/security.md, jupyterhub_backendai/common/clientaddr.py):
+# the hub believes X-Forwarded-For only from the proxy it started, told apart from every
+# other process on this host by a secret made afresh at each start and handed to the
+# proxy only (CHP inherits the environment; kernels of the local backend get a fixed
+# short list of variables, never this one).
+import secrets as _secrets  # noqa: E402
+
+_proxy_secret = _secrets.token_urlsafe(32)
+os.environ["BACKENDAI_PROXY_SECRET"] = _proxy_secret
+c.ClientAddress.proxy_secret = _proxy_secret
+c.JupyterHub.proxy_class = "jupyterhub_backendai.proxy.BackendAIProxy"
+if not any(str(part).endswith("chp-guard.js") for part in c.ConfigurableHTTPProxy.get("command", [])):
+    from traitlets.log import get_logger as _get_logger
+
+    _get_logger().warning(
+        "configurable-http-proxy runs without share/chp-guard.js (BACKENDAI_CHP unset, no "
+        "node on PATH, or not an npm-installed CHP): the hub believes no X-Forwarded-For "
+        "(every client has the proxy's address) and users' servers do not check "
+        "allowed_client_ip; see docs/security.md.")
 # BACKENDAI_APP_FRONT=nginx: nginx in front of the proxy, with a fast path straight to
 # the apps sessions serve on ports (jupyterhub_backendai/appfront.py, docs/service-ports.md).
-# nginx appends one X-Forwarded-For entry before the proxy's: two trusted hops.
+# nginx appends one X-Forwarded-For entry before the proxy's: two trusted hops (and the
+# proxy takes the client's address for users' servers from nginx's entry).
 if os.environ.get("BACKENDAI_APP_FRONT", "") == "nginx":
     c.JupyterHub.proxy_class = "jupyterhub_backendai.appfront.AppFrontProxy"
     c.ClientAddress.trusted_proxy_hops = 2
+    os.environ["BACKENDAI_PROXY_FRONT_HOPS"] = "1"
 elif os.environ.get("BACKENDAI_APP_FRONT", ""):
     raise ValueError("BACKENDAI_APP_FRONT: only 'nginx' (or empty, no front) is known")
 c.JupyterHub.hub_port = int(os.environ.get("BACKENDAI_HUB_API_PORT", "8081"))
