@@ -83,17 +83,6 @@ def login_url(url: str | None = None) -> str:
     return url.rstrip("/") + "/hub/login"
 
 
-def _sqlite_path(db_url: str) -> str | None:
-    if not db_url.startswith("sqlite"):
-        return None
-    from sqlalchemy.engine import make_url
-
-    path = make_url(db_url).database
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return None
-    return os.path.abspath(path)
-
-
 def _private_file(path: str) -> None:
     """Create ``path`` (empty) with mode 0600 if missing, else make it 0600."""
     fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
@@ -115,8 +104,10 @@ def secure_state_dir(state: str, db_urls: tuple[str, ...] | list[str] = ()) -> s
     st = os.stat(state)
     if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(state, 0o700)
+    from .manager.cliviews import sqlite_path
+
     for url in db_urls:
-        path = _sqlite_path(url)
+        path = sqlite_path(url)
         if path and os.path.isdir(os.path.dirname(path)):
             _private_file(path)
     secret = os.path.join(state, "jupyterhub_cookie_secret")

@@ -467,23 +467,7 @@ class BackendAISpawner(Spawner):
         another node, the host network, or the local backend."""
         if not self.session_id:
             return None
-        sess = await self.manager.get_session(self.session_id)
-        if sess is None or sess.status != SessionStatus.RUNNING or not sess.kernels:
-            return None
-        kernel = sess.kernels[0]
-        agent = self.manager.local_agents.get(kernel.agent_id)
-        docker = getattr(getattr(agent, "impl", None), "docker", None)
-        if docker is None or not kernel.container_id:
-            return None
-        info = await docker.containers.container(kernel.container_id).show()
-        for net in (info.get("NetworkSettings") or {}).get("Networks", {}).values():
-            if not net.get("IPAddress"):
-                continue
-            # Only a bridge on this host routes from here (an overlay's does not).
-            driver = (await (await docker.networks.get(net["NetworkID"])).show()).get("Driver")
-            if driver == "bridge":
-                return net["IPAddress"]
-        return None
+        return await self.manager.agents.app_address(self.session_id)
 
     async def progress(self):
         """Stream the session's states, each with the scheduler's reason while PENDING
@@ -516,13 +500,15 @@ class BackendAISpawner(Spawner):
         if not self.session_id:
             return 0
         await self.manager.ready()
-        sess = await self.manager.get_session(self.session_id)
+        # One read answers every server's poll (manager/reflector.py).
+        sess = await self.manager.reflector.state(self.session_id)
         if sess is None:
             return 0
-        if sess.status in DEAD_STATUSES:
-            code = sess.kernels[0].exit_code if sess.kernels else None
+        if sess.dead:
+            self.manager.reflector.forget(self.session_id)
+            code = sess.exit_code
             return code if code not in (None, 0) else 1
-        if not self._handed_over and sess.awaited_until is not None:
+        if not self._handed_over and sess.awaited:
             # JupyterHub polls what it knows: the server is its own now.
             await self.manager.await_session(self.session_id, None)
         self._handed_over = True
@@ -550,6 +536,7 @@ class BackendAISpawner(Spawner):
             return
         await self.manager.ready()
         await self.manager.destroy_session(self.session_id)
+        self.manager.reflector.forget(self.session_id)
 
     def get_state(self):
         state = super().get_state()

@@ -15,7 +15,7 @@ from decimal import Decimal
 from sqlalchemy import delete, select
 
 from jupyterhub_backendai.common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
-from jupyterhub_backendai.manager.scheduler.dispatcher import release_kernels, set_status
+from jupyterhub_backendai.manager.lifecycle.record import release_kernels, set_status
 from jupyterhub_backendai.models import (
     Agent,
     Domain,

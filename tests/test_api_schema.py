@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from tornado import web
 
-from jupyterhub_backendai.api import api_routes, get_handlers, models, spec
+from jupyterhub_backendai.api import api_routes, document, get_handlers, models, spec
 from jupyterhub_backendai.api.base import _Validator, validate
 from jupyterhub_backendai.common.errors import InvalidRequest
 
@@ -37,8 +37,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 def test_committed_document_is_generated_from_the_declared_routes():
     with open(spec.PATH, encoding="utf-8") as f:
-        assert yaml.safe_load(f) == spec.build_document(), (
-            "openapi.yaml is stale: run python -m jupyterhub_backendai.api.spec --write")
+        assert yaml.safe_load(f) == document.build_document(), (
+            "openapi.yaml is stale: run python -m jupyterhub_backendai.api.document --write")
 
 
 def test_each_declared_operation_is_a_method_of_its_handler_and_back():
@@ -47,7 +47,7 @@ def test_each_declared_operation_is_a_method_of_its_handler_and_back():
     and no handler serves a method it does not declare (it would be served undocumented)."""
     served = {(pattern, handler) for pattern, handler, *_ in get_handlers()}
     base = PREFIX.removeprefix("/hub")
-    doc = spec.build_document()
+    doc = document.build_document()
     for r in api_routes():
         assert (r.rule(base)[0], r.handler) in served, r.path
         implemented = {m for m in ("get", "post", "put", "patch", "delete")
@@ -70,7 +70,7 @@ def test_fuzz_every_operation(api_hub):
     base_url = api_hub.base + PREFIX
     session = requests.Session()
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) == sum(len(v) for v in spec.build_document()["paths"].values())
+    assert len(operations) == sum(len(v) for v in document.build_document()["paths"].values())
     strategy = st.one_of(
         *[op.as_strategy(generation_mode=mode) for op in operations
           for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
@@ -169,7 +169,7 @@ def test_bad_bodies_are_refused_in_plain_words(name, body, words):
     assert e.value.detail == words
     # The document (built from the same models) refuses it too, unless the refusal is one
     # of the checks before the schema (database-safe text).
-    schema = spec.build_document()["components"]["schemas"][name]
+    schema = document.build_document()["components"]["schemas"][name]
     if "\x00" not in json.dumps(body):
         assert list(_Validator(schema).iter_errors(body)), (name, body)
 
@@ -177,12 +177,12 @@ def test_bad_bodies_are_refused_in_plain_words(name, body, words):
 @pytest.mark.parametrize("name,body", GOOD, ids=[n for n, _ in GOOD])
 def test_good_bodies_pass_as_sent(name, body):
     assert validate(name, dict(body)) == body
-    schema = spec.build_document()["components"]["schemas"][name]
+    schema = document.build_document()["components"]["schemas"][name]
     assert not list(_Validator(schema).iter_errors(body))
 
 
 def test_every_request_model_forbids_unknown_fields_and_is_strict():
-    schemas = spec.build_document()["components"]["schemas"]
+    schemas = document.build_document()["components"]["schemas"]
     requests_ = [n for n, m in models.SCHEMAS.items() if issubclass(m, models.Request)]
     assert len(requests_) >= 20
     for n in requests_:

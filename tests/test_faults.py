@@ -476,7 +476,7 @@ def test_two_agent_daemons_lost_and_back(postgres, tmp_path):
                 sess = await mgr.get_session(sid)
                 assert sess.status == "RUNNING", sess.status_info
                 kid = sess.kernels[0].id
-                client = await mgr._client_for(b.agent_id)
+                client = await mgr.agents.client_for(b.agent_id)
                 assert kid in {r["kernel_id"] for r in await client.list_kernels() if r.get("alive")}
                 assert await mgr.session_logs(sid) == ""  # the agent answers for its kernel
             want = [(await mgr.get_session(sid)).kernels[0].id for sid in sids[b.agent_id]]

@@ -27,7 +27,7 @@ MIG = "cuda.mig-1g.10gb"
 
 def _spec(**slots) -> dict:
     return {
-        "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
+        "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
         "slots": {"cpu": "0.5", "mem": str(256 * MiB), **slots}, "environ": {},
         "service_prefix": "/user/alice/x/",
     }

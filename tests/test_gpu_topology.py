@@ -212,7 +212,7 @@ def _agent(tmp_path, machine: str) -> Agent:
 
 def _spec(name: str, **slots) -> dict:
     return {
-        "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
+        "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
         "slots": {"cpu": "1", "mem": str(2**30), **{k.replace("_", "."): str(v) for k, v in slots.items()}},
         "environ": {"BACKENDAI_SESSION_NAME": name}, "service_prefix": f"/user/alice/{name}/",
     }

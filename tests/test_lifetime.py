@@ -176,22 +176,22 @@ def test_zero_limits_end_nothing(db_url, tmp_path):
 
             await mgr.db(backdate)
             await _set_policy(mgr, max_session_lifetime=0, idle_timeout=0)
-            assert await mgr._enforce_lifetimes(force=True) == []
+            assert await mgr.lifecycle.policy_limits.sweep(force=True) == []
             for sid in (nb, batch):
                 assert (await mgr.get_session(sid)).status == "RUNNING"
 
             # Activity a minute ago: idle for 1 hour is not reached, for 30 s it is.
             await mgr.record_activity(nb, utcnow() - dt.timedelta(minutes=1))
             await _set_policy(mgr, idle_timeout=3600)
-            assert await mgr._enforce_lifetimes(force=True) == []
+            assert await mgr.lifecycle.policy_limits.sweep(force=True) == []
             await _set_policy(mgr, idle_timeout=30)
-            assert await mgr._enforce_lifetimes(force=True) == [nb]
+            assert await mgr.lifecycle.policy_limits.sweep(force=True) == [nb]
             sess = await wait_status(mgr, nb, DEAD)
             assert sess.status_info == "idle for more than 30 s (keypair policy idle_timeout)"
             assert (await mgr.get_session(batch)).status == "RUNNING"
 
             await _set_policy(mgr, max_session_lifetime=7200)
-            assert await mgr._enforce_lifetimes(force=True) == [batch]
+            assert await mgr.lifecycle.policy_limits.sweep(force=True) == [batch]
             sess = await wait_status(mgr, batch, DEAD)
             assert (sess.status, sess.result) == ("ERROR", "FAILURE")
             await assert_nothing_left(mgr)
@@ -246,7 +246,7 @@ def test_two_managers_end_a_session_once(db_url, tmp_path, caplog):
                 other.local_agents[mgr.agent.agent_id] = mgr.agent
                 await asyncio.sleep(1.2)  # let the idle timeout pass (not a timing assertion)
                 a, b = await asyncio.gather(
-                    mgr._enforce_lifetimes(force=True), other._enforce_lifetimes(force=True))
+                    mgr.lifecycle.policy_limits.sweep(force=True), other.lifecycle.policy_limits.sweep(force=True))
                 # The forced sweeps found it, or the second manager's own first sweep did:
                 # a manager checks once when it starts, and under load that may already
                 # be past the idle timeout. Either way one of them is ending it.
@@ -255,12 +255,12 @@ def test_two_managers_end_a_session_once(db_url, tmp_path, caplog):
                 sess = await wait_status(mgr, sid, DEAD)
                 # Let both destroys finish.
                 for m in (mgr, other):
-                    while m._ending:
+                    while m.lifecycle.steps.sessions("ending"):
                         await asyncio.sleep(0.05)
                 sess = await mgr.get_session(sid)
                 assert (sess.status, sess.result) == ("TERMINATED", "SUCCESS")
                 assert sess.status_info == "idle for more than 1 s (keypair policy idle_timeout)"
-                assert await other._enforce_lifetimes(force=True) == []
+                assert await other.lifecycle.policy_limits.sweep(force=True) == []
                 other.local_agents.clear()  # not its to stop
             await assert_nothing_left(mgr)
 

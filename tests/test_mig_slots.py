@@ -22,7 +22,7 @@ from jupyterhub_backendai.agent.core import Agent as LocalAgent
 from jupyterhub_backendai.agent.resources.cuda import NVMLDeviceSource
 from jupyterhub_backendai.agent.resources.nvml_standin import stand_in
 from jupyterhub_backendai.api.base import _Validator, schema_error_words
-from jupyterhub_backendai.api.spec import build_document
+from jupyterhub_backendai.api.document import build_document
 from jupyterhub_backendai.common.errors import InvalidRequest
 from jupyterhub_backendai.common.session_request import (
     SessionRequest,

@@ -16,12 +16,12 @@ from sqlalchemy import select
 
 from jupyterhub_backendai.common.errors import Forbidden, QuotaExceeded
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager.lifecycle.record import set_status
 from jupyterhub_backendai.manager.scheduler import (
     admit,
     check_consistency,
     schedule_pass,
     scheduler_stats,
-    set_status,
 )
 from jupyterhub_backendai.models import (
     Agent,

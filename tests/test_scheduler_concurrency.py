@@ -20,11 +20,11 @@ from sqlalchemy import func, select
 
 from jupyterhub_backendai.common.errors import QuotaExceeded
 from jupyterhub_backendai.manager import tenancy
+from jupyterhub_backendai.manager.lifecycle.record import set_status
 from jupyterhub_backendai.manager.scheduler import (
     admit,
     check_consistency,
     schedule_pass,
-    set_status,
 )
 from jupyterhub_backendai.models import Kernel, Project, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker, upgrade

@@ -15,8 +15,9 @@ import json
 import pytest
 from sqlalchemy import select, text
 
+from jupyterhub_backendai.manager.lifecycle.record import set_status
 from jupyterhub_backendai.manager.scheduler import allocator, check_consistency, schedule_pass
-from jupyterhub_backendai.manager.scheduler.dispatcher import LAST_PASS, set_status
+from jupyterhub_backendai.manager.scheduler.dispatcher import LAST_PASS
 from jupyterhub_backendai.models import Kernel, Session
 
 from .scheduler_world import World, slots

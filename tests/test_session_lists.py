@@ -129,7 +129,7 @@ def test_another_managers_change_reaches_the_list_through_redis(redis_server, tm
                 await b.db(change)
                 assert (await a.session_lists.page(pa, {}, 0, 50))["items"][0] == before
                 assert a.session_lists.loads == loads  # still a's copy: nothing announced
-                b._changed(sid)  # b announces it, as its lifecycle does after every change
+                b.changed(sid)  # b announces it, as its lifecycle does after every change
 
                 async def seen():
                     items = (await a.session_lists.page(pa, {}, 0, 50))["items"]

@@ -20,8 +20,9 @@ from traitlets.config import LoggingConfigurable
 from .. import __version__
 from ..common.errors import AgentError, InvalidRequest
 from ..common.events import EventBus
+from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
-from .backends.base import BATCH, INTERACTIVE, KERNEL_TYPES, Backend, ImageInfo, KernelRecord
+from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
 from .resources import hostinfo
 from .resources.cuda import (
     DeviceSource,
@@ -471,19 +472,18 @@ class Agent(LoggingConfigurable):
     async def list_images(self) -> list[ImageInfo]:
         return await self.impl.list_images()
 
-    async def create_kernel(self, spec: dict) -> dict:
-        """Start one kernel. ``spec``: kernel_id, session_id, owner, image, slots, environ,
+    async def create_kernel(self, spec: dict | KernelSpec) -> dict:
+        """Start one kernel. ``spec``: a :class:`KernelSpec` or its wire form: kernel_id, session_id, owner, image, slots, environ,
         service_prefix, and optionally kernel_type (interactive, batch, idle), command
         (batch), cluster_hostname and network_alias (multi-kernel sessions), mounts
         (vfolders, see :func:`check_mounts`), ssh_public_key (issue 12: publish the
         kernel's sshd for this key, where the backend can). Returns the kernel record (host,
         service ports, container id)."""
-        kernel_type = spec.get("kernel_type", INTERACTIVE)
-        if kernel_type not in KERNEL_TYPES:
-            raise InvalidRequest(f"unknown kernel type {kernel_type!r}")
-        if kernel_type == BATCH and not (spec.get("command") or "").strip():
-            raise InvalidRequest("a batch kernel needs a command")
-        spec = dict(spec, mounts=check_mounts(spec.get("mounts")))
+        # The typed spec's wire form (common/kernelspec.py): its version and shape are
+        # checked here, before anything is taken; the agent works on the JSON form.
+        spec = KernelSpec.from_wire(spec).to_wire()
+        kernel_type = spec["kernel_type"]
+        spec["mounts"] = check_mounts(list(spec["mounts"]))
         image = await self.impl.inspect_image(spec["image"])
         slots = ResourceSlot.from_json(spec["slots"])
         n_gpu = int(slots.get(CUDA, 0))
@@ -529,6 +529,10 @@ class Agent(LoggingConfigurable):
 
     async def list_kernels(self) -> list[dict]:
         return [r.to_json() for r in await self.impl.list_kernels()]
+
+    async def bridge_address(self, container_id: str) -> str | None:
+        """The kernel's address on a bridge network of this host (None: none)."""
+        return await self.impl.bridge_address(container_id)
 
     async def kernel_logs(self, kernel_id: str) -> str | None:
         """The tail (``log_tail_bytes``) of a kernel's output, None when it is unknown."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 def api_routes() -> list:
     """Every route of the admin API (:class:`.spec.Route`), each declared once with its
     operations: the handlers' and the vfolder invitations'. The tornado URL list below and
-    the OpenAPI document (:func:`.spec.build_document`) are both made from these."""
+    the OpenAPI document (:func:`.document.build_document`) are both made from these."""
     from .handlers import ROUTES
     from .vfolder_invitations import ROUTES as INVITATIONS
 

@@ -96,6 +96,16 @@ def make_sqlite_dir(url: str) -> None:
                     exist_ok=True)
 
 
+def sqlite_path(db_url: str) -> str | None:
+    """The absolute path of a SQLite database file (None: not SQLite, or in memory)."""
+    if not db_url.startswith("sqlite"):
+        return None
+    path = make_url(db_url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return os.path.abspath(path)
+
+
 class Record:
     """The database at ``url``, migrated (so it may be created) with the defaults in
     place; ``record.ops.<name>(...)`` runs a named operation in this thread. Close it

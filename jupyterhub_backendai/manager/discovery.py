@@ -7,7 +7,7 @@
 - ``etcd_url``: in cluster mode, where agents register (``common/etcdreg.py`` has
   the key layout). The hub reads the prefix, then watches it: an agent key that
   appears is a join (the agent is upserted through the manager's own
-  ``_upsert_agent``, as a heartbeat does), one that disappears (the agent stopped,
+  ``upsert_agent``, as a heartbeat does), one that disappears (the agent stopped,
   or its lease expired after it died) is a leave: the agent is marked
   ``AgentStatus.LOST``. Storage proxies under ``config/storage-proxies/`` are
   added to the manager's storage registry. The manager's cluster-wide settings
@@ -37,6 +37,7 @@ from traitlets.config import LoggingConfigurable
 from ..common.etcdreg import AGENTS, SETTINGS, STORAGE_PROXIES, etcd_client
 from ..common.httpbase import TLSFiles
 from ..common.types import AgentStatus
+from .reconcile import upsert_agent
 
 Listener = Callable[[str, str, dict], Awaitable[None]]
 
@@ -155,9 +156,7 @@ class BackendAICluster(LoggingConfigurable):
         is one ``UPDATE`` in autocommit on a connection kept for heartbeats, in a
         thread of its own (:class:`HeartbeatWriter`); anything else (a join, a return
         from LOST, a move) and every other setup goes through the manager's
-        ``_upsert_agent`` transaction."""
-        from .core import _upsert_agent
-
+        ``upsert_agent`` transaction."""
         if self._heartbeats is None and manager.redis_url and manager.engine.dialect.name == "postgresql" \
                 and manager.engine.dialect.driver == "psycopg2":
             self._heartbeats = HeartbeatWriter(manager.engine)
@@ -170,7 +169,7 @@ class BackendAICluster(LoggingConfigurable):
                     "heartbeat of %s on the heartbeat connection failed (%s); "
                     "written the regular way", info.get("id"), e)
                 self._heartbeats.failures += 1
-        return await manager.db(_upsert_agent, info)
+        return await manager.db(upsert_agent, info)
 
     async def stop(self) -> None:
         for timer in self._rejoin.values():
@@ -242,7 +241,7 @@ class BackendAICluster(LoggingConfigurable):
     def _rejoin_missed(self, prefix: bytes, agent_id: str) -> None:
         """The grace passed without a new registration of ``agent_id``: a leave."""
         if self._rejoin.pop(agent_id, None) is not None:
-            self._manager._background(self._agent(agent_id, None))
+            self._manager.background(self._agent(agent_id, None))
 
     async def _apply(self, prefix: bytes, key: bytes, value: bytes | None) -> None:
         rel = key[len(prefix):].decode(errors="replace")
@@ -267,14 +266,12 @@ class BackendAICluster(LoggingConfigurable):
                 raise ValueError(f"registration of {agent_id} names agent {info.get('id')!r}")
             joined = agent_id not in self.agents
             self.agents[agent_id] = info
-            from .core import _upsert_agent  # the manager's own registration path
-
-            before = await mgr.db(_upsert_agent, info)
-            mgr._wake.set()
+            before = await mgr.db(upsert_agent, info)  # the manager's own registration path
+            mgr.wake()
             if before != AgentStatus.ALIVE and agent_id not in mgr.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now,
                 # as a heartbeat does.
-                mgr._background(mgr.reconcile_agent(agent_id))
+                mgr.background(mgr.reconcile_agent(agent_id))
             if joined:
                 self.log.info("agent %s joined (%s, %s)", agent_id, info.get("addr"), info.get("resource_group"))
                 await self._notify("join", agent_id, info)
@@ -283,7 +280,7 @@ class BackendAICluster(LoggingConfigurable):
         if info is None:
             return
         await mgr.db(_mark_lost, agent_id)
-        mgr._wake.set()
+        mgr.wake()
         self.log.warning("agent %s left (its etcd registration is gone): LOST", agent_id)
         await self._notify("leave", agent_id, info)
 
@@ -326,7 +323,7 @@ class BackendAICluster(LoggingConfigurable):
                 setattr(mgr, name, self._configured.pop(name))
                 self.log.info("cluster setting %s removed from etcd: back to the hub's %r",
                               name, getattr(mgr, name))
-                mgr._wake.set()
+                mgr.wake()
             return
         try:
             parsed = json.loads(value)
@@ -345,7 +342,7 @@ class BackendAICluster(LoggingConfigurable):
         self.settings[name] = getattr(mgr, name)
         if before != self.settings[name]:
             self.log.info("cluster setting %s = %r (from etcd)", name, self.settings[name])
-        mgr._wake.set()
+        mgr.wake()
 
     async def _notify(self, kind: str, agent_id: str, info: dict) -> None:
         for listener in list(self._listeners):

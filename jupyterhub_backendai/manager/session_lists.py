@@ -8,7 +8,7 @@ API's order) and answers filters and pages from that copy. An entry is dropped
 - when this process commits a change to one of the user's sessions or their kernels
   (SQLAlchemy ``after_flush`` collects what changed, ``after_commit`` drops it: a
   read racing the commit is not kept, see the generation below);
-- on every session change event: this manager's own (``_changed``, a scheduler
+- on every session change event: this manager's own (``changed``, a scheduler
   pass's placements) and other managers' ``session_changed`` broadcasts (Redis in
   cluster mode); a broadcast for a session not in memory, or a gap in the bus (Redis
   restarted), drops every entry;

@@ -63,7 +63,7 @@ class Session(Base):
     # Newest activity known (the hub's record of the user's server): the keypair
     # policy's idle_timeout counts from here, or from RUNNING when never set.
     last_activity: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # The lifecycle's claim (manager/lifecycle.py): the manager process driving the
+    # The lifecycle's claim (manager/lifecycle/claims.py): the manager process driving the
     # session's current step (a start, a destroy) and until when; an expired or dead
     # owner's claim is taken over, so no step depends on a process that died.
     owner: Mapped[str | None] = mapped_column(String(128), nullable=True)

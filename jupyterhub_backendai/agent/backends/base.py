@@ -166,6 +166,11 @@ class Backend:
     async def list_kernels(self) -> list[KernelRecord]:
         raise NotImplementedError
 
+    async def bridge_address(self, container_id: str) -> str | None:
+        """The kernel's address on a bridge network of this host, which the host routes
+        to straight (the app front's fast path); None where there is none."""
+        return None
+
     async def kernel_stats(self) -> dict[str, dict]:
         """Raw usage of the running kernels: {kernel id: {"cpu_ns": CPU time used so
         far, "mem_bytes", "mem_limit_bytes"}} (a backend that cannot tell: {})."""

@@ -803,6 +803,17 @@ class DockerBackend(Backend):
         got = await asyncio.gather(*(one(c) for c in running))
         return {kid: v for kid, v in (g for g in got if g) if kid}
 
+    async def bridge_address(self, container_id: str) -> str | None:
+        info = await self.docker.containers.container(container_id).show()
+        for net in (info.get("NetworkSettings") or {}).get("Networks", {}).values():
+            if not net.get("IPAddress"):
+                continue
+            # Only a bridge on this host routes from here (an overlay's does not).
+            driver = (await (await self.docker.networks.get(net["NetworkID"])).show()).get("Driver")
+            if driver == "bridge":
+                return net["IPAddress"]
+        return None
+
     async def kernel_logs(self, kernel_id: str, limit: int) -> str | None:
         for c in await self._containers(f"{L_KERNEL}={kernel_id}"):
             try:

@@ -13,18 +13,14 @@ from .admission import admit
 from .dispatcher import (
     check_consistency,
     lost_agents,
-    release_kernels,
     schedule_pass,
     scheduler_stats,
-    set_status,
 )
 
 __all__ = [
     "admit",
     "check_consistency",
     "lost_agents",
-    "release_kernels",
     "schedule_pass",
     "scheduler_stats",
-    "set_status",
 ]

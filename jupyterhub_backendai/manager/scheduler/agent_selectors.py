@@ -17,6 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from ...common.slots import ResourceSlot
+from .options import AGENT_SELECTORS
 from .pool import AgentPool
 from .state import PassContext, PendingSession
 
@@ -105,3 +106,4 @@ class RoundRobinSelector:
 
 
 SELECTORS = {s.name: s for s in (ConcentratedSelector(), DispersedSelector(), RoundRobinSelector())}
+assert sorted(SELECTORS) == sorted(AGENT_SELECTORS), "options.AGENT_SELECTORS names every selector"

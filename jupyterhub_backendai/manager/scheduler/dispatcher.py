@@ -98,21 +98,9 @@ __all__ = [
     "admit",
     "check_consistency",
     "lost_agents",
-    "release_kernels",
     "schedule_pass",
     "scheduler_stats",
-    "set_status",
 ]
-
-
-def set_status(sess: Session, status: str, info: str | None = None) -> None:
-    """Set an ORM session's status (and reason), stamping the time in its history."""
-    sess.status = status
-    if info is not None:
-        sess.status_info = info
-    hist = dict(sess.status_history or {})
-    hist[status] = utcnow().isoformat()
-    sess.status_history = hist
 
 
 def schedule_pass(sm: sessionmaker, resource_group: str, *,
@@ -960,24 +948,6 @@ def _record_metrics(group: str, ctx: PassContext, pending: list[PendingSession],
 
 
 # -- releasing, checking, observing -----------------------------------------------
-
-
-def release_kernels(db, sess: Session, kernel_status: str) -> None:
-    """Give back what the session's kernels hold on their agents (caller holds the transaction)."""
-    agent_ids = sorted({k.agent_id for k in sess.kernels if k.agent_id and any(k.occupied_slots.values())})
-    agents = {
-        a.id: a
-        for a in db.scalars(select(Agent).where(Agent.id.in_(agent_ids)).order_by(Agent.id).with_for_update())
-    } if agent_ids else {}
-    now = utcnow()
-    for k in sess.kernels:
-        if k.agent_id in agents and any(k.occupied_slots.values()):
-            a = agents[k.agent_id]
-            a.occupied_slots = (a.occupied_slots - k.occupied_slots).nonzero()
-            k.occupied_slots = ResourceSlot()
-        if k.status not in (SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED):
-            k.status = kernel_status
-            k.terminated_at = now
 
 
 def check_consistency(sm: sessionmaker) -> list[str]:

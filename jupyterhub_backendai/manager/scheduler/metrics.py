@@ -45,3 +45,26 @@ SKIPPED_PASSES = Counter(
     "Scheduler passes skipped because nothing they depend on changed since the last",
     ["resource_group"],
 )
+
+
+def _samples(metric, **labels):
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
+                yield sample
+
+
+def counter_value(metric, **labels) -> float:
+    """A counter's total over the samples matching ``labels``."""
+    return sum(s.value for s in _samples(metric, **labels))
+
+
+def counter_by(metric, label: str, **labels) -> dict[str, int]:
+    """A counter's totals by the values of ``label``, over the samples matching ``labels``."""
+    out: dict[str, int] = {}
+    for sample in _samples(metric, **labels):
+        key = sample.labels[label]
+        out[key] = out.get(key, 0) + int(sample.value)
+    return out

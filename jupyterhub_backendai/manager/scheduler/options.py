@@ -17,6 +17,9 @@ from ...common.errors import InvalidRequest
 from ...common.session_request import whole_number
 from ...common.slots import CPU, CUDA, MEM
 
+# The agent selectors' names (agent_selectors.py implements one per name).
+AGENT_SELECTORS = ("concentrated", "dispersed", "roundrobin")
+
 DEFAULT_RESOURCE_PRIORITY = (CUDA, CPU, MEM)
 
 
@@ -51,8 +54,6 @@ class SchedulerOptions:
     @classmethod
     def lenient(cls, data: dict | None) -> SchedulerOptions:
         """Parse what is valid, keep defaults for the rest, list the problems."""
-        from .agent_selectors import SELECTORS
-
         data = dict(data or {})
         problems: list[str] = []
         kw: dict = {}
@@ -67,11 +68,11 @@ class SchedulerOptions:
         if unknown:
             problems.append(f"unknown scheduler option(s): {', '.join(sorted(unknown))}")
         if "agent_selector" in data:
-            if data["agent_selector"] in SELECTORS:
+            if data["agent_selector"] in AGENT_SELECTORS:
                 kw["agent_selector"] = data["agent_selector"]
             else:
                 problems.append(
-                    f"agent_selector must be one of {', '.join(sorted(SELECTORS))}, "
+                    f"agent_selector must be one of {', '.join(sorted(AGENT_SELECTORS))}, "
                     f"not {data['agent_selector']!r}"
                 )
         if "resource_priority" in data:

@@ -1,149 +1,92 @@
-"""The session lifecycle, driven by the record.
-
-Every status change and every slot change of a session goes through the
-functions here (each runs inside the caller's transaction, the session row
-locked). What drives a session forward is what the record says, never a task's
-memory: each scheduler loop re-reads the sessions whose step nobody drives and
-hands them to the handler for their status, the way Backend.AI's Sokovan
-handlers do.
-
-| status | handler |
-|---|---|
-| SCHEDULED | start it (claim, then PREPARING -> CREATING -> RUNNING) |
-| PREPARING, CREATING | the start's owner died, or the start took longer than ``start_deadline``: remove what was created, retry or fail with the reason |
-| TERMINATING | the destroy's owner died: destroy the kernels, end with the recorded ``end_status`` |
-| RUNNING on a LOST agent | say so in ``status_info``; after ``agent_lost_grace`` end it (ERROR) and free its slots; an agent that returns in time keeps it |
-| any, ``awaited_until`` past | JupyterHub no longer waits for it (the hub died while it started, and the new one does not know it): end it |
-
-**Claims.** A step is driven by the manager process that holds the session's claim
-(``Session.owner`` and ``Session.lease_until``, renewed while the step runs). Taking
-a claim is one conditional UPDATE that succeeds for one process only, on SQLite and
-PostgreSQL alike, so several hubs on one database never start a session twice. A
-claim whose lease ran out, or whose owner was a process on this host that no longer
-exists (a hub killed and restarted), is taken over at once.
+"""The lifecycle's writes: every change of a session's or kernel's status, every claim
+on a session's step, every release of slots, each inside the caller's transaction with
+the session row locked. Nothing outside :mod:`..lifecycle` (and the scheduler's
+placement commit, :mod:`..scheduler.allocator`, for PENDING -> SCHEDULED/CANCELLED)
+writes a session's status.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
-import os
-import socket
-import uuid
 from collections.abc import Iterable
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import selectinload
 
-from ..common.types import (
+from ...agent.backends.base import BATCH
+from ...common.slots import ResourceSlot
+from ...common.types import (
     ALIVE_STATUSES,
     DEAD_STATUSES,
     STARTING_STATUSES,
     AgentStatus,
     SessionStatus,
 )
-from ..models import Agent, Kernel, Session
-from ..models.base import utcnow
-from .scheduler.dispatcher import release_kernels, set_status
+from ...models import Agent, Kernel, Keypair, KeypairResourcePolicy, Session
+from ...models.base import utcnow
 
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
 LOST_MARK = "agent lost: "
 
-_HOST = socket.gethostname()
-# Owner ids of the managers alive in this process (tests run several in one).
-_LIVE_OWNERS: set[str] = set()
+
+def set_status(sess: Session, status: str, info: str | None = None) -> None:
+    """Set an ORM session's status (and reason), stamping the time in its history."""
+    sess.status = status
+    if info is not None:
+        sess.status_info = info
+    hist = dict(sess.status_history or {})
+    hist[status] = utcnow().isoformat()
+    sess.status_history = hist
 
 
-def new_owner_id() -> str:
-    """A manager's name in claims: host, pid and a nonce; alive until :func:`owner_gone`."""
-    owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    _LIVE_OWNERS.add(owner)
-    return owner
+def release_kernels(db, sess: Session, kernel_status: str) -> None:
+    """Give back what the session's kernels hold on their agents (caller holds the transaction)."""
+    agent_ids = sorted({k.agent_id for k in sess.kernels if k.agent_id and any(k.occupied_slots.values())})
+    agents = {
+        a.id: a
+        for a in db.scalars(select(Agent).where(Agent.id.in_(agent_ids)).order_by(Agent.id).with_for_update())
+    } if agent_ids else {}
+    now = utcnow()
+    for k in sess.kernels:
+        if k.agent_id in agents and any(k.occupied_slots.values()):
+            a = agents[k.agent_id]
+            a.occupied_slots = (a.occupied_slots - k.occupied_slots).nonzero()
+            k.occupied_slots = ResourceSlot()
+        if k.status not in (SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED):
+            k.status = kernel_status
+            k.terminated_at = now
 
 
-def owner_gone(owner: str) -> None:
-    """The manager named ``owner`` stopped: its claims are taken over at once."""
-    _LIVE_OWNERS.discard(owner)
+def new_kernels(slots: ResourceSlot, cluster_size: int) -> list[Kernel]:
+    """One PENDING kernel row per cluster index: main1, sub1, sub2, ..."""
+    out = []
+    for idx in range(cluster_size):
+        role = "main" if idx == 0 else "sub"
+        out.append(
+            Kernel(
+                requested_slots=ResourceSlot(slots),
+                occupied_slots=ResourceSlot(),
+                status=SessionStatus.PENDING,
+                cluster_role=role,
+                cluster_idx=idx,
+                cluster_hostname=f"{role}{idx if idx else 1}",
+            )
+        )
+    return out
 
 
-def owner_is_dead(owner: str | None, me: str) -> bool:
-    """Whether ``owner`` is a process of this host that no longer runs (or an earlier
-    life of this pid): its claim needs no waiting for the lease."""
-    if not owner or owner == me:
-        return False
-    try:
-        host, pid, _ = owner.rsplit(":", 2)
-        pid = int(pid)
-    except ValueError:
-        return False
-    if host != _HOST:
-        return False
-    if pid == os.getpid():
-        return owner not in _LIVE_OWNERS  # an earlier manager in this process (tests)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+def queue(sess: Session, slots: ResourceSlot) -> None:
+    """A new session (not yet added): PENDING, with one kernel row per cluster index."""
+    set_status(sess, SessionStatus.PENDING, "waiting for the scheduler")
+    sess.kernels.extend(new_kernels(slots, sess.cluster_size))
 
 
-# -- in-process session events -------------------------------------------------------
+def load_session(s, sid: str) -> Session | None:
+    return s.scalar(select(Session).where(Session.id == sid).options(selectinload(Session.kernels)))
 
 
-class SessionEvents:
-    """Wakes whoever waits on a session when it changes.
-
-    ``start()``, ``progress()`` and the readiness wait block here instead of polling
-    the database. The manager calls :meth:`changed` for its own changes and for those
-    other managers broadcast on the event bus (``session_changed``); the waiter's slow
-    safety poll covers a broadcast that was lost.
-    """
-
-    def __init__(self) -> None:
-        self._listeners: dict[str, set[asyncio.Event]] = {}
-
-    def changed(self, sid: str) -> None:
-        for ev in self._listeners.get(sid, ()):
-            ev.set()
-
-    def changed_all(self) -> None:
-        for evs in self._listeners.values():
-            for ev in evs:
-                ev.set()
-
-    def watching(self, sid: str) -> bool:
-        return sid in self._listeners
-
-    @contextlib.contextmanager
-    def listen(self, sid: str):
-        """An event set by every change of ``sid`` while the block runs: clear it
-        before reading the record, so that no change after the read is missed."""
-        ev = asyncio.Event()
-        self._listeners.setdefault(sid, set()).add(ev)
-        try:
-            yield ev
-        finally:
-            evs = self._listeners.get(sid)
-            if evs is not None:
-                evs.discard(ev)
-                if not evs:
-                    del self._listeners[sid]
-
-    async def wait(self, sid: str, timeout: float) -> bool:
-        """Wait until ``sid`` changes (True) or ``timeout`` passes (False)."""
-        with self.listen(sid) as ev:
-            try:
-                await asyncio.wait_for(ev.wait(), timeout)
-                return True
-            except TimeoutError:
-                return False
-
-
-# -- transitions (inside the caller's transaction) -------------------------------------
+# -- transitions -------------------------------------------------------------------------
 
 
 def lock_session(s, sid: str) -> Session | None:
@@ -206,7 +149,7 @@ def terminate(s, sid: str, status: str, info: str, result: str | None = None,
     return True
 
 
-def start_failed(s, sid: str, reason: str, limit: int, new_kernels) -> tuple[str, str] | None:
+def start_failed(s, sid: str, reason: str, limit: int) -> tuple[str, str] | None:
     """Release the slots; back to PENDING for another try (fresh kernel rows), or ERROR
     once ``limit`` retries are used. Returns (resource group, "retry" | "error")."""
     sess = lock_session(s, sid)
@@ -355,3 +298,127 @@ def kernels_on(s, agent_id: str) -> dict[str, tuple[str, str]]:
             .where(Kernel.agent_id == agent_id, Session.alive_marker.is_not(None))
         )
     }
+
+
+def kernel_ended(s, kernel_id: str, exit_code: int | None, logs: str | None):
+    """Record a kernel's exit code and output; returns (session id, session status,
+    session type, role, hostname, exit code), or None for an unknown kernel."""
+    k = s.get(Kernel, kernel_id)
+    if k is None:
+        return None
+    # Lock the session: a start in flight decides on the same row.
+    sess = s.get(Session, k.session_id, with_for_update=True, populate_existing=True)
+    if k.exit_code is None and exit_code is not None:
+        k.exit_code = exit_code
+    if logs:
+        k.logs = logs
+    return sess.id, sess.status, sess.session_type, k.cluster_role, k.cluster_hostname, k.exit_code
+
+
+def mark_running(s, sid: str, created: dict[str, dict]) -> tuple[str, str | None]:
+    """CREATING -> RUNNING once every kernel was created (``created``: kernel id -> the
+    agent's record of it). Returns ("running", id of a batch main kernel that already
+    ended, or None), ("failed", reason) when a kernel ended while starting, or
+    ("gone", None) when the session is no longer CREATING."""
+    se = s.get(Session, sid, with_for_update=True, populate_existing=True)
+    if se is None or se.status != SessionStatus.CREATING:
+        return "gone", None
+    rows = {k.id: k for k in s.scalars(select(Kernel).where(Kernel.session_id == sid))}
+    exited = [k for k in rows.values() if k.exit_code is not None]
+    if exited and (se.session_type != BATCH or any(k.cluster_role != "main" for k in exited)):
+        k = exited[0]
+        return "failed", f"kernel {k.cluster_hostname} exited with code {k.exit_code} while starting"
+    for kid, rec in created.items():
+        k = rows[kid]
+        k.container_id = rec["container_id"]
+        k.kernel_host = rec["host"]
+        k.service_ports = rec["service_ports"]
+        k.attached_devices = {"cuda": rec.get("cuda_devices", [])}
+        k.status = SessionStatus.RUNNING
+    set_status(se, SessionStatus.RUNNING, "running")
+    se.owner = se.lease_until = None  # the start is done
+    return "running", exited[0].id if exited else None
+
+
+def end_of_kernel(session_type: str, role: str, hostname: str, code: int | None) -> tuple[str, str, str]:
+    """(status, result, reason) of a running session one of whose kernels ended."""
+    if role != "main":
+        return SessionStatus.ERROR, FAILURE, f"kernel {hostname} exited with code {code}"
+    if session_type == BATCH:
+        if code == 0:
+            return SessionStatus.TERMINATED, SUCCESS, "batch command finished (exit code 0)"
+        return SessionStatus.ERROR, FAILURE, f"batch command failed with exit code {code}"
+    if code == 0:
+        return SessionStatus.TERMINATED, SUCCESS, "kernel exited with code 0"
+    return SessionStatus.ERROR, FAILURE, f"kernel exited with code {code}"
+
+
+def batches_past_timeout(s, now: dt.datetime) -> list[str]:
+    """RUNNING batch sessions whose batch_timeout (from RUNNING) has passed."""
+    late = []
+    for sid, history, timeout in s.execute(
+        select(Session.id, Session.status_history, Session.batch_timeout).where(
+            Session.status == SessionStatus.RUNNING,
+            Session.session_type == BATCH,
+            Session.batch_timeout.is_not(None),
+        )
+    ):
+        since = (history or {}).get(SessionStatus.RUNNING)
+        if since and dt.datetime.fromisoformat(since) + dt.timedelta(seconds=timeout) <= now:
+            late.append(sid)
+    return late
+
+
+def past_policy_limits(s, now: dt.datetime) -> list[tuple[str, str, str, str]]:
+    """(session id, status, reason, result) of each RUNNING session past its keypair
+    policy's max_session_lifetime or idle_timeout, found by one query.
+
+    The query keeps only sessions whose policy sets a limit that applies to them;
+    the times come from the JSON status history, compared here (the same on
+    SQLite and PostgreSQL).
+    """
+    policy = KeypairResourcePolicy
+    rows = s.execute(
+        select(
+            Session.id, Session.session_type, Session.status_history, Session.last_activity,
+            policy.max_session_lifetime, policy.idle_timeout,
+        )
+        .join(Keypair, Keypair.access_key == Session.access_key)
+        .join(policy, policy.name == Keypair.resource_policy)
+        .where(
+            Session.status == SessionStatus.RUNNING,
+            or_(
+                policy.max_session_lifetime > 0,
+                (policy.idle_timeout > 0) & (Session.session_type != BATCH),
+            ),
+        )
+    )
+    out = []
+    for sid, stype, history, last_activity, lifetime, idle in rows:
+        since = (history or {}).get(SessionStatus.RUNNING)
+        if not since:
+            continue
+        running_since = dt.datetime.fromisoformat(since)
+        if lifetime and running_since + dt.timedelta(seconds=lifetime) <= now:
+            info = f"reached max_session_lifetime ({lifetime} s, keypair policy)"
+            if stype == BATCH:
+                out.append((sid, SessionStatus.ERROR, info, FAILURE))
+            else:
+                out.append((sid, SessionStatus.TERMINATED, info, SUCCESS))
+            continue
+        if idle and stype != BATCH:
+            active = max(running_since, last_activity) if last_activity else running_since
+            if active + dt.timedelta(seconds=idle) <= now:
+                info = f"idle for more than {idle} s (keypair policy idle_timeout)"
+                out.append((sid, SessionStatus.TERMINATED, info, SUCCESS))
+    return out
+
+
+def record_activity(s, sid: str, when: dt.datetime) -> int:
+    """Move ``last_activity`` forward to ``when`` (never back); 1 when it moved."""
+    return s.execute(
+        update(Session)
+        .where(Session.id == sid, or_(Session.last_activity.is_(None), Session.last_activity < when))
+        .values(last_activity=when)
+        .execution_options(synchronize_session=False)
+    ).rowcount

@@ -1,0 +1,302 @@
+"""Agents as the manager sees them: their clients, their heartbeats and events, and the
+reconciliation that makes the record and each agent agree."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlalchemy import select, update
+
+from ..agent.core import Agent as LocalAgent
+from ..common.errors import AgentError, BackendAIError
+from ..common.slots import ResourceSlot
+from ..common.types import AgentStatus, SessionStatus
+from ..models import Agent, ResourceGroup
+from ..models.base import utcnow
+from . import lifecycle
+from .agent_client import AgentClient, HTTPAgentClient, InProcessAgentClient
+
+
+class Agents:
+    def __init__(self, mgr) -> None:
+        self.mgr = mgr
+        self.log = mgr.log
+        self._reconciling: set[str] = set()  # agents being reconciled
+        self._reconciled = 0.0  # loop time of the last reconciliation with every agent
+        self._stale_said: dict[str, float] = {}  # agent id -> when its stale heartbeat was logged
+        # Per agent, kernels its last reconciliation found ended without an exit code.
+        self._dead_kernels: dict[str, set[str]] = {}
+
+    # -- clients ----------------------------------------------------------------------
+
+    def client(self, agent_id: str, addr: str = "") -> AgentClient:
+        mgr = self.mgr
+        if agent_id in mgr.local_agents:
+            return InProcessAgentClient(mgr.local_agents[agent_id])
+        if not addr:
+            raise AgentError(f"agent {agent_id} has no address")
+        return HTTPAgentClient(addr, mgr.agent_token, tls=mgr.cluster.tls_files())
+
+    async def clients(self, resource_group: str) -> list[AgentClient]:
+        rows = await self.mgr.db_read(live_agents, resource_group)
+        return [self.client(i, addr) for i, addr, _, _ in rows]
+
+    async def client_for(self, agent_id: str) -> AgentClient:
+        if agent_id in self.mgr.local_agents:
+            return self.client(agent_id)
+        return self.client(agent_id, await self.mgr.db_read(agent_addr, agent_id))
+
+    async def list_images(self, resource_group: str = "default") -> list[str]:
+        names: set[str] = set()
+        for c in await self.clients(resource_group):
+            try:
+                names.update(i["name"] for i in await c.list_images())
+            except AgentError:
+                continue
+        return sorted(names)
+
+    async def app_address(self, sid: str) -> str | None:
+        """Where session ``sid``'s main kernel is reached from this host straight (its
+        container's address on a bridge network), for the app front's fast path; None
+        for a kernel of another node, the host network or the local backend."""
+        sess = await self.mgr.db_read(lifecycle.load_session, sid)
+        if sess is None or sess.status != SessionStatus.RUNNING or not sess.kernels:
+            return None
+        kernel = min(sess.kernels, key=lambda k: k.cluster_idx)
+        agent = self.mgr.local_agents.get(kernel.agent_id)
+        if agent is None or not kernel.container_id:
+            return None
+        return await agent.bridge_address(kernel.container_id)
+
+    async def attach(self, agent: LocalAgent) -> None:
+        """Run ``agent`` inside this process: start it, register it, reconcile its kernels."""
+        self.mgr.local_agents[agent.agent_id] = agent
+        if agent.impl is None:
+            await agent.start()
+        # Register before anything else so that reconciling and scheduling see it.
+        await self.mgr.db(upsert_agent, agent.info())
+        await self.reconcile(agent.agent_id, await agent.list_kernels())
+
+    async def touch_local(self) -> None:
+        """Agents in this process are alive while it runs (they send no heartbeats)."""
+        for agent_id in self.mgr.local_agents:
+            await self.mgr.db(touch_agent, agent_id)
+
+    # -- events -----------------------------------------------------------------------
+
+    async def handle_event(self, name: str, payload: dict) -> None:
+        mgr = self.mgr
+        if name == "agent_heartbeat":
+            if self._stale_heartbeat(payload):
+                return
+            # H-agents: a routine heartbeat is one autocommit UPDATE (manager/discovery.py).
+            before = await mgr.cluster.record_heartbeat(mgr, payload)
+            if before != AgentStatus.ALIVE and payload.get("id") not in mgr.local_agents:
+                # New, or back from LOST (it may have restarted): agree with it now.
+                mgr.background(self.reconcile_agent(payload["id"]))
+            # H-agents: only a join or a return wakes the scheduler (a routine heartbeat
+            # changes nothing a pass depends on; the periodic pass sees capacity changes).
+            if before != AgentStatus.ALIVE:
+                mgr.wake()
+        elif name == "kernel_terminated":
+            await mgr.lifecycle.kernel_exited(
+                payload["kernel_id"], payload.get("exit_code"), payload.get("logs")
+            )
+
+    def _stale_heartbeat(self, payload: dict) -> bool:
+        """Whether a heartbeat is too old to say that its agent is alive now.
+
+        Heartbeats travel through the Redis stream's consumer group, which keeps what no
+        hub has read yet: a hub that starts (or comes back) is handed the heartbeats the
+        agents sent while no hub was reading, minutes or hours old, of agents that may
+        have died since. Counted as fresh, each would make its agent ALIVE again and the
+        scheduler would place kernels on a dead node. A heartbeat older than
+        ``agent_lost_timeout`` (by its ``ts``, the agent's clock) could not keep an agent
+        alive when it was new; it is dropped. The agent's next heartbeat counts."""
+        ts = payload.get("ts")
+        if not isinstance(ts, (int, float)):
+            return False  # an agent that does not say when: as before
+        age = time.time() - ts
+        limit = self.mgr.agent_lost_timeout
+        if age <= limit:
+            return False
+        aid = str(payload.get("id"))
+        now = time.monotonic()
+        if now - self._stale_said.get(aid, -3600.0) >= 600:  # once per agent per 10 min
+            self._stale_said[aid] = now
+            self.log.warning(
+                "heartbeat of agent %s is %.0f s old, past agent_lost_timeout (%g s): "
+                "ignored. It was waiting in the event stream while no hub read it, or that "
+                "agent's clock is behind this hub's; if the agent is alive and this repeats, "
+                "synchronise the clocks (NTP)", aid, age, limit)
+        return True
+
+    # -- reconciliation -----------------------------------------------------------------
+
+    async def reconcile(self, agent_id: str, records: list[dict],
+                        before: dict[str, tuple[str, str]] | None = None) -> None:
+        """Make the record and one agent agree, both ways (after a restart of either,
+        an agent's return from LOST, and periodically).
+
+        ``records`` is the agent's list of kernels; ``before`` what the record knew
+        on that agent just before the list was taken (so a kernel started meanwhile is
+        not taken for lost). A RUNNING session's kernel that ended with a known exit
+        code (a batch command that finished) ends its session as if the manager had
+        seen it; one that vanished makes its session ERROR with the reason. A kernel
+        the record does not know (or whose session is over) is removed. Starts and
+        ends are left to their claim holders (:mod:`.lifecycle`).
+        """
+        mgr = self.mgr
+        alive = {r["kernel_id"] for r in records if r.get("alive")}
+        present = {r["kernel_id"] for r in records}
+        ended_codes = {
+            r["kernel_id"]: r["exit_code"]
+            for r in records
+            if not r.get("alive") and r.get("exit_code") is not None
+        }
+        if before is None:
+            before = await mgr.db_read(lifecycle.kernels_on, agent_id)
+        known = await mgr.db_read(lifecycle.kernels_on, agent_id)
+        running = {kid for kid, (_, st) in before.items() if st == SessionStatus.RUNNING
+                   and known.get(kid, (None, None))[1] == SessionStatus.RUNNING}
+        ended = sorted(running & set(ended_codes))
+        # A kernel that ended without an exit code in the list (the local backend's when
+        # the agent restarted meanwhile): its exit event is likely on its way and says
+        # how it ended. Only one still so at the agent's next reconciliation is lost.
+        dead = present - alive - set(ended_codes)
+        dead_before = self._dead_kernels.get(agent_id, set())
+        self._dead_kernels[agent_id] = dead
+        vanished = {known[kid][0] for kid in running - present}
+        # A session this process is starting or ending right now is its claim holder's
+        # (a start that cleans up, an exit being handled): the next reconciliation
+        # looks again if the kernel is still missing then.
+        lost = sorted(sid for sid in vanished if not mgr.lifecycle.steps.driving(sid))
+        dead_lost = sorted({known[kid][0] for kid in running & dead & dead_before} - vanished)
+        client = await self.client_for(agent_id)
+        for kid in ended:
+            await mgr.lifecycle.kernel_exited(kid, ended_codes[kid], await client.kernel_logs(kid))
+        for sid in lost:
+            await mgr.lifecycle.end(
+                sid, SessionStatus.ERROR, f"kernel lost: agent {agent_id} no longer has it"
+            )
+        for sid in dead_lost:
+            await mgr.lifecycle.end(
+                sid, SessionStatus.ERROR,
+                f"kernel lost: it ended on agent {agent_id} and no exit code was reported")
+        for kid in sorted(present - set(known)):
+            self.log.info("removing orphan kernel %s on %s", kid, agent_id)
+            try:
+                await client.destroy_kernel(kid)
+            except BackendAIError as e:
+                self.log.warning("could not remove orphan kernel %s on %s: %s", kid, agent_id, e.detail)
+
+    async def reconcile_agent(self, agent_id: str) -> None:
+        """Reconcile with one agent (in process or over HTTP); errors are logged."""
+        if agent_id in self._reconciling:
+            return
+        self._reconciling.add(agent_id)
+        try:
+            before = await self.mgr.db_read(lifecycle.kernels_on, agent_id)
+            records = await (await self.client_for(agent_id)).list_kernels()
+            await self.reconcile(agent_id, records, before)
+        except BackendAIError as e:
+            self.log.warning("could not reconcile with agent %s: %s", agent_id, e.detail)
+        except Exception:
+            self.log.exception("could not reconcile with agent %s", agent_id)
+        finally:
+            self._reconciling.discard(agent_id)
+
+    async def reconcile_all(self) -> None:
+        """Reconcile with every live agent (every ``reconcile_interval`` seconds)."""
+        ids = await self.mgr.db_read(alive_agent_ids)
+        # H-agents: a few agents at a time. All at once queued 2-3 DB jobs per agent in the
+        # worker threads, and every heartbeat's update waited behind them (p99 0.5 s at
+        # 200 agents, benchmarks/agents.py).
+        sem = asyncio.Semaphore(4)
+
+        async def one(agent_id: str) -> None:
+            async with sem:
+                await self.reconcile_agent(agent_id)
+
+        await asyncio.gather(*(one(a) for a in ids))
+
+    def reconcile_when_due(self) -> None:
+        """Start a reconciliation with every agent in the background when
+        ``reconcile_interval`` has passed since the last."""
+        loop_now = asyncio.get_running_loop().time()
+        if loop_now - self._reconciled >= self.mgr.reconcile_interval:
+            self._reconciled = loop_now
+            self.mgr.background(self.reconcile_all())
+
+
+# -- the record of agents (inside the caller's transaction) --------------------------------
+
+
+def live_agents(s, resource_group: str) -> list[tuple[str, str, str, ResourceSlot]]:
+    """(id, address, architecture, available slots) of the group's ALIVE agents."""
+    return [
+        (a.id, a.addr, a.architecture, a.available_slots)
+        for a in s.scalars(select(Agent).where(
+            Agent.resource_group == resource_group, Agent.status == AgentStatus.ALIVE))
+    ]
+
+
+def agent_addr(s, agent_id: str) -> str:
+    row = s.get(Agent, agent_id)
+    return row.addr if row else ""
+
+
+def alive_agent_ids(s) -> list[str]:
+    return list(s.scalars(select(Agent.id).where(Agent.status == AgentStatus.ALIVE)))
+
+
+def active_groups(s) -> list[str]:
+    return list(s.scalars(select(ResourceGroup.name).where(ResourceGroup.is_active)))
+
+
+def upsert_agent(s, info: dict) -> str | None:
+    """Insert-or-update atomically: heartbeats may race with registration (and other
+    managers). Returns the agent's status before (None: it is new)."""
+    if s.bind.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    rg = info["resource_group"]
+    # H-agents: the common case, an ALIVE agent's routine heartbeat, is one UPDATE.
+    done = s.execute(
+        update(Agent)
+        .where(Agent.id == info["id"], Agent.status == AgentStatus.ALIVE, Agent.resource_group == rg)
+        .values(addr=info.get("addr", ""), architecture=info.get("architecture", ""),
+                backend=info.get("backend", ""), version=info.get("version", ""),
+                available_slots=ResourceSlot.from_json(info["available_slots"]),
+                last_heartbeat=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if done.rowcount == 1:
+        return AgentStatus.ALIVE
+    before = s.scalar(select(Agent.status).where(Agent.id == info["id"]))
+    s.execute(insert(ResourceGroup).values(name=rg).on_conflict_do_nothing())
+    s.execute(
+        insert(Agent)
+        .values(id=info["id"], resource_group=rg, occupied_slots=ResourceSlot(),
+                available_slots=ResourceSlot(), first_contact=utcnow(), last_heartbeat=utcnow())
+        .on_conflict_do_nothing()
+    )
+    a = s.get(Agent, info["id"], with_for_update=True, populate_existing=True)
+    a.status = AgentStatus.ALIVE
+    a.resource_group = info["resource_group"]
+    a.addr = info.get("addr", "")
+    a.architecture = info.get("architecture", "")
+    a.backend = info.get("backend", "")
+    a.available_slots = ResourceSlot.from_json(info["available_slots"])
+    a.version = info.get("version", "")
+    a.last_heartbeat = utcnow()
+    return before
+
+
+def touch_agent(s, agent_id: str) -> None:
+    a = s.get(Agent, agent_id)
+    if a is not None:
+        a.last_heartbeat = utcnow()
+        a.status = AgentStatus.ALIVE

@@ -1,0 +1,445 @@
+"""Sessions as users ask for them: a request checked against the record and queued
+(PENDING), and what the front ends read of a user's sessions.
+
+Checks are layered, each once: the request's *form* when it is built
+(:class:`..common.session_request.SessionRequest`), what depends on the record here
+(:meth:`Sessions.check_request`: the image, an agent that could ever fit it; the
+tenancy and admission in :meth:`Sessions.enqueue`), capacity in the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+from sqlalchemy import select
+
+from ..common import session_request
+from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
+from ..common.session_request import SessionRequest
+from ..common.slots import (
+    CPU,
+    CUDA,
+    MEM,
+    MIG_PREFIX,
+    ResourceSlot,
+    format_bytes,
+    format_cores,
+    format_slots,
+    is_known_slot,
+    parse_size,
+)
+from ..common.types import DEAD_STATUSES, SessionStatus, UserStatus, VFolderOwnership
+from ..models import Project, Session, User
+from ..models.base import utcnow
+from . import lifecycle, tenancy
+from . import mounts as vfmounts
+from .lifecycle import record
+from .reconcile import live_agents
+from .scheduler import admit
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedRequest:
+    """A :class:`SessionRequest` that :meth:`Sessions.check_request` passed: what it
+    returns, and what :meth:`Sessions.enqueue` takes without checking again."""
+
+    request: SessionRequest
+
+
+class Sessions:
+    def __init__(self, mgr) -> None:
+        self.mgr = mgr
+
+    # -- the request ---------------------------------------------------------------------
+
+    def parse_request(self, options: dict) -> tuple[str, ResourceSlot]:
+        """Validate user options into (image, slots per kernel); raise InvalidRequest."""
+        return parse_request(options)
+
+    async def check_request(self, request: SessionRequest | CheckedRequest) -> CheckedRequest:
+        """What of ``request`` depends on the record (:meth:`validate`: the image, an
+        agent that could ever fit it), checked once: :meth:`enqueue` does not check
+        the :class:`CheckedRequest` returned again."""
+        if isinstance(request, CheckedRequest):
+            return request
+        await self.validate(
+            request.image, request.slots, request.resource_group,
+            cluster_size=request.cluster_size, cluster_mode=request.cluster_mode.value,
+            architecture=request.architecture, designated_agents=request.designated_agents)
+        return CheckedRequest(request)
+
+    async def validate(
+        self,
+        image: str,
+        slots: ResourceSlot,
+        resource_group: str,
+        *,
+        cluster_size: int = 1,
+        cluster_mode: str = "single-node",
+        architecture: str | None = None,
+        designated_agents: list[str] | tuple = (),
+    ) -> None:
+        """Reject what can never run: unknown image, below image minimum, beyond any agent.
+
+        ``slots`` are per kernel. A single-node session needs all its kernels on
+        one agent; a multi-node one needs ``cluster_size`` distinct agents that
+        each fit one kernel.
+        """
+        mgr = self.mgr
+        assert all(is_known_slot(k) for k in slots)
+        cores = slots.get(CPU, 0) * cluster_size
+        if mgr.max_slots_per_session and cores > mgr.max_slots_per_session:
+            raise InvalidRequest(
+                f"a session may use at most {mgr.max_slots_per_session} CPU cores here "
+                f"(max_slots_per_session); {cores:g} requested")
+        rows = [(aid, arch, caps) for aid, _, arch, caps in await mgr.db_read(live_agents, resource_group)]
+        if not rows:
+            raise InvalidRequest(f"resource group {resource_group!r} has no live agent")
+        if designated_agents:
+            unknown = sorted(set(designated_agents) - {r[0] for r in rows})
+            if unknown:
+                raise InvalidRequest(
+                    f"designated agent(s) {', '.join(unknown)} not alive in resource group "
+                    f"{resource_group!r}"
+                )
+            rows = [r for r in rows if r[0] in designated_agents]
+        if architecture:
+            rows = [r for r in rows if r[1] == architecture]
+            if not rows:
+                raise InvalidRequest(
+                    f"no agent with architecture {architecture!r} in resource group {resource_group!r}"
+                )
+        caps = [r[2] for r in rows]
+        if cluster_mode == "single-node":
+            need = ResourceSlot()
+            for _ in range(cluster_size):
+                need = need + slots
+            if not any(need.fits_in(c) for c in caps):
+                largest = max(caps, key=lambda c: (c.get(CPU, 0), c.get(MEM, 0)))
+                over = _beyond_every_agent(need, caps)
+                if over:
+                    raise InvalidRequest(over)
+                what = "requested" if cluster_size == 1 else f"{cluster_size} kernels on one agent need"
+                raise InvalidRequest(
+                    f"{what} {need.nonzero().human()} exceeds what any agent has "
+                    f"(largest: {largest.nonzero().human()})"
+                )
+        else:
+            fitting = sum(1 for c in caps if slots.fits_in(c))
+            if fitting < cluster_size:
+                raise InvalidRequest(
+                    f"a multi-node session of {cluster_size} kernels of {slots.nonzero().describe()} "
+                    f"needs {cluster_size} agents that each fit one; {fitting} do"
+                )
+        info = None
+        errors = []
+        for client in await mgr.agents.clients(resource_group):
+            try:
+                info = await client.image_info(image)
+                break
+            except BackendAIError as e:
+                errors.append(e.detail)
+        if info is None:
+            raise InvalidRequest(f"unknown image {image!r}: {errors[0] if errors else ''}".strip(": "))
+        prefix = "ai.backend.resource.min."
+        minimums = ResourceSlot()
+        for key, value in info["labels"].items():
+            if key.startswith(prefix):
+                slot = key[len(prefix) :]
+                minimums[slot] = parse_size(value) if slot == MEM else Decimal(value)
+        if any(slots.get(slot, Decimal(0)) < v for slot, v in minimums.items()):
+            # "needs at least 0.25 cores and 256 MiB memory": every minimum, in human units.
+            words = format_slots(minimums.nonzero()).rsplit(", ", 1)
+            raise InvalidRequest(f"image {image} needs at least {' and '.join(words)}")
+
+    async def enqueue(
+        self,
+        request: SessionRequest | CheckedRequest | None = None,
+        *,
+        username: str,
+        name: str,
+        environ: dict,
+        service_prefix: str,
+        home_folder: str | None = None,
+        awaited_for: float | None = None,
+        **fields,
+    ) -> str:
+        """Record a PENDING session of ``request`` (a :class:`CheckedRequest`, a
+        :class:`SessionRequest`, or its fields as keywords, which build one); returns
+        its id.
+
+        ``slots`` are per kernel; the session has ``cluster_size`` kernels.
+        ``project`` is a project id or name in the user's domain (default: the
+        user's first project). ``mounts``: vfolders (names or ids) mounted in
+        every kernel at ``/home/work/<name>``, checked against what the user may
+        mount in that project (:func:`.mounts.resolve_mounts`); the user's folders
+        named ``.<name>`` are mounted too (automount). ``home_folder``: the name
+        of the user's home folder, made when missing (:func:`.mounts.ensure_home`)
+        and mounted at ``/home/work`` itself. ``awaited_for``: a JupyterHub spawner
+        waits on the session (seconds, renewed by :meth:`await_session`; see
+        ``spawner_wait_lease``). Raises a :class:`BackendAIError` (4xx) for
+        anything the caller got wrong, including what the scheduler's admission
+        refuses (pending limits, containers per session, priority cap, resource
+        group permission); nothing is created then.
+        """
+        mgr = self.mgr
+        if request is None:
+            # The request's fields as keywords (image=, slots=, session_type=, project=,
+            # cluster_size=, ... as SessionRequest): the one validation, here.
+            try:
+                request = SessionRequest(**fields)
+            except TypeError as e:
+                raise TypeError(f"enqueue: {e}") from None
+        elif fields:
+            raise TypeError(f"enqueue: a request and its fields ({', '.join(sorted(fields))})")
+        r = (await self.check_request(request)).request
+        if home_folder:
+            # Kept when the session is refused below: it is the user's, like any folder.
+            await vfmounts.ensure_home(mgr, username, home_folder)
+
+        def create(s):
+            user = s.scalar(select(User).where(User.username == username))
+            if user is None:
+                raise NotFound(f"no Backend.AI user {username!r}")
+            if user.status != UserStatus.ACTIVE:
+                raise InvalidRequest(f"user {username!r} is {user.status}")
+            kp = tenancy.default_keypair(s, user)
+            if kp is None:
+                raise InvalidRequest(f"user {username!r} has no active keypair")
+            live = s.scalar(
+                select(Session).where(
+                    Session.access_key == kp.access_key,
+                    Session.name == name,
+                    Session.alive_marker.is_not(None),
+                )
+            )
+            if live is not None:
+                raise Conflict(f"session {name!r} already exists ({live.status})")
+            proj = _session_project(user, r.project)
+            resolved = vfmounts.session_mounts(s, user, proj, list(r.mounts), kp, home_folder)
+            sess = Session(
+                name=name,
+                session_type=r.session_type.value,
+                user_id=user.id,
+                access_key=kp.access_key,
+                domain_name=user.domain_name,
+                project_id=proj.id if proj else None,
+                resource_group=r.resource_group,
+                image=r.image,
+                cluster_size=r.cluster_size,
+                cluster_mode=r.cluster_mode.value,
+                requested_slots=r.slots,
+                environ=environ,
+                service_prefix=service_prefix,
+                startup_command=r.startup_command,
+                batch_timeout=r.batch_timeout,
+                starts_at=r.starts_at,
+                designated_agents=list(r.designated_agents),
+                architecture=r.architecture,
+                vfolder_mounts=resolved,
+                retries=0,
+                result="UNDEFINED",
+            )
+            if awaited_for is not None:
+                sess.awaited_until = utcnow() + dt.timedelta(seconds=awaited_for)
+            sess.priority = 50 if r.priority is None else r.priority
+            for dep in r.dependencies:
+                other = s.get(Session, dep)
+                if other is None or other.access_key != kp.access_key:
+                    raise InvalidRequest(f"unknown dependency session {dep!r}")
+                sess.dependencies.append(other)
+            record.queue(sess, r.slots)
+            # Still transient here: admission sees the request, not a queued row.
+            admit(s, sess)
+            s.add(sess)
+            s.flush()
+            return sess.id
+
+        sid = await mgr.db(create)
+        mgr.changed(sid, SessionStatus.PENDING)
+        mgr.wake()
+        return sid
+
+    # -- what the front ends read ------------------------------------------------------------
+
+    async def user_projects(self, username: str) -> list[str]:
+        """Names of the active projects a user may start sessions in (the spawner's choice)."""
+
+        def work(s):
+            user = s.scalar(select(User).where(User.username == username))
+            return sorted(p.name for p in user.projects if p.is_active) if user else []
+
+        return await self.mgr.db_read(work)
+
+    async def mountable_folders(self, username: str, project: str | None = None) -> list[dict]:
+        """The vfolders ``username`` may mount in a session of ``project`` (id or name;
+        None: every project of theirs), for the spawner's form: id, name, owner
+        (a username, or "project <name>"), permission and project (None for user folders)."""
+
+        def work(s):
+            user = s.scalar(select(User).where(User.username == username))
+            if user is None:
+                return []
+            if project is None:
+                projects = [p for p in user.projects if p.is_active] or [None]
+            else:
+                projects = [_session_project(user, project)]
+            seen, out = set(), []
+            for proj in projects:
+                for f, perm in vfmounts.mountable_folders(s, user, proj):
+                    if f.id in seen:
+                        continue
+                    seen.add(f.id)
+                    if f.ownership_type == VFolderOwnership.PROJECT:
+                        owner = f"project {proj.name}"
+                    else:
+                        row = s.get(User, f.user_id)
+                        owner = row.username if row is not None else ""
+                    out.append({"id": f.id, "name": f.name, "owner": owner, "permission": perm,
+                                "project": proj.name if f.ownership_type == VFolderOwnership.PROJECT
+                                else None})
+            return sorted(out, key=lambda d: (d["name"], d["owner"]))
+
+        return await self.mgr.db_read(work)
+
+    async def check_mounts(self, username: str, project: str | None, mounts) -> list[dict]:
+        """What :meth:`enqueue` would mount for this request; raises InvalidRequest
+        with the reason (the spawner checks before anything is created)."""
+
+        def work(s):
+            user = s.scalar(select(User).where(User.username == username))
+            if user is None:
+                raise NotFound(f"no Backend.AI user {username!r}")
+            return vfmounts.resolve_mounts(
+                s, user, _session_project(user, project), mounts, tenancy.default_keypair(s, user))
+
+        return await self.mgr.db_read(work)
+
+    async def get_session(self, sid: str) -> Session | None:
+        return await self.mgr.db_read(lifecycle.load_session, sid)
+
+    async def watch(self, sid: str) -> AsyncIterator[Session]:
+        """Yield the session each time its status or status_info changes, until it is dead.
+
+        Woken by every change of the session, this process's and (``session_changed``
+        broadcasts on the event bus) other managers' (:class:`.lifecycle.SessionEvents`);
+        re-reads at least every ``status_poll_interval`` seconds in case a broadcast
+        was lost."""
+        last = None
+        with self.mgr.events.listen(sid) as changed:
+            while True:
+                changed.clear()  # before the read: a change after it is not missed
+                sess = await self.get_session(sid)
+                if sess is None:
+                    return
+                key = (sess.status, sess.status_info)
+                if key != last:
+                    last = key
+                    yield sess
+                if sess.status in DEAD_STATUSES:
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), self.mgr.status_poll_interval)
+                except TimeoutError:
+                    pass
+
+    async def end_abandoned(self, username: str, name: str) -> list[str]:
+        """End the live session ``name`` of ``username`` that a JupyterHub spawner
+        started but JupyterHub never took over (the hub stopped while it was
+        starting): JupyterHub is starting that server again. Returns the ids ended."""
+
+        def find(s):
+            return list(s.scalars(
+                select(Session.id).join(User, User.id == Session.user_id).where(
+                    User.username == username, Session.name == name,
+                    Session.alive_marker.is_not(None), Session.awaited_until.is_not(None))))
+
+        ended = await self.mgr.db_read(find)
+        for sid in ended:
+            await self.mgr.lifecycle.end(sid, SessionStatus.TERMINATED,
+                                         "replaced: JupyterHub started this server again",
+                                         result=record.FAILURE)
+        return ended
+
+    async def await_session(self, sid: str, seconds: float | None) -> None:
+        """A spawner waits on ``sid`` for ``seconds`` more (renewed while it waits), or
+        None: JupyterHub knows the server now (see ``spawner_wait_lease``)."""
+        await self.mgr.db(record.await_session, sid, seconds)
+
+    async def record_activity(self, sid: str, when: dt.datetime) -> bool:
+        """Note activity of session ``sid`` at ``when`` (naive means UTC).
+
+        Only ever moves ``last_activity`` forward: a late or repeated report of
+        older activity changes nothing. True when the record moved.
+        """
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        return bool(await self.mgr.db(record.record_activity, sid, when))
+
+    async def session_logs(self, sid: str, kernel_idx: int = 0) -> str:
+        """A kernel's output (the main one by default): live from its agent while it
+        runs, else what was kept when it ended ("" when nothing was)."""
+        mgr = self.mgr
+        sess = await self.get_session(sid)
+        if sess is None:
+            raise NotFound(f"no session {sid!r}")
+        kernel = next((k for k in sess.kernels if k.cluster_idx == kernel_idx), None)
+        if kernel is None:
+            raise NotFound(f"session {sid!r} has no kernel {kernel_idx}")
+        if sess.status in (SessionStatus.RUNNING, SessionStatus.TERMINATING) and kernel.agent_id:
+            try:
+                live = await (await mgr.agents.client_for(kernel.agent_id)).kernel_logs(kernel.id)
+            except BackendAIError as e:
+                mgr.log.warning("could not read logs of kernel %s: %s", kernel.id, e.detail)
+                live = None
+            if live is not None:
+                return live
+            sess = await self.get_session(sid)  # it may have ended meanwhile
+            kernel = next(k for k in sess.kernels if k.cluster_idx == kernel_idx)
+        return kernel.logs or ""
+
+
+def parse_request(options: dict) -> tuple[str, ResourceSlot]:
+    """Validate user options into (image, slots per kernel); raise InvalidRequest."""
+    if not isinstance(options, dict):
+        raise InvalidRequest("options must be an object")
+    unknown = {k for k in options
+               if k not in ("image", "cpu", "mem", "gpu", "resource_group")
+               and not k.startswith(MIG_PREFIX)}  # MIG names: checked by resources()
+    if unknown:
+        raise InvalidRequest(f"unknown option(s): {', '.join(sorted(unknown))}")
+    return session_request.resources(options)
+
+
+_SLOT_WORDS = {CPU: ("CPU", format_cores), MEM: ("Memory", format_bytes),
+               CUDA: ("GPUs", lambda v: f"{v} GPU" + ("" if v == 1 else "s"))}
+
+
+def _beyond_every_agent(need: ResourceSlot, caps: list) -> str:
+    """``Memory: 300 GiB is more than the 24 GiB this resource group offers`` for each
+    slot that exceeds every agent of the group; "" when each slot alone fits somewhere."""
+    out = []
+    for k, v in sorted(need.nonzero().items()):
+        most = max((Decimal(c.get(k, 0)) for c in caps), default=Decimal(0))
+        if v <= most:
+            continue
+        label, fmt = _SLOT_WORDS.get(k, (k, str))
+        if most == 0:
+            out.append(f"{label}: this resource group has none ({fmt(v)} requested)")
+        else:
+            out.append(f"{label}: {fmt(v)} is more than the {fmt(most)} this resource group offers")
+    return "; ".join(out)
+
+
+def _session_project(user: User, project: str | None) -> Project | None:
+    """The project a session of ``user`` runs in: ``project`` (id or name), else their first."""
+    if project is None:
+        return user.projects[0] if user.projects else None
+    proj = next((p for p in user.projects if project in (p.id, p.name)), None)
+    if proj is None:
+        raise InvalidRequest(f"user {user.username!r} is not a member of project {project!r}")
+    return proj
