@@ -2,8 +2,9 @@
 
 A handler parses the request (``self.query`` checks it against the filters its route
 declares at the bottom of this module, ``self.body`` by the request model of
-:mod:`.models`), runs one manager function in one transaction, and writes
-the result. Side effects outside our record (JupyterHub groups and admin
+:mod:`.models`), runs one named manager operation (``await self.manager.ops.<name>``:
+:mod:`...manager.admin`, :mod:`...manager.vfolders`, :mod:`...manager.apiviews`) in one
+transaction, and writes the result. Side effects outside our record (JupyterHub groups and admin
 flags, session start and stop) happen only after that transaction committed.
 """
 
@@ -19,8 +20,7 @@ from tornado import web
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest
 from ..common.session_request import SessionRequest, resources
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
-from ..manager import admin, vfolders
-from ..manager.ops import reads
+from ..manager import vfolders
 from . import hubsync, models, spec
 from .base import APIBase, document
 from .spec import Op, Route, route
@@ -380,26 +380,6 @@ class SessionLogsHandler(APIBase):
         self.reply(out)
 
 
-@reads
-def session_service_ports(db, p, sid: str) -> dict:
-    """What :class:`SessionServicePortsHandler` needs from the record (visibility as for
-    ``GET /sessions/{id}``)."""
-    from ..models import User
-
-    s = admin._get_session(db, p, sid)
-    owner = db.get(User, s.user_id)
-    main = next((k for k in s.kernels if k.cluster_role == "main"), None)
-    return {
-        "session_id": s.id,
-        "status": s.status,
-        "type": s.session_type,
-        "username": owner.username if owner else None,
-        "service_prefix": s.service_prefix,
-        "ports": list(main.service_ports or []) if main is not None else [],
-        "host": main.kernel_host if main is not None else None,
-    }
-
-
 class SessionServicePortsHandler(APIBase):
     """``GET /sessions/{id}/service-ports``: the apps of a session's Jupyter server (the
     image's ``ai.backend.service-ports``) with the URLs they answer at, behind the hub's
@@ -436,32 +416,6 @@ class SessionServicePortsHandler(APIBase):
             "adhoc_url_template": server_url + "proxy/{port}/" if server_url else None,
             "service_ports": ports,
         })
-
-
-@reads
-def session_ssh_key(db, p, sid: str) -> dict:
-    """Issue 12: the key of a session's published sshd, for its owner only (others who
-    may see the session, admins included, get 403; the rest 404 as for the session)."""
-    from ..common.errors import Forbidden, NotFound
-    from ..manager import sshkeys
-    from ..models import Keypair
-
-    s = admin._get_session(db, p, sid)
-    if s.user_id != p.user_id:
-        raise Forbidden("only the session's owner gets its SSH key")
-    main = next((k for k in s.kernels if k.cluster_role == "main"), None)
-    sshd = next((sp for sp in (main.service_ports or []) if sp.get("name") == "sshd"
-                 and sp.get("host_port")), None) if main is not None else None
-    kp = db.get(Keypair, s.access_key)
-    if sshd is None or kp is None:
-        raise NotFound(f"session {sid} has no SSH port (its resource group "
-                       f"{s.resource_group!r} does not offer SSH, or it is not running)")
-    return {
-        "session_id": s.id, "access_key": kp.access_key, "user": sshkeys.SSH_USER,
-        "host": main.kernel_host, "port": sshd["host_port"],
-        "public_key": sshkeys.public_key(kp.secret_key, kp.access_key),
-        "private_key": sshkeys.private_key(kp.secret_key),
-    }
 
 
 class SessionSSHKeyHandler(APIBase):
@@ -670,7 +624,7 @@ class VFolderDownloadHandler(APIBase):
 # -- the routes: each declared once, with its operations ------------------------------
 #
 # The tornado URL list (:func:`routes`) and the OpenAPI document's paths
-# (:func:`.spec.build_document`) are both made from this table.
+# (:func:`.document.build_document`) are both made from this table.
 
 F_BOOL, F_STR, enum = spec.F_BOOL, spec.F_STR, spec.enum
 PATH_PARAM = {"path": (spec.FILE_PATH, True)}

@@ -23,8 +23,8 @@ from typing import Any
 # Modules that declare operations; imported on the first lookup that misses.
 MODULES = tuple(f"jupyterhub_backendai.{m}" for m in (
     "manager.access", "manager.accounts", "manager.admin", "manager.spawnviews",
-    "manager.pageviews", "manager.cliviews", "manager.vfolders", "api.hubsync",
-    "api.keypair_auth", "api.handlers", "api.compat.handlers"))
+    "manager.pageviews", "manager.cliviews", "manager.vfolders", "manager.apiviews",
+    "manager.compatviews", "api.keypair_auth"))
 
 _REGISTRY: dict[str, tuple[Callable, bool]] = {}
 

@@ -14,9 +14,50 @@ the manager's ``enqueue``/``destroy_session``), so the access rules are the same
 
 from __future__ import annotations
 
+SEG = r"([^/]+)"
+
 
 def routes() -> list[tuple]:
-    """(pattern, handler[, kwargs]) relative to the hub prefix, before the API's 404 catch-all."""
-    from .handlers import routes as _routes
+    """(pattern, handler[, kwargs]) relative to the hub prefix, before the API's 404 catch-all.
+    The one table of Backend.AI's routes: it imports the handlers (they do not import it)."""
+    from ...storageproxy import transfer
+    from .. import spec
+    from . import handlers as h
+    from .execute import ExecuteHandler, SessionUploadHandler
 
-    return _routes()
+    base = spec.PREFIX.removeprefix("/hub")
+    table = [
+        ("/?", h.RootHandler),
+        ("/manager/announcement", h.AnnouncementHandler),
+        ("/admin/gql", h.GQLHandler),
+        ("/session", h.SessionCreateHandler),
+        (f"/session/{SEG}", h.SessionHandler),
+        (f"/session/{SEG}/logs", h.SessionLogsHandler),
+        (f"/session/{SEG}/upload", SessionUploadHandler),
+        ("/folders", h.FoldersHandler),
+        ("/folders/_/hosts", h.FolderHostsHandler),
+        ("/folders/_/id", h.FolderIdHandler),
+        ("/folders/invitations/list", h.InvitationsHandler, {"action": "list"}),
+        ("/folders/invitations/accept", h.InvitationsHandler, {"action": "accept"}),
+        ("/folders/invitations/delete", h.InvitationsHandler, {"action": "delete"}),
+        ("/folders/restore-from-trash-bin", h.FolderTrashHandler, {"action": "restore"}),
+        ("/folders/purge", h.FolderTrashHandler, {"action": "purge"}),
+        ("/folders/delete-from-trash-bin", h.FolderTrashHandler, {"action": "purge"}),
+        (f"/folders/{SEG}", h.FolderHandler),
+        (f"/folders/{SEG}/files", h.FolderFilesHandler),
+        (f"/folders/{SEG}/mkdir", h.FolderMkdirHandler),
+        (f"/folders/{SEG}/rename", h.FolderRenameHandler),
+        (f"/folders/{SEG}/rename-file", h.FolderRenameFileHandler),
+        (f"/folders/{SEG}/move-file", h.FolderMoveFileHandler),
+        (f"/folders/{SEG}/invite", h.FolderInviteHandler),
+        (f"/folders/{SEG}/share", h.FolderShareHandler),
+        (f"/folders/{SEG}/unshare", h.FolderUnshareHandler),
+        (f"/folders/{SEG}/leave", h.FolderLeaveHandler),
+        (f"/folders/{SEG}/delete-files", h.FolderDeleteFilesHandler),
+        (f"/folders/{SEG}/request-upload", h.FolderRequestUploadHandler),
+        (f"/folders/{SEG}/request-download", h.FolderRequestDownloadHandler),
+        (f"/stream/session/{SEG}/execute", ExecuteHandler),
+    ]
+    table += transfer.routes("/storage", h._local_volume, h._local_grants)
+    table.append(("/storage/grant", h.TransferGrantHandler))
+    return [(base + row[0], *row[1:]) for row in table]

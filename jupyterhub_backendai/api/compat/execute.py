@@ -51,7 +51,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from ...common.errors import BackendAIError, InvalidRequest, NotFound
 from ...common.types import SessionStatus
 from ...manager import vfolders
-from .handlers import CompatBase
+from .base import CompatBase
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # session id -> the Jupyter kernel id kept for it (checked before each use).

@@ -6,12 +6,15 @@ update, delete = deactivate, purge, add-users, remove-users), users (add, update
 delete = status deleted, purge), keypairs (add, update, activate, deactivate, delete),
 keypair resource policies and scaling groups (resource groups; add, update, delete,
 associate with and dissociate from domains, groups and keypairs). Parsed, validated and
-executed by graphql-core (the pinned 3.3); every field is resolved from the same manager
-functions and access filters as the REST API (what a caller sees here is what
-``GET /sessions`` and ``GET /vfolders`` show them). Mutations that JupyterHub mirrors
-(groups, admin flags, deactivations, deleted accounts) go through ``api/hubsync.py``,
-as the REST handlers do: the record in the request's transaction, the hub's part after
-it committed. Fields the client parses as JSON strings (slots, status data) are sent as
+executed by graphql-core (the pinned 3.3); every root field is resolved by the manager's
+named operations (``manager.ops``: :mod:`...manager.compatviews`, :mod:`...manager.admin`,
+:mod:`...manager.apiviews`), one transaction each, with the same access filters as the
+REST API (what a caller sees here is what ``GET /sessions`` and ``GET /vfolders`` show
+them); nothing here touches the database. A mutation checks its input by the REST API's
+request models first, then makes one write. Mutations that JupyterHub mirrors (groups,
+admin flags, deactivations, deleted accounts) go through ``api/hubsync.py``, as the
+REST handlers do: the record in the operation's transaction, the hub's part after it
+committed. Fields the client parses as JSON strings (slots, status data) are sent as
 JSON strings.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from inspect import isawaitable
 
 from graphql import (
     FieldNode,
@@ -28,23 +32,20 @@ from graphql import (
     GraphQLError,
     InlineFragmentNode,
     OperationDefinitionNode,
-    OperationType,
     Visitor,
     build_schema,
-    execute_sync,
     parse,
     validate,
     visit,
 )
-from sqlalchemy import select
-from sqlalchemy.orm import selectinload
+from graphql import execute as execute_document
 
-from ...common.errors import BackendAIError, InvalidRequest
-from ...common.types import SessionStatus
-from ...manager import access, admin, vfolders
-from ...models import Keypair, Session, VFolder
-from .. import hubsync
+from ...common.errors import BackendAIError, Conflict, InvalidRequest
+from ...manager import access, vfolders
+from ...manager.compatviews import ALL, bai_status, dashed, session_item
+from .. import hubsync, models
 from ..base import _check_text
+from ..base import validate as validate_body
 
 SDL = """
 scalar UUID
@@ -510,7 +511,8 @@ _STATUS_IN = {
     "PREPARED": [], "CREATING": ["CREATING"], "DEPRIORITIZING": [],
 }
 MAX_PAGE = 100
-ALL = 10_000  # the unpaginated lists (domains, groups, ...): at most this many
+# (ALL: the unpaginated lists (domains, groups, ...) hold at most this many)
+MAX_TRIES = 20  # reads of a resource group's associations changed under the mutation
 # What one request may ask (Backend.AI's clients send one root field and well under 200
 # fields). Each root field is database work: without these bounds one request of
 # thousands of aliases (``a1: users {...} a2: users {...} ...``) held a database thread
@@ -519,93 +521,6 @@ MAX_QUERY_CHARS = 32 * 1024
 MAX_ROOT_FIELDS = 10
 MAX_FIELDS = 1000  # field selections, fragments expanded
 log = logging.getLogger("JupyterHub")
-
-
-def dashed(hex_id: str | None) -> str | None:
-    """Our 32-hex ids as Backend.AI's dashed UUIDs (what its clients parse)."""
-    if not hex_id:
-        return None
-    try:
-        return str(uuid.UUID(hex_id))
-    except ValueError:
-        return hex_id
-
-
-def bai_status(status: str) -> str:
-    return "PREPARING" if status == SessionStatus.CREATING else status
-
-
-def _slots_json(slots: dict | None) -> str:
-    return json.dumps({k: str(v) for k, v in (slots or {}).items()})
-
-
-def session_item(db, s: Session) -> dict:
-    """A session in the shape of Backend.AI's ``ComputeSession`` node."""
-    from ...models import Project, User
-
-    out = admin.session_out(s)
-    owner = db.get(User, s.user_id)
-    proj = db.get(Project, s.project_id) if s.project_id else None
-    slots = {k: str(v) for k, v in (out["requested_slots"] or {}).items()}
-    n = max(1, int(s.cluster_size or 1))
-    total = {}
-    for k, v in slots.items():
-        try:
-            total[k] = str(type(v)(v) if n == 1 else float(v) * n)
-        except (TypeError, ValueError):
-            total[k] = v
-    kernels = out["kernels"]
-    main = next((k for k in kernels if k["cluster_role"] in ("main", None)), kernels[0] if kernels
-                else None)
-    return {
-        "id": dashed(s.id), "main_kernel_id": dashed(main["id"]) if main else None,
-        "tag": None, "name": s.name, "type": s.session_type.upper(), "image": s.image,
-        "registry": None, "cluster_template": None, "cluster_mode": s.cluster_mode,
-        "cluster_size": s.cluster_size, "domain_name": s.domain_name,
-        "group_name": proj.name if proj else None, "group_id": dashed(s.project_id),
-        "agent_ids": sorted({k["agent_id"] for k in kernels if k["agent_id"]}),
-        "user_email": owner.email if owner else None, "user_id": dashed(s.user_id),
-        "access_key": s.access_key, "created_user_email": owner.email if owner else None,
-        "created_user_id": dashed(s.user_id), "status": bai_status(s.status),
-        "status_info": s.status_info, "status_data": "{}",
-        "status_changed": out["terminated_at"] or out["created_at"],
-        "created_at": out["created_at"], "terminated_at": out["terminated_at"],
-        "starts_at": out["starts_at"], "scheduled_at": None,
-        "startup_command": s.startup_command, "result": s.result, "resource_opts": "{}",
-        "scaling_group": s.resource_group, "service_ports": "[]",
-        "mounts": [m["name"] for m in out["vfolder_mounts"]],
-        "occupying_slots": json.dumps(total), "abusing_reports": [], "idle_checks": "{}",
-        "dependencies": [{"id": dashed(d.id), "name": d.name, "status": bai_status(d.status)}
-                         for d in s.dependencies],
-        "containers": [{
-            "id": dashed(k["id"]), "cluster_role": k["cluster_role"],
-            "cluster_idx": k["cluster_idx"], "cluster_hostname": k["cluster_hostname"],
-            "session_id": dashed(s.id), "image": s.image, "registry": None,
-            "status": bai_status(k["status"]), "status_info": None, "status_data": "{}",
-            "status_changed": None, "agent": k["agent_id"], "container_id": None,
-            "resource_opts": "{}", "occupied_slots": json.dumps(slots), "preopen_ports": [],
-            "live_stat": None, "last_stat": None,
-        } for k in kernels],
-    }
-
-
-def folder_item(db, p, f: VFolder) -> dict:
-    from ...models import Project, User
-
-    out = vfolders.vfolder_out(db, f, p)
-    owner = db.get(User, f.user_id) if f.user_id else None
-    proj = db.get(Project, f.project_id) if f.project_id else None
-    return {
-        "id": dashed(f.id), "host": f.host, "quota_scope_id": f.quota_scope_id, "name": f.name,
-        "user": dashed(f.user_id), "user_email": owner.email if owner else None,
-        "group": dashed(f.project_id), "group_name": proj.name if proj else None,
-        "creator": f.creator, "domain_name": f.domain_name, "unmanaged_path": None,
-        "usage_mode": f.usage_mode, "permission": out["my_permission"] or f.permission,
-        "ownership_type": "group" if f.ownership_type == "project" else f.ownership_type,
-        "max_files": 0, "max_size": 0,
-        "created_at": out["created_at"], "last_used": None, "num_files": None, "cur_size": None,
-        "cloneable": False, "status": f.status,
-    }
 
 
 def _page_args(limit: int, offset: int) -> None:
@@ -629,55 +544,57 @@ def _hex(value: str, what: str) -> str:
 
 
 class Root:
-    """Resolvers; each runs in the caller's database transaction (``db``)."""
+    """Resolvers; each asks the manager's named operations (``manager.ops``, mostly
+    :mod:`...manager.compatviews` and :mod:`...manager.admin`), one transaction each."""
 
-    def __init__(self, db, p: access.Principal):
-        self.db, self.p = db, p
-        # what JupyterHub must do once the transaction committed (hubsync.apply), from
+    def __init__(self, manager, p: access.Principal, volumes: dict | None = None):
+        self.ops, self.p = manager.ops, p
+        self.volumes = volumes or {}
+        # what JupyterHub must do once the mutations committed (hubsync.apply), from
         # the mutations that succeeded; _pending: the running mutation's
         self.changes: list[hubsync.HubChange] = []
         self._pending: list[hubsync.HubChange] = []
 
-    def keypair(self, info, access_key=None, domain_name=None):
+    async def keypair(self, info, access_key=None, domain_name=None):
         ak = access_key or self.p.access_key
         if ak is None:
             return None
-        return _keypair_item(self.db, _call(admin._get_keypair, self.db, self.p, ak))
+        return await _call(self.ops.bai_keypair(self.p, ak))
 
     # -- admin: the same services and rules as the admin REST API (manager/admin.py) --
 
-    def domain(self, info, name=None):
-        return _domain_item(_call(admin.get_domain, self.db, self.p, name or self.p.domain))
+    async def domain(self, info, name=None):
+        return _domain_item(await _call(self.ops.get_domain(self.p, name or self.p.domain)))
 
-    def domains(self, info, is_active=None):
+    async def domains(self, info, is_active=None):
         f = {} if is_active is None else {"is_active": is_active}
-        return [_domain_item(d) for d in _all(admin.list_domains, self.db, self.p, f)]
+        return [_domain_item(d) for d in await _all(self.ops.list_domains, self.p, f)]
 
-    def group(self, info, id, domain_name=None):
-        return _group_item(_call(admin.get_project, self.db, self.p, _hex(id, "group id")))
+    async def group(self, info, id, domain_name=None):
+        return _group_item(await _call(self.ops.get_project(self.p, _hex(id, "group id"))))
 
-    def groups(self, info, domain_name=None, is_active=None, name=None):
+    async def groups(self, info, domain_name=None, is_active=None, name=None):
         f = {k: v for k, v in (("domain", domain_name), ("is_active", is_active),
                                ("name", name)) if v is not None}
-        return [_group_item(g) for g in _all(admin.list_projects, self.db, self.p, f)]
+        return [_group_item(g) for g in await _all(self.ops.list_projects, self.p, f)]
 
-    def groups_by_name(self, info, name, domain_name=None):
-        found = self.groups(info, domain_name=domain_name, name=name)
+    async def groups_by_name(self, info, name, domain_name=None):
+        found = await self.groups(info, domain_name=domain_name, name=name)
         if not found:
             raise GraphQLError(f"no group (project) {name!r}")
         return found
 
-    def user(self, info, email=None, domain_name=None):
+    async def user(self, info, email=None, domain_name=None):
         if email is None:
-            return _user_item(self.db, _call(admin.get_user, self.db, self.p, self.p.user_id))
-        rows = _all(admin.list_users, self.db, self.p, {"email": email})
+            return await _call(self.ops.bai_user(self.p, self.p.user_id))
+        rows = await _all(self.ops.bai_users, self.p, {"email": email})
         if not rows:
             raise GraphQLError(f"no user {email!r}")
-        return _user_item(self.db, rows[0])
+        return rows[0]
 
-    def user_from_uuid(self, info, user_id=None, domain_name=None):
+    async def user_from_uuid(self, info, user_id=None, domain_name=None):
         uid = _hex(user_id, "user id") if user_id else self.p.user_id
-        return _user_item(self.db, _call(admin.get_user, self.db, self.p, uid))
+        return await _call(self.ops.bai_user(self.p, uid))
 
     def _user_filters(self, domain_name, group_id, is_active, status):
         f = {}
@@ -691,90 +608,67 @@ class Root:
             f["status"] = "active" if is_active else "inactive"
         return f
 
-    def users(self, info, domain_name=None, group_id=None, is_active=None, status=None):
+    async def users(self, info, domain_name=None, group_id=None, is_active=None, status=None):
         f = self._user_filters(domain_name, group_id, is_active, status)
-        return [_user_item(self.db, u) for u in _all(admin.list_users, self.db, self.p, f)]
+        return await _all(self.ops.bai_users, self.p, f)
 
-    def user_list(self, info, limit, offset, filter=None, order=None, domain_name=None,
-                  group_id=None, is_active=None, status=None):
+    async def user_list(self, info, limit, offset, filter=None, order=None, domain_name=None,
+                        group_id=None, is_active=None, status=None):
         _page_args(limit, offset)
         _unsupported(filter=filter, order=order)
         f = self._user_filters(domain_name, group_id, is_active, status)
-        page = _call(admin.list_users, self.db, self.p, f, offset, limit)
-        return {"items": [_user_item(self.db, u) for u in page["items"]],
-                "total_count": page["total"]}
+        page = await _call(self.ops.bai_users(self.p, f, offset, limit))
+        return {"items": page["items"], "total_count": page["total"]}
 
-    def _keypair_filters(self, email, is_active):
-        f = {} if is_active is None else {"is_active": is_active}
-        if email:
-            users = _all(admin.list_users, self.db, self.p, {"email": email})
-            if not users:
-                raise GraphQLError(f"no user {email!r}")
-            f["user_id"] = users[0]["id"]
-        return f
+    async def keypairs(self, info, domain_name=None, email=None, is_active=None):
+        return await _all(self.ops.bai_keypairs, self.p, email, is_active)
 
-    def keypairs(self, info, domain_name=None, email=None, is_active=None):
-        f = self._keypair_filters(email, is_active)
-        return [_keypair_item(self.db, self.db.get(Keypair, k["access_key"]))
-                for k in _all(admin.list_keypairs, self.db, self.p, f)]
-
-    def keypair_list(self, info, limit, offset, filter=None, order=None, domain_name=None,
-                     email=None, is_active=None):
+    async def keypair_list(self, info, limit, offset, filter=None, order=None,
+                           domain_name=None, email=None, is_active=None):
         _page_args(limit, offset)
         _unsupported(filter=filter, order=order)
-        page = _call(admin.list_keypairs, self.db, self.p,
-                     self._keypair_filters(email, is_active), offset, limit)
-        return {"items": [_keypair_item(self.db, self.db.get(Keypair, k["access_key"]))
-                          for k in page["items"]], "total_count": page["total"]}
+        page = await _call(self.ops.bai_keypairs(self.p, email, is_active, offset, limit))
+        return {"items": page["items"], "total_count": page["total"]}
 
-    def keypair_resource_policy(self, info, name=None):
-        if name is None:
-            kp = self.db.get(Keypair, self.p.access_key) if self.p.access_key else None
-            if kp is None:
-                raise GraphQLError("name: which keypair resource policy")
-            name = kp.resource_policy
-        return _policy_item(_call(admin.get_policy, self.db, self.p, "keypair", name))
+    async def keypair_resource_policy(self, info, name=None):
+        return _policy_item(await _call(self.ops.bai_keypair_resource_policy(self.p, name)))
 
-    def keypair_resource_policies(self, info):
-        return [_policy_item(r) for r in _all(admin.list_policies, self.db, self.p, "keypair", {})]
+    async def keypair_resource_policies(self, info):
+        return [_policy_item(r) for r in await _all(self.ops.list_policies, self.p, "keypair", {})]
 
-    def scaling_group(self, info, name=None):
-        return _rg_item(_call(admin.get_resource_group, self.db, self.p, name or ""))
+    async def scaling_group(self, info, name=None):
+        return _rg_item(await _call(self.ops.get_resource_group(self.p, name or "")))
 
-    def scaling_groups(self, info, name=None, is_active=None):
+    async def scaling_groups(self, info, name=None, is_active=None):
         f = {} if is_active is None else {"is_active": is_active}
-        rows = _all(admin.list_resource_groups, self.db, self.p, f)
+        rows = await _all(self.ops.list_resource_groups, self.p, f)
         return [_rg_item(g) for g in rows if name is None or g["name"] == name]
 
-    def _volumes(self) -> list[dict]:
-        view = vfolders.host_view(self.db, self.p, self.volumes, "")
-        return [_volume_item(h, v) for h, v in view["hosts"].items()
+    async def _volumes(self) -> list[dict]:
+        hosts = await _call(self.ops.bai_storage_volumes(self.p, self.volumes))
+        return [_volume_item(h, v) for h, v in hosts.items()
                 if self.p.is_superadmin or v["permissions"]]
 
-    def storage_volume(self, info, id=None):
-        for v in self._volumes():
+    async def storage_volume(self, info, id=None):
+        for v in await self._volumes():
             if v["id"] == id:
                 return v
         raise GraphQLError(f"no storage volume {id!r} (hosts are proxy:volume)")
 
-    def storage_volume_list(self, info, limit, offset, filter=None, order=None):
+    async def storage_volume_list(self, info, limit, offset, filter=None, order=None):
         _page_args(limit, offset)
         _unsupported(filter=filter, order=order)
-        vols = self._volumes()
+        vols = await self._volumes()
         return {"items": vols[offset:offset + limit], "total_count": len(vols)}
 
-    def compute_session(self, info, id):
-        s = self.db.get(Session, _hex(id, "session id"))
-        if s is None or not access.can_see_session(self.p, s):
-            return None
-        return session_item(self.db, s)
+    async def compute_session(self, info, id):
+        return await _call(self.ops.bai_compute_session(self.p, _hex(id, "session id")))
 
-    def compute_session_list(self, info, limit, offset, status=None, access_key=None,
-                             filter=None, order=None):
+    async def compute_session_list(self, info, limit, offset, status=None, access_key=None,
+                                   filter=None, order=None):
         _page_args(limit, offset)
         _unsupported(filter=filter, order=order)
-        stmt = (select(Session).where(access.session_filter(self.p))
-                .options(selectinload(Session.kernels), selectinload(Session.dependencies)))
+        wanted = None
         if status:
             wanted = []
             for name in status.split(","):
@@ -782,38 +676,24 @@ class Root:
                 if name not in _STATUS_IN:
                     raise GraphQLError(f"unknown session status {name!r}")
                 wanted += _STATUS_IN[name]
-            stmt = stmt.where(Session.status.in_(wanted))
-        if access_key:
-            stmt = stmt.where(Session.access_key == access_key)
-        from sqlalchemy import func
+        return await _call(self.ops.bai_compute_session_list(self.p, wanted, access_key,
+                                                             offset, limit))
 
-        total = self.db.scalar(select(func.count()).select_from(stmt.subquery()))
-        rows = self.db.scalars(stmt.order_by(Session.created_at.desc(), Session.id)
-                               .offset(offset).limit(limit)).unique().all()
-        return {"items": [session_item(self.db, s) for s in rows], "total_count": total}
-
-    def vfolder_list(self, info, limit, offset, group_id=None, filter=None, order=None):
+    async def vfolder_list(self, info, limit, offset, group_id=None, filter=None, order=None):
         _page_args(limit, offset)
         _unsupported(filter=filter, order=order)
-        stmt = select(VFolder).where(vfolders.folder_filter(self.p))
-        if group_id:
-            stmt = stmt.where(VFolder.project_id == _hex(group_id, "group id"))
-        from sqlalchemy import func
+        pid = _hex(group_id, "group id") if group_id else None
+        return await _call(self.ops.bai_vfolder_list(self.p, pid, offset, limit))
 
-        total = self.db.scalar(select(func.count()).select_from(stmt.subquery()))
-        rows = self.db.scalars(stmt.order_by(VFolder.name, VFolder.id)
-                               .offset(offset).limit(limit)).all()
-        return {"items": [folder_item(self.db, self.p, f) for f in rows], "total_count": total}
+    # -- admin mutations: the admin REST API's services, each in one transaction (a
+    # refusal leaves nothing behind); answered as Backend.AI does, {ok, msg, <object>} --
 
-
-    # -- admin mutations: the admin REST API's services, in a savepoint each (a refusal
-    # leaves nothing behind); answered as Backend.AI does, {ok, msg, <object>} --
-
-    def _mutate(self, fn, *args) -> dict:
+    async def _mutate(self, fn, *args) -> dict:
+        """``fn(*args)``: a coroutine function that checks the request and ends with at
+        most one operation that writes, so a refusal leaves nothing behind."""
         self._pending = []
         try:
-            with self.db.begin_nested():
-                out = {"ok": True, "msg": "success", **(fn(*args) or {})}
+            out = {"ok": True, "msg": "success", **(await fn(*args) or {})}
         except BackendAIError as e:
             return {"ok": False, "msg": e.detail}
         except GraphQLError as e:
@@ -821,9 +701,10 @@ class Root:
         self.changes += [c for c in self._pending if c]
         return out
 
-    def _hub(self, fn, *args):
-        """A ``hubsync`` service: its result; its hub change is made if the mutation stands."""
-        out, change = fn(self.db, self.p, *args)
+    async def _hub(self, op, *args):
+        """An operation of ``manager/apiviews.py`` that answers ``(result, HubChange)``: its
+        result; its hub change is made if the mutation stands."""
+        out, change = await op(self.p, *args)
         self._pending.append(change)
         return out
 
@@ -835,29 +716,31 @@ class Root:
         return _checked(_parse_json_fields(body, "total_resource_slots",
                                            "allowed_vfolder_hosts"), schema)
 
-    def create_domain(self, info, name, props):
-        def run():
+    async def create_domain(self, info, name, props):
+        async def run():
             body = self._domain_body({**props, "name": name}, "DomainCreate")
-            return {"domain": _domain_item(admin.create_domain(self.db, self.p, body))}
-        return self._mutate(run)
+            return {"domain": _domain_item(await self.ops.create_domain(self.p, body))}
+        return await self._mutate(run)
 
-    def modify_domain(self, info, name, props):
-        def run():
+    async def modify_domain(self, info, name, props):
+        async def run():
             if props.get("name") not in (None, name):
                 raise GraphQLError("name: domains cannot be renamed on this server")
             body = self._domain_body({k: v for k, v in props.items() if k != "name"},
                                      "DomainUpdate")
             # (is_active false: its sessions and its users' hub access end, as in REST)
-            return {"domain": _domain_item(self._hub(hubsync.update_domain, name, body))}
-        return self._mutate(run)
+            return {"domain": _domain_item(await self._hub(self.ops.update_domain, name,
+                                                           body))}
+        return await self._mutate(run)
 
-    def delete_domain(self, info, name):
+    async def delete_domain(self, info, name):
         # Backend.AI's delete_domain deactivates (``purge`` deletes)
-        return self._mutate(lambda: self._hub(hubsync.update_domain, name,
-                                              {"is_active": False}) and None)
+        async def run():
+            await self._hub(self.ops.update_domain, name, {"is_active": False})
+        return await self._mutate(run)
 
-    def purge_domain(self, info, name):
-        return self._mutate(admin.delete_domain, self.db, self.p, name)
+    async def purge_domain(self, info, name):
+        return await self._mutate(self.ops.delete_domain, self.p, name)
 
     @staticmethod
     def _policy_body(props: dict, schema: str) -> dict:
@@ -871,21 +754,22 @@ class Root:
         return _checked(_parse_json_fields(body, "total_resource_slots", "allowed_vfolder_hosts",
                                            "max_pending_session_resource_slots"), schema)
 
-    def create_keypair_resource_policy(self, info, name, props):
-        def run():
+    async def create_keypair_resource_policy(self, info, name, props):
+        async def run():
             body = self._policy_body({**props, "name": name}, "KeypairResourcePolicyCreate")
             return {"resource_policy": _policy_item(
-                admin.create_policy(self.db, self.p, "keypair", body))}
-        return self._mutate(run)
+                await self.ops.create_policy(self.p, "keypair", body))}
+        return await self._mutate(run)
 
-    def modify_keypair_resource_policy(self, info, name, props):
-        def run():
-            admin.update_policy(self.db, self.p, "keypair", name,
-                                self._policy_body(dict(props), "KeypairResourcePolicyUpdate"))
-        return self._mutate(run)
+    async def modify_keypair_resource_policy(self, info, name, props):
+        async def run():
+            await self.ops.update_policy(
+                self.p, "keypair", name,
+                self._policy_body(dict(props), "KeypairResourcePolicyUpdate"))
+        return await self._mutate(run)
 
-    def delete_keypair_resource_policy(self, info, name):
-        return self._mutate(admin.delete_policy, self.db, self.p, "keypair", name)
+    async def delete_keypair_resource_policy(self, info, name):
+        return await self._mutate(self.ops.delete_policy, self.p, "keypair", name)
 
     @staticmethod
     def _rg_body(props: dict, schema: str) -> dict:
@@ -903,24 +787,24 @@ class Root:
                 raise GraphQLError(f"{k}: no wsproxy here (the hub proxies sessions' apps)")
         return _checked(_parse_json_fields(body, "scheduler_opts"), schema)
 
-    def create_scaling_group(self, info, name, props):
-        def run():
+    async def create_scaling_group(self, info, name, props):
+        async def run():
             body = self._rg_body({**props, "name": name}, "ResourceGroupCreate")
-            return {"scaling_group": _rg_item(admin.create_resource_group(self.db, self.p,
-                                                                          body))}
-        return self._mutate(run)
+            return {"scaling_group": _rg_item(await self.ops.create_resource_group(self.p,
+                                                                                   body))}
+        return await self._mutate(run)
 
-    def modify_scaling_group(self, info, name, props):
-        def run():
-            admin.update_resource_group(self.db, self.p, name,
-                                        self._rg_body(dict(props), "ResourceGroupUpdate"))
-        return self._mutate(run)
+    async def modify_scaling_group(self, info, name, props):
+        async def run():
+            await self.ops.update_resource_group(
+                self.p, name, self._rg_body(dict(props), "ResourceGroupUpdate"))
+        return await self._mutate(run)
 
-    def delete_scaling_group(self, info, name):
-        return self._mutate(admin.delete_resource_group, self.db, self.p, name)
+    async def delete_scaling_group(self, info, name):
+        return await self._mutate(self.ops.delete_resource_group, self.p, name)
 
-    def _user_by_email(self, email: str) -> dict:
-        rows = _call(admin.list_users, self.db, self.p, {"email": email}, 0, 1)["items"]
+    async def _user_by_email(self, email: str) -> dict:
+        rows = (await _call(self.ops.list_users(self.p, {"email": email}, 0, 1)))["items"]
         if not rows:
             raise GraphQLError(f"no user {email!r}")
         return rows[0]
@@ -941,37 +825,38 @@ class Root:
             props["project_ids"] = [_hex(g, "group id") for g in props.pop("group_ids")]
         return _checked(props, schema)
 
-    def create_user(self, info, email, props):
-        def run():
+    async def create_user(self, info, email, props):
+        async def run():
             body = self._user_body({**props, "email": email}, "UserCreate")
-            return {"user": _user_item(self.db, admin.create_user(self.db, self.p, body))}
-        return self._mutate(run)
+            return {"user": await self.ops.bai_create_user(self.p, body)}
+        return await self._mutate(run)
 
-    def modify_user(self, info, email, props):
-        def run():
-            user = self._user_by_email(email)
+    async def modify_user(self, info, email, props):
+        async def run():
+            user = await self._user_by_email(email)
             if props.get("username") is not None or props.get("main_access_key") is not None:
                 raise GraphQLError("username, main_access_key: change them through the REST "
                                    "API (PATCH /keypairs/{access_key} is_default)")
             body = self._user_body(dict(props), "UserUpdate")
             # status, role, domain and groups: the hub follows (hubsync), as in REST
-            return {"user": _user_item(self.db, self._hub(hubsync.update_user, user["id"],
-                                                          body))}
-        return self._mutate(run)
+            return {"user": await self._hub(self.ops.bai_modify_user, user["id"], body)}
+        return await self._mutate(run)
 
-    def delete_user(self, info, email):
+    async def delete_user(self, info, email):
         # Backend.AI's delete_user keeps the account with status "deleted" (purge deletes):
         # its sessions and hub access end, as with PATCH /users/{id} {"status": "deleted"}
-        def run():
+        async def run():
             body = _checked({"status": "deleted"}, "UserUpdate")
-            self._hub(hubsync.update_user, self._user_by_email(email)["id"], body)
-        return self._mutate(run)
+            await self._hub(self.ops.update_user, (await self._user_by_email(email))["id"],
+                            body)
+        return await self._mutate(run)
 
-    def purge_user(self, info, email, props=None):
+    async def purge_user(self, info, email, props=None):
         # DELETE /users/{id}: refused while the user has folders (purge_shared_vfolders or
         # not: delete or hand them over first) or live sessions; the hub account goes too
-        return self._mutate(lambda: self._hub(hubsync.delete_user,
-                                              self._user_by_email(email)["id"]) and None)
+        async def run():
+            await self._hub(self.ops.delete_user, (await self._user_by_email(email))["id"])
+        return await self._mutate(run)
 
     # -- groups (projects); their JupyterHub groups follow (hubsync) --
 
@@ -985,125 +870,126 @@ class Root:
         return _checked(_parse_json_fields(body, "total_resource_slots",
                                            "allowed_vfolder_hosts"), schema)
 
-    def create_group(self, info, name, props):
-        def run():
+    async def create_group(self, info, name, props):
+        async def run():
             body = self._group_body({**props, "name": name}, "ProjectCreate")
-            return {"group": _group_item(self._hub(hubsync.create_project, body))}
-        return self._mutate(run)
+            return {"group": _group_item(await self._hub(self.ops.create_project, body))}
+        return await self._mutate(run)
 
-    def modify_group(self, info, gid, props):
-        def run():
+    async def modify_group(self, info, gid, props):
+        async def run():
             pid = _hex(gid, "group id")
             props_ = dict(props)
             mode = props_.pop("user_update_mode", None)
             uids = props_.pop("user_uuids", None)
             if props_.get("domain_name") is not None:
-                if props_.pop("domain_name") != _call(admin.get_project, self.db, self.p,
-                                                      pid)["domain_name"]:
+                if props_.pop("domain_name") != (await _call(self.ops.get_project(
+                        self.p, pid)))["domain_name"]:
                     raise GraphQLError("domain_name: groups (projects) cannot move to "
                                        "another domain")
             body = self._group_body(props_, "ProjectUpdate")
-            if body:  # (is_active false: the project's sessions end, as in REST)
-                self._hub(hubsync.update_project, pid, body)
+            members = None
             if uids is not None or mode is not None:
                 if mode not in ("add", "remove"):
                     raise GraphQLError(f"user_update_mode: 'add' or 'remove', not {mode!r}")
                 ids = [_hex(u, "user id") for u in uids or []]
                 if mode == "add":
-                    self._hub(hubsync.add_members, pid, _checked({"user_ids": ids},
-                                                                 "MembersAdd")["user_ids"])
-                else:
-                    if not ids:
-                        raise GraphQLError("user_uuids: which users")
-                    self._hub(hubsync.remove_members, pid, ids)
-            return {"group": _group_item(admin.get_project(self.db, self.p, pid))}
-        return self._mutate(run)
+                    ids = _checked({"user_ids": ids}, "MembersAdd")["user_ids"]
+                elif not ids:
+                    raise GraphQLError("user_uuids: which users")
+                members = (mode, ids)
+            # (is_active false: the project's sessions end, as in REST)
+            group, changes = await self.ops.bai_modify_group(self.p, pid, body, members)
+            self._pending += changes
+            return {"group": _group_item(group)}
+        return await self._mutate(run)
 
-    def delete_group(self, info, gid):
+    async def delete_group(self, info, gid):
         # Backend.AI's delete_group deactivates (``purge`` deletes): its sessions end
-        return self._mutate(lambda: self._hub(hubsync.update_project, _hex(gid, "group id"),
-                                              {"is_active": False}) and None)
+        async def run():
+            await self._hub(self.ops.update_project, _hex(gid, "group id"),
+                            {"is_active": False})
+        return await self._mutate(run)
 
-    def purge_group(self, info, gid):
-        return self._mutate(lambda: self._hub(hubsync.delete_project, _hex(gid, "group id")))
+    async def purge_group(self, info, gid):
+        async def run():
+            await self._hub(self.ops.delete_project, _hex(gid, "group id"))
+        return await self._mutate(run)
 
     # -- scaling groups' associations: a resource group's allowed_domains,
     # allowed_projects and allowed_keypairs (PATCH /resource-groups/{name}) --
 
-    def _associate(self, name: str, field: str, key: str, add: bool) -> None:
-        g = _call(admin.get_resource_group, self.db, self.p, name)
-        now = list(g[field] or [])
+    async def _associate(self, name: str, field: str, key: str, add: bool) -> None:
         what = {"allowed_domains": "domain", "allowed_projects": "group (project)",
                 "allowed_keypairs": "keypair"}[field]
-        if add == (key in now):
-            raise GraphQLError(f"scaling group {name!r} is {'already' if add else 'not'} "
-                               f"associated with {what} {key!r}")
-        new = now + [key] if add else [k for k in now if k != key]
-        admin.update_resource_group(self.db, self.p, name,
-                                    _checked({field: new}, "ResourceGroupUpdate"))
+        for _ in range(MAX_TRIES):
+            g = await _call(self.ops.get_resource_group(self.p, name))
+            now = list(g[field] or [])
+            if add == (key in now):
+                raise GraphQLError(f"scaling group {name!r} is {'already' if add else 'not'} "
+                                   f"associated with {what} {key!r}")
+            new = now + [key] if add else [k for k in now if k != key]
+            new = _checked({field: new}, "ResourceGroupUpdate")[field]
+            # (written only if nobody changed the list since it was read; else read again)
+            if await self.ops.bai_set_association(self.p, name, field, now, new):
+                return
+        raise Conflict(f"scaling group {name!r} keeps changing; try again")
 
-    def _dissociate_all(self, field: str, key: str) -> None:
-        access.require(access.may_change_installation(self.p), "change resource groups")
-        for g in _all(admin.list_resource_groups, self.db, self.p, {}):
-            if key in (g[field] or []):
-                self._associate(g["name"], field, key, False)
+    async def associate_scaling_group_with_domain(self, info, scaling_group, domain):
+        return await self._mutate(self._associate, scaling_group, "allowed_domains", domain,
+                                  True)
 
-    def associate_scaling_group_with_domain(self, info, scaling_group, domain):
-        return self._mutate(self._associate, scaling_group, "allowed_domains", domain, True)
+    async def disassociate_scaling_group_with_domain(self, info, scaling_group, domain):
+        return await self._mutate(self._associate, scaling_group, "allowed_domains", domain,
+                                  False)
 
-    def disassociate_scaling_group_with_domain(self, info, scaling_group, domain):
-        return self._mutate(self._associate, scaling_group, "allowed_domains", domain, False)
+    async def disassociate_all_scaling_groups_with_domain(self, info, domain):
+        # (a domain the caller can see)
+        return await self._mutate(self.ops.bai_dissociate_all, self.p, "allowed_domains",
+                                  domain)
 
-    def disassociate_all_scaling_groups_with_domain(self, info, domain):
-        def run():
-            admin.get_domain(self.db, self.p, domain)  # (one the caller can see)
-            self._dissociate_all("allowed_domains", domain)
-        return self._mutate(run)
-
-    def associate_scaling_group_with_user_group(self, info, scaling_group, user_group):
-        return self._mutate(lambda: self._associate(
+    async def associate_scaling_group_with_user_group(self, info, scaling_group, user_group):
+        return await self._mutate(lambda: self._associate(
             scaling_group, "allowed_projects", _hex(user_group, "group id"), True))
 
-    def disassociate_scaling_group_with_user_group(self, info, scaling_group, user_group):
-        return self._mutate(lambda: self._associate(
+    async def disassociate_scaling_group_with_user_group(self, info, scaling_group, user_group):
+        return await self._mutate(lambda: self._associate(
             scaling_group, "allowed_projects", _hex(user_group, "group id"), False))
 
-    def disassociate_all_scaling_groups_with_group(self, info, user_group):
-        return self._mutate(lambda: self._dissociate_all("allowed_projects",
-                                                         _hex(user_group, "group id")))
+    async def disassociate_all_scaling_groups_with_group(self, info, user_group):
+        return await self._mutate(lambda: self.ops.bai_dissociate_all(
+            self.p, "allowed_projects", _hex(user_group, "group id")))
 
-    def associate_scaling_group_with_keypair(self, info, scaling_group, access_key):
-        return self._mutate(self._associate, scaling_group, "allowed_keypairs", access_key,
-                            True)
+    async def associate_scaling_group_with_keypair(self, info, scaling_group, access_key):
+        return await self._mutate(self._associate, scaling_group, "allowed_keypairs",
+                                  access_key, True)
 
-    def disassociate_scaling_group_with_keypair(self, info, scaling_group, access_key):
-        return self._mutate(self._associate, scaling_group, "allowed_keypairs", access_key,
-                            False)
+    async def disassociate_scaling_group_with_keypair(self, info, scaling_group, access_key):
+        return await self._mutate(self._associate, scaling_group, "allowed_keypairs",
+                                  access_key, False)
 
-    def create_keypair(self, info, user_id, props):
-        def run():
-            owner = self._user_by_email(user_id)
+    async def create_keypair(self, info, user_id, props):
+        async def run():
+            owner = await self._user_by_email(user_id)
             body = {k: v for k, v in props.items() if v is not None}
             if body.pop("concurrency_limit", None) is not None:
                 raise GraphQLError("concurrency_limit: set it in the keypair resource policy")
             if body.get("is_admin") is False:
                 del body["is_admin"]  # the CLI always sends it; only True is a request
             body = _checked({**body, "user_id": owner["id"]}, "KeypairCreate")
-            out = admin.create_keypair(self.db, self.p, body)
-            item = _keypair_item(self.db, self.db.get(Keypair, out["access_key"]))
-            return {"keypair": {**item, "secret_key": out["secret_key"]}}
-        return self._mutate(run)
+            return {"keypair": await self.ops.bai_create_keypair(self.p, body)}
+        return await self._mutate(run)
 
-    def modify_keypair(self, info, access_key, props):
-        def run():
+    async def modify_keypair(self, info, access_key, props):
+        async def run():
             body = {k: v for k, v in props.items() if v is not None}
             if body.pop("concurrency_limit", None) is not None:
                 raise GraphQLError("concurrency_limit: set it in the keypair resource policy")
-            admin.update_keypair(self.db, self.p, access_key, _checked(body, "KeypairUpdate"))
-        return self._mutate(run)
+            await self.ops.update_keypair(self.p, access_key, _checked(body, "KeypairUpdate"))
+        return await self._mutate(run)
 
-    def delete_keypair(self, info, access_key):
-        return self._mutate(admin.delete_keypair, self.db, self.p, access_key)
+    async def delete_keypair(self, info, access_key):
+        return await self._mutate(self.ops.delete_keypair, self.p, access_key)
 
 
 def _parse_json_fields(body: dict, *fields: str) -> dict:
@@ -1120,29 +1006,26 @@ def _parse_json_fields(body: dict, *fields: str) -> dict:
 def _checked(body: dict, schema_name: str) -> dict:
     """``body`` checked by the REST API's request model (``base.validate``: the same
     check and words as the REST endpoint); a field this server does not keep is named."""
-    from ...common.errors import InvalidRequest
-    from ..base import validate
-    from ..models import model
-
-    unknown = sorted(set(body) - set(model(schema_name).model_fields))
+    unknown = sorted(set(body) - set(models.model(schema_name).model_fields))
     if unknown:
         raise GraphQLError(f"{', '.join(unknown)}: not supported by this server")
     try:
-        return validate(schema_name, body)
+        return validate_body(schema_name, body)
     except InvalidRequest as e:
         raise GraphQLError(e.detail) from None
 
 
-def _call(fn, *args):
-    """A service call; its refusal (not found, forbidden, ...) is a GraphQL error in its words."""
+async def _call(operation):
+    """An operation's answer; its refusal (not found, forbidden, ...) is a GraphQL error
+    in its words."""
     try:
-        return fn(*args)
+        return await operation
     except BackendAIError as e:
         raise GraphQLError(e.detail) from None
 
 
-def _all(fn, *args) -> list:
-    return _call(fn, *args, 0, ALL)["items"]
+async def _all(op, *args) -> list:
+    return (await _call(op(*args, 0, ALL)))["items"]
 
 
 def _json(v) -> str:
@@ -1159,39 +1042,6 @@ def _group_item(g: dict) -> dict:
     return {**g, "id": dashed(g["id"]), "total_resource_slots": _json(g["total_resource_slots"]),
             "allowed_vfolder_hosts": _json(g["allowed_vfolder_hosts"]), "modified_at": None,
             "integration_id": None}
-
-
-def _user_item(db, u: dict) -> dict:
-    from ...models import Project, User
-
-    row = db.get(User, u["id"])
-    main = admin.main_keypair(row) if row is not None else None
-    groups = [db.get(Project, pid) for pid in u["project_ids"]]
-    return {**u, "id": dashed(u["id"]), "uuid": dashed(u["id"]), "description": None,
-            "status_info": None, "is_active": u["status"] == "active", "modified_at": None,
-            "groups": [{"id": dashed(g.id), "name": g.name} for g in groups if g is not None],
-            "totp_activated": False, "sudo_session_enabled": False,
-            "main_access_key": main.access_key if main is not None else None}
-
-
-def _keypair_item(db, kp) -> dict:
-    from sqlalchemy import func
-
-    from ...models import User
-
-    owner = db.get(User, kp.user_id)
-    live = db.scalar(select(func.count()).select_from(Session).where(
-        Session.access_key == kp.access_key, Session.alive_marker.is_not(None)))
-    return {"user_id": owner.email if owner else dashed(kp.user_id),
-            "access_key": kp.access_key, "secret_key": None, "is_active": kp.is_active,
-            "is_admin": bool(kp.is_admin), "resource_policy": kp.resource_policy,
-            "rate_limit": kp.rate_limit, "num_queries": kp.num_queries,
-            "created_at": kp.created_at.isoformat() if kp.created_at else None,
-            "last_used": kp.last_used.isoformat() if kp.last_used else None,
-            "modified_at": None, "concurrency_used": live,
-            "projects": sorted(p.name for p in owner.projects) if owner else [],
-            "user_info": {"email": owner.email if owner else None,
-                          "full_name": owner.full_name if owner else None}}
 
 
 def _policy_item(r: dict) -> dict:
@@ -1299,7 +1149,7 @@ async def execute(manager, p: access.Principal, query: str, variables: dict | No
     text a database cannot store is an :class:`InvalidRequest` (400) before any work.
 
     ``hub``: the request's handler, which makes the JupyterHub side of the mutations
-    (``hubsync.apply``) after their transaction committed."""
+    (``hubsync.apply``) after their transactions committed."""
 
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidRequest(f"the query has {len(query)} characters; at most "
@@ -1315,17 +1165,15 @@ async def execute(manager, p: access.Principal, query: str, variables: dict | No
     errors = validate(SCHEMA, doc)
     if errors:
         return {"data": None, "errors": [e.formatted for e in errors]}
-    mutation = any(getattr(d, "operation", None) == OperationType.MUTATION
-                   for d in doc.definitions)
     volumes = await vfolders._volumes(manager) if "storage_volume" in query else {}
-
-    def run(db):
-        root = Root(db, p)
-        root.volumes = volumes
-        return execute_sync(SCHEMA, doc, root_value=root, variable_values=variables or {},
-                            field_resolver=_field_resolver), root.changes
-
-    result, changes = await (manager.db if mutation else manager.db_read)(run)
+    # Each root field asks the manager's named operations, one transaction each
+    # (mutations one after another, as GraphQL runs them).
+    root = Root(manager, p, volumes)
+    result = execute_document(SCHEMA, doc, root_value=root, variable_values=variables or {},
+                              field_resolver=_field_resolver)
+    if isawaitable(result):
+        result = await result
+    changes = root.changes
     if changes and hub is None:
         raise RuntimeError("mutations JupyterHub mirrors need the request's handler")
     for change in changes:

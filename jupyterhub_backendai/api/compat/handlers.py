@@ -1,9 +1,10 @@
 """Backend.AI's REST routes (the 23.09 client's), as thin handlers over the manager.
 
 Each handler names the session or folder the way Backend.AI's clients do (by name
-or id, dashed or hex), finds it through the caller's view (:mod:`...manager.access`,
-:func:`...manager.vfolders.folder_filter`), and then calls the same service the
-admin API calls. Errors leave in Backend.AI's problem+json shape
+or id, dashed or hex), finds it through the caller's view (the operations
+``resolve_session`` and ``resolve_folder`` of :mod:`...manager.compatviews`), and then
+calls the same service the admin API calls. The route table is the package's
+(:func:`.routes`). Errors leave in Backend.AI's problem+json shape
 (``type: https://api.backend.ai/probs/...``, ``title``, ``msg``), which the
 client prints.
 """
@@ -16,9 +17,7 @@ import json
 import re
 import time
 import uuid
-from http.client import responses
 
-from sqlalchemy import select
 from tornado import web
 
 from ...common.errors import (
@@ -32,14 +31,13 @@ from ...common.errors import (
 from ...common.session_request import MAX_CLUSTER_SIZE
 from ...common.slots import MIG_PREFIX
 from ...common.types import ALIVE_STATUSES, SessionStatus
-from ...manager import access, admin, vfolders
-from ...manager.ops import reads
-from ...models import Session, VFolder
+from ...manager import vfolders
+from ...manager.compatviews import as_hex as _as_hex
 from ...storageproxy import transfer
 from ...storageproxy.client import InProcessStorageClient
 from .. import models, spec
-from ..base import PROBLEM, APIBase, _check_text, parse_json_body
 from . import gql
+from .base import CompatBase
 
 # The API version announced in version negotiation: the 23.09 client's own (v7.20230615),
 # so it uses the routes and GraphQL fields implemented here.
@@ -50,129 +48,6 @@ MANAGER_VERSION = "23.09.10"
 DEFAULT_MAX_WAIT = 300
 # Paths one mkdir or delete-files names: each is a storage operation (20,000 took 4 s).
 MAX_PATHS = 1000
-
-_PROBLEM_TYPES = {
-    400: "invalid-api-params", 401: "auth-failed", 403: "forbidden", 404: "object-not-found",
-    405: "method-not-allowed", 409: "conflict", 412: "quota-exceeded",
-    413: "vfolder-quota-exceeded", 429: "too-many-requests",
-}
-
-
-class CompatBase(APIBase):
-    """The admin API's authentication (signatures, tokens), Backend.AI's error shape."""
-
-    def write_error(self, status_code, **kwargs):
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        title = responses.get(status_code, "Error")
-        detail = title
-        if isinstance(exc, BackendAIError):
-            title, detail = exc.title, exc.detail
-        elif isinstance(exc, web.HTTPError):
-            detail = exc.log_message or exc.reason or title
-        elif status_code >= 500:
-            detail = "internal error; the hub's log has the details"
-        for source in (getattr(exc, "headers", None), getattr(self, "sticky_headers", None)):
-            for k, v in (source or {}).items():
-                self.set_header(k, v)
-        kind = _PROBLEM_TYPES.get(status_code, "internal-server-error" if status_code >= 500
-                                  else "generic-bad-request")
-        self.set_header("Content-Type", PROBLEM)
-        self.clear_header("Content-Length")
-        # title: what went wrong, in words (the CLI prints it); msg: the same (it prints it too
-        # for most types), detail: RFC 9457's field, as the admin API sends it.
-        self.finish(json.dumps({"type": f"https://api.backend.ai/probs/{kind}",
-                                "title": f"{title}: {detail}" if detail != title else title,
-                                "status": status_code, "detail": str(detail)}))
-
-    async def prepare(self):
-        await super().prepare()
-        # Query parameters are read ad hoc by these handlers: none may carry text a
-        # database cannot store (the admin API checks its own in APIBase.query).
-        for name, values in self.request.query_arguments.items():
-            for raw in values:
-                try:
-                    _check_text(raw.decode("utf-8"), name)
-                except UnicodeDecodeError:
-                    raise InvalidRequest(f"query parameter {name!r} is not UTF-8") from None
-
-    def json_body(self) -> dict:
-        """The JSON object body (Backend.AI's clients send one even with GET); {} when none.
-        Strings a database cannot store (NUL, lone surrogates) are a 400 here, for every
-        handler, as :func:`..base.validate` makes them for the admin API."""
-        raw = self.request.body
-        if not raw or not raw.strip():
-            return {}
-        data = parse_json_body(raw)
-        if not isinstance(data, dict):
-            raise InvalidRequest("the body must be a JSON object")
-        _check_text(data)
-        return data
-
-
-def _as_hex(ref: str) -> str | None:
-    try:
-        return uuid.UUID(ref).hex
-    except (ValueError, AttributeError):
-        return None
-
-
-# -- looking things up the way Backend.AI's clients name them ---------------------------
-
-
-@reads
-def resolve_session(db, p: access.Principal, ref: str) -> str:
-    """A session id from a name or an id (dashed or hex), within what the caller sees.
-    A name means the caller's own session of that name (a live one before ended ones,
-    then the newest)."""
-    hexid = _as_hex(ref)
-    if hexid:
-        s = db.get(Session, hexid)
-        if s is not None and access.can_see_session(p, s):
-            return s.id
-    s = db.scalars(
-        select(Session).where(access.session_filter(p), Session.name == ref)
-        .order_by((Session.user_id == p.user_id).desc(), Session.alive_marker.is_(None),
-                  Session.created_at.desc())
-        .limit(1)).first()
-    if s is None:
-        raise NotFound(f"no session {ref!r}")
-    return s.id
-
-
-@reads
-def live_session_named(db, user_id: str, name: str) -> str | None:
-    """The id of the user's queued or running session called ``name``, or None."""
-    return db.scalars(select(Session.id).where(
-        Session.user_id == user_id, Session.name == name,
-        Session.alive_marker.is_not(None)).limit(1)).first()
-
-
-@reads
-def bai_session(db, p: access.Principal, sid: str) -> dict:
-    """A session as Backend.AI's ``session info`` shows it."""
-    return gql.session_item(db, admin._get_session(db, p, sid))
-
-
-@reads
-def resolve_folder(db, p: access.Principal, ref: str) -> str:
-    """A folder id from a name or an id (dashed or hex): the caller's own folder of that
-    name first, then one shared with them or of their projects; ambiguity is a 409."""
-    hexid = _as_hex(ref)
-    if hexid:
-        f = db.get(VFolder, hexid)
-        if f is not None and vfolders.can_see_folder(db, p, f):
-            return f.id
-    rows = db.scalars(select(VFolder).where(vfolders.folder_filter(p), VFolder.name == ref)
-                      .order_by(VFolder.created_at)).all()
-    own = [f for f in rows if f.user_id == p.user_id and f.ownership_type == "user"]
-    if own:
-        return own[0].id
-    if len(rows) > 1:
-        raise Conflict(f"{len(rows)} folders named {ref!r} are visible to you; name it by id "
-                       f"({', '.join(gql.dashed(f.id) for f in rows[:5])})")
-    if not rows:
-        raise NotFound(f"no vfolder {ref!r}")
-    return rows[0].id
 
 
 # -- version, announcement, GraphQL --------------------------------------------------------
@@ -428,24 +303,6 @@ class SessionLogsHandler(CompatBase):
 
 
 # -- virtual folders -----------------------------------------------------------------------
-
-
-@reads
-def folder_rest(db, p, fid: str) -> dict:
-    """A folder as Backend.AI's ``GET /folders/{name}`` answers it."""
-    f = vfolders._get_folder(db, p, fid)
-    out = vfolders.vfolder_out(db, f, p)
-    return {
-        "id": gql.dashed(f.id), "name": f.name, "host": f.host,
-        "quota_scope_id": f.quota_scope_id, "usage_mode": f.usage_mode,
-        "created_at": out["created_at"], "is_owner": f.user_id == p.user_id,
-        "permission": out["my_permission"] or f.permission, "user": gql.dashed(f.user_id),
-        "group": gql.dashed(f.project_id),
-        # Backend.AI's words: a project folder is a "group" folder
-        "type": "group" if f.ownership_type == "project" else f.ownership_type,
-        "status": f.status,
-        "numFiles": 0, "cloneable": False, "max_files": 0, "max_size": 0,
-    }
 
 
 class FoldersHandler(CompatBase):
@@ -881,47 +738,3 @@ class NotSupportedHandler(CompatBase):
                            "(see docs/backendai-compat.md)")
 
     get = post = put = patch = delete = _refuse
-
-
-SEG = r"([^/]+)"
-
-
-def routes() -> list[tuple]:
-    from .execute import ExecuteHandler, SessionUploadHandler
-
-    base = spec.PREFIX.removeprefix("/hub")
-    table = [
-        ("/?", RootHandler),
-        ("/manager/announcement", AnnouncementHandler),
-        ("/admin/gql", GQLHandler),
-        ("/session", SessionCreateHandler),
-        (f"/session/{SEG}", SessionHandler),
-        (f"/session/{SEG}/logs", SessionLogsHandler),
-        (f"/session/{SEG}/upload", SessionUploadHandler),
-        ("/folders", FoldersHandler),
-        ("/folders/_/hosts", FolderHostsHandler),
-        ("/folders/_/id", FolderIdHandler),
-        ("/folders/invitations/list", InvitationsHandler, {"action": "list"}),
-        ("/folders/invitations/accept", InvitationsHandler, {"action": "accept"}),
-        ("/folders/invitations/delete", InvitationsHandler, {"action": "delete"}),
-        ("/folders/restore-from-trash-bin", FolderTrashHandler, {"action": "restore"}),
-        ("/folders/purge", FolderTrashHandler, {"action": "purge"}),
-        ("/folders/delete-from-trash-bin", FolderTrashHandler, {"action": "purge"}),
-        (f"/folders/{SEG}", FolderHandler),
-        (f"/folders/{SEG}/files", FolderFilesHandler),
-        (f"/folders/{SEG}/mkdir", FolderMkdirHandler),
-        (f"/folders/{SEG}/rename", FolderRenameHandler),
-        (f"/folders/{SEG}/rename-file", FolderRenameFileHandler),
-        (f"/folders/{SEG}/move-file", FolderMoveFileHandler),
-        (f"/folders/{SEG}/invite", FolderInviteHandler),
-        (f"/folders/{SEG}/share", FolderShareHandler),
-        (f"/folders/{SEG}/unshare", FolderUnshareHandler),
-        (f"/folders/{SEG}/leave", FolderLeaveHandler),
-        (f"/folders/{SEG}/delete-files", FolderDeleteFilesHandler),
-        (f"/folders/{SEG}/request-upload", FolderRequestUploadHandler),
-        (f"/folders/{SEG}/request-download", FolderRequestDownloadHandler),
-        (f"/stream/session/{SEG}/execute", ExecuteHandler),
-    ]
-    table += transfer.routes("/storage", _local_volume, _local_grants)
-    table.append(("/storage/grant", TransferGrantHandler))
-    return [(base + row[0], *row[1:]) for row in table]
