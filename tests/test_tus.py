@@ -323,6 +323,26 @@ def test_cluster_mode_transfers_go_to_the_daemon_not_the_hub(tmp_path):
         assert requests.get(durl, timeout=60).content == data
         assert "far.bin" in [i["name"] for i in
                              u["client"].ok("GET", f"/vfolders/{f['id']}/files")["items"]]
+        # Past its TTL a token goes on with the upload it began (the daemon asks the hub
+        # about the grant with the claims signed afresh: the hub refuses expired
+        # tokens), but starts none.
+        url = _grant(u, f, "upload", path="late.bin", size=len(data))
+        base, token = url.split("?token=")
+        exp = int(time.time()) + 2
+        short = f"{base}?token={_forge(dict(_claims(token), exp=exp))}"
+        hdr = {"Tus-Resumable": "1.0.0", "Content-Type": "application/offset+octet-stream"}
+        r = requests.patch(short, data=data[:MiB], headers=dict(hdr, **{"Upload-Offset": "0"}),
+                           timeout=30)
+        assert r.status_code == 204, r.text
+        _until_past(exp)
+        r = requests.patch(short, data=data[MiB:], timeout=30,
+                           headers=dict(hdr, **{"Upload-Offset": str(MiB)}))
+        assert r.status_code == 204, r.text
+        with open(os.path.join(os.path.dirname(where), "late.bin"), "rb") as fh:
+            assert fh.read() == data
+        stale = _forge(dict(_claims(durl.split("?token=")[1]), exp=int(time.time()) - 1))
+        r = requests.get(f"{client_url}/download?token={stale}", timeout=60)
+        assert r.status_code == 401 and "expired" in r.json()["title"], r.text
         # The daemon asks the hub about every token: deactivated, the user's download
         # token is refused there within seconds (GRANT_FRESH), with the hub's reason.
         sa.ok("PATCH", f"/users/{u['id']}", json={"status": "inactive"})
@@ -445,3 +465,109 @@ def test_a_transfer_token_dies_with_its_grant(hub, sa):
     up, down = tokens()
     alice["client"].ok("DELETE", f"/vfolders/{f['id']}", status=204)
     ended(up, down, "vfolder")
+
+
+# -- issue 22, "credentials bound to current access": short-lived tokens --------------
+
+
+def _until_past(exp: int) -> None:
+    while time.time() <= exp + 0.05:
+        time.sleep(0.05)
+
+
+def test_a_token_past_its_ttl_starts_nothing_but_finishes_what_it_began(hub, sa):
+    """Tokens are valid minutes (ttl 300 s), not half an hour. A token past its TTL
+    cannot start a transfer (a new upload, a new download), but an upload it created in
+    time keeps taking PATCHes and a download it began runs to its end and resumes; and
+    past the TTL the grant still governs: unshared, the running upload stops."""
+    alice, dave = new_user(sa), new_user(sa)
+    f = _folder(alice)
+    alice["client"].ok("POST", f"/vfolders/{f['id']}/shares",
+                       json={"email": dave["email"], "permission": "rw"})
+    data = os.urandom(3 * MiB + 17)
+    with open(os.path.join(_dir(hub, f), "src.bin"), "wb") as fh:
+        fh.write(data)
+    hdr = {"Tus-Resumable": "1.0.0", "Content-Type": "application/offset+octet-stream"}
+    # The default TTL: minutes.
+    url = _grant(dave, f, "upload", path="up.bin", size=len(data))
+    base, token = url.split("?token=")
+    assert 290 <= _claims(token)["exp"] - time.time() <= 301
+    # An upload created with a token that then passes its TTL goes on (raw and small
+    # PATCHes, HEAD), to the last byte.
+    exp = int(time.time()) + 2
+    short = f"{base}?token={_forge(dict(_claims(token), exp=exp))}"
+    r = requests.patch(short, data=data[:MiB], headers=dict(hdr, **{"Upload-Offset": "0"}),
+                       timeout=30)
+    assert r.status_code == 204, r.text
+    _until_past(exp)
+    r = requests.head(short, headers={"Tus-Resumable": "1.0.0"}, timeout=30)
+    assert (r.status_code, r.headers.get("Upload-Offset")) == (200, str(MiB))
+    r = requests.patch(short, data=data[MiB:-100], headers=dict(hdr, **{"Upload-Offset": str(MiB)}),
+                       timeout=30)
+    assert r.status_code == 204, r.text
+    r = requests.patch(short, data=data[-100:],
+                       headers=dict(hdr, **{"Upload-Offset": str(len(data) - 100)}), timeout=30)
+    assert r.status_code == 204, r.text
+    with open(os.path.join(_dir(hub, f), "up.bin"), "rb") as fh:
+        assert fh.read() == data
+    # Finished: the expired token is of no more use (nothing under way).
+    r = requests.head(short, headers={"Tus-Resumable": "1.0.0"}, timeout=30)
+    assert r.status_code == 401
+    # A token past its TTL starts no upload: neither tus creation nor a first PATCH.
+    url = _grant(dave, f, "upload", path="late.bin", size=4)
+    base, token = url.split("?token=")
+    stale = f"{base}?token={_forge(dict(_claims(token), exp=int(time.time()) - 1))}"
+    r = requests.post(stale, headers={"Tus-Resumable": "1.0.0", "Upload-Length": "4"},
+                      timeout=30)
+    assert r.status_code == 401 and "expired" in r.json()["title"], r.text
+    r = requests.patch(stale, data=b"late", headers=dict(hdr, **{"Upload-Offset": "0"}),
+                       timeout=30)
+    assert r.status_code == 401 and "expired" in r.json()["title"], r.text
+    assert "late.bin" not in os.listdir(_dir(hub, f)) and _staging(hub, f) == []
+    # ... and the client that still holds access simply asks again.
+    r = requests.patch(url, data=b"late", headers=dict(hdr, **{"Upload-Offset": "0"}),
+                       timeout=30)
+    assert r.status_code == 204, r.text
+
+    # Downloads: one that began in time runs to its end past the TTL, and resumes
+    # (Range) with the same token; a new one with an expired token does not start.
+    durl = _grant(dave, f, "download", path="src.bin")
+    dbase, dtoken = durl.split("?token=")
+    exp = int(time.time()) + 2
+    dshort = f"{dbase}?token={_forge(dict(_claims(dtoken), exp=exp))}"
+    with requests.get(dshort, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        it = r.iter_content(64 << 10)
+        got = next(it)
+        _until_past(exp)
+        got += b"".join(it)
+    assert got == data
+    r = requests.get(dshort, headers={"Range": f"bytes={MiB}-"}, timeout=60)
+    assert (r.status_code, r.content) == (206, data[MiB:])
+    r = requests.get(dshort, timeout=60)  # not a resume: a new download
+    assert r.status_code == 401 and "expired" in r.json()["title"]
+    unused = f"{dbase}?token={_forge(dict(_claims(dtoken), exp=int(time.time()) - 1))}"
+    for headers in ({}, {"Range": "bytes=0-"}):
+        r = requests.get(unused, headers=headers, timeout=60)
+        assert r.status_code == 401 and "expired" in r.json()["title"], headers
+    assert requests.get(durl, timeout=60).content == data  # a fresh token: fine
+
+    # Past its TTL the grant still governs an upload under way: unshared, it stops.
+    url = _grant(dave, f, "upload", path="cut.bin", size=2 * MiB)
+    base, token = url.split("?token=")
+    exp = int(time.time()) + 2
+    short = f"{base}?token={_forge(dict(_claims(token), exp=exp))}"
+    r = requests.patch(short, data=data[:MiB], headers=dict(hdr, **{"Upload-Offset": "0"}),
+                       timeout=30)
+    assert r.status_code == 204, r.text
+    _until_past(exp)
+    alice["client"].ok("DELETE", f"/vfolders/{f['id']}/shares/{dave['email']}", status=204)
+    deadline = time.monotonic() + 15
+    while (r := requests.head(short, headers={"Tus-Resumable": "1.0.0"}, timeout=30)
+           ).status_code != 403:
+        assert r.status_code == 200 and time.monotonic() < deadline, r.status_code
+        time.sleep(0.1)
+    r = requests.patch(short, data=data[MiB:2 * MiB],
+                       headers=dict(hdr, **{"Upload-Offset": str(MiB)}), timeout=30)
+    assert r.status_code == 403 and "access has ended" in r.json()["title"], r.text
+    assert "cut.bin" not in os.listdir(_dir(hub, f))

@@ -16,7 +16,14 @@ bytes go to ``<quota scope>/.tus/<upload id>`` on the folder's volume, so they c
 against the quota scope while they are written; every write checks the scope's
 limit (a write past it ends the upload: the partial file is removed, 413), and
 the file appears in the folder only when its last byte arrived, by one
-``rename``. Unfinished uploads are removed ``2 * ttl`` after their last write.
+``rename``. Unfinished uploads are removed ``upload_idle`` seconds after their last
+write.
+
+A token *starts* a transfer only within its ``ttl`` (minutes); past it, it still
+carries a transfer under way: the PATCHes and HEADs of a tus upload whose staged file
+was written within ``upload_idle``, and the Range requests that resume a download of
+the same token that answered within DOWNLOAD_RESUME seconds. Every request, either
+way, is refused once the token's grant has ended.
 
 ``/download?token=...`` answers the file with ``Content-Length``,
 ``Last-Modified`` and ``Accept-Ranges``; ``Range: bytes=a-b`` (one range) gives
@@ -98,9 +105,24 @@ class TransferTokens(SingletonConfigurable):
         return os.environ.get("BACKENDAI_TRANSFER_SECRET") or secrets.token_hex(32)
 
     ttl = Integer(
-        1800,
-        help="""Seconds a transfer token stays valid (a tus upload must start and be
-        resumed within it; a download must start within it).""",
+        300,
+        help="""Seconds in which a transfer token may *start* a transfer: a new download
+        (or a resumed one whose earlier request has ended more than DOWNLOAD_RESUME
+        seconds ago), a new tus upload. It does not cut a transfer under way: a download
+        that is answering runs to its end, and a tus upload created within it keeps
+        taking PATCHes (and HEADs) past it while they keep coming (see
+        ``upload_idle``). Every request, within the TTL or past it, is also refused
+        once the token's grant ends (the user, the folder, the permission). Clients get
+        a new token by asking again (``request-upload``/``request-download``, which
+        check the access afresh); Backend.AI's clients ask per file.""",
+    ).tag(config=True)
+
+    upload_idle = Integer(
+        3600,
+        help="""Seconds an unfinished tus upload lives without a write: past its token's
+        ``ttl`` it may still be resumed with the same token until then (its grant still
+        holding); then its staged bytes are removed (swept at most once a minute, when
+        an upload starts in the same quota scope) and the token is of no more use.""",
     ).tag(config=True)
 
     def _mac(self, data: bytes) -> bytes:
@@ -111,9 +133,11 @@ class TransferTokens(SingletonConfigurable):
         raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
         return f"{_b64(raw)}.{_b64(self._mac(raw))}"
 
-    def check(self, token: str | None, op: str | None) -> dict:
+    def check(self, token: str | None, op: str | None, *, expired_ok: bool = False) -> dict:
         """The claims of a valid, unexpired token for ``op`` (None: an upload or a
-        download token); else 401 with the reason."""
+        download token); else 401 with the reason. ``expired_ok``: a token past its
+        ``exp`` passes too (the caller then allows only a transfer under way, see
+        :meth:`TransferHandler.claims`)."""
         if not token:
             raise Unauthorized("a transfer token is required (?token=...)")
         try:
@@ -130,10 +154,18 @@ class TransferTokens(SingletonConfigurable):
         if not isinstance(claims, dict) or claims.get("op") != (op or claims.get("op")) or \
                 claims.get("op") not in ("upload", "download"):
             raise Forbidden(f"this transfer token is not for {op or 'a transfer'}")
-        if not isinstance(claims.get("exp"), int) or claims["exp"] < time.time():
-            raise Unauthorized("the transfer token has expired; request a new one")
+        if not isinstance(claims.get("exp"), int) or \
+                (claims["exp"] < time.time() and not expired_ok):
+            raise Unauthorized(EXPIRED)
         check_ids(claims.get("scope"), claims.get("folder"))
         return claims
+
+
+EXPIRED = "the transfer token has expired; request a new one"
+
+
+def expired(claims: dict) -> bool:
+    return claims["exp"] < time.time()
 
 
 def _b64(data: bytes) -> str:
@@ -164,10 +196,10 @@ class _Staged:
 
     locks: dict[str, asyncio.Lock] = {}
 
-    def __init__(self, vol: VFSVolume, claims: dict, ttl: int):
+    def __init__(self, vol: VFSVolume, claims: dict, idle: int):
         self.vol = vol
         self.claims = claims
-        self.ttl = ttl
+        self.idle = idle
         self.id = claims["id"]
         if not (isinstance(self.id, str) and len(self.id) == 32):
             raise Unauthorized("the transfer token has no valid upload id")
@@ -203,6 +235,14 @@ class _Staged:
             return self.length
         return None
 
+    def live(self) -> bool:
+        """An unfinished upload that was created or written within ``idle`` seconds:
+        one under way, which a token past its TTL may go on with."""
+        try:
+            return os.stat(self.path).st_mtime >= time.time() - self.idle
+        except FileNotFoundError:
+            return False
+
     def create(self) -> int:
         """Begin the upload (idempotent); checks that the target can be written."""
         off = self.offset()
@@ -226,12 +266,12 @@ class _Staged:
     swept: dict[str, float] = {}
 
     def _expire(self) -> None:
-        """Remove unfinished uploads and markers nobody touched for 2 * ttl."""
+        """Remove unfinished uploads and markers nobody touched for ``idle`` seconds."""
         now = time.time()
         if now - self.swept.get(self.dir, 0) < 60:
             return
         self.swept[self.dir] = now
-        cutoff = now - 2 * self.ttl
+        cutoff = now - self.idle
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
@@ -315,6 +355,12 @@ class _Staged:
 #: the access it was issued for.
 GRANT_FRESH = 2.0
 _GRANTED: dict[str, float] = {}  # token -> until when its grant is known to hold
+#: Seconds after a download's request ended in which its token, past its TTL, may
+#: still resume it (``Range``): a client's retry after a broken connection.
+DOWNLOAD_RESUME = 60.0
+#: token -> [requests of it answering now, when the last one ended (monotonic)]: the
+#: downloads under way (this process).
+_DOWNLOADS: dict[str, list] = {}
 
 
 class TransferHandler(web.RequestHandler):
@@ -331,9 +377,12 @@ class TransferHandler(web.RequestHandler):
 
     async def claims(self, op: str) -> dict:
         """The claims of this request's valid token for ``op``, whose grant still holds
-        (asked at most every GRANT_FRESH seconds per token: a tus upload's PATCHes)."""
+        (asked at most every GRANT_FRESH seconds per token: a tus upload's PATCHes).
+        A token past its TTL passes only for a transfer under way (:meth:`under_way`)."""
         token = self.token()
-        claims = self.tokens.check(token, op)
+        claims = self.tokens.check(token, op, expired_ok=True)
+        if expired(claims) and not await self.under_way(token, claims):
+            raise Unauthorized(EXPIRED)
         if self._grants is not None:
             if not isinstance(claims.get("user"), str):
                 raise Unauthorized("the transfer token names no user; request a new one")
@@ -345,6 +394,11 @@ class TransferHandler(web.RequestHandler):
                     _GRANTED.clear()
                 _GRANTED[token] = now + GRANT_FRESH
         return claims
+
+    async def under_way(self, token: str, claims: dict) -> bool:
+        """Whether this request goes on with a transfer its token began within its TTL
+        (then the token may be past it). Nothing, here."""
+        return False
 
     def check_xsrf_cookie(self):
         pass  # authenticated by the token in the URL, never by a cookie
@@ -682,7 +736,18 @@ class TusUploadHandler(TransferHandler):
         claims = await self.claims("upload")
         if not isinstance(claims.get("size"), int) or claims["size"] < 0:
             raise Unauthorized("the transfer token has no valid size")
-        return _Staged(self.volume(claims), claims, self.tokens.ttl)
+        return _Staged(self.volume(claims), claims, self.tokens.upload_idle)
+
+    async def under_way(self, token: str, claims: dict) -> bool:
+        """An upload under way (created with the token within its TTL, written within
+        ``upload_idle``) takes PATCHes and HEADs past the TTL; creating one does not."""
+        if self.request.method not in ("PATCH", "HEAD"):
+            return False
+        try:
+            st = _Staged(self.volume(claims), claims, self.tokens.upload_idle)
+        except BackendAIError:
+            return False
+        return await asyncio.to_thread(st.live)
 
     def options(self):
         self.set_header("Tus-Version", TUS_VERSION)
@@ -1012,6 +1077,16 @@ class DownloadHandler(TransferHandler):
     async def head(self):
         await self._send(body=False)
 
+    async def under_way(self, token: str, claims: dict) -> bool:
+        """A Range GET that resumes a download of this token that is answering or
+        ended within DOWNLOAD_RESUME seconds (a client's retry after a broken
+        connection) goes on past the TTL; a new download does not."""
+        if self.request.method != "GET" or "Range" not in self.request.headers:
+            return False
+        seen = _DOWNLOADS.get(token)
+        return seen is not None and (
+            seen[0] > 0 or time.monotonic() - seen[1] < DOWNLOAD_RESUME)
+
     async def _send(self, body: bool):
         try:
             claims = await self.claims("download")
@@ -1020,6 +1095,11 @@ class DownloadHandler(TransferHandler):
         except BackendAIError as e:
             return self.problem(e)
         fd = chunks._fd
+        token = self.token()
+        if body:  # a download under way (see under_way)
+            if len(_DOWNLOADS) > 10_000:
+                _DOWNLOADS.clear()
+            _DOWNLOADS.setdefault(token, [0, 0.0])[0] += 1
         try:
             last_modified = email.utils.formatdate(st.st_mtime, usegmt=True)
             etag = f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
@@ -1082,6 +1162,20 @@ class DownloadHandler(TransferHandler):
             raise
         finally:
             chunks.close()
+            if body:
+                seen = _DOWNLOADS.setdefault(token, [1, 0.0])
+                seen[0], seen[1] = max(seen[0] - 1, 0), time.monotonic()
+                _forget_downloads()
+
+
+def _forget_downloads() -> None:
+    """Drop the downloads that can no longer be resumed past their TTL."""
+    now = time.monotonic()
+    if len(_DOWNLOADS) < 256:
+        return
+    for token, (active, ended) in list(_DOWNLOADS.items()):
+        if not active and now - ended >= DOWNLOAD_RESUME:
+            _DOWNLOADS.pop(token, None)
 
 
 def _open_download(vol: VFSVolume, claims: dict, body: bool):
@@ -1150,9 +1244,16 @@ class HubGrants:
 
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+        token = handler.token() or ""
+        if expired(claims):
+            # A transfer under way past its token's TTL (the handler allowed it): the
+            # hub checks tokens' expiry, so it is asked with the same claims signed
+            # afresh (this daemon holds the shared secret); it answers on the grant.
+            token = handler.tokens.sign({k: v for k, v in claims.items() if k != "exp"},
+                                        ttl=60)
         try:
             await AsyncHTTPClient().fetch(
-                f"{self.url}?token={quote(handler.token() or '')}", method="POST", body=b"",
+                f"{self.url}?token={quote(token)}", method="POST", body=b"",
                 ca_certs=self.ca, request_timeout=10)
             return
         except HTTPClientError as e:
