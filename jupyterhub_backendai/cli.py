@@ -88,7 +88,7 @@ def create_superadmin(url: str, email: str, password: str | None, *, exist_ok: b
     Migrates (and so may create) the database: for ``backendai-hub``, which sets up
     the hub's own database; the ``create-superadmin`` command checks first.
     """
-    from .manager.cliviews import Record
+    from .manager.operations import Record
 
     generated = password is None
     password = password or secrets.token_urlsafe(12)
@@ -128,7 +128,8 @@ def _bootstrap(args: argparse.Namespace) -> Any:
 
 
 def _on_the_record(args: argparse.Namespace) -> Any:
-    from .manager.cliviews import Record, check_database, make_sqlite_dir, shown_url
+    from .manager.cliviews import check_database, make_sqlite_dir, shown_url
+    from .manager.operations import Record
 
     url, source = find_db(args.db)
     if args.cmd == "db-upgrade":

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
 from jupyterhub.spawner import Spawner, SpawnException
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Integer, List, TraitError, Unicode, default, validate
 
 from . import pages
@@ -422,43 +422,42 @@ class BackendAISpawner(Spawner):
     async def _wait_http(self, url: str, start_deadline: float) -> None:
         """Until the server answers HTTP. The session's end wakes this at once (a manager
         event); the record is re-read only then, or every ``status_poll_interval``."""
-        client = AsyncHTTPClient()
         ready_deadline = time.monotonic() + self.ready_timeout
         delay = 0.02
         checked = time.monotonic()
         changed = True
-        while True:
-            try:
-                await client.fetch(url, request_timeout=2, follow_redirects=False)
-                return
-            except HTTPClientError as e:
-                # Any HTTP answer means the server is up; 599 is tornado's "no answer"
-                # (docker's port proxy accepts and closes while nothing listens yet).
-                if e.code != 599:
-                    return
-            except (OSError, TimeoutError):
-                pass
-            if changed or time.monotonic() - checked >= self.manager.status_poll_interval:
-                checked = time.monotonic()
-                sess = await self.manager.get_session(self.session_id)
-            else:
-                sess = True
-            if sess is None or (sess is not True and sess.status in DEAD_STATUSES):
-                raise _user_error(
-                    f"The session stopped while starting: {sess.status_info if sess else 'gone'}",
-                    reason="session_failed",
-                    status_code=500,
-                )
-            now = time.monotonic()
-            if now > ready_deadline or now > start_deadline:
-                waited = self.ready_timeout if now > ready_deadline else self.start_timeout
-                raise _user_error(
-                    f"The session runs, but the Jupyter server in it did not answer within {waited} s",
-                    reason="timeout",
-                    status_code=500,
-                )
-            changed = await self.manager.wait_change(self.session_id, delay)
-            delay = min(delay * 1.5, 0.25)
+        # aiohttp, the hub's one HTTP client stack of ours (aiodocker brings it anyway;
+        # the agents' and storage proxies' clients use it too: common/httpbase.py).
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while True:
+                try:
+                    async with http.get(url, allow_redirects=False):
+                        return  # any HTTP answer means the server is up
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    # no answer yet (docker's port proxy accepts and closes while
+                    # nothing listens)
+                    pass
+                if changed or time.monotonic() - checked >= self.manager.status_poll_interval:
+                    checked = time.monotonic()
+                    sess = await self.manager.get_session(self.session_id)
+                else:
+                    sess = True
+                if sess is None or (sess is not True and sess.status in DEAD_STATUSES):
+                    raise _user_error(
+                        f"The session stopped while starting: {sess.status_info if sess else 'gone'}",
+                        reason="session_failed",
+                        status_code=500,
+                    )
+                now = time.monotonic()
+                if now > ready_deadline or now > start_deadline:
+                    waited = self.ready_timeout if now > ready_deadline else self.start_timeout
+                    raise _user_error(
+                        f"The session runs, but the Jupyter server in it did not answer within {waited} s",
+                        reason="timeout",
+                        status_code=500,
+                    )
+                changed = await self.manager.wait_change(self.session_id, delay)
+                delay = min(delay * 1.5, 0.25)
 
     async def app_address(self) -> str | None:
         """Where this server's kernel can be reached from the hub's host straight, its

@@ -41,7 +41,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, event, select, update
 from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable, LoggingConfigurable
 
@@ -49,13 +48,11 @@ from ..common import signing
 from ..common.clientaddr import address_allowed, client_address
 from ..common.errors import InvalidRequest, TooManyRequests, Unauthorized
 from ..common.types import UserStatus
-from ..manager.ops import reads
+from ..manager import keypairs
+from ..manager.keypairs import KeypairRecord as _KeypairRecord
 from ..manager.ratelimit import RateLimitResult, get_rate_limiter, get_signature_memory
-from ..models import Domain, Keypair, Project, User, project_members
 
 log = logging.getLogger(__name__)
-# A change to any of these (this process's ORM sessions) empties the lookup cache.
-_WATCHED = (Keypair, User, Domain, Project)
 
 _HANDLER_ATTR = "_backendai_ratelimit"
 
@@ -74,27 +71,6 @@ class KeypairPrincipal:
     email: str = ""
     # The user's projects, so that the API need not load the user again per request.
     project_ids: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class _KeypairRecord:
-    access_key: str
-    secret_key: str
-    keypair_active: bool
-    is_admin: bool
-    rate_limit: int
-    user_id: str
-    username: str
-    email: str
-    role: str
-    user_status: str
-    domain_name: str
-    domain_active: bool
-    allowed_client_ip: tuple[str, ...]
-    project_ids: frozenset[str]
-    # The owner's main keypair (its rate limit is the user's, whichever key signs).
-    main_access_key: str = ""
-    main_rate_limit: int = 0
 
 
 class KeypairAuth(LoggingConfigurable):
@@ -143,8 +119,7 @@ class KeypairAuth(LoggingConfigurable):
         self._flush_task: asyncio.Task | None = None
         sm = getattr(manager, "sm", None)
         if sm is not None:
-            event.listen(sm, "after_flush", self._after_flush)
-            event.listen(sm, "do_orm_execute", self._on_execute)
+            keypairs.on_change(sm, self.invalidate)
 
     # -- the lookup cache --------------------------------------------------------
 
@@ -152,18 +127,6 @@ class KeypairAuth(LoggingConfigurable):
         """Forget every cached lookup (a keypair, user or domain changed)."""
         self._cache.clear()
         self._generation += 1
-
-    def _after_flush(self, session, _flush_context) -> None:
-        for obj in (*session.new, *session.dirty, *session.deleted):
-            if isinstance(obj, _WATCHED):
-                self.invalidate()
-                return
-
-    def _on_execute(self, state) -> None:
-        if (state.is_update or state.is_delete) and any(
-            m.class_ in _WATCHED for m in state.all_mappers
-        ):
-            self.invalidate()
 
     async def lookup(self, access_key: str) -> _KeypairRecord | None:
         now = time.monotonic()
@@ -207,7 +170,7 @@ class KeypairAuth(LoggingConfigurable):
             return
         batch, self._usage = self._usage, {}
         rows = [{"ak": ak, "n": n, "t": t} for ak, (n, t) in batch.items()]
-        await asyncio.to_thread(_write_usage, self.manager.engine, rows)
+        await asyncio.to_thread(keypairs.write_usage, self.manager.engine, rows)
 
     # -- the check ---------------------------------------------------------------
 
@@ -315,79 +278,6 @@ class KeypairAuth(LoggingConfigurable):
 
 # Cache keys of user lookups (usernames cannot contain NUL, access keys neither).
 _USER_KEY = "\0user:"
-
-
-def _main_keypair_query(user_id: str):
-    main = getattr(User, "main_access_key", None)
-    q = (select(Keypair.access_key, Keypair.rate_limit)
-         .where(Keypair.user_id == user_id, Keypair.is_active.is_(True)))
-    if main is not None:
-        # The user's designated main keypair first, whatever its age.
-        q = q.order_by((Keypair.access_key == select(main).where(User.id == user_id)
-                        .scalar_subquery()).desc())
-    return q.order_by(Keypair.is_default.desc(), Keypair.created_at, Keypair.access_key).limit(1)
-
-
-@reads
-def hub_user_keypair(s, username: str) -> _KeypairRecord | None:
-    row = s.execute(
-        select(User.id, User.username, User.email, User.role, User.status,
-               User.allowed_client_ip, User.domain_name)
-        .where(User.username == username)
-    ).first()
-    if row is None:
-        return None
-    uid, name, email, role, status, allowed_ip, domain = row
-    main = s.execute(_main_keypair_query(uid)).first()
-    return _KeypairRecord(
-        access_key=main[0] if main else "", secret_key="", keypair_active=main is not None,
-        is_admin=False, rate_limit=int(main[1] or 0) if main else 0, user_id=uid,
-        username=name, email=email, role=role, user_status=status, domain_name=domain,
-        domain_active=True, allowed_client_ip=tuple(allowed_ip or ()), project_ids=frozenset(),
-    )
-
-
-@reads
-def keypair_record(s, access_key: str) -> _KeypairRecord | None:
-    row = s.execute(
-        select(
-            Keypair.access_key, Keypair.secret_key, Keypair.is_active, Keypair.is_admin,
-            Keypair.rate_limit, User.id, User.username, User.email, User.role, User.status,
-            User.allowed_client_ip, Domain.name, Domain.is_active,
-        )
-        .join(User, Keypair.user_id == User.id)
-        .join(Domain, User.domain_name == Domain.name)
-        .where(Keypair.access_key == access_key)
-    ).first()
-    if row is None:
-        return None
-    (ak, secret, kp_active, is_admin, rate_limit, uid, username, email, role, status,
-     allowed_ip, domain, domain_active) = row
-    projects = frozenset(s.scalars(
-        select(project_members.c.project_id).where(project_members.c.user_id == uid)))
-    main = s.execute(_main_keypair_query(uid)).first()
-    return _KeypairRecord(
-        access_key=ak, secret_key=secret, keypair_active=bool(kp_active),
-        is_admin=bool(is_admin), rate_limit=int(rate_limit or 0), user_id=uid,
-        username=username, email=email, role=role, user_status=status, domain_name=domain,
-        domain_active=bool(domain_active), allowed_client_ip=tuple(allowed_ip or ()),
-        project_ids=projects, main_access_key=main[0] if main else "",
-        main_rate_limit=int(main[1] or 0) if main else 0,
-    )
-
-
-_USAGE_UPDATE = (
-    update(Keypair.__table__)
-    .where(Keypair.__table__.c.access_key == bindparam("ak"))
-    .values(num_queries=Keypair.__table__.c.num_queries + bindparam("n"),
-            last_used=bindparam("t"))
-)
-
-
-def _write_usage(engine, rows: list[dict]) -> None:
-    # A Core connection, not an ORM session: our own bookkeeping must not empty the cache.
-    with engine.begin() as conn:
-        conn.execute(_USAGE_UPDATE, rows)
 
 
 def address_refusal(address: str | None, record: _KeypairRecord | None) -> str | None:

@@ -2,7 +2,7 @@
 
 They run where no hub (and so no manager) runs: a fresh install, an image build, a
 restore, or when nobody can log in any more. :func:`check_database` says whether a
-database URL holds a migrated database without creating anything; :class:`Record`
+database URL holds a migrated database without creating anything; :class:`..operations.Record`
 opens one (migrating it, as the hub does when it starts) and runs the manager's named
 operations (manager/ops.py) on it in the calling thread::
 
@@ -25,12 +25,8 @@ from ..common.errors import InvalidRequest, NotFound
 from ..models.db import (
     VERSION_TABLE,
     alembic_config,
-    make_engine,
-    make_read_sessionmaker,
-    make_sessionmaker,
-    upgrade,
 )
-from . import ops, tenancy
+from . import tenancy
 from .ops import writes
 
 
@@ -104,61 +100,6 @@ def sqlite_path(db_url: str) -> str | None:
     if not path or path == ":memory:" or path.startswith("file:"):
         return None
     return os.path.abspath(path)
-
-
-class Record:
-    """The database at ``url``, migrated (so it may be created) with the defaults in
-    place; ``record.ops.<name>(...)`` runs a named operation in this thread. Close it
-    (or use it as a context manager) to let go of its connections."""
-
-    def __init__(self, url: str) -> None:
-        self.engine = make_engine(url)
-        try:
-            upgrade(self.engine)
-            self._sm = make_sessionmaker(self.engine)
-            self._sm_read = make_read_sessionmaker(self.engine)
-            with self._sm.begin() as s:
-                tenancy.ensure_defaults(s)
-        except BaseException:
-            self.engine.dispose()
-            raise
-        self.ops = _Operations(self)
-
-    def run(self, name: str, *args, **kw):
-        fn, write = ops.lookup(name)
-        if write:
-            with self._sm.begin() as s:
-                return fn(s, *args, **kw)
-        with self._sm_read() as s:
-            return fn(s, *args, **kw)
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def __enter__(self) -> Record:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _Operations:
-    def __init__(self, record: Record) -> None:
-        self._record = record
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        ops.lookup(name)  # an unknown name is refused here, in words
-
-        def operation(*args, **kw):
-            return self._record.run(name, *args, **kw)
-
-        operation.__name__ = operation.__qualname__ = name
-        return operation
-
-
-# -- the operations ---------------------------------------------------------------------
 
 
 def _user(db, login: str):

@@ -34,7 +34,7 @@ from . import lifecycle, tenancy
 from .agent_client import close_agent_clients
 from .discovery import BackendAICluster
 from .lifecycle.start import START_FAILURES
-from .ops import Operations
+from .operations import Operations
 from .reconcile import Agents, active_groups
 from .reflector import SessionReflector
 from .scheduler import check_consistency, lost_agents, schedule_pass, scheduler_stats

@@ -16,15 +16,7 @@ one an operation needs; the operations are found by name in one place.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import Any
-
-# Modules that declare operations; imported on the first lookup that misses.
-MODULES = tuple(f"jupyterhub_backendai.{m}" for m in (
-    "manager.access", "manager.accounts", "manager.admin", "manager.spawnviews",
-    "manager.pageviews", "manager.cliviews", "manager.vfolders", "manager.apiviews",
-    "manager.compatviews", "api.keypair_auth"))
 
 _REGISTRY: dict[str, tuple[Callable, bool]] = {}
 
@@ -50,32 +42,10 @@ def writes(fn: Callable) -> Callable:
 
 
 def lookup(name: str) -> tuple[Callable, bool]:
-    if name not in _REGISTRY:
-        for module in MODULES:
-            importlib.import_module(module)
+    """The operation ``name`` and whether it writes. The modules that declare operations
+    are imported by :mod:`.operations` (statically: every dependency in sight)."""
     try:
         return _REGISTRY[name]
     except KeyError:
         raise AttributeError(f"the manager has no operation {name!r} "
                              "(declare it with @reads or @writes)") from None
-
-
-class Operations:
-    """``manager.ops``: every declared operation as an awaitable method."""
-
-    def __init__(self, manager: Any) -> None:
-        self._manager = manager
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        fn, write = lookup(name)
-        run = self._manager.db if write else self._manager.db_read
-
-        async def operation(*args, **kw):
-            return await run(fn, *args, **kw)
-
-        operation.__name__ = operation.__qualname__ = name
-        operation.__doc__ = fn.__doc__
-        setattr(self, name, operation)  # found once per manager
-        return operation

@@ -66,7 +66,6 @@ from ...common.types import ALIVE_STATUSES, AgentStatus, SessionStatus
 from ...models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
 from ...models.base import utcnow
 from . import allocator, changes, metrics
-from .admission import admit
 from .agent_selectors import SELECTORS
 from .allocator import Allocation, PlacementWriter, commit
 from .options import SchedulerOptions
@@ -94,13 +93,6 @@ from .validators import reason_code, validate
 
 log = logging.getLogger("jupyterhub_backendai.scheduler")
 
-__all__ = [
-    "admit",
-    "check_consistency",
-    "lost_agents",
-    "schedule_pass",
-    "scheduler_stats",
-]
 
 
 def schedule_pass(sm: sessionmaker, resource_group: str, *,

@@ -1,0 +1,104 @@
+"""Where the manager's named operations are found (:mod:`.ops`), and the two façades
+that run them: :class:`Operations` (``manager.ops``, async, each in a worker thread)
+and :class:`Record` (``backendai-admin``'s bootstrap commands, in the calling thread,
+where no hub runs).
+
+Every module that declares operations is imported here, by name, so the whole set is
+in sight of any reader (no module is loaded by a computed name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
+from . import (  # noqa: F401  (each declares operations with @reads / @writes)
+    access,
+    accounts,
+    admin,
+    apiviews,
+    cliviews,
+    compatviews,
+    keypairs,
+    pageviews,
+    spawnviews,
+    tenancy,
+    vfolders,
+)
+from .ops import lookup
+
+
+class Operations:
+    """``manager.ops``: every declared operation as an awaitable method."""
+
+    def __init__(self, manager: Any) -> None:
+        self._manager = manager
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        fn, write = lookup(name)
+        run = self._manager.db if write else self._manager.db_read
+
+        async def operation(*args, **kw):
+            return await run(fn, *args, **kw)
+
+        operation.__name__ = operation.__qualname__ = name
+        operation.__doc__ = fn.__doc__
+        setattr(self, name, operation)  # found once per manager
+        return operation
+
+
+class Record:
+    """The database at ``url``, migrated (so it may be created) with the defaults in
+    place; ``record.ops.<name>(...)`` runs a named operation in this thread. Close it
+    (or use it as a context manager) to let go of its connections."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url)
+        try:
+            upgrade(self.engine)
+            self._sm = make_sessionmaker(self.engine)
+            self._sm_read = make_read_sessionmaker(self.engine)
+            with self._sm.begin() as s:
+                tenancy.ensure_defaults(s)
+        except BaseException:
+            self.engine.dispose()
+            raise
+        self.ops = _Operations(self)
+
+    def run(self, name: str, *args, **kw):
+        fn, write = lookup(name)
+        if write:
+            with self._sm.begin() as s:
+                return fn(s, *args, **kw)
+        with self._sm_read() as s:
+            return fn(s, *args, **kw)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Record:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Operations:
+    def __init__(self, record: Record) -> None:
+        self._record = record
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        lookup(name)  # an unknown name is refused here, in words
+
+        def operation(*args, **kw):
+            return self._record.run(name, *args, **kw)
+
+        operation.__name__ = operation.__qualname__ = name
+        return operation
+
+
+# -- the operations ---------------------------------------------------------------------
