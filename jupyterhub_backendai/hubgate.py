@@ -281,6 +281,9 @@ def gate_when_built(hub) -> None:
     def init_tornado_application():
         make()
         install(hub)
+        from . import sessiontokens
+
+        sessiontokens.start(hub)  # a server's tokens die with its session
 
     init_tornado_application.gated = True  # type: ignore[attr-defined]
     hub.init_tornado_application = init_tornado_application
