@@ -183,3 +183,41 @@ def test_open_streams_are_capped_per_user(world):
     while _tokens(hub) != tokens and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _tokens(hub) == tokens
+
+
+def test_an_open_stream_ends_with_the_access_it_was_opened_with(world):
+    """Issue 22, derived credentials: a stream opened while the user was active does not
+    outlive their deactivation. A run waiting for input is told why and closed within
+    seconds, and the token the stream held is gone (before, it waited on until the
+    client closed it)."""
+    hub = world
+    sa = superadmin(hub)
+    bob = new_user(sa, name=f"streamer-{os.getpid()}")
+    name = bob["username"]
+    r = hub.spawn(name, "work", token=bob["token"])
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(name, "work", token=bob["token"])
+    sessions = hub.api("GET", "/backendai/sessions", params={"user_id": bob["id"]})
+    (sess,) = [s for s in sessions.json()["items"] if s["status"] == "RUNNING"]
+    url = "ws" + hub.base[4:] + PREFIX + f"/stream/session/{sess['id']}/execute"
+    auth = {"Authorization": f"token {bob['token']}"}
+    with connect(url, additional_headers=auth, open_timeout=60) as ws:
+        # A run that stays open: it waits for the user's input.
+        ws.send(json.dumps({"code": "input('name? ')", "mode": "query", "options": {}}))
+        while json.loads(ws.recv(timeout=60)).get("status") != "waiting-input":
+            pass
+        t0 = time.monotonic()
+        sa.ok("PATCH", f"/users/{bob['id']}", json={"status": "inactive"})
+        said = []
+        try:
+            while True:
+                said += [c[1] for c in json.loads(ws.recv(timeout=30))["console"]]
+        except Exception as e:  # the hub closed it
+            said.append(f"<{type(e).__name__}: {e}>")
+        took = time.monotonic() - t0
+    assert any("access ended" in s for s in said[:-1]), said
+    assert took < 15, f"the stream outlived the deactivation by {took:.1f} s"
+    # The token the stream held is gone with it (bob's own tokens went with his access).
+    r = hub.api("GET", f"/users/{name}/tokens")
+    assert r.status_code == 200, r.text
+    assert not [t for t in r.json()["api_tokens"] if "backend.ai run" in (t.get("note") or "")]

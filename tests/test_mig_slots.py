@@ -205,14 +205,13 @@ def test_backendai_client_resources_name_mig_slots():
     """`backend.ai session create -r cuda.mig-1g.10gb=1` sends Backend.AI's resources;
     the compat layer passes MIG slots on to the one request parser, and still refuses
     what is not offered."""
-    from jupyterhub_backendai.api.compat.handlers import _resources
-    from jupyterhub_backendai.manager.core import BackendAIManager
+    from jupyterhub_backendai.api.compat.handlers import BackendAISessionCreate, _resources
 
-    opts = {"image": "x", **_resources({"resources": {"cpu": 1, "mem": "1g", MIG: 1}})}
-    image, slots = BackendAIManager.parse_request(None, opts)
-    assert (image, slots[MIG]) == ("x", 1)
+    req = BackendAISessionCreate.parse(
+        {"name": "m", "image": "x", "config": {"resources": {"cpu": 1, "mem": "1g", MIG: 1}}})
+    assert (req.image, req.slots[MIG]) == ("x", 1)
     with pytest.raises(InvalidRequest, match="'tpu.device' is not offered here"):
         _resources({"resources": {"tpu.device": 1}})
     with pytest.raises(SessionRequestError, match=r"'cuda\.mig-big' is not a MIG slot"):
-        BackendAIManager.parse_request(None, {"image": "x", **_resources(
-            {"resources": {"cuda.mig-big": 1}})})
+        BackendAISessionCreate.parse(
+            {"name": "m", "image": "x", "config": {"resources": {"cuda.mig-big": 1}}})

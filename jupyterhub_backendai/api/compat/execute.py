@@ -45,12 +45,13 @@ import re
 import urllib.parse
 import uuid
 
+import aiohttp
 from tornado import httputil, web, websocket
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ...common.errors import BackendAIError, InvalidRequest, NotFound
-from ...common.types import SessionStatus
+from ...common.types import SessionStatus, UserStatus
 from ...manager import vfolders
+from ..keypair_auth import keypair_auth
 from .base import CompatBase
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -59,9 +60,78 @@ _KERNELS: dict[str, str] = {}
 # At most this many execute streams of one user open at once in this hub process (each
 # holds a websocket to a Jupyter kernel and a token): past it, 429.
 MAX_STREAMS_PER_USER = 8
+# Seconds between the checks that the access an open stream was granted still holds.
+ACCESS_CHECK = 2.0
 # user id -> their execute streams open now (in this process).
 _STREAMS: dict[str, int] = {}
 
+
+
+# -- the session's Jupyter server, as a client of it (aiohttp: the hub's one client stack
+# of ours, as for agents and storage proxies, common/httpbase.py) --------------------------
+
+
+class _ServerError(Exception):
+    """The session's Jupyter server answered with an error status."""
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(f"HTTP {code}{': ' + reason if reason else ''}")
+        self.code = code
+
+
+_HTTP: aiohttp.ClientSession | None = None
+
+
+def _http() -> aiohttp.ClientSession:
+    """One connection pool for every call to sessions' Jupyter servers."""
+    global _HTTP
+    if _HTTP is None or _HTTP.closed:
+        _HTTP = aiohttp.ClientSession()
+    return _HTTP
+
+
+async def _fetch(url: str, *, method: str = "GET", headers: dict | None = None,
+                 body: str | None = None, timeout: float = 30) -> bytes:
+    """One request; the body, or :class:`_ServerError` for a status of 400 or more."""
+    async with _http().request(method, url, headers=headers, data=body,
+                               timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        data = await r.read()
+        if r.status >= 400:
+            raise _ServerError(r.status, r.reason or "")
+        return data
+
+
+class _KernelSocket:
+    """A kernel's channels websocket: messages out and in, None once it is closed."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+
+    @classmethod
+    async def connect(cls, url: str, headers: dict) -> _KernelSocket:
+        return cls(await _http().ws_connect(url, headers=headers, heartbeat=20,
+                                            timeout=aiohttp.ClientWSTimeout(ws_close=10),
+                                            max_msg_size=0))
+
+    async def write_message(self, text: str) -> None:
+        if self._ws.closed:
+            raise _KernelGone()
+        await self._ws.send_str(text)
+
+    async def read_message(self) -> str | None:
+        msg = await self._ws.receive()
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            return msg.data
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            return msg.data.decode(errors="replace")
+        return None  # closed, closing or an error
+
+    def close(self) -> None:
+        asyncio.ensure_future(self._ws.close())
+
+
+class _KernelGone(Exception):
+    """The kernel's websocket closed."""
 
 class ServerUnavailable(BackendAIError):
     status_code = 502
@@ -167,6 +237,7 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
     _task: asyncio.Task | None = None
     _input: asyncio.Future | None = None
     _kernel_ws = None
+    _watch: asyncio.Task | None = None
 
     def check_xsrf_cookie(self):
         return None
@@ -197,29 +268,55 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
         try:
             self._mint_token()
             self._kernel = await self._ensure_kernel()
-            self._kernel_ws = await websocket.websocket_connect(HTTPRequest(
+            self._kernel_ws = await _KernelSocket.connect(
                 f"ws{self._base[4:]}api/kernels/{self._kernel}/channels"
-                f"?session_id={uuid.uuid4().hex}", headers=self._auth(), request_timeout=30),
-                ping_interval=20)
-        except (HTTPClientError, OSError) as e:
+                f"?session_id={uuid.uuid4().hex}", self._auth())
+        except (_ServerError, aiohttp.ClientError, OSError, TimeoutError) as e:
             self._finish_failed(f"the session's Jupyter server did not answer: {e}")
             self._cleanup()
+            return
+        self._watch = asyncio.ensure_future(self._watch_access())
+
+    async def _watch_access(self) -> None:
+        """The stream lives only as long as the access it was opened with: every
+        ``ACCESS_CHECK`` seconds the session must still run, and the keypair that signed
+        the request (or the user, for a JupyterHub token) must still be active. Both
+        reads are shared: the session's state by every poll (manager/reflector.py), the
+        keypair's by every signed request (its lookup cache, emptied by this hub's
+        changes)."""
+        auth = keypair_auth(self.manager)
+        p = self.principal
+        while True:
+            await asyncio.sleep(ACCESS_CHECK)
+            state = await self.manager.reflector.state(self._sid)
+            why = None
+            if state is None or state.dead:
+                why = "the session ended"
+            else:
+                rec = (await auth.lookup(p.access_key) if p.access_key
+                       else await auth.hub_user_record(p.username))
+                if rec is None or (p.access_key and not rec.keypair_active):
+                    why = "the keypair was deactivated or deleted"
+                elif rec.user_status != UserStatus.ACTIVE or (p.access_key and not rec.domain_active):
+                    why = f"user {p.username!r} is no longer active"
+            if why is not None:
+                self._finish_failed(f"access ended: {why}")
+                self._cleanup()
+                return
 
     async def _ensure_kernel(self) -> str:
-        client = AsyncHTTPClient()
         kid = _KERNELS.get(self._sid)
         if kid:
             try:
-                await client.fetch(f"{self._base}api/kernels/{kid}", headers=self._auth(),
-                                   request_timeout=30)
+                await _fetch(f"{self._base}api/kernels/{kid}", headers=self._auth())
                 return kid
-            except HTTPClientError as e:
+            except _ServerError as e:
                 if e.code != 404:
                     raise
-        r = await client.fetch(f"{self._base}api/kernels", method="POST", body="{}",
-                               headers={**self._auth(), "Content-Type": "application/json"},
-                               request_timeout=60)
-        kid = _KERNELS[self._sid] = json.loads(r.body)["id"]
+        body = await _fetch(f"{self._base}api/kernels", method="POST", body="{}",
+                            headers={**self._auth(), "Content-Type": "application/json"},
+                            timeout=60)
+        kid = _KERNELS[self._sid] = json.loads(body)["id"]
         return kid
 
     # -- the client's side ------------------------------------------------------
@@ -246,13 +343,15 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
 
     async def _interrupt(self):
         try:
-            await AsyncHTTPClient().fetch(
-                f"{self._base}api/kernels/{self._kernel}/interrupt", method="POST", body="",
-                headers=self._auth(), request_timeout=10)
+            await _fetch(f"{self._base}api/kernels/{self._kernel}/interrupt", method="POST",
+                         body="", headers=self._auth(), timeout=10)
         except Exception:
             self.log.debug("interrupting kernel %s failed", self._kernel, exc_info=True)
 
     def _cleanup(self):
+        watch, self._watch = self._watch, None
+        if watch is not None and watch is not asyncio.current_task():
+            watch.cancel()
         if self._kernel_ws is not None:
             self._kernel_ws.close()
             self._kernel_ws = None
@@ -380,7 +479,7 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
                     reply = content
                 elif kind == "status" and content.get("execution_state") == "idle":
                     idle = True
-        except websocket.WebSocketClosedError:
+        except (_KernelGone, aiohttp.ClientError, ConnectionError):
             return None
         return reply, error
 
@@ -532,13 +631,13 @@ class SessionUploadHandler(CompatBase, _JupyterServer):
                     "content": base64.b64encode(f.body).decode()})
                 if new:
                     created.append(path)
-        except (HTTPClientError, OSError) as e:
+        except (_ServerError, aiohttp.ClientError, OSError, TimeoutError) as e:
             for path in created:
                 try:
                     await self._contents("DELETE", path)
-                except (HTTPClientError, OSError):
+                except (_ServerError, aiohttp.ClientError, OSError, TimeoutError):
                     self.log.warning("could not remove %s after a failed upload", path)
-            if isinstance(e, HTTPClientError) and e.code in (400, 403, 409, 413):
+            if isinstance(e, _ServerError) and e.code in (400, 403, 409, 413):
                 raise InvalidRequest(f"{path!r}: the session's Jupyter server refused it "
                                      f"({e.code}); nothing uploaded") from None
             raise ServerUnavailable(f"the session's Jupyter server did not answer: {e}; "
@@ -553,12 +652,10 @@ class SessionUploadHandler(CompatBase, _JupyterServer):
         if method == "GET":
             url += "?content=0"
         try:
-            r = await AsyncHTTPClient().fetch(
+            return await _fetch(
                 url, method=method, headers={**self._auth(), "Content-Type": "application/json"},
-                body=None if model is None else json.dumps(model), request_timeout=120,
-                allow_nonstandard_methods=method == "DELETE")
-        except HTTPClientError as e:
+                body=None if model is None else json.dumps(model), timeout=120)
+        except _ServerError as e:
             if method == "GET" and e.code == 404:
                 return None
             raise
-        return r
