@@ -530,6 +530,13 @@ class Agent(LoggingConfigurable):
     async def list_kernels(self) -> list[dict]:
         return [r.to_json() for r in await self.impl.list_kernels()]
 
+    async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
+        """Issue 22: withdraw the SSH key derived from keypair ``access_key`` from a
+        running kernel: its line leaves the kernel's authorized_keys and the sshd
+        connections it opened end; the kernel, its listening sshd and its other keys
+        stay. Returns ``{"removed": lines removed, "ended": connections ended}``."""
+        return await self.impl.revoke_ssh_key(kernel_id, access_key)
+
     async def bridge_address(self, container_id: str) -> str | None:
         """The kernel's address on a bridge network of this host (None: none)."""
         return await self.impl.bridge_address(container_id)

@@ -75,6 +75,18 @@ class KernelLogsHandler(_Handler):
             self.write_json({"logs": logs})
 
 
+class KernelSSHKeyHandler(_Handler):
+    async def post(self, kernel_id):
+        """Issue 22: withdraw the SSH key of keypair ``access_key`` (the body) from the kernel."""
+        access_key = self.body().get("access_key")
+        if not isinstance(access_key, str):
+            self.problem(InvalidRequest("access_key (a string) is required"))
+            return
+        done = await self._guard(self.agent.revoke_ssh_key(kernel_id, access_key))
+        if done is not None:
+            self.write_json(done)
+
+
 class ImagesHandler(_Handler):
     async def get(self):
         self.write_json([{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()])
@@ -101,6 +113,7 @@ def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
             (r"/v1/kernels", KernelsHandler),
             (r"/v1/kernels/([0-9a-f]+)", KernelHandler),
             (r"/v1/kernels/([0-9a-f]+)/logs", KernelLogsHandler),
+            (r"/v1/kernels/([0-9a-f]+)/revoke-ssh-key", KernelSSHKeyHandler),
             (r"/v1/images", ImagesHandler),
             (r"/v1/images/inspect", ImageInspectHandler),
         ],

@@ -23,6 +23,11 @@ class AgentClient:
         """The tail of the kernel's output; None when the agent does not know the kernel."""
         raise NotImplementedError
 
+    async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
+        """Issue 22: withdraw keypair ``access_key``'s SSH key from a running kernel
+        (``{"removed", "ended"}``); NotFound when the agent has no such running kernel."""
+        raise NotImplementedError
+
     async def image_info(self, name: str) -> dict:
         raise NotImplementedError
 
@@ -45,6 +50,9 @@ class InProcessAgentClient(AgentClient):
 
     async def kernel_logs(self, kernel_id):
         return await self.agent.kernel_logs(kernel_id)
+
+    async def revoke_ssh_key(self, kernel_id, access_key):
+        return await self.agent.revoke_ssh_key(kernel_id, access_key)
 
     async def image_info(self, name):
         info = await self.agent.image_info(name)
@@ -111,6 +119,10 @@ class HTTPAgentClient(AgentClient):
             return (await self._call("GET", f"/v1/kernels/{kernel_id}/logs"))["logs"]
         except NotFound:
             return None
+
+    async def revoke_ssh_key(self, kernel_id, access_key):
+        return await self._call("POST", f"/v1/kernels/{kernel_id}/revoke-ssh-key",
+                                {"access_key": access_key})
 
     async def image_info(self, name):
         return await self._call("POST", "/v1/images/inspect", {"name": name})

@@ -6,6 +6,9 @@ can recompute it from the secret key alone, and a new secret key (a new keypair)
 a new SSH key. Its public key goes into the session's main kernel
 (``/home/config/ssh/authorized_keys``, beside a cluster session's own key); the private
 key is handed out only to the session's owner (``GET /sessions/{id}/ssh-key``).
+The key lives as long as the access it came from: once the keypair is inactive or
+deleted, or its user is not active, the lifecycle's ``SSHWithdrawal`` takes it out of
+the running sessions' kernels (issue 22) and new sessions do not get it.
 """
 
 from __future__ import annotations
@@ -43,12 +46,16 @@ def private_key(secret_key: str) -> str:
 
 def session_public_key(db, sess, resource_groups) -> str | None:
     """The public key a session's main kernel authorizes: None unless the session's
-    resource group is one of ``resource_groups`` (opt-in) and its keypair exists."""
-    from ..models import Keypair
+    resource group is one of ``resource_groups`` (opt-in), its keypair exists and is
+    active, and its user is active (issue 22: a key already placed in a running kernel
+    is withdrawn when that stops being so, lifecycle ``SSHWithdrawal``)."""
+    from ..common.types import UserStatus
+    from ..models import Keypair, User
 
     if sess.resource_group not in set(resource_groups or ()):
         return None
     kp = db.get(Keypair, sess.access_key)
-    if kp is None:
+    user = db.get(User, sess.user_id)
+    if kp is None or not kp.is_active or user is None or user.status != UserStatus.ACTIVE:
         return None
     return public_key(kp.secret_key, kp.access_key)

@@ -166,6 +166,13 @@ class Backend:
     async def list_kernels(self) -> list[KernelRecord]:
         raise NotImplementedError
 
+    async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
+        """Issue 22: take away the SSH key derived from keypair ``access_key`` from a
+        running kernel (its authorized_keys line, and the connections it opened);
+        ``{"removed": lines, "ended": connections}``. A backend that publishes no
+        sshd has nothing to take away."""
+        return {"removed": 0, "ended": []}
+
     async def bridge_address(self, container_id: str) -> str | None:
         """The kernel's address on a bridge network of this host, which the host routes
         to straight (the app front's fast path); None where there is none."""

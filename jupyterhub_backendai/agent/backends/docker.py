@@ -13,12 +13,14 @@ import tarfile
 import time
 import weakref
 import zlib
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import aiodocker
 from aiodocker.exceptions import DockerError
 
-from ...common.errors import AgentError, ImageNotFound
+from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
+from . import sshrevoke
 from .base import (
     BATCH,
     IDLE,
@@ -59,6 +61,8 @@ CLUSTER_SSH_DIR = "home/config/ssh"
 SSH_CONTAINER_PORT = 2200
 KERNEL_UID = 1000
 OVERLAY_WAIT = 30.0
+# Issue 22: what withdraws a keypair's SSH key inside a kernel (run there by python3).
+_SSHREVOKE = Path(sshrevoke.__file__).read_text()
 # One lock per event loop for making session networks, shared by the agents of this
 # process (they may share an engine: its duplicate-name check is not atomic).
 _NET_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -802,6 +806,44 @@ class DockerBackend(Backend):
         running = [c for c in await self._containers() if c.get("State") == "running"]
         got = await asyncio.gather(*(one(c) for c in running))
         return {kid: v for kid, v in (g for g in got if g) if kid}
+
+    async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
+        """Issue 22: :mod:`.sshrevoke` run in the kernel as its user (the owner of
+        /home/config/ssh and of the sshd; root holds no capabilities there): the key's line leaves
+        authorized_keys (a new file renamed over it), and the sshd connections that no
+        remaining key accounts for end; the listening sshd and the kernel stay."""
+        if not re.fullmatch(r"[A-Za-z0-9]{1,64}", access_key or ""):
+            raise InvalidRequest(f"not an access key: {access_key!r}")
+        found = [c for c in await self._containers(f"{L_KERNEL}={kernel_id}")
+                 if c.get("State") == "running"]
+        if not found:
+            raise NotFound(f"no running kernel {kernel_id}")
+        container = self.docker.containers.container(found[0]["Id"])
+        try:
+            exe = await container.exec(["python3", "-c", _SSHREVOKE, access_key],
+                                       user=f"{KERNEL_UID}:{KERNEL_UID}",
+                                       stdout=True, stderr=True)
+            out = bytearray()
+
+            async def read() -> None:
+                async with exe.start(detach=False) as stream:
+                    while (msg := await stream.read_out()) is not None:
+                        out.extend(msg.data)
+
+            await asyncio.wait_for(read(), 60)
+            code = (await exe.inspect()).get("ExitCode")
+        except TimeoutError:
+            raise AgentError(f"withdrawing the SSH key in kernel {kernel_id} took over 60 s") from None
+        except DockerError as e:
+            raise AgentError(f"docker could not withdraw the SSH key: {e.message}") from None
+        text = out.decode(errors="replace").strip()
+        if code != 0:
+            raise AgentError(f"withdrawing the SSH key in kernel {kernel_id} failed "
+                             f"(exit {code}): {text[-500:]}")
+        try:
+            return json.loads(text.splitlines()[-1])
+        except (ValueError, IndexError):
+            raise AgentError(f"withdrawing the SSH key in kernel {kernel_id}: {text[-500:]!r}") from None
 
     async def bridge_address(self, container_id: str) -> str | None:
         info = await self.docker.containers.container(container_id).show()

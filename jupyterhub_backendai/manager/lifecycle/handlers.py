@@ -35,6 +35,8 @@ class Handler:
 
     takes: ClassVar[frozenset[str]] = frozenset()
     writes: ClassVar[frozenset[tuple[str, str]]] = frozenset()
+    # False: the handler changes no status (``writes`` stays empty, on purpose).
+    changes_status: ClassVar[bool] = True
     # "before": ahead of the scheduler's pass (frees capacity for it); "after": behind it
     stage: ClassVar[str] = "after"
 
@@ -263,9 +265,65 @@ class KernelExit(Handler):
         self.mgr.background(self.driver.ending.end(sid, status, info, result=result))
 
 
+class SSHWithdrawal(Handler):
+    """RUNNING in an SSH resource group (``ssh_resource_groups``), its keypair inactive or
+    deleted or its user not active, its main kernel's sshd still listed: the keypair's
+    SSH key is withdrawn from the kernel by its agent (the authorized_keys line, the
+    connections it opened), then the sshd leaves the kernel's service ports (what marks
+    it done, in the record: every manager sees it, and a reactivated keypair does not get
+    the key back). The session keeps running. One query at most every ``interval``
+    seconds, whoever deactivated it (API, CLI, SQL); a failed withdrawal is retried
+    after ``retry_after`` seconds."""
+
+    takes = frozenset({S.RUNNING})
+    writes = frozenset()
+    changes_status = False
+    interval: ClassVar[float] = 2.0
+    retry_after: ClassVar[float] = 10.0
+
+    def __init__(self, driver) -> None:
+        super().__init__(driver)
+        self._checked = float("-inf")  # loop time of the last query
+        self._busy: set[str] = set()  # sessions being withdrawn by this process
+        self._retry: dict[str, float] = {}  # session -> loop time of its next try
+
+    async def run(self, rnd: Round) -> None:
+        mgr = self.mgr
+        groups = list(mgr.ssh_resource_groups or ())
+        loop_now = asyncio.get_running_loop().time()
+        if not groups or loop_now - self._checked < self.interval:
+            return
+        self._checked = loop_now
+        found = await mgr.db_read(record.ssh_to_withdraw, groups)
+        self._retry = {sid: t for sid, t in self._retry.items() if any(f[0] == sid for f in found)}
+        for sid, ak, kid, aid, addr in found:
+            if sid in self._busy or self._retry.get(sid, loop_now) > loop_now:
+                continue
+            self._busy.add(sid)
+            mgr.background(self.withdraw(sid, ak, kid, aid, addr))
+
+    async def withdraw(self, sid: str, access_key: str, kernel_id: str, agent_id: str,
+                       addr: str) -> None:
+        mgr = self.mgr
+        try:
+            done = await mgr.agents.client(agent_id, addr).revoke_ssh_key(kernel_id, access_key)
+            await mgr.db(record.ssh_withdrawn, kernel_id)
+            self._retry.pop(sid, None)
+            mgr.log.info("session %s: SSH key of keypair %s withdrawn (its keypair or user is "
+                         "no longer active): %s line(s) removed, %s connection(s) ended",
+                         sid, access_key, done.get("removed"), len(done.get("ended") or []))
+        except Exception as e:
+            self._retry[sid] = asyncio.get_running_loop().time() + self.retry_after
+            mgr.log.warning("session %s: withdrawing the SSH key of keypair %s on agent %s "
+                            "failed (retried in %g s): %s", sid, access_key, agent_id,
+                            self.retry_after, e)
+        finally:
+            self._busy.discard(sid)
+
+
 # The status table, in the order the driver runs the rows.
 HANDLERS: tuple[type[Handler], ...] = (
     PolicyLimits, BatchTimeout, InterruptedStart, Start, Termination, LostAgent, Abandoned,
-    KernelExit,
+    KernelExit, SSHWithdrawal,
 )
 

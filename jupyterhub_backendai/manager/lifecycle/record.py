@@ -21,8 +21,9 @@ from ...common.types import (
     STARTING_STATUSES,
     AgentStatus,
     SessionStatus,
+    UserStatus,
 )
-from ...models import Agent, Kernel, Keypair, KeypairResourcePolicy, Session
+from ...models import Agent, Kernel, Keypair, KeypairResourcePolicy, Session, User
 from ...models.base import utcnow
 
 SUCCESS = "SUCCESS"
@@ -422,3 +423,50 @@ def record_activity(s, sid: str, when: dt.datetime) -> int:
         .values(last_activity=when)
         .execution_options(synchronize_session=False)
     ).rowcount
+
+
+# Issue 12/22: the entries of a main kernel's service ports that its published sshd has.
+SSH_PORT_NAMES = ("sshd", "sftp")
+
+
+def _is_ssh_port(sp: dict) -> bool:
+    return sp.get("name") in SSH_PORT_NAMES and sp.get("protocol") == "tcp"
+
+
+def ssh_to_withdraw(s, resource_groups: Iterable[str]) -> list[tuple[str, str, str, str, str]]:
+    """Issue 22: (session id, access key, main kernel id, its agent id, the agent's
+    address) of every RUNNING session of ``resource_groups`` whose keypair is inactive
+    or gone, or whose user is not active, and whose main kernel still lists its sshd
+    (the key was not withdrawn yet: :func:`ssh_withdrawn` takes the entries away).
+    One query; the few candidates are filtered here (JSON is not compared in SQL)."""
+    groups = list(resource_groups or ())
+    if not groups:
+        return []
+    rows = s.execute(
+        select(Session.id, Session.access_key, Kernel.id, Kernel.agent_id, Agent.addr,
+               Kernel.service_ports)
+        .join(Kernel, Kernel.session_id == Session.id)
+        .outerjoin(Agent, Agent.id == Kernel.agent_id)
+        .outerjoin(Keypair, Keypair.access_key == Session.access_key)
+        .outerjoin(User, User.id == Session.user_id)
+        .where(Session.status == SessionStatus.RUNNING, Session.resource_group.in_(groups),
+               Kernel.cluster_role == "main",
+               or_(Keypair.access_key.is_(None), Keypair.is_active.is_not(True),
+                   User.id.is_(None), User.status != UserStatus.ACTIVE))
+    ).all()
+    return [(sid, ak, kid, aid, addr or "") for sid, ak, kid, aid, addr, ports in rows
+            if aid and any(_is_ssh_port(sp) for sp in ports or [])]
+
+
+def ssh_withdrawn(s, kernel_id: str) -> bool:
+    """Issue 22: the kernel's key was withdrawn: its sshd leaves its service ports (the
+    API stops listing it, ``ssh-key`` answers 404, :func:`ssh_to_withdraw` skips it).
+    The sshd itself keeps listening for the kernel's other keys (a cluster's own)."""
+    k = s.get(Kernel, kernel_id, with_for_update=True)
+    if k is None:
+        return False
+    ports = [sp for sp in k.service_ports or [] if not _is_ssh_port(sp)]
+    if len(ports) == len(k.service_ports or []):
+        return False
+    k.service_ports = ports
+    return True
