@@ -377,6 +377,8 @@ class StorageProxyApp(NodeAuthConfig, Application):
         server.stop()
         if client_server is not None:
             client_server.stop()
+        if getattr(self, "_grants", None) is not None:
+            await self._grants.close()
 
     def _listen_clients(self, storage: InProcessStorageClient):
         import ssl
@@ -384,7 +386,7 @@ class StorageProxyApp(NodeAuthConfig, Application):
         TransferTokens.instance(config=self.config)  # the secret is read once, at start
         grants = None
         if self.grant_url:
-            grants = transfer.HubGrants(self.grant_url, self.grant_ca or None)
+            grants = self._grants = transfer.HubGrants(self.grant_url, self.grant_ca or None)
         else:
             self.log.warning(
                 "StorageProxyApp.grant_url is not set: transfer tokens are checked for "

@@ -47,12 +47,14 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import stat
 import struct
 import threading
 import time
 import weakref
 
+import aiohttp
 from tornado import httputil, iostream, web
 from tornado.log import access_log
 from traitlets import Integer, Unicode, default
@@ -1238,11 +1240,24 @@ class HubGrants:
     def __init__(self, url: str, ca: str | None = None):
         self.url = url
         self.ca = ca
+        self._http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        # aiohttp, as every client of ours (common/httpbase.py): one pool for the checks.
+        if self._http is None or self._http.closed:
+            ssl_ctx = ssl.create_default_context(cafile=self.ca) if self.ca else None
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl_ctx) if ssl_ctx else None,
+                timeout=aiohttp.ClientTimeout(total=10))
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def __call__(self, handler: TransferHandler, claims: dict) -> None:
         from urllib.parse import quote
-
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
         token = handler.token() or ""
         if expired(claims):
@@ -1252,18 +1267,16 @@ class HubGrants:
             token = handler.tokens.sign({k: v for k, v in claims.items() if k != "exp"},
                                         ttl=60)
         try:
-            await AsyncHTTPClient().fetch(
-                f"{self.url}?token={quote(token)}", method="POST", body=b"",
-                ca_certs=self.ca, request_timeout=10)
-            return
-        except HTTPClientError as e:
-            if e.code in (401, 403):
-                try:
-                    reason = json.loads(e.response.body)["title"]
-                except (AttributeError, ValueError, KeyError, TypeError):
-                    reason = "the hub says this transfer token's access has ended"
-                raise Forbidden(reason) from None
-        except OSError:
+            async with self._session().post(f"{self.url}?token={quote(token)}", data=b"") as r:
+                if r.status < 300:
+                    return
+                if r.status in (401, 403):
+                    try:
+                        reason = json.loads(await r.read())["title"]
+                    except (ValueError, KeyError, TypeError):
+                        reason = "the hub says this transfer token's access has ended"
+                    raise Forbidden(reason)
+        except (aiohttp.ClientError, OSError, TimeoutError):
             pass
         raise BackendAIError("the hub did not answer whether this transfer may go on; "
                              "try again in a moment", status_code=503)
