@@ -32,15 +32,17 @@ user by id, email or username, a session or a vfolder by id or name.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
 import secrets
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
+
+import aiohttp
+import yarl
 
 from .common import signing
 from .common.errors import BackendAIError
@@ -187,7 +189,7 @@ class ApiError(Exception):
 
 
 class ApiClient:
-    """Signed requests to the hub's admin API, with the standard library only."""
+    """Signed requests to the hub's admin API (aiohttp, each call on its own loop)."""
 
     def __init__(self, endpoint: str, access_key: str, secret_key: str,
                  timeout: float = 60.0) -> None:
@@ -218,20 +220,28 @@ class ApiClient:
         headers["Accept"] = "application/json"
         if hasattr(data, "read"):  # a file, streamed
             headers["Content-Length"] = str(os.fstat(data.fileno()).st_size)
-        req = urllib.request.Request(url, data=data, method=method.upper(), headers=headers)
+        return asyncio.run(self._exchange(method.upper(), url, headers, data, sink))
+
+    async def _exchange(self, method: str, url: str, headers: dict, data: Any,
+                        sink: Any) -> bytes:
+        # aiohttp: the project's one HTTP client stack (the hub's clients use it too).
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
+                                        sock_read=self.timeout)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            async with aiohttp.ClientSession(timeout=timeout) as http, \
+                    http.request(method, yarl.URL(url, encoded=True), data=data,
+                                 headers=headers) as resp:
+                if resp.status >= 400:
+                    raise _problem(resp.status, resp.reason or "error", await resp.read())
                 if sink is None:
-                    return resp.read()
-                while chunk := resp.read(1 << 20):
+                    return await resp.read()
+                async for chunk in resp.content.iter_chunked(1 << 20):
                     sink.write(chunk)
                 return b""
-        except urllib.error.HTTPError as e:
-            raise _problem(e) from None
-        except urllib.error.URLError as e:
-            raise ApiError(None, f"cannot reach {self.base}", str(e.reason)) from None
-        except (TimeoutError, ConnectionError) as e:
-            raise ApiError(None, f"cannot reach {self.base}", str(e)) from None
+        except aiohttp.ClientConnectorError as e:
+            raise ApiError(None, f"cannot reach {self.base}", str(e.os_error or e)) from None
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            raise ApiError(None, f"cannot reach {self.base}", str(e) or type(e).__name__) from None
 
     def upload(self, path: str, query: dict, file: Any) -> Any:
         """PUT a file's bytes (streamed from the open binary ``file``)."""
@@ -276,9 +286,8 @@ def api_base(endpoint: str) -> str:
     return endpoint + "/" + API_PREFIX
 
 
-def _problem(e: urllib.error.HTTPError) -> ApiError:
-    raw = e.read()
-    title, detail = e.reason or "error", ""
+def _problem(status: int, reason: str, raw: bytes) -> ApiError:
+    title, detail = reason, ""
     try:
         doc = json.loads(raw)
         if isinstance(doc, dict):
@@ -286,7 +295,7 @@ def _problem(e: urllib.error.HTTPError) -> ApiError:
             detail = doc.get("detail") or doc.get("message") or ""
     except ValueError:
         detail = raw.decode(errors="replace").strip()[:500]
-    return ApiError(e.code, str(title), str(detail))
+    return ApiError(status, str(title), str(detail))
 
 
 # Entities of the API: command name -> (collection path, what identifies one item).
