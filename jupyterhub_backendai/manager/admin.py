@@ -14,9 +14,7 @@ references to other rows, uniqueness, and who may set which field.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from collections.abc import Callable
 from decimal import Decimal
 
 from sqlalchemy import delete, func, or_, select
@@ -51,7 +49,7 @@ from ..models import (
     project_members,
     session_dependencies,
 )
-from . import access, tenancy
+from . import access, responses, tenancy
 from .access import Principal
 from .ops import reads, writes
 
@@ -62,14 +60,6 @@ DEFAULT = tenancy.DEFAULT
 
 
 # -- helpers -------------------------------------------------------------------
-
-
-def _iso(v: dt.datetime | None) -> str | None:
-    return v.isoformat() if v is not None else None
-
-
-def _slots_out(v: ResourceSlot | None) -> dict | None:
-    return None if v is None else ResourceSlot(v).to_json()
 
 
 def parse_slots(field: str, value: dict) -> ResourceSlot:
@@ -96,10 +86,11 @@ def parse_slots(field: str, value: dict) -> ResourceSlot:
     return out
 
 
-def _page(db: DBSession, stmt, order, offset: int, limit: int, ser: Callable) -> dict:
+def _page(db: DBSession, stmt, order, offset: int, limit: int,
+          model: type[responses.Response]) -> dict:
     total = db.scalar(select(func.count()).select_from(stmt.order_by(None).subquery()))
     rows = db.scalars(stmt.order_by(*order).offset(offset).limit(limit)).unique().all()
-    return {"items": [ser(r) for r in rows], "total": total, "offset": offset, "limit": limit}
+    return {"items": model.bodies(rows), "total": total, "offset": offset, "limit": limit}
 
 
 def _check_name(field: str, value: str) -> None:
@@ -118,183 +109,15 @@ def _need(db: DBSession, model, key, field: str, label: str):
     return key
 
 
-# -- serializers ---------------------------------------------------------------
-
-
-def domain_out(d: Domain) -> dict:
-    return {
-        "name": d.name,
-        "description": d.description,
-        "is_active": d.is_active,
-        "total_resource_slots": _slots_out(d.total_resource_slots),
-        "allowed_vfolder_hosts": d.allowed_vfolder_hosts or {},
-        "allowed_docker_registries": d.allowed_docker_registries or [],
-        "created_at": _iso(d.created_at),
-    }
-
-
-def project_out(p: Project) -> dict:
-    return {
-        "id": p.id,
-        "name": p.name,
-        "domain_name": p.domain_name,
-        "description": p.description,
-        "is_active": p.is_active,
-        "total_resource_slots": _slots_out(p.total_resource_slots),
-        "allowed_vfolder_hosts": p.allowed_vfolder_hosts or {},
-        "resource_policy": p.resource_policy,
-        "created_at": _iso(p.created_at),
-    }
-
-
-def user_out(u: User) -> dict:
-    return {
-        "id": u.id,
-        "email": u.email,
-        "username": u.username,
-        "full_name": u.full_name,
-        "status": u.status,
-        "role": u.role,
-        "domain_name": u.domain_name,
-        "resource_policy": u.resource_policy,
-        "need_password_change": u.need_password_change,
-        "allowed_client_ip": u.allowed_client_ip,
-        "project_ids": sorted(p.id for p in u.projects),
-        "created_at": _iso(u.created_at),
-    }
-
-
-def keypair_out(k: Keypair) -> dict:
-    return {
-        "access_key": k.access_key,
-        "user_id": k.user_id,
-        "is_active": k.is_active,
-        "is_admin": k.is_admin,
-        "is_default": k.is_default,
-        "rate_limit": k.rate_limit,
-        "num_queries": k.num_queries,
-        "last_used": _iso(k.last_used),
-        "resource_policy": k.resource_policy,
-        "created_at": _iso(k.created_at),
-    }
-
-
-def keypair_policy_out(r: KeypairResourcePolicy) -> dict:
-    return {
-        "name": r.name,
-        "total_resource_slots": _slots_out(r.total_resource_slots),
-        "default_for_unspecified": r.default_for_unspecified,
-        "max_concurrent_sessions": r.max_concurrent_sessions,
-        "max_containers_per_session": r.max_containers_per_session,
-        "max_session_lifetime": r.max_session_lifetime,
-        "idle_timeout": r.idle_timeout,
-        "max_priority": r.max_priority,
-        "max_pending_session_count": r.max_pending_session_count,
-        "max_pending_session_resource_slots": _slots_out(r.max_pending_session_resource_slots),
-        "allowed_vfolder_hosts": r.allowed_vfolder_hosts or {},
-        "created_at": _iso(r.created_at),
-    }
-
-
-def quota_policy_out(r: UserResourcePolicy | ProjectResourcePolicy) -> dict:
-    return {
-        "name": r.name,
-        "max_vfolder_count": r.max_vfolder_count,
-        "max_quota_scope_size": r.max_quota_scope_size,
-        "created_at": _iso(r.created_at),
-    }
-
-
-def resource_group_out(g: ResourceGroup) -> dict:
-    return {
-        "name": g.name,
-        "description": g.description,
-        "is_active": g.is_active,
-        "is_public": g.is_public,
-        "scheduler": g.scheduler,
-        "scheduler_opts": g.scheduler_opts or {},
-        "allowed_domains": list(g.allowed_domains or []),
-        "allowed_projects": list(g.allowed_projects or []),
-        "allowed_keypairs": list(g.allowed_keypairs or []),
-        "created_at": _iso(g.created_at),
-    }
-
-
-def agent_out(a: Agent) -> dict:
-    return {
-        "id": a.id,
-        "status": a.status,
-        "resource_group": a.resource_group,
-        "addr": a.addr,
-        "architecture": a.architecture,
-        "backend": a.backend,
-        "available_slots": _slots_out(a.available_slots),
-        "occupied_slots": _slots_out(a.occupied_slots),
-        "schedulable": a.schedulable,
-        "version": a.version,
-        "first_contact": _iso(a.first_contact),
-        "last_heartbeat": _iso(a.last_heartbeat),
-    }
-
-
-def session_out(s: Session) -> dict:
-    return {
-        "id": s.id,
-        "name": s.name,
-        "type": s.session_type,
-        "user_id": s.user_id,
-        "access_key": s.access_key,
-        "domain_name": s.domain_name,
-        "project_id": s.project_id,
-        "resource_group": s.resource_group,
-        "image": s.image,
-        "cluster_size": s.cluster_size,
-        "cluster_mode": s.cluster_mode,
-        "priority": s.priority,
-        "requested_slots": _slots_out(s.requested_slots),
-        "status": s.status,
-        "status_info": s.status_info,
-        "result": s.result,
-        "startup_command": s.startup_command,
-        "batch_timeout": s.batch_timeout,
-        "starts_at": _iso(s.starts_at),
-        "architecture": s.architecture,
-        "designated_agents": list(s.designated_agents or []),
-        "dependencies": sorted(d.id for d in s.dependencies),
-        "created_at": _iso(s.created_at),
-        "terminated_at": _iso(s.terminated_at),
-        "kernels": [
-            {
-                "id": k.id,
-                "cluster_role": k.cluster_role,
-                "cluster_idx": k.cluster_idx,
-                "cluster_hostname": k.cluster_hostname,
-                "agent_id": k.agent_id,
-                "status": k.status,
-                "exit_code": k.exit_code,
-            }
-            for k in s.kernels
-        ],
-        "vfolder_mounts": [
-            {k: m.get(k) for k in ("id", "name", "host", "permission", "target")}
-            for m in s.vfolder_mounts or []
-        ],
-    }
-
-
 # -- whoami --------------------------------------------------------------------
 
 
 @reads
 def whoami(db: DBSession, p: Principal) -> dict:
     user = db.get(User, p.user_id)
-    return {
-        "user": user_out(user),
-        "role": user.role,
-        "domain": domain_out(db.get(Domain, user.domain_name)),
-        "projects": [project_out(pr) for pr in sorted(user.projects, key=lambda x: x.name)],
-        "keypair": p.access_key,
-    }
+    return responses.Whoami.body({
+        "user": user, "role": user.role, "domain": db.get(Domain, user.domain_name),
+        "projects": sorted(user.projects, key=lambda x: x.name), "keypair": p.access_key})
 
 
 # -- domains -------------------------------------------------------------------
@@ -317,7 +140,7 @@ def list_domains(db, p: Principal, filters: dict, offset: int, limit: int) -> di
     stmt = select(Domain).where(access.domain_filter(p))
     if "is_active" in filters:
         stmt = stmt.where(Domain.is_active == filters["is_active"])
-    return _page(db, stmt, [Domain.name], offset, limit, domain_out)
+    return _page(db, stmt, [Domain.name], offset, limit, responses.Domain)
 
 
 def _get_domain(db, p: Principal, name: str) -> Domain:
@@ -329,7 +152,7 @@ def _get_domain(db, p: Principal, name: str) -> Domain:
 
 @reads
 def get_domain(db, p: Principal, name: str) -> dict:
-    return domain_out(_get_domain(db, p, name))
+    return responses.Domain.body(_get_domain(db, p, name))
 
 
 @writes
@@ -342,7 +165,7 @@ def create_domain(db, p: Principal, body: dict) -> dict:
     _apply(d, body, DOMAIN_FIELDS)
     db.add(d)
     db.flush()
-    return domain_out(d)
+    return responses.Domain.body(d)
 
 
 def update_domain(db, p: Principal, name: str, body: dict) -> dict:
@@ -352,7 +175,7 @@ def update_domain(db, p: Principal, name: str, body: dict) -> dict:
         raise Conflict("you cannot deactivate your own domain")
     _apply(d, body, DOMAIN_FIELDS)
     db.flush()
-    return domain_out(d)
+    return responses.Domain.body(d)
 
 
 @writes
@@ -383,7 +206,7 @@ def list_projects(db, p: Principal, filters: dict, offset: int, limit: int) -> d
         stmt = stmt.where(Project.name == filters["name"])
     if "is_active" in filters:
         stmt = stmt.where(Project.is_active == filters["is_active"])
-    return _page(db, stmt, [Project.domain_name, Project.name], offset, limit, project_out)
+    return _page(db, stmt, [Project.domain_name, Project.name], offset, limit, responses.Project)
 
 
 def _get_project(db, p: Principal, pid: str) -> Project:
@@ -395,7 +218,7 @@ def _get_project(db, p: Principal, pid: str) -> Project:
 
 @reads
 def get_project(db, p: Principal, pid: str) -> dict:
-    return project_out(_get_project(db, p, pid))
+    return responses.Project.body(_get_project(db, p, pid))
 
 
 def _project_body(db, body: dict) -> None:
@@ -417,7 +240,7 @@ def create_project(db, p: Principal, body: dict) -> dict:
     _apply(proj, body, PROJECT_FIELDS)
     db.add(proj)
     db.flush()
-    return project_out(proj)
+    return responses.Project.body(proj)
 
 
 def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
@@ -436,7 +259,7 @@ def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
         raise Conflict(f"project {body['name']!r} exists in domain {proj.domain_name!r}")
     _apply(proj, body, PROJECT_FIELDS)
     db.flush()
-    return project_out(proj), old_group
+    return responses.Project.body(proj), old_group
 
 
 def delete_project(db, p: Principal, pid: str) -> str:
@@ -473,7 +296,7 @@ def list_members(db, p: Principal, pid: str, offset: int, limit: int) -> dict:
     access.require(p.is_superadmin or p.reads_domain, "list project members")
     stmt = select(User).join(project_members, project_members.c.user_id == User.id).where(
         project_members.c.project_id == proj.id)
-    return _page(db, stmt, [User.username], offset, limit, user_out)
+    return _page(db, stmt, [User.username], offset, limit, responses.User)
 
 
 def add_members(db, p: Principal, pid: str, user_ids: list[str]) -> dict:
@@ -493,8 +316,9 @@ def add_members(db, p: Principal, pid: str, user_ids: list[str]) -> dict:
             proj.members.append(user)
             added.append(user.username)
     db.flush()
-    return {"project_id": proj.id, "group": hub_group(proj), "added": added,
-            "user_ids": sorted(m.id for m in proj.members)}
+    return responses.MembersChanged.body({
+        "project_id": proj.id, "group": hub_group(proj), "added": added,
+        "user_ids": sorted(m.id for m in proj.members)})
 
 
 def remove_member(db, p: Principal, pid: str, uid: str) -> tuple[str, str]:
@@ -527,7 +351,7 @@ def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict
     if "project" in filters:
         stmt = stmt.where(User.id.in_(select(project_members.c.user_id).where(
             project_members.c.project_id == filters["project"])))
-    return _page(db, stmt, [User.username], offset, limit, user_out)
+    return _page(db, stmt, [User.username], offset, limit, responses.User)
 
 
 def _get_user(db, p: Principal, uid: str) -> User:
@@ -539,7 +363,7 @@ def _get_user(db, p: Principal, uid: str) -> User:
 
 @reads
 def get_user(db, p: Principal, uid: str) -> dict:
-    return user_out(_get_user(db, p, uid))
+    return responses.User.body(_get_user(db, p, uid))
 
 
 def _check_user_body(db, p: Principal, body: dict) -> None:
@@ -593,9 +417,8 @@ def create_user(db, p: Principal, body: dict) -> dict:
                                                   Project.name == DEFAULT))
         user.projects = [default] if default is not None else []
     db.flush()
-    out = user_out(user)
-    out["keypair"] = {"access_key": kp.access_key, "secret_key": secret}
-    return out
+    return responses.UserCreated.body(responses.With(
+        user, keypair={"access_key": kp.access_key, "secret_key": secret}))
 
 
 def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]]:
@@ -627,7 +450,7 @@ def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]
         for kp in user.keypairs:
             kp.is_admin = user.role in (UserRole.SUPERADMIN, UserRole.ADMIN)
     db.flush()
-    return user_out(user), old_groups
+    return responses.User.body(user), old_groups
 
 
 def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
@@ -695,7 +518,7 @@ def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int) -> d
         stmt = stmt.where(Keypair.user_id == filters["user_id"])
     if "is_active" in filters:
         stmt = stmt.where(Keypair.is_active == filters["is_active"])
-    return _page(db, stmt, [Keypair.created_at, Keypair.access_key], offset, limit, keypair_out)
+    return _page(db, stmt, [Keypair.created_at, Keypair.access_key], offset, limit, responses.Keypair)
 
 
 def _get_keypair(db, p: Principal, ak: str) -> Keypair:
@@ -707,7 +530,7 @@ def _get_keypair(db, p: Principal, ak: str) -> Keypair:
 
 @reads
 def get_keypair(db, p: Principal, ak: str) -> dict:
-    return keypair_out(_get_keypair(db, p, ak))
+    return responses.Keypair.body(_get_keypair(db, p, ak))
 
 
 def _owner_may(p: Principal, owner: User) -> bool:
@@ -747,9 +570,7 @@ def create_keypair(db, p: Principal, body: dict) -> dict:
         if k in body:
             setattr(kp, k, body[k])
     db.flush()
-    out = keypair_out(kp)
-    out["secret_key"] = secret
-    return out
+    return responses.KeypairCreated.body(responses.With(kp, secret_key=secret))
 
 
 @writes
@@ -781,7 +602,7 @@ def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
         if k in body:
             setattr(kp, k, body[k])
     db.flush()
-    return keypair_out(kp)
+    return responses.Keypair.body(kp)
 
 
 @writes
@@ -803,15 +624,15 @@ def delete_keypair(db, p: Principal, ak: str) -> None:
 # -- resource policies -----------------------------------------------------------
 
 POLICIES = {
-    "keypair": (KeypairResourcePolicy, keypair_policy_out, "keypair resource policy",
+    "keypair": (KeypairResourcePolicy, responses.KeypairResourcePolicy, "keypair resource policy",
                 ("total_resource_slots", "default_for_unspecified", "max_concurrent_sessions",
                  "max_containers_per_session", "max_session_lifetime", "idle_timeout",
                  "max_priority", "max_pending_session_count",
                  "max_pending_session_resource_slots", "allowed_vfolder_hosts"),
                 Keypair.resource_policy),
-    "user": (UserResourcePolicy, quota_policy_out, "user resource policy",
+    "user": (UserResourcePolicy, responses.QuotaPolicy, "user resource policy",
              ("max_vfolder_count", "max_quota_scope_size"), User.resource_policy),
-    "project": (ProjectResourcePolicy, quota_policy_out, "project resource policy",
+    "project": (ProjectResourcePolicy, responses.QuotaPolicy, "project resource policy",
                 ("max_vfolder_count", "max_quota_scope_size"), Project.resource_policy),
 }
 
@@ -822,9 +643,9 @@ def _policy_reader(p: Principal) -> None:
 
 @reads
 def list_policies(db, p: Principal, kind: str, filters: dict, offset: int, limit: int) -> dict:
-    model, ser, *_ = POLICIES[kind]
+    model, view, *_ = POLICIES[kind]
     _policy_reader(p)
-    return _page(db, select(model), [model.name], offset, limit, ser)
+    return _page(db, select(model), [model.name], offset, limit, view)
 
 
 def _get_policy(db, p: Principal, kind: str, name: str):
@@ -838,12 +659,12 @@ def _get_policy(db, p: Principal, kind: str, name: str):
 
 @reads
 def get_policy(db, p: Principal, kind: str, name: str) -> dict:
-    return POLICIES[kind][1](_get_policy(db, p, kind, name))
+    return POLICIES[kind][1].body(_get_policy(db, p, kind, name))
 
 
 @writes
 def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
-    model, ser, label, fields, _ = POLICIES[kind]
+    model, view, label, fields, _ = POLICIES[kind]
     access.require(access.may_change_installation(p), f"create {label.removesuffix('policy')}policies")
     _check_name("name", body["name"])
     if db.get(model, body["name"]) is not None:
@@ -852,17 +673,17 @@ def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
     _apply(row, body, fields)
     db.add(row)
     db.flush()
-    return ser(row)
+    return view.body(row)
 
 
 @writes
 def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
-    _, ser, label, fields, _ = POLICIES[kind]
+    _, view, label, fields, _ = POLICIES[kind]
     access.require(access.may_change_installation(p), f"change the {label} {name!r}")
     row = _get_policy(db, p, kind, name)
     _apply(row, body, fields)
     db.flush()
-    return ser(row)
+    return view.body(row)
 
 
 @writes
@@ -889,7 +710,7 @@ def list_resource_groups(db, p: Principal, filters: dict, offset: int, limit: in
     stmt = select(ResourceGroup).where(access.resource_group_filter(db, p))
     if "is_active" in filters:
         stmt = stmt.where(ResourceGroup.is_active == filters["is_active"])
-    return _page(db, stmt, [ResourceGroup.name], offset, limit, resource_group_out)
+    return _page(db, stmt, [ResourceGroup.name], offset, limit, responses.ResourceGroup)
 
 
 def _get_group(db, p: Principal, name: str) -> ResourceGroup:
@@ -902,7 +723,7 @@ def _get_group(db, p: Principal, name: str) -> ResourceGroup:
 
 @reads
 def get_resource_group(db, p: Principal, name: str) -> dict:
-    return resource_group_out(_get_group(db, p, name))
+    return responses.ResourceGroup.body(_get_group(db, p, name))
 
 
 def _check_group_body(db, body: dict) -> None:
@@ -935,7 +756,7 @@ def create_resource_group(db, p: Principal, body: dict) -> dict:
     _apply(g, body, GROUP_FIELDS)
     db.add(g)
     db.flush()
-    return resource_group_out(g)
+    return responses.ResourceGroup.body(g)
 
 
 @writes
@@ -945,7 +766,7 @@ def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
     _check_group_body(db, body)
     _apply(g, body, GROUP_FIELDS)
     db.flush()
-    return resource_group_out(g)
+    return responses.ResourceGroup.body(g)
 
 
 @writes
@@ -980,7 +801,7 @@ def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dic
         stmt = stmt.where(Agent.resource_group == filters["resource_group"])
     if "status" in filters:
         stmt = stmt.where(Agent.status == filters["status"])
-    return _page(db, stmt, [Agent.id], offset, limit, agent_out)
+    return _page(db, stmt, [Agent.id], offset, limit, responses.Agent)
 
 
 @reads
@@ -990,7 +811,7 @@ def get_agent(db, p: Principal, aid: str) -> dict:
     names = access.usable_group_names(db, p)
     if a is None or (names is not None and a.resource_group not in names):
         raise access.not_found("agent", aid)
-    return agent_out(a)
+    return responses.Agent.body(a)
 
 
 # -- sessions ------------------------------------------------------------------
@@ -998,7 +819,7 @@ def get_agent(db, p: Principal, aid: str) -> dict:
 
 @reads
 def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    # Eager-load what session_out reads: one query per relation, not one per session.
+    # Eager-load what the Session body reads: one query per relation, not one per session.
     stmt = (
         select(Session)
         .where(access.session_filter(p))
@@ -1008,7 +829,7 @@ def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> d
                      ("project_id", Session.project_id), ("type", Session.session_type)):
         if key in filters:
             stmt = stmt.where(col == filters[key])
-    return _page(db, stmt, [Session.created_at, Session.id], offset, limit, session_out)
+    return _page(db, stmt, [Session.created_at, Session.id], offset, limit, responses.Session)
 
 
 def _get_session(db, p: Principal, sid: str) -> Session:
@@ -1020,7 +841,7 @@ def _get_session(db, p: Principal, sid: str) -> Session:
 
 @reads
 def get_session(db, p: Principal, sid: str) -> dict:
-    return session_out(_get_session(db, p, sid))
+    return responses.Session.body(_get_session(db, p, sid))
 
 
 @reads
@@ -1028,12 +849,7 @@ def session_logs(db, p: Principal, sid: str) -> dict:
     s = _get_session(db, p, sid)
     access.require(access.outranks_owner(p, db.get(User, s.user_id)),
                    "read the logs of a superadmin's session")
-    return {
-        "session_id": s.id,
-        "status": s.status,
-        "kernels": [{"id": k.id, "cluster_hostname": k.cluster_hostname, "logs": k.logs}
-                    for k in s.kernels],
-    }
+    return responses.SessionLogs.body(s)
 
 
 @writes

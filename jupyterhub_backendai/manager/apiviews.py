@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..common.errors import Forbidden, NotFound
 from ..common.types import UserRole, UserStatus
 from ..models import Keypair, Project, User
-from . import admin
+from . import admin, responses
 from .ops import reads, writes
 
 
@@ -159,12 +159,12 @@ def session_ssh_key(db, p, sid: str) -> dict:
     if sshd is None or kp is None:
         raise NotFound(f"session {sid} has no SSH port (its resource group "
                        f"{s.resource_group!r} does not offer SSH, or it is not running)")
-    return {
+    return responses.SessionSSHKey.body({
         "session_id": s.id, "access_key": kp.access_key, "user": sshkeys.SSH_USER,
         "host": main.kernel_host, "port": sshd["host_port"],
         "public_key": sshkeys.public_key(kp.secret_key, kp.access_key),
         "private_key": sshkeys.private_key(kp.secret_key),
-    }
+    })
 
 
 __all__ = ["HubChange", "update_domain", "create_project", "update_project", "delete_project",

@@ -23,7 +23,7 @@ from sqlalchemy.orm import selectinload
 from ..common.errors import Conflict, InvalidRequest, NotFound
 from ..common.types import SessionStatus
 from ..models import Keypair, Project, Session, User, VFolder
-from . import access, admin, apiviews, vfolders
+from . import access, admin, apiviews, responses, vfolders
 from .ops import reads, writes
 
 ALL = 10_000  # the unpaginated lists (domains, groups, ...): at most this many
@@ -56,7 +56,7 @@ def bai_status(status: str) -> str:
 
 def session_item(db, s: Session) -> dict:
     """A session in the shape of Backend.AI's ``ComputeSession`` node."""
-    out = admin.session_out(s)
+    out = responses.Session.body(s)
     owner = db.get(User, s.user_id)
     proj = db.get(Project, s.project_id) if s.project_id else None
     slots = {k: str(v) for k, v in (out["requested_slots"] or {}).items()}

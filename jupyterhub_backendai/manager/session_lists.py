@@ -2,7 +2,7 @@
 
 ``GET /hub/api/backendai/sessions`` of a plain user (not a superadmin, not a domain
 reader) is the API's hottest read: clients poll it. :class:`SessionLists` keeps each
-polled user's sessions as the API serialises them (``admin.session_out``, in the
+polled user's sessions as the API serialises them (``responses.Session``, in the
 API's order) and answers filters and pages from that copy. An entry is dropped
 
 - when this process commits a change to one of the user's sessions or their kernels
@@ -33,9 +33,9 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import selectinload
 
 from ..models import Kernel, Session
-from . import access, admin
+from . import access, admin, responses
 
-# Filters of GET /sessions and the session_out field each one compares.
+# Filters of GET /sessions and the Session body's field each one compares.
 FILTER_FIELDS = {"status": "status", "user_id": "user_id", "project_id": "project_id",
                  "type": "type"}
 _INFO_KEY = "bai_session_lists"
@@ -48,7 +48,7 @@ def _load(db, user_id: str, cap: int) -> list[dict] | None:
     stmt = (select(Session).where(Session.user_id == user_id)
             .options(selectinload(Session.kernels), selectinload(Session.dependencies))
             .order_by(Session.created_at, Session.id))
-    return [admin.session_out(s) for s in db.scalars(stmt).unique()]
+    return responses.Session.bodies(db.scalars(stmt).unique())
 
 
 class SessionLists:

@@ -52,7 +52,7 @@ from ..models import (
     VFolderPermissionRow,
 )
 from ..models.vfolder import VFolderInvitation
-from . import access, tenancy
+from . import access, responses, tenancy
 from .access import Principal
 from .ops import reads, writes
 
@@ -160,44 +160,17 @@ USAGE_MODES = ("general", "model", "data")
 MAX_PATH = 1024
 
 
-def _iso(v: dt.datetime | None) -> str | None:
-    return v.isoformat() if v is not None else None
-
-
 def vfolder_out(db: DBSession, f: VFolder, p: Principal | None = None) -> dict:
     """A folder as the API shows it; ``my_permission`` is what the caller may do with
     its files (None: nothing, e.g. an admin looking at someone else's folder)."""
-    mine = None
-    if p is not None:
-        user = db.get(User, p.user_id)
-        mine = mount_permission(db, user, f) if user is not None else None
-    return {
-        "id": f.id,
-        "name": f.name,
-        "host": f.host,
-        "quota_scope_id": f.quota_scope_id,
-        "ownership_type": f.ownership_type,
-        "user_id": f.user_id,
-        "project_id": f.project_id,
-        "domain_name": f.domain_name,
-        "creator": f.creator,
-        "usage_mode": f.usage_mode,
-        "permission": f.permission,
-        "status": f.status,
-        "my_permission": mine,
-        "created_at": _iso(f.created_at),
-    }
+    user = db.get(User, p.user_id) if p is not None else None
+    mine = mount_permission(db, user, f) if user is not None else None
+    return responses.VFolder.body(responses.With(f, my_permission=mine))
 
 
 def share_out(db: DBSession, row: VFolderPermissionRow) -> dict:
     user = db.get(User, row.user_id)
-    return {
-        "vfolder_id": row.vfolder_id,
-        "user_id": row.user_id,
-        "email": user.email if user is not None else None,
-        "permission": row.permission,
-        "created_at": _iso(row.created_at),
-    }
+    return responses.VFolderShare.body(responses.With(row, email=user.email if user else None))
 
 
 def folder_filter(p: Principal):
@@ -490,7 +463,7 @@ def mounted_by(db: DBSession, fid: str) -> list[str]:
 
 # A folder in the trash (Backend.AI 24.03+'s "delete-pending"): kept whole with its name,
 # not mountable nor usable, until it is restored or purged.
-TRASHED = "delete-pending"
+TRASHED = responses.TRASHED
 
 
 def begin_delete(db: DBSession, p: Principal, fid: str, *, trashed: bool = False) -> dict:
@@ -658,9 +631,9 @@ def host_view(db: DBSession, p: Principal, volumes: dict[str, dict], default_hos
         if not p.is_superadmin:
             vol.pop("path", None)
         hosts[host] = {"permissions": sorted(perms), "volume": vol}
-    return {"default": default_host, "allowed": sorted(h for h, v in hosts.items()
-                                                       if v["permissions"]),
-            "hosts": hosts}
+    return responses.VFolderHosts.body({
+        "default": default_host, "allowed": sorted(h for h, v in hosts.items() if v["permissions"]),
+        "hosts": hosts})
 
 
 async def hosts(manager, p: Principal) -> dict:
@@ -811,13 +784,9 @@ def _targets(db: DBSession, f: VFolder, who: list) -> list[User]:
 def invitation_out(db: DBSession, inv: VFolderInvitation) -> dict:
     f = db.get(VFolder, inv.vfolder_id)
     inviter, invitee = db.get(User, inv.inviter_id), db.get(User, inv.invitee_id)
-    return {
-        "id": inv.id, "vfolder_id": inv.vfolder_id, "vfolder_name": f.name if f else None,
-        "inviter": inviter.email if inviter else None, "inviter_id": inv.inviter_id,
-        "invitee": invitee.email if invitee else None, "invitee_id": inv.invitee_id,
-        "permission": inv.permission, "state": inv.state,
-        "created_at": _iso(inv.created_at), "modified_at": _iso(inv.modified_at),
-    }
+    return responses.VFolderInvitation.body(responses.With(
+        inv, vfolder_name=f.name if f else None, inviter=inviter.email if inviter else None,
+        invitee=invitee.email if invitee else None))
 
 
 @writes
