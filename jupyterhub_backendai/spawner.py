@@ -111,7 +111,7 @@ class BackendAISpawner(Spawner):
     _reported_activity = None
     # Whether JupyterHub has taken this server over (its first poll() after start()).
     _handed_over = False
-    _request = None  # the SessionRequest apply_user_options built and the manager checked
+    _request = None  # the CheckedRequest of what apply_user_options built (enqueue's input)
 
     @property
     def manager(self) -> BackendAIManager:
@@ -283,7 +283,7 @@ class BackendAISpawner(Spawner):
                         f"({', '.join(projects) or 'none'})")
             if self.images and request.image not in self.images:
                 raise SessionRequestError(f"image {request.image!r} is not offered here")
-            await self.manager.check_request(request)
+            checked = await self.manager.check_request(request)
             # Names or ids of vfolders; enqueue resolves them when it creates the session.
             await self.manager.check_mounts(self.user.name, request.project, list(request.mounts))
             # A request beyond the quota's limits would wait forever: refused now.
@@ -294,7 +294,7 @@ class BackendAISpawner(Spawner):
                 raise SessionRequestError(over)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
-        self._request = request
+        self._request = checked  # start() enqueues it as checked: not looked up again
         _SUBMITTED.pop(self.user.name, None)  # accepted: the next form starts from the defaults
         self.mem_limit = int(request.slots[MEM])
         self.cpu_limit = float(request.slots[CPU])

@@ -14,10 +14,24 @@ not checked again by ``enqueue``.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
+import functools
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
+from typing import Annotated, Self
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from .errors import InvalidRequest
 from .slots import (
@@ -56,6 +70,8 @@ MIN_MEM = 64 * 2**20
 # placement checks work per kernel, so an unbounded number (10**12 through the spawn
 # form or the Backend.AI routes) held the hub's event loop for days.
 MAX_CLUSTER_SIZE = 16
+#: The type of a pydantic error line that carries a rule's words unchanged.
+ERROR_TYPE = "session_request"
 
 
 def whole_number(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
@@ -78,7 +94,7 @@ def whole_number(name: str, value, *, minimum: int | None = None, maximum: int |
     return value
 
 
-def _choice(enum: type[StrEnum], name: str, value) -> StrEnum:
+def enum_choice(enum: type[StrEnum], name: str, value) -> StrEnum:
     try:
         return enum(value)
     except ValueError:
@@ -94,6 +110,12 @@ def resources(options: dict) -> tuple[str, ResourceSlot]:
     image = options.get("image")
     if not isinstance(image, str) or not image.strip():
         raise SessionRequestError("image is required")
+    return image.strip(), human_slots(options)
+
+
+def human_slots(options: dict) -> ResourceSlot:
+    """``cpu``, ``mem``, ``gpu`` and ``cuda.mig-<profile>`` in people's units (the form's,
+    the admin API's ``resources``) as the slots of one kernel (see :func:`resources`)."""
     try:
         cpu = parse_decimal("cpu", options.get("cpu", 1))
         gpu = parse_decimal("gpu", options.get("gpu", 0))
@@ -125,7 +147,7 @@ def resources(options: dict) -> tuple[str, ResourceSlot]:
         n = mig_count(key, options[key])
         if n:
             slots[key] = Decimal(n)
-    return image.strip(), slots
+    return slots
 
 
 def mig_count(slot: str, value) -> int:
@@ -141,105 +163,269 @@ def mig_count(slot: str, value) -> int:
 
 
 def _ids(name: str, values) -> tuple[str, ...]:
-    if isinstance(values, str) or not all(isinstance(v, str) and v for v in values):
+    if not isinstance(values, list | tuple) or not all(isinstance(v, str) and v for v in values):
         raise SessionRequestError(f"{name} must be a list of ids")
     return tuple(values)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class SessionRequest:
-    """What a session is asked to be; constructing one validates it (or raises
+def as_validator(check):
+    """``check`` (raising :class:`SessionRequestError`) as a pydantic validator: the
+    error becomes a line of the ValidationError of type :data:`ERROR_TYPE`, carrying the
+    words unchanged (:func:`request_error` turns it back)."""
+
+    @functools.wraps(check)
+    def validator(*args):
+        try:
+            return check(*args)
+        except InvalidRequest as e:  # (SessionRequestError, and the slot parsers' errors)
+            raise refusal(e.detail) from None
+
+    return validator
+
+
+def request_error(exc: ValidationError) -> Exception:
+    """A ValidationError of a request model as the one error a caller gets: the
+    :class:`SessionRequestError` a rule raised (its words unchanged); pydantic's own
+    complaint about a field named; a missing or unknown keyword a TypeError (a
+    programmer's mistake, as a wrong argument is)."""
+    errors = exc.errors(include_url=False)
+    for err in errors:
+        if err["type"] == ERROR_TYPE:
+            return SessionRequestError(err["ctx"]["detail"])
+    first = errors[0]
+    where = ".".join(str(x) for x in first["loc"]) or "request"
+    if first["type"] == "missing" and where == "image":
+        return SessionRequestError("image is required")
+    if first["type"] in ("missing", "extra_forbidden"):
+        return TypeError(f"{exc.title}: {first['msg'].lower()}: {where}")
+    return SessionRequestError(f"{where}: {first['msg']}")
+
+
+# -- the fields' checks (the lenient forms: Python values, enqueue's keywords, the form) ----
+
+
+def _image(value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SessionRequestError("image is required")
+    return value.strip()
+
+
+def _slots(value) -> ResourceSlot:
+    if not isinstance(value, dict):
+        raise SessionRequestError("slots must be an object of slot names and amounts")
+    for key in value:
+        if not is_known_slot(key):
+            raise SessionRequestError(f"slots: {unknown_slot_words(key)}")
+        if is_mig_slot(key):
+            mig_count(key, value[key])
+    try:
+        return ResourceSlot(value)
+    except (InvalidOperation, TypeError, ValueError):
+        raise SessionRequestError(
+            "slots must be an object of slot names and amounts") from None
+
+
+def _resource_group(value) -> str:
+    if not isinstance(value, str) or not value:
+        raise SessionRequestError("resource_group must be a name")
+    return value
+
+
+def _project(value) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SessionRequestError("project must be a project's name or id")
+    return value
+
+
+def _priority(value) -> int | None:
+    return None if value is None else whole_number("priority", value, minimum=0, maximum=100)
+
+
+def _startup_command(value, info: ValidationInfo) -> str | None:
+    if value is not None and not isinstance(value, str):
+        batch = info.data.get("session_type") == SessionType.BATCH
+        raise SessionRequestError(
+            "a batch session needs a startup_command" if batch else
+            "startup_command is for batch sessions (session_type='batch') only")
+    return value
+
+
+def _batch_timeout(value) -> int | None:
+    if value is None:
+        return None
+    try:
+        return whole_number("batch_timeout", value, minimum=1)
+    except SessionRequestError:
+        raise SessionRequestError(
+            f"batch_timeout must be a whole number of seconds > 0, not {value!r}") from None
+
+
+def _starts_at(value) -> dt.datetime | None:
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise SessionRequestError(
+                f"starts_at must be an ISO 8601 time, not {value!r}") from None
+    if value is not None and not isinstance(value, dt.datetime):
+        raise SessionRequestError(f"starts_at must be a time, not {value!r}")
+    return value
+
+
+def _architecture(value) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise SessionRequestError(
+            f"architecture must be a name such as x86_64, not {value!r}")
+    return value
+
+
+def _mounts(value) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not all(
+            isinstance(m, str) for m in value):
+        raise SessionRequestError("mounts must be a list of vfolder names or ids")
+    return tuple(value)
+
+
+def _is_text(words: str, *, none: bool = False):
+    """A lenient form's type check of a text field whose rule (below) says the rest."""
+
+    def check(value):
+        if not (isinstance(value, str) or (none and value is None)):
+            raise SessionRequestError(words)
+        return value
+
+    return check
+
+
+def refusal(detail: str) -> PydanticCustomError:
+    """A rule's refusal inside a validator: pydantic keeps ``detail`` as it is."""
+    return PydanticCustomError(ERROR_TYPE, "{detail}", {"detail": detail})
+
+
+def _lenient(check) -> BeforeValidator:
+    return BeforeValidator(as_validator(check))
+
+
+Slots = Annotated[ResourceSlot, PlainValidator(as_validator(_slots)), WithJsonSchema({
+    "type": "object", "additionalProperties": {"type": "string"},
+    "description": "slot name -> amount per kernel"})]
+
+
+class SessionRequest(BaseModel):
+    """What a session is asked to be; building one validates it (or raises
     :class:`SessionRequestError`). ``slots`` are per kernel; the session has
     ``cluster_size`` kernels. ``project``: a project id or name of the user's (None:
-    their first). ``mounts``: folder names or ids, at ``/home/work/<name>``."""
+    their first). ``mounts``: folder names or ids, at ``/home/work/<name>``.
 
-    image: str
-    slots: ResourceSlot
-    session_type: SessionType = SessionType.INTERACTIVE
-    resource_group: str = "default"
-    project: str | None = None
-    cluster_size: int = 1
-    cluster_mode: ClusterMode = ClusterMode.SINGLE_NODE
-    priority: int | None = None
-    startup_command: str | None = None
-    batch_timeout: int | None = None
-    starts_at: dt.datetime | None = None
-    dependencies: tuple[str, ...] = ()
-    designated_agents: tuple[str, ...] = ()
-    architecture: str | None = None
-    mounts: tuple[str, ...] = ()
+    The fields' annotations here are the lenient forms (Python values, enqueue's
+    keywords); the rules every form obeys are the validators below, which the wire
+    forms (the admin API's ``SessionCreate``, Backend.AI's create body) inherit with
+    stricter annotations of their own."""
 
-    def __post_init__(self) -> None:
-        def put(field: str, value) -> None:
-            object.__setattr__(self, field, value)
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True,
+                              regex_engine="python-re")
 
-        if not isinstance(self.image, str) or not self.image.strip():
-            raise SessionRequestError("image is required")
-        put("image", self.image.strip())
-        if not isinstance(self.slots, dict):
-            raise SessionRequestError("slots must be an object of slot names and amounts")
-        for key in self.slots:
-            if not is_known_slot(key):
-                raise SessionRequestError(f"slots: {unknown_slot_words(key)}")
-            if is_mig_slot(key):
-                mig_count(key, self.slots[key])
-        put("slots", ResourceSlot(self.slots))
-        put("session_type", _choice(SessionType, "session_type", self.session_type))
-        put("cluster_mode", _choice(ClusterMode, "cluster_mode", self.cluster_mode))
-        put("cluster_size", whole_number("cluster_size", self.cluster_size, minimum=1))
-        if self.cluster_size > MAX_CLUSTER_SIZE:
-            raise SessionRequestError(
-                f"cluster_size must be at most {MAX_CLUSTER_SIZE}, not {self.cluster_size}")
-        if not isinstance(self.resource_group, str) or not self.resource_group:
-            raise SessionRequestError("resource_group must be a name")
-        if self.project is not None and (not isinstance(self.project, str) or not self.project):
-            raise SessionRequestError("project must be a project's name or id")
-        if self.priority is not None:
-            whole_number("priority", self.priority, minimum=0, maximum=100)
+    image: Annotated[str, _lenient(_is_text("image is required"))]
+    slots: Slots
+    session_type: Annotated[SessionType, _lenient(
+        lambda v: enum_choice(SessionType, "session_type", v))] = SessionType.INTERACTIVE
+    resource_group: Annotated[str, _lenient(_is_text("resource_group must be a name"))] = "default"
+    project: Annotated[str | None, _lenient(_is_text("project must be a project's name or id",
+                                                     none=True))] = None
+    cluster_size: Annotated[int, _lenient(
+        lambda v: whole_number("cluster_size", v, minimum=1))] = 1
+    cluster_mode: Annotated[ClusterMode, _lenient(
+        lambda v: enum_choice(ClusterMode, "cluster_mode", v))] = ClusterMode.SINGLE_NODE
+    priority: Annotated[int | None, _lenient(_priority)] = None
+    startup_command: Annotated[str | None, _lenient(_startup_command)] = None
+    batch_timeout: Annotated[int | None, _lenient(_batch_timeout)] = None
+    starts_at: Annotated[dt.datetime | None, _lenient(_starts_at)] = None
+    dependencies: Annotated[tuple[str, ...], _lenient(lambda v: _ids("dependencies", v))] = ()
+    designated_agents: Annotated[tuple[str, ...], _lenient(
+        lambda v: _ids("designated_agents", v))] = ()
+    architecture: Annotated[str | None, _lenient(_architecture)] = None
+    mounts: Annotated[tuple[str, ...], _lenient(_mounts)] = ()
+
+    def __init__(self, **data) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise request_error(e) from None
+
+    @classmethod
+    def parse(cls, data: dict) -> Self:
+        """``data`` (a JSON object of this model's form) as a request, or the one
+        :class:`SessionRequestError` in plain words."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise request_error(e) from None
+
+    # -- the rules of every form (on the typed values) ---------------------------------
+
+    @field_validator("image")
+    @classmethod
+    def _image_rule(cls, value: str) -> str:
+        return as_validator(_image)(value)
+
+    @field_validator("resource_group")
+    @classmethod
+    def _resource_group_rule(cls, value: str) -> str:
+        return as_validator(_resource_group)(value)
+
+    @field_validator("project")
+    @classmethod
+    def _project_rule(cls, value: str | None) -> str | None:
+        return as_validator(_project)(value)
+
+    @field_validator("cluster_size")
+    @classmethod
+    def _cluster_size_rule(cls, value: int) -> int:
+        if value > MAX_CLUSTER_SIZE:
+            raise refusal(f"cluster_size must be at most {MAX_CLUSTER_SIZE}, not {value}")
+        return value
+
+    @field_validator("starts_at")
+    @classmethod
+    def _starts_at_rule(cls, value: dt.datetime | None) -> dt.datetime | None:
+        if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+            raise refusal("starts_at needs a time zone (e.g. 2030-01-01T09:00:00+00:00)")
+        return value
+
+    @field_validator("dependencies")
+    @classmethod
+    def _dependencies_rule(cls, value) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise refusal("dependencies lists a session twice")
+        return tuple(value)
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts_rule(cls, value) -> tuple[str, ...]:
+        return tuple(m.strip() for m in value if m.strip())
+
+    @model_validator(mode="after")
+    def _batch_rules(self) -> Self:
         if self.session_type == SessionType.BATCH:
             if not isinstance(self.startup_command, str) or not self.startup_command.strip():
-                raise SessionRequestError("a batch session needs a startup_command")
+                raise refusal("a batch session needs a startup_command")
         elif self.startup_command is not None:
-            raise SessionRequestError(
-                "startup_command is for batch sessions (session_type='batch') only")
-        if self.batch_timeout is not None:
-            if self.session_type != SessionType.BATCH:
-                raise SessionRequestError(
-                    "batch_timeout is for batch sessions (session_type='batch') only")
-            try:
-                whole_number("batch_timeout", self.batch_timeout, minimum=1)
-            except SessionRequestError:
-                raise SessionRequestError(f"batch_timeout must be a whole number of seconds > 0, "
-                                          f"not {self.batch_timeout!r}") from None
-        starts_at = self.starts_at
-        if isinstance(starts_at, str):
-            try:
-                starts_at = dt.datetime.fromisoformat(starts_at)
-            except ValueError:
-                raise SessionRequestError(
-                    f"starts_at must be an ISO 8601 time, not {starts_at!r}") from None
-        if starts_at is not None:
-            if not isinstance(starts_at, dt.datetime):
-                raise SessionRequestError(f"starts_at must be a time, not {starts_at!r}")
-            if starts_at.tzinfo is None or starts_at.utcoffset() is None:
-                raise SessionRequestError(
-                    "starts_at needs a time zone (e.g. 2030-01-01T09:00:00+00:00)")
-        put("starts_at", starts_at)
-        put("dependencies", _ids("dependencies", self.dependencies))
-        if len(set(self.dependencies)) != len(self.dependencies):
-            raise SessionRequestError("dependencies lists a session twice")
-        put("designated_agents", _ids("designated_agents", self.designated_agents))
-        if self.architecture is not None and (
-                not isinstance(self.architecture, str) or not self.architecture.strip()):
-            raise SessionRequestError(
-                f"architecture must be a name such as x86_64, not {self.architecture!r}")
-        if isinstance(self.mounts, str) or not all(isinstance(m, str) for m in self.mounts):
-            raise SessionRequestError("mounts must be a list of vfolder names or ids")
-        put("mounts", tuple(m.strip() for m in self.mounts if m.strip()))
+            raise refusal("startup_command is for batch sessions (session_type='batch') only")
+        if self.batch_timeout is not None and self.session_type != SessionType.BATCH:
+            raise refusal("batch_timeout is for batch sessions (session_type='batch') only")
+        return self
+
+    # -----------------------------------------------------------------------------------
 
     @property
     def kernels(self) -> int:
         return self.cluster_size
+
+    def as_request(self, **changes) -> SessionRequest:
+        """This request as a plain :class:`SessionRequest` (a wire form's extras, such as
+        the session's name, left out), with ``changes`` checked like any field."""
+        fields = {k: getattr(self, k) for k in SessionRequest.model_fields}
+        return SessionRequest(**{**fields, **changes})
 
     @classmethod
     def from_options(cls, options: dict, **fields) -> SessionRequest:

@@ -427,9 +427,6 @@ class BackendAIManager(SingletonConfigurable):
 
     # -- the rooms' public face (what the spawner, the API and the CLI call) ---------------
 
-    def parse_request(self, options: dict):
-        return self.sessions.parse_request(options)
-
     async def check_request(self, request) -> CheckedRequest:
         return await self.sessions.check_request(request)
 

@@ -17,19 +17,16 @@ from decimal import Decimal
 
 from sqlalchemy import select
 
-from ..common import session_request
 from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
 from ..common.session_request import SessionRequest
 from ..common.slots import (
     CPU,
     CUDA,
     MEM,
-    MIG_PREFIX,
     ResourceSlot,
     format_bytes,
     format_cores,
     format_slots,
-    is_known_slot,
     parse_size,
 )
 from ..common.types import DEAD_STATUSES, SessionStatus, UserStatus, VFolderOwnership
@@ -55,10 +52,6 @@ class Sessions:
         self.mgr = mgr
 
     # -- the request ---------------------------------------------------------------------
-
-    def parse_request(self, options: dict) -> tuple[str, ResourceSlot]:
-        """Validate user options into (image, slots per kernel); raise InvalidRequest."""
-        return parse_request(options)
 
     async def check_request(self, request: SessionRequest | CheckedRequest) -> CheckedRequest:
         """What of ``request`` depends on the record (:meth:`validate`: the image, an
@@ -90,7 +83,6 @@ class Sessions:
         each fit one kernel.
         """
         mgr = self.mgr
-        assert all(is_known_slot(k) for k in slots)
         cores = slots.get(CPU, 0) * cluster_size
         if mgr.max_slots_per_session and cores > mgr.max_slots_per_session:
             raise InvalidRequest(
@@ -401,18 +393,6 @@ class Sessions:
             sess = await self.get_session(sid)  # it may have ended meanwhile
             kernel = next(k for k in sess.kernels if k.cluster_idx == kernel_idx)
         return kernel.logs or ""
-
-
-def parse_request(options: dict) -> tuple[str, ResourceSlot]:
-    """Validate user options into (image, slots per kernel); raise InvalidRequest."""
-    if not isinstance(options, dict):
-        raise InvalidRequest("options must be an object")
-    unknown = {k for k in options
-               if k not in ("image", "cpu", "mem", "gpu", "resource_group")
-               and not k.startswith(MIG_PREFIX)}  # MIG names: checked by resources()
-    if unknown:
-        raise InvalidRequest(f"unknown option(s): {', '.join(sorted(unknown))}")
-    return session_request.resources(options)
 
 
 _SLOT_WORDS = {CPU: ("CPU", format_cores), MEM: ("Memory", format_bytes),

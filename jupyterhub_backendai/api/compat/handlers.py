@@ -17,7 +17,18 @@ import json
 import re
 import time
 import uuid
+from typing import Annotated
 
+from pydantic import (
+    AliasChoices,
+    AliasPath,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    model_validator,
+)
 from tornado import web
 
 from ...common.errors import (
@@ -28,8 +39,18 @@ from ...common.errors import (
     StorageQuotaExceeded,
     Unauthorized,
 )
-from ...common.session_request import MAX_CLUSTER_SIZE
-from ...common.slots import MIG_PREFIX
+from ...common.session_request import (
+    MAX_CLUSTER_SIZE,
+    ClusterMode,
+    SessionRequest,
+    SessionRequestError,
+    SessionType,
+    as_validator,
+    enum_choice,
+    human_slots,
+    refusal,
+)
+from ...common.slots import MIG_PREFIX, ResourceSlot
 from ...common.types import ALIVE_STATUSES, SessionStatus
 from ...manager import vfolders
 from ...manager.compatviews import as_hex as _as_hex
@@ -101,99 +122,211 @@ def _resources(config: dict) -> dict:
     return out
 
 
-_OPT = type(None)
+def _kind(field: str, kinds, *, missing=None, then=None):
+    """A field of Backend.AI's body that must be of ``kinds``; null or empty: ``missing``;
+    ``then``: what reads the value further."""
+
+    def check(value):
+        if value is not None and not isinstance(value, kinds):
+            raise SessionRequestError(f"{field}: wrong type")
+        if not value:
+            return missing
+        return then(value) if then else value
+
+    return BeforeValidator(as_validator(check))
 
 
-def _check_create(body: dict) -> None:
-    for field, kinds in (("name", str), ("image", str), ("type", str), ("group", (str, _OPT)),
-                         ("startupCommand", (str, _OPT)), ("config", (dict, _OPT)),
-                         ("clusterMode", (str, _OPT)), ("starts_at", (str, _OPT)),
-                         ("dependencies", (list, _OPT)), ("enqueueOnly", (bool, _OPT)),
-                         ("reuseIfExists", (bool, _OPT))):
-        if field in body and not isinstance(body[field], kinds):
-            raise InvalidRequest(f"{field}: wrong type")
-    # Numbers bounded here: clusterSize is the number of kernels the request asks for
-    # (the admin API's bound); maxWaitSeconds how long the request may be held open.
-    for field, top in (("clusterSize", MAX_CLUSTER_SIZE), ("maxWaitSeconds", 24 * 3600)):
-        v = body.get(field)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)
-                              or not 0 <= v <= top):
-            raise InvalidRequest(f"{field} must be a whole number from 0 to {top}, not {v!r}")
-    if not all(isinstance(d, str) for d in body.get("dependencies") or []):
-        raise InvalidRequest("dependencies: a list of session names or ids")
-    if len(body.get("dependencies") or []) > 64:  # (each is looked up; the admin API's bound)
-        raise InvalidRequest("dependencies: at most 64 sessions")
-    config = body.get("config") or {}
-    for field, kinds in (("resources", (dict, _OPT)), ("scalingGroup", (str, _OPT)),
-                         ("mounts", (list, _OPT))):
-        if field in config and not isinstance(config[field], kinds):
-            raise InvalidRequest(f"config.{field}: wrong type")
-    if not all(isinstance(m, str) for m in config.get("mounts") or []):
-        raise InvalidRequest("config.mounts: a list of vfolder names or ids")
-    for field in ("name", "image"):
-        if not body.get(field):
-            raise InvalidRequest(f"{field}: required field missing")
-    if not re.fullmatch(models.NAME_PATTERN.strip("^$"), body["name"]):  # (as the admin API's)
-        raise InvalidRequest(f"name: {models.PATTERN_WORDS[models.NAME_PATTERN]}")
-    if len(body["image"]) > 512:
-        raise InvalidRequest("image: must be at most 512 characters long")
-    if body.get("type", "interactive") not in ("batch", "interactive"):
-        raise InvalidRequest(f"type must be batch or interactive, not {body['type']!r} "
-                             "(inference sessions are not offered here)")
-    config = body.get("config") or {}
-    for key in ("environ", "mount_map", "preopen_ports", "agentList", "resource_opts"):
-        if config.get(key):
-            raise InvalidRequest(f"config.{key} is not supported by this server")
-    if body.get("bootstrap_script"):
-        raise InvalidRequest("bootstrap_script is not supported by this server")
+def _bounded(field: str, top: int, *, missing: int = 0):
+    """A whole number from 0 to ``top``; 0 or null: ``missing``."""
+
+    def check(value):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value <= top):
+            raise SessionRequestError(
+                f"{field} must be a whole number from 0 to {top}, not {value!r}")
+        return value or missing
+
+    return BeforeValidator(as_validator(check))
+
+
+def _texts(field: str, words: str, most: int | None = None, more: str = ""):
+    def check(value):
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise SessionRequestError(f"{field}: wrong type")
+        if not all(isinstance(v, str) for v in value):
+            raise SessionRequestError(f"{field}: {words}")
+        if most is not None and len(value) > most:  # (each is looked up; the admin API's bound)
+            raise SessionRequestError(f"{field}: {more}")
+        return tuple(value)
+
+    return BeforeValidator(as_validator(check))
+
+
+def _name(value):
+    if value is not None and not isinstance(value, str):
+        raise SessionRequestError("name: wrong type")
+    if not value:
+        raise SessionRequestError("name: required field missing")
+    if not re.fullmatch(models.NAME_PATTERN.strip("^$"), value):  # (as the admin API's)
+        raise SessionRequestError(f"name: {models.PATTERN_WORDS[models.NAME_PATTERN]}")
+    return value
+
+
+def _image(value):
+    if value is not None and not isinstance(value, str):
+        raise SessionRequestError("image: wrong type")
+    if not value:
+        raise SessionRequestError("image: required field missing")
+    if len(value) > 512:
+        raise SessionRequestError("image: must be at most 512 characters long")
+    return value
+
+
+def _type(value):
+    if not isinstance(value, str):
+        raise SessionRequestError("type: wrong type")
+    if value not in ("batch", "interactive"):
+        raise SessionRequestError(f"type must be batch or interactive, not {value!r} "
+                                  "(inference sessions are not offered here)")
+    return SessionType(value)
+
+
+def _slots(value):
+    if value is not None and not isinstance(value, dict):
+        raise SessionRequestError("config.resources: wrong type")
+    return human_slots(_resources({"resources": value}))
+
+
+def _starts_at(value):
+    if value is not None and not isinstance(value, str):
+        raise SessionRequestError("starts_at: wrong type")
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise SessionRequestError(f"starts_at: {value!r} is not an ISO 8601 date-time "
+                                  "(relative times such as '10m' are not supported)") from None
+
+
+def _command(value, info: ValidationInfo):
+    if value is not None and not isinstance(value, str):
+        raise SessionRequestError("startupCommand: wrong type")
+    # An interactive session is a Jupyter server: a command sent along is not run.
+    return value if info.data.get("session_type") == SessionType.BATCH else None
+
+
+#: What Backend.AI's create body may ask for that this hub does not do.
+_UNSUPPORTED = ("environ", "mount_map", "preopen_ports", "agentList", "resource_opts")
+
+
+class BackendAISessionCreate(SessionRequest):
+    """Backend.AI's ``POST /session`` body read as the one :class:`SessionRequest`:
+    the client's names are this model's aliases (``config.resources`` in Backend.AI's
+    slot names, ``config.scalingGroup``, ``group``, ``clusterSize``, ``sessionName``,
+    ...), each field's type checked with the client's field named; what the request
+    rules say (common/session_request.py) is the same as on every other path. Keys
+    this hub does not read are ignored, as Backend.AI's clients send more."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    image: Annotated[str, BeforeValidator(as_validator(_image))] = Field(
+        None, validate_default=True, validation_alias=AliasChoices("image", "lang"))
+    slots: Annotated[ResourceSlot, PlainValidator(as_validator(_slots))] = Field(
+        default_factory=lambda: human_slots({}),
+        validation_alias=AliasPath("config", "resources"))
+    session_type: Annotated[SessionType, BeforeValidator(as_validator(_type))] = Field(
+        SessionType.INTERACTIVE, validation_alias=AliasChoices("type", "sessionType"))
+    resource_group: Annotated[str, _kind("config.scalingGroup", str, missing="default")] = Field(
+        "default", validation_alias=AliasPath("config", "scalingGroup"))
+    project: Annotated[str | None, _kind("group", str)] = Field(
+        None, validation_alias=AliasChoices("group", "groupName", "group_name"))
+    cluster_size: Annotated[int, _bounded("clusterSize", MAX_CLUSTER_SIZE, missing=1)] = Field(
+        1, validation_alias=AliasChoices("clusterSize", "cluster_size"))
+    cluster_mode: Annotated[ClusterMode, _kind(
+        "clusterMode", str, missing=ClusterMode.SINGLE_NODE,
+        then=lambda v: enum_choice(ClusterMode, "cluster_mode", v))] = Field(ClusterMode.SINGLE_NODE, validation_alias=AliasChoices("clusterMode", "cluster_mode"))
+    startup_command: Annotated[str | None, BeforeValidator(as_validator(_command))] = Field(
+        None, validation_alias=AliasChoices("startupCommand", "startup_command"))
+    starts_at: Annotated[dt.datetime | None, BeforeValidator(as_validator(_starts_at))] = Field(
+        None, validation_alias=AliasChoices("starts_at", "startsAt"))
+    dependencies: Annotated[tuple[str, ...], _texts(
+        "dependencies", "a list of session names or ids", 64, "at most 64 sessions")] = ()
+    mounts: Annotated[tuple[str, ...], _texts(
+        "config.mounts", "a list of vfolder names or ids")] = Field(
+        (), validation_alias=AliasPath("config", "mounts"))
+    name: Annotated[str, BeforeValidator(as_validator(_name))] = Field(
+        None, validate_default=True,
+        validation_alias=AliasChoices("name", "sessionName", "clientSessionToken"))
+    enqueue_only: Annotated[bool, _kind("enqueueOnly", bool, missing=False)] = Field(
+        False, validation_alias=AliasChoices("enqueueOnly", "enqueue_only"))
+    reuse_if_exists: Annotated[bool, _kind("reuseIfExists", bool, missing=False)] = Field(
+        True, validation_alias=AliasChoices("reuseIfExists", "reuse"))
+    max_wait_seconds: Annotated[int, _bounded("maxWaitSeconds", 24 * 3600)] = Field(
+        0, validation_alias=AliasChoices("maxWaitSeconds", "max_wait_seconds"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backendai_body(cls, body):
+        """Only the keys aliased above are read (a client's ``priority`` or
+        ``architecture`` is not this hub's to take); ``config`` is an object; what
+        this hub does not do is refused by name."""
+        if not isinstance(body, dict):
+            return body
+        config = body.get("config")
+        if config is not None and not isinstance(config, dict):
+            raise refusal("config: wrong type")
+        for key in _UNSUPPORTED:
+            if (config or {}).get(key):
+                raise refusal(f"config.{key} is not supported by this server")
+        if body.get("bootstrap_script"):
+            raise refusal("bootstrap_script is not supported by this server")
+        return {k: v for k, v in body.items() if k in _BACKENDAI_KEYS}
+
+
+#: The top-level keys of Backend.AI's body that the model reads (its aliases' first steps).
+_BACKENDAI_KEYS = frozenset(
+    choice if isinstance(choice, str) else choice.path[0]
+    for f in BackendAISessionCreate.model_fields.values() if f.validation_alias is not None
+    for choice in (f.validation_alias.choices if isinstance(f.validation_alias, AliasChoices)
+                   else [f.validation_alias])
+) | {"dependencies"}
 
 
 class SessionCreateHandler(CompatBase):
     async def post(self):
         body = self.json_body()
-        _check_create(body)
-        config = body.get("config") or {}
-        group = config.get("scalingGroup") or "default"
+        # The one request, parsed once from Backend.AI's names (BackendAISessionCreate).
+        request = BackendAISessionCreate.parse(body)
+        group = request.resource_group
         await self.manager.ops.check_session_create(self.principal, group)
-        image, slots = self.manager.parse_request({"image": body["image"], **_resources(config)})
         deps = []
-        for ref in body.get("dependencies") or []:
+        for ref in request.dependencies:
             deps.append(await self.manager.ops.resolve_session(self.principal, str(ref)))
-        kind = body.get("type", "interactive")
-        if body.get("reuseIfExists", True):
-            reused = await self._existing(body["name"])
+        if request.reuse_if_exists:
+            reused = await self._existing(request.name)
             if reused is not None:  # Backend.AI's reuse (what `run` relies on): 200, created False
                 sess = await self.manager.ops.get_session(self.principal, reused)
-                self.reply({"sessionId": gql.dashed(reused), "sessionName": body["name"],
+                self.reply({"sessionId": gql.dashed(reused), "sessionName": request.name,
                             "status": gql.bai_status(sess["status"]), "servicePorts": [],
                             "created": False})
                 return
-        if kind == "interactive":
-            sid = await self._interactive(body, config, group)
+        if request.session_type == SessionType.INTERACTIVE:
+            sid = await self._interactive(request, body.get("config") or {})
         else:
-            starts_at = body.get("starts_at")
-            if starts_at:
-                try:
-                    starts_at = dt.datetime.fromisoformat(starts_at)
-                except (TypeError, ValueError):
-                    raise InvalidRequest(f"starts_at: {starts_at!r} is not an ISO 8601 date-time "
-                                         "(relative times such as '10m' are not supported)") from None
+            # The references resolved to ids: the same request, its dependencies by id.
             sid = await self.manager.enqueue(
-                username=self.principal.username, name=body["name"], image=image, slots=slots,
-                environ={}, service_prefix="/", resource_group=group, session_type="batch",
-                project=body.get("group") or None,
-                cluster_size=int(body.get("clusterSize") or 1),
-                cluster_mode=body.get("clusterMode") or "single-node",
-                startup_command=body.get("startupCommand"), starts_at=starts_at or None,
-                dependencies=deps, mounts=list(config.get("mounts") or []),
-            )
+                request.as_request(dependencies=deps), username=self.principal.username,
+                name=request.name, environ={}, service_prefix="/")
         status = "PENDING"
-        if not body.get("enqueueOnly"):
-            status = await self._wait(sid, int(body.get("maxWaitSeconds") or 0))
+        if not request.enqueue_only:
+            status = await self._wait(sid, request.max_wait_seconds)
         else:
             sess = await self.manager.ops.get_session(self.principal, sid)
             status = gql.bai_status(sess["status"])
-        self.reply({"sessionId": gql.dashed(sid), "sessionName": body["name"],
+        self.reply({"sessionId": gql.dashed(sid), "sessionName": request.name,
                     "status": status, "servicePorts": [], "created": True}, 201)
 
     async def _existing(self, name: str) -> str | None:
@@ -205,16 +338,18 @@ class SessionCreateHandler(CompatBase):
             return spawner.session_id
         return await self.manager.ops.live_session_named(self.principal.user_id, name)
 
-    async def _interactive(self, body: dict, config: dict, group: str) -> str:
+    async def _interactive(self, request: BackendAISessionCreate, config: dict) -> str:
         """An interactive session is a JupyterHub named server of the key's owner (started
-        through the hub, so it is visible and usable in JupyterHub)."""
-        if group != "default":
+        through the hub, so it is visible and usable in JupyterHub): the request becomes
+        the server's user_options (resources as the client sent them, so the spawner's
+        defaults fill what it did not), which the spawner reads into the same model."""
+        if request.resource_group != "default":
             raise InvalidRequest("interactive sessions run in the hub's resource group; "
                                  "scalingGroup cannot be chosen for them")
         user = self.find_user(self.principal.username)
         if user is None:
             user = self.user_from_username(self.principal.username)
-        name = body["name"]
+        name = request.name
         if not self.allow_named_servers:
             raise InvalidRequest("interactive sessions are JupyterHub named servers, which "
                                  "this hub does not allow (c.JupyterHub.allow_named_servers)")
@@ -222,13 +357,13 @@ class SessionCreateHandler(CompatBase):
         spawner = user.get_or_create_spawner(name, name, replace_failed=True)
         if spawner.active or spawner.pending:
             raise Conflict(f"session {name!r} already exists (a running JupyterHub server)")
-        options = {"image": body["image"], **_resources(config)}
-        if body.get("group"):
-            options["project"] = body["group"]
-        if config.get("mounts"):
-            options["mounts"] = list(config["mounts"])
-        if int(body.get("clusterSize") or 1) != 1:
-            options["cluster_size"] = int(body["clusterSize"])
+        options = {"image": request.image, **_resources(config)}
+        if request.project:
+            options["project"] = request.project
+        if request.mounts:
+            options["mounts"] = list(request.mounts)
+        if request.cluster_size != 1:
+            options["cluster_size"] = request.cluster_size
         await self.spawn_single_user(user, name, name, options=options)
         spawner = user.spawners[name]
         deadline = time.monotonic() + 60
