@@ -51,7 +51,14 @@ from sqlalchemy import insert, select  # noqa: E402
 
 from jupyterhub_backendai.common.slots import ResourceSlot  # noqa: E402
 from jupyterhub_backendai.manager import tenancy  # noqa: E402
-from jupyterhub_backendai.manager.scheduler import dispatcher  # noqa: E402
+
+try:  # the scheduler's home since issue 23 (and the lifecycle's writes beside it)
+    from jupyterhub_backendai.manager.lifecycle import record as writes  # noqa: E402
+    from jupyterhub_backendai.manager.scheduler import dispatcher  # noqa: E402
+except ImportError:  # a --baseline from before issue 23
+    from jupyterhub_backendai.scheduler import dispatcher  # noqa: E402
+
+    writes = dispatcher
 from jupyterhub_backendai.models import (  # noqa: E402
     Agent,
     Kernel,
@@ -288,8 +295,8 @@ def _end(sm, which, status: str, info: str, result: str) -> bool:
         sess = s.scalars(which.limit(1)).first()
         if sess is None:
             return False
-        dispatcher.release_kernels(s, sess, status)
-        dispatcher.set_status(sess, status, info)
+        writes.release_kernels(s, sess, status)
+        writes.set_status(sess, status, info)
         sess.result = result
         sess.alive_marker = None
         sess.terminated_at = utcnow()
@@ -446,7 +453,10 @@ def selector_curve(sizes=(100, 1000, 10000, 100000), placements: int = 20000) ->
     index, as agents grow, on agents already partly used, requests for about half the
     free capacity (all fit; a failed search costs more). Shows the per-placement
     cost growing with log(agents), where a scan would grow with agents."""
-    from jupyterhub_backendai.manager.scheduler.pool import AgentPool, PoolAgent
+    try:
+        from jupyterhub_backendai.manager.scheduler.pool import AgentPool, PoolAgent
+    except ImportError:  # a --baseline from before issue 23
+        from jupyterhub_backendai.scheduler.pool import AgentPool, PoolAgent
 
     rnd = random.Random(7)
     weights = [w for w, *_ in SHAPES]
