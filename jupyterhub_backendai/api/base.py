@@ -324,13 +324,23 @@ class APIBase(APIHandler):
     def body(self, schema_name: str) -> dict:
         """The JSON body, checked by the request model ``schema_name`` (:mod:`.models`):
         the fields as sent, or a 400 naming the field in plain words."""
+        return validate(schema_name, self._json_object())
+
+    def parsed_body(self, schema_name: str):
+        """The JSON body parsed into the request model ``schema_name`` (the same checks
+        as :meth:`body`): the instance, for a handler that hands it on as it is."""
+        data = self._json_object()
+        _check_text(data)
+        return models.parse(schema_name, data)
+
+    def _json_object(self) -> dict:
         raw = self.request.body
         if not raw or not raw.strip():
             raise InvalidRequest("a JSON object body is required")
         data = parse_json_body(raw)
         if not isinstance(data, dict):
             raise InvalidRequest("the body must be a JSON object")
-        return validate(schema_name, data)
+        return data
 
     def query(self, filters: dict | None = None,
               params: dict[str, tuple[dict, bool]] | None = None) -> tuple[dict, int, int]:

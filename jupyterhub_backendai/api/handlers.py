@@ -11,14 +11,12 @@ flags, session start and stop) happen only after that transaction committed.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import urllib.parse
 
 from tornado import web
 
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest
-from ..common.session_request import SessionRequest, resources
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager import vfolders
 from . import hubsync, models, spec
@@ -316,16 +314,6 @@ class SchedulerHandler(APIBase):
 # -- sessions ------------------------------------------------------------------
 
 
-def _parse_time(field: str, value: str | None) -> dt.datetime | None:
-    if value is None:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidRequest(f"{field}: {value!r} is not an ISO 8601 date-time") from None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 class SessionsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/sessions"))
@@ -333,27 +321,13 @@ class SessionsHandler(APIBase):
 
     async def post(self):
         self.query()
-        body = self.body("SessionCreate")
-        group = body.get("resource_group", "default")
-        await self.manager.ops.check_session_create(self.principal, group)
-        image, slots = resources({"image": body["image"], **body.get("resources", {})})
-        request = SessionRequest(
-            image=image,
-            slots=slots,
-            resource_group=group,
-            session_type=body.get("type", "batch"),
-            project=body.get("project"),
-            cluster_size=body.get("cluster_size", 1),
-            cluster_mode=body.get("cluster_mode", "single-node"),
-            priority=body.get("priority"),
-            startup_command=body["startup_command"],
-            batch_timeout=body.get("batch_timeout"),
-            starts_at=_parse_time("starts_at", body.get("starts_at")),
-            dependencies=body.get("dependencies", []),
-            mounts=body.get("mounts", []),
-        )
+        # One typed request, parsed once (models.SessionCreate is a SessionRequest) and
+        # handed on as it is: the caller's right to the group here, the record's checks
+        # in the manager.
+        request = self.parsed_body("SessionCreate")
+        await self.manager.ops.check_session_create(self.principal, request.resource_group)
         sid = await self.manager.enqueue(request, username=self.principal.username,
-                                         name=body["name"], environ={}, service_prefix="/")
+                                         name=request.name, environ={}, service_prefix="/")
         self.reply(await self.manager.ops.get_session(self.principal, sid), 201)
 
 

@@ -16,15 +16,42 @@ the body as sent (only the fields the caller gave).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    ValidationError,
+    WithJsonSchema,
+    WrapValidator,
+    model_validator,
+)
 from pydantic.json_schema import models_json_schema
+from pydantic_core import PydanticCustomError
 
 from ..common.errors import InvalidRequest
-from ..common.slots import MIG_PROFILE_WORDS, MIG_SLOT_PATTERN, SLOT_NAME_PATTERN, SLOT_NAMES_WORDS
+from ..common.session_request import (
+    ERROR_TYPE,
+    ClusterMode,
+    SessionRequest,
+    SessionRequestError,
+    SessionType,
+    as_validator,
+    human_slots,
+)
+from ..common.slots import (
+    MIG_PROFILE_WORDS,
+    MIG_SLOT_PATTERN,
+    SLOT_NAME_PATTERN,
+    SLOT_NAMES_WORDS,
+    ResourceSlot,
+)
 from ..common.types import (
     SessionStatus,
     UserRole,
@@ -451,23 +478,78 @@ Resources = Annotated[dict[ResourceName, Amount], WithJsonSchema({
 })]
 
 
-class SessionCreate(Request):
-    name: Name
+def _rest_slots(resources, handler) -> ResourceSlot:
+    """The body's ``resources`` checked by their schema, then read as sent (a whole
+    number stays one: 1 GPU, not 1.0) into the slots of one kernel."""
+    handler(resources)
+    return as_validator(human_slots)(resources)
+
+
+def _rest_time(value: str) -> dt.datetime:
+    """The admin API's ``starts_at``: ISO 8601, a time without a zone taken as UTC."""
+    try:
+        t = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise SessionRequestError(f"starts_at: {value!r} is not an ISO 8601 date-time") from None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+#: The admin API's names of a session request, in the document's order.
+SESSION_CREATE_FIELDS = ("name", "image", "resources", "resource_group", "type", "project",
+                         "cluster_size", "cluster_mode", "priority", "startup_command",
+                         "batch_timeout", "starts_at", "dependencies", "mounts")
+
+
+def _session_create_schema(schema: dict) -> None:
+    """The wire's fields in the wire's order; the request's fields the API does not take
+    (designated agents, architecture) left out, and no defaults (said in words)."""
+    props = schema["properties"]
+    schema.pop("description", None)
+    schema["properties"] = {k: {n: v for n, v in props[k].items() if n != "default"}
+                            for k in SESSION_CREATE_FIELDS}
+    schema["required"] = [k for k in SESSION_CREATE_FIELDS if k in schema.get("required", ())]
+
+
+class SessionCreate(SessionRequest, Request):
+    """The admin API's body of a new (batch) session: the one :class:`SessionRequest`
+    read strictly from the wire's names (``resources`` in people's units, ``type``),
+    with the session's name; the handler hands this instance to the manager."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re",
+                              json_schema_extra=_session_create_schema)
+
     image: Str(512, 1)
-    resources: Resources = None
-    resource_group: Str(64) = None
-    type: Annotated[Literal["batch"], Field(description=(
-        "API sessions are batch sessions; interactive sessions are JupyterHub servers."))] = None
+    slots: Annotated[Resources, WrapValidator(_rest_slots)] = Field(
+        default_factory=lambda: human_slots({}), alias="resources")
+    session_type: Annotated[Literal["batch"], AfterValidator(SessionType), Field(
+        description=("API sessions are batch sessions; interactive sessions are JupyterHub "
+                     "servers."))] = Field(SessionType.BATCH, alias="type")
+    resource_group: Str(64) = "default"
     project: Str(64, description="project id or name in the caller's domain") = None
-    cluster_size: Int(1, 16) = None
-    cluster_mode: Literal["single-node", "multi-node"] = None
+    cluster_size: Int(1, 16) = 1
+    cluster_mode: Annotated[Literal["single-node", "multi-node"],
+                            AfterValidator(ClusterMode)] = ClusterMode.SINGLE_NODE
     priority: Int(0, 100) = None
     startup_command: Str(8192, 1)
     batch_timeout: Int(1) | None = None
-    starts_at: Time | None = None
-    dependencies: Annotated[list[Id], Field(max_length=64)] = None
+    starts_at: Annotated[Time, AfterValidator(as_validator(_rest_time))] | None = None
+    dependencies: Annotated[list[Id], Field(max_length=64)] = ()
     mounts: Annotated[list[Str(64, 1)], Field(
-        max_length=64, description="vfolders (names or ids) mounted at /home/work/<name>")] = None
+        max_length=64, description="vfolders (names or ids) mounted at /home/work/<name>")] = ()
+    name: Name
+
+    #: The body's fields in the document's order (the model's: the request's, then name).
+    wire_fields: ClassVar[tuple[str, ...]] = SESSION_CREATE_FIELDS
+    # pydantic's own constructor: a ValidationError, said in the API's words by parse().
+    __init__ = BaseModel.__init__
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_the_wire(cls, data):
+        """The request's fields the admin API does not take are unknown here."""
+        if isinstance(data, dict) and set(data) - set(SESSION_CREATE_FIELDS):
+            raise PydanticCustomError("extra_forbidden", "Extra inputs are not permitted")
+        return data
 
 
 class KernelLogs(Response):
@@ -760,11 +842,18 @@ def _words(err: dict) -> str:
     return str(err.get("msg", "is not valid"))
 
 
-def error_words(exc: ValidationError) -> str:
+def error_words(exc: ValidationError, order: tuple[str, ...] = ()) -> str:
     """A pydantic error as one sentence for the caller: ``<field>: <words>``. Errors of
-    the members of a union (a string or a number) are said together."""
+    the members of a union (a string or a number) are said together. A rule of the
+    session request (:data:`ERROR_TYPE`) says its own sentence. ``order``: the fields'
+    order, first error first (by default pydantic's)."""
     errors = exc.errors(include_url=False)
+    if order:
+        errors.sort(key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order
+                    else len(order))
     first = errors[0]
+    if first["type"] == ERROR_TYPE:
+        return first["ctx"]["detail"]
     where = _where(first["loc"])
     same = [e for e in errors if _where(e["loc"]) == where]
     kinds = [e["type"] for e in same]
@@ -775,12 +864,19 @@ def error_words(exc: ValidationError) -> str:
     return f"{where}: {words}"
 
 
-def check(schema_name: str, data: dict) -> dict:
-    """``data`` (a JSON object) checked against the request model ``schema_name``: the
-    data as given, or :class:`InvalidRequest` (400) in plain words. Unknown fields are
-    named first, then missing required ones, then the first wrong value."""
+def _wire_fields(m: type[BaseModel]) -> dict[str, Any]:
+    """A request model's fields by the names the body uses (aliases), in its order."""
+    fields = {f.alias or n: f for n, f in m.model_fields.items()}
+    order = getattr(m, "wire_fields", None) or tuple(fields)
+    return {k: fields[k] for k in order}
+
+
+def parse(schema_name: str, data: dict) -> BaseModel:
+    """``data`` (a JSON object) as the request model ``schema_name``, or
+    :class:`InvalidRequest` (400) in plain words. Unknown fields are named first, then
+    missing required ones, then the first wrong value."""
     m = model(schema_name)
-    fields = m.model_fields
+    fields = _wire_fields(m)
     if m.model_config.get("extra") == "forbid":
         unknown = sorted(set(data) - set(fields))
         if unknown:
@@ -790,7 +886,13 @@ def check(schema_name: str, data: dict) -> dict:
         if f.is_required() and name not in data:
             raise InvalidRequest(f"{name}: required field missing")
     try:
-        m.model_validate(data)
+        return m.model_validate(data)
     except ValidationError as e:
-        raise InvalidRequest(error_words(e)) from None
+        raise InvalidRequest(error_words(e, tuple(fields))) from None
+
+
+def check(schema_name: str, data: dict) -> dict:
+    """``data`` checked by the request model ``schema_name`` (:func:`parse`): the data
+    as given (for the bodies whose handlers read the fields as sent)."""
+    parse(schema_name, data)
     return data
