@@ -8,6 +8,10 @@ One class per body. From these follow, with nothing written twice:
 - the component schemas of the OpenAPI 3.1 document (:func:`component_schemas`, read by
   :mod:`.spec`).
 
+The response models live in :mod:`..manager.responses` (the manager builds the bodies
+from the record with them, and may not import ``api/``); they are named here, each in
+its place among the requests, so that the registry and the document keep one order.
+
 Request models forbid unknown fields (``additionalProperties: false``) and are strict:
 a whole number is never a bool or ``5.0``, a string is never a number. Optional fields
 that are not nullable default to ``None`` without accepting ``null``; the handlers get
@@ -52,15 +56,10 @@ from ..common.slots import (
     SLOT_NAMES_WORDS,
     ResourceSlot,
 )
-from ..common.types import (
-    SessionStatus,
-    UserRole,
-    UserStatus,
-    VFolderOwnership,
-    VFolderPermission,
-    VFolderStatus,
-)
+from ..common.types import UserRole, UserStatus
+from ..manager import responses
 from ..manager.admin import KNOWN_SCHEDULERS
+from ..manager.responses import Response
 from ..manager.vfolders import MAX_PATH, USAGE_MODES
 
 INT32 = 2**31 - 1
@@ -69,10 +68,7 @@ MAX_LIMIT = 500
 REF = "#/components/schemas/{model}"
 
 
-def _enum(values) -> Any:
-    """``Literal`` of the string values of an enum (or of a tuple of strings)."""
-    return Literal[tuple(str(getattr(v, "value", v)) for v in values)]
-
+_enum = responses.literal_of
 
 # -- the words for patterns: errors and the CLI's --help say these, never a regex --------
 
@@ -132,7 +128,6 @@ SlotsIn = Annotated[dict[SlotName, Amount], WithJsonSchema({
                       "x-message": PATTERN_WORDS[SLOT_NAME_PATTERN]},
     "additionalProperties": _AMOUNT_SCHEMA,
 })]
-SlotsOut = Annotated[dict[str, str], Field(description="Resource slots as exact decimal strings.")]
 VFolderHostsIn = Annotated[dict[str, Annotated[list[Str(64)], Field(max_length=32)]],
                            Field(max_length=64)]
 Strings = Annotated[list[Str(64)], Field(max_length=256)]
@@ -142,19 +137,13 @@ FilePath = Annotated[str, Field(min_length=1, max_length=MAX_PATH,
                                 description="relative to the folder's root; no '..'")]
 Object = dict[str, Any]
 StrList = list[str]
-Permission = _enum(VFolderPermission)
+Permission = responses.Permission
 
 
 class Request(BaseModel):
     """A request body: unknown fields refused, types strict."""
 
     model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
-
-
-class Response(BaseModel):
-    """A response body: every field is always present."""
-
-    model_config = ConfigDict(regex_engine="python-re")
 
 
 class Problem(Response):
@@ -169,14 +158,7 @@ class Problem(Response):
 # -- domains -------------------------------------------------------------------------
 
 
-class Domain(Response):
-    name: str
-    description: str
-    is_active: bool
-    total_resource_slots: SlotsOut
-    allowed_vfolder_hosts: Object
-    allowed_docker_registries: StrList
-    created_at: Time
+Domain = responses.Domain
 
 
 class _Named(Request):
@@ -200,16 +182,7 @@ class DomainCreate(DomainUpdate, _Named):
 # -- projects ------------------------------------------------------------------------
 
 
-class Project(Response):
-    id: str
-    name: str
-    domain_name: str
-    description: str
-    is_active: bool
-    total_resource_slots: SlotsOut
-    allowed_vfolder_hosts: Object
-    resource_policy: str | None
-    created_at: Time
+Project = responses.Project
 
 
 class ProjectUpdate(Request):
@@ -230,29 +203,13 @@ class MembersAdd(Request):
     user_ids: Annotated[list[Id], Field(min_length=1, max_length=500)]
 
 
-class MembersChanged(Response):
-    project_id: str
-    group: str
-    added: Annotated[StrList, Field(description="usernames that became members")]
-    user_ids: StrList
+MembersChanged = responses.MembersChanged
 
 
 # -- users ---------------------------------------------------------------------------
 
 
-class User(Response):
-    id: str
-    email: str
-    username: str
-    full_name: str
-    status: _enum(UserStatus)
-    role: _enum(UserRole)
-    domain_name: str
-    resource_policy: str | None
-    need_password_change: bool
-    allowed_client_ip: StrList | None
-    project_ids: StrList
-    created_at: Time
+User = responses.User
 
 
 class UserUpdate(Request):
@@ -274,29 +231,14 @@ class UserCreate(UserUpdate):
     username: Annotated[str, Field(max_length=64, pattern=USERNAME_PATTERN)] = None
 
 
-class NewKeypair(Response):
-    access_key: str
-    secret_key: str
-
-
-class UserCreated(User):
-    keypair: NewKeypair
+NewKeypair = responses.NewKeypair
+UserCreated = responses.UserCreated
 
 
 # -- keypairs ------------------------------------------------------------------------
 
 
-class Keypair(Response):
-    access_key: str
-    user_id: str
-    is_active: bool
-    is_admin: bool
-    is_default: bool
-    rate_limit: int
-    num_queries: int
-    last_used: str | None
-    resource_policy: str
-    created_at: Time
+Keypair = responses.Keypair
 
 
 class KeypairCreate(Request):
@@ -307,8 +249,7 @@ class KeypairCreate(Request):
     is_admin: bool = None
 
 
-class KeypairCreated(Keypair):
-    secret_key: Annotated[str, Field(description="shown in this response only")]
+KeypairCreated = responses.KeypairCreated
 
 
 class KeypairUpdate(Request):
@@ -322,19 +263,7 @@ class KeypairUpdate(Request):
 # -- resource policies ----------------------------------------------------------------
 
 
-class KeypairResourcePolicy(Response):
-    name: str
-    total_resource_slots: SlotsOut
-    default_for_unspecified: str
-    max_concurrent_sessions: int
-    max_containers_per_session: int
-    max_session_lifetime: int
-    idle_timeout: int
-    max_priority: int
-    max_pending_session_count: int | None
-    max_pending_session_resource_slots: SlotsOut | None
-    allowed_vfolder_hosts: Object
-    created_at: Time
+KeypairResourcePolicy = responses.KeypairResourcePolicy
 
 
 class KeypairResourcePolicyUpdate(Request):
@@ -354,11 +283,7 @@ class KeypairResourcePolicyCreate(KeypairResourcePolicyUpdate, _Named):
     """A new keypair resource policy: its name, and the fields of KeypairResourcePolicyUpdate."""
 
 
-class QuotaPolicy(Response):
-    name: str
-    max_vfolder_count: int
-    max_quota_scope_size: int
-    created_at: Time
+QuotaPolicy = responses.QuotaPolicy
 
 
 class QuotaPolicyUpdate(Request):
@@ -373,17 +298,7 @@ class QuotaPolicyCreate(QuotaPolicyUpdate, _Named):
 # -- resource groups and agents -------------------------------------------------------
 
 
-class ResourceGroup(Response):
-    name: str
-    description: str
-    is_active: bool
-    is_public: bool
-    scheduler: str
-    scheduler_opts: Object
-    allowed_domains: StrList
-    allowed_projects: StrList
-    allowed_keypairs: StrList
-    created_at: Time
+ResourceGroup = responses.ResourceGroup
 
 
 class ResourceGroupUpdate(Request):
@@ -401,69 +316,15 @@ class ResourceGroupCreate(ResourceGroupUpdate, _Named):
     """A new resource group: its name, and the fields of ResourceGroupUpdate."""
 
 
-class Agent(Response):
-    id: str
-    status: str
-    resource_group: str
-    addr: str
-    architecture: str
-    backend: str
-    available_slots: SlotsOut
-    occupied_slots: SlotsOut
-    schedulable: bool
-    version: str
-    first_contact: Time
-    last_heartbeat: Time
+Agent = responses.Agent
 
 
 # -- sessions ------------------------------------------------------------------------
 
 
-class Kernel(Response):
-    id: str
-    cluster_role: str
-    cluster_idx: int
-    cluster_hostname: str
-    agent_id: str | None
-    status: str
-    exit_code: int | None
-
-
-class VFolderMount(Response):
-    id: str
-    name: str
-    host: str
-    permission: str
-    target: str
-
-
-class Session(Response):
-    id: str
-    name: str
-    type: str
-    user_id: str
-    access_key: str
-    domain_name: str
-    project_id: str | None
-    resource_group: str
-    image: str
-    cluster_size: int
-    cluster_mode: str
-    priority: int
-    requested_slots: SlotsOut
-    status: _enum(SessionStatus)
-    status_info: str
-    result: str
-    startup_command: str | None
-    batch_timeout: int | None
-    starts_at: str | None
-    architecture: str | None
-    designated_agents: StrList
-    dependencies: StrList
-    created_at: Time
-    terminated_at: str | None
-    kernels: list[Kernel]
-    vfolder_mounts: list[VFolderMount]
+Kernel = responses.Kernel
+VFolderMount = responses.VFolderMount
+Session = responses.Session
 
 
 Resources = Annotated[dict[ResourceName, Amount], WithJsonSchema({
@@ -552,16 +413,8 @@ class SessionCreate(SessionRequest, Request):
         return data
 
 
-class KernelLogs(Response):
-    id: str
-    cluster_hostname: str
-    logs: str | None
-
-
-class SessionLogs(Response):
-    session_id: str
-    status: str
-    kernels: list[KernelLogs]
+KernelLogs = responses.KernelLogs
+SessionLogs = responses.SessionLogs
 
 
 class ServicePort(Response):
@@ -587,23 +440,8 @@ class SessionServicePorts(Response):
     service_ports: list[ServicePort]
 
 
-class SessionSSHKey(Response):
-    session_id: str
-    access_key: Annotated[str, Field(description="the keypair the key derives from")]
-    user: str
-    host: str
-    port: int
-    public_key: str
-    private_key: Annotated[str, Field(description="OpenSSH format, unencrypted")]
-
-
-class Whoami(Response):
-    user: User
-    role: _enum(UserRole)
-    domain: Domain
-    projects: list[Project]
-    keypair: Annotated[str | None, Field(description="access key that signed the request, "
-                                                     "if any")]
+SessionSSHKey = responses.SessionSSHKey
+Whoami = responses.Whoami
 
 
 class SchedulerStatus(RootModel[Object]):
@@ -613,23 +451,7 @@ class SchedulerStatus(RootModel[Object]):
 # -- virtual folders -----------------------------------------------------------------
 
 
-class VFolder(Response):
-    id: str
-    name: str
-    host: str
-    quota_scope_id: str
-    ownership_type: _enum(VFolderOwnership)
-    user_id: str | None
-    project_id: str | None
-    domain_name: str
-    creator: str
-    usage_mode: str
-    permission: Annotated[Permission, Field(
-        description="the owner's (user folder) or every member's (project)")]
-    status: _enum(VFolderStatus)
-    my_permission: Annotated[Permission | None, Field(
-        description="what the caller may do with the files (null: nothing)")]
-    created_at: Time
+VFolder = responses.VFolder
 
 
 class VFolderCreate(Request):
@@ -649,12 +471,7 @@ class VFolderUpdate(Request):
     usage_mode: _enum(USAGE_MODES) = None
 
 
-class VFolderShare(Response):
-    vfolder_id: str
-    user_id: str
-    email: str | None
-    permission: Permission
-    created_at: Time
+VFolderShare = responses.VFolderShare
 
 
 class VFolderShareCreate(Request):
@@ -666,18 +483,7 @@ class VFolderShareUpdate(Request):
     permission: Permission
 
 
-class VFolderInvitation(Response):
-    id: str
-    vfolder_id: str
-    vfolder_name: str | None
-    inviter: str | None
-    inviter_id: str
-    invitee: str | None
-    invitee_id: str
-    permission: Permission
-    state: Literal["pending", "accepted", "rejected", "canceled"]
-    created_at: Time
-    modified_at: Time | None
+VFolderInvitation = responses.VFolderInvitation
 
 
 class VFolderInvitationCreate(Request):
@@ -719,16 +525,10 @@ class VFolderPath(Response):
     path: str
 
 
-class VFolderHost(Response):
-    permissions: StrList
-    volume: Object
+VFolderHost = responses.VFolderHost
 
 
-class VFolderHosts(Response):
-    default: str
-    allowed: Annotated[StrList, Field(description="hosts where the caller has at least one "
-                                                  "permission")]
-    hosts: dict[str, VFolderHost]
+VFolderHosts = responses.VFolderHosts
 
 
 # -- the registry ----------------------------------------------------------------------
@@ -737,7 +537,7 @@ class VFolderHosts(Response):
 SCHEMAS: dict[str, type[BaseModel]] = {
     name: obj for name, obj in dict(globals()).items()
     if isinstance(obj, type) and issubclass(obj, (BaseModel, RootModel))
-    and obj.__module__ == __name__ and name.isidentifier() and not name.startswith("_")
+    and obj.__module__ in (__name__, responses.__name__) and name.isidentifier() and not name.startswith("_")
     and obj not in (Request, Response)
 }
 
