@@ -175,6 +175,17 @@ def main(argv=None) -> None:
     from .cli import create_superadmin
 
     state = os.path.abspath(os.environ.setdefault("BACKENDAI_STATE_DIR", DEFAULT_STATE_DIR))
+    # One hub per state directory: refused here, before the record is touched (the
+    # lock is close-on-exec; the packaged config takes it again for the hub's life),
+    # and the installation's identity made before anything else marks the directory
+    # as used (common/installation.py).
+    from .common import installation
+
+    try:
+        installation.hold_state(state)
+        installation.ensure(state)
+    except installation.InstallationError as e:
+        raise SystemExit(f"backendai-hub: {e}") from None
     db = os.environ.setdefault(
         "BACKENDAI_DB_URL", "sqlite:///" + os.path.join(state, "backendai.sqlite")
     )
@@ -189,6 +200,7 @@ def main(argv=None) -> None:
         show_first_superadmin(state, out, login[: -len("/hub/login")])
     print(f"jupyterhub-backendai: log in at {login} as {email}", flush=True)
     config = os.path.join(os.path.dirname(__file__), "share", "jupyterhub_config.py")
+    installation.release_state(state)
     os.execvp(sys.executable,
               [sys.executable, "-m", "jupyterhub_backendai.hubmain", "-f", config, *argv])
 

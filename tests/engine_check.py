@@ -1,7 +1,8 @@
 """The run ends by holding the Docker engine against what it held at the start.
 
 Every engine object the suite makes carries this run's token (``services.RUN``): agent ids
-(containers and session networks are labelled with theirs), image tags
+(containers and session networks are labelled with theirs), installation ids (label
+``ai.backend.installation``: ``services.INSTALLATION_PREFIX`` starts every test hub's), image tags
 (``services.image_tag``). What is still there at the end with the token is a leftover of
 this run, and fails it; objects another suite on the same engine made meanwhile are not
 this run's and are left alone (reported only). Called once, by the xdist controller (or
@@ -17,9 +18,12 @@ from .services import RUN
 
 # (kind, docker command, format): one line per object, the id first.
 _LISTS = (
-    ("container", ["ps", "-a"], '{{.ID}}\t{{.Names}}\t{{.Image}}\t{{.Label "ai.backend.agent-id"}}'),
-    ("network", ["network", "ls"], '{{.ID}}\t{{.Name}}\t{{.Label "ai.backend.agent-id"}}'),
-    ("volume", ["volume", "ls"], '{{.Name}}\t{{.Label "ai.backend.agent-id"}}'),
+    ("container", ["ps", "-a"], '{{.ID}}\t{{.Names}}\t{{.Image}}\t{{.Label "ai.backend.agent-id"}}'
+     '\t{{.Label "ai.backend.installation"}}'),
+    ("network", ["network", "ls"], '{{.ID}}\t{{.Name}}\t{{.Label "ai.backend.agent-id"}}'
+     '\t{{.Label "ai.backend.installation"}}'),
+    ("volume", ["volume", "ls"], '{{.Name}}\t{{.Label "ai.backend.agent-id"}}'
+     '\t{{.Label "ai.backend.installation"}}'),
     ("image", ["images", "-a"], "{{.ID}}\t{{.Repository}}:{{.Tag}}"),
 )
 

@@ -12,8 +12,10 @@ import time
 
 import requests
 
+from jupyterhub_backendai.common import installation
+
+from .services import INSTALLATION_PREFIX, free_port, wait_port
 from .services import agent_id as new_agent_id
-from .services import free_port, wait_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHP = os.path.join(REPO, "node_modules", ".bin", "configurable-http-proxy")
@@ -25,7 +27,11 @@ ADMIN_PASSWORD = "admin-pass-123"
 class Hub:
     def __init__(self, *, db_url: str, backend: str, slots: dict | None = None, extra_env=None,
                  config: str | None = None, extra_args: list[str] | tuple = (),
-                 ca: str | None = None, python: str | None = None):
+                 ca: str | None = None, python: str | None = None,
+                 default_agent_id: bool = False, state_dir: str | None = None):
+        """``default_agent_id``: leave BACKENDAI_AGENT_ID unset, as the README's hub does
+        (the agent's id is then its installation's, which carries this run's token);
+        ``state_dir``: another hub's state directory instead of a new one."""
         self.dir = tempfile.mkdtemp(prefix="bai-hub-")
         self.port = free_port()
         self.api_port = free_port()
@@ -36,7 +42,7 @@ class Hub:
         lo = free_port() % 20000 + 30000
         self.env = dict(
             os.environ,
-            BACKENDAI_STATE_DIR=os.path.join(self.dir, "state"),
+            BACKENDAI_STATE_DIR=state_dir or os.path.join(self.dir, "state"),
             BACKENDAI_DB_URL=db_url,
             BACKENDAI_CHP=CHP,
             BACKENDAI_HUB_URL=self.base + "/",
@@ -47,8 +53,11 @@ class Hub:
             BACKENDAI_ADMIN_EMAIL=ADMIN_EMAIL,
             BACKENDAI_ADMIN_PASSWORD=ADMIN_PASSWORD,
             BACKENDAI_AGENT_ID=new_agent_id("hub"),
+            BACKENDAI_INSTALLATION_PREFIX=INSTALLATION_PREFIX,
             **(extra_env or {}),
         )
+        if default_agent_id:
+            del self.env["BACKENDAI_AGENT_ID"]
         if slots:
             self.env["BACKENDAI_AGENT_SLOTS"] = json.dumps(slots)
         if backend == "local":
@@ -166,7 +175,17 @@ class Hub:
 
     @property
     def agent_id(self) -> str:
-        return self.env["BACKENDAI_AGENT_ID"]
+        if "BACKENDAI_AGENT_ID" in self.env:
+            return self.env["BACKENDAI_AGENT_ID"]
+        inst = installation.read(self.env["BACKENDAI_STATE_DIR"])
+        if inst is None:
+            raise RuntimeError("the hub has not made its installation yet")
+        return inst.default_agent_id()
+
+    @property
+    def installation_id(self) -> str:
+        inst = installation.read(self.env["BACKENDAI_STATE_DIR"])
+        return inst.id if inst else ""
 
     def close(self) -> None:
         self.stop_hub()

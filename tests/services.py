@@ -32,6 +32,12 @@ def agent_id(kind: str = "test") -> str:
     return f"i-{kind}-{RUN}-{secrets.token_hex(4)}"
 
 
+#: What every test hub's installation id starts with (BACKENDAI_INSTALLATION_PREFIX): a
+#: hub on the default agent id (``i-<hostname>-<this prefix><8 hex>``) and every container
+#: and network its agent labels with its installation carry this run's token.
+INSTALLATION_PREFIX = f"t{RUN}-"
+
+
 def image_tag(repo: str, variant: str = "") -> str:
     """A tag of this run for an image a test builds (``backendai-test/<repo>:<run>[-v]``):
     the end-of-run check finds it if the test left it behind."""

@@ -222,7 +222,8 @@ def test_readme_install_and_start(case, artifacts, tmp_path):
 
         mode = lambda p: stat.S_IMODE(os.stat(os.path.join(hub.state, p)).st_mode)  # noqa: E731
         assert mode(".") == 0o700
-        for name in ("backendai.sqlite", "jupyterhub.sqlite", "jupyterhub_cookie_secret"):
+        for name in ("backendai.sqlite", "jupyterhub.sqlite", "jupyterhub_cookie_secret",
+                     "installation-id", "hub.lock"):
             assert mode(name) == 0o600, name
         hub.stop_server("admin", "", token=token)
         assert first["secret_key"] not in hub.log()

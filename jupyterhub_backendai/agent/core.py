@@ -18,6 +18,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Tuple, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__
+from ..common import installation
 from ..common.errors import AgentError, InvalidRequest
 from ..common.events import EventBus
 from ..common.kernelspec import KernelSpec
@@ -37,12 +38,38 @@ from .stats import cpu_percent, stats_key, write_stats
 
 class Agent(LoggingConfigurable):
     agent_id = Unicode(
-        help="Unique id of this agent. Default: the host name.",
+        help="""Unique id of this agent. Default: ``i-<hostname>-<first 8 of the
+        installation id>``, unique to the installation (two installations on one host
+        never share it); an installation older than identities keeps ``i-<hostname>``
+        (common/installation.py). Env (packaged config): BACKENDAI_AGENT_ID.""",
     ).tag(config=True)
 
     @default("agent_id")
     def _agent_id_default(self):
-        return "i-" + socket.gethostname()
+        inst = self._installation()
+        if self.installation_id != inst.id:  # an installation id configured by hand
+            return installation.derived_agent_id(self.installation_id)
+        return inst.default_agent_id()
+
+    installation_dir = Unicode(
+        help="""The state directory whose installation this agent belongs to (its
+        ``installation-id`` file is read, or made once). The packaged config sets the
+        hub's state directory; default: `state_dir`.""",
+    ).tag(config=True)
+    installation_id = Unicode(
+        help="""This agent's installation: every container and network it makes carries
+        it (label ``ai.backend.installation``), and it lists, reconciles and removes
+        nothing that carries another. Default: the id kept in `installation_dir`.""",
+    ).tag(config=True)
+
+    @default("installation_id")
+    def _installation_id_default(self):
+        return self._installation().id
+
+    def _installation(self) -> installation.Installation:
+        if getattr(self, "_installation_cache", None) is None:
+            self._installation_cache = installation.ensure(self.installation_dir or self.state_dir)
+        return self._installation_cache
 
     resource_group = Unicode("default", help="Resource group (agent pool) this agent joins.").tag(
         config=True
@@ -310,6 +337,7 @@ class Agent(LoggingConfigurable):
         if kind == "docker":
             return DockerBackend(
                 self.agent_id,
+                installation_id=self.installation_id,
                 network=self.network,
                 use_host_network=self.use_host_network,
                 bind_host=self.bind_host,

@@ -27,6 +27,8 @@ class Agents:
         self._stale_said: dict[str, float] = {}  # agent id -> when its stale heartbeat was logged
         # Per agent, kernels its last reconciliation found ended without an exit code.
         self._dead_kernels: dict[str, set[str]] = {}
+        # Unlabelled containers not in the record, already reported (reconcile).
+        self._left_said: set[str] = set()
 
     # -- clients ----------------------------------------------------------------------
 
@@ -184,12 +186,24 @@ class Agents:
             await mgr.lifecycle.end(
                 sid, SessionStatus.ERROR,
                 f"kernel lost: it ended on agent {agent_id} and no exit code was reported")
-        for kid in sorted(present - set(known)):
+        # Reaped only when it carries the agent's installation label (and its id: the
+        # agent lists nothing else) and the record says it is gone. A container made
+        # before installations had identities (no label) may be another installation's
+        # that shared the old default agent id: it is left alone.
+        foreign = {r["kernel_id"] for r in records if r.get("own") is False}
+        for kid in sorted(present - set(known) - foreign):
             self.log.info("removing orphan kernel %s on %s", kid, agent_id)
             try:
                 await client.destroy_kernel(kid)
             except BackendAIError as e:
                 self.log.warning("could not remove orphan kernel %s on %s: %s", kid, agent_id, e.detail)
+        for kid in sorted(((present - set(known)) & foreign) - self._left_said):
+            self._left_said.add(kid)
+            self.log.warning(
+                "kernel %s on %s is not in the record and carries no installation label (made "
+                "before installations had identities, perhaps by another installation with "
+                "the same agent id): left alone; remove its container by hand if it is this "
+                "installation's", kid, agent_id)
 
     async def reconcile_agent(self, agent_id: str) -> None:
         """Reconcile with one agent (in process or over HTTP); errors are logged."""

@@ -19,6 +19,17 @@ from jupyterhub_backendai import launcher as _launcher  # noqa: E402
 # below, its SQLite databases and the cookie secret 0600.
 state = os.path.abspath(os.environ.get("BACKENDAI_STATE_DIR", _launcher.DEFAULT_STATE_DIR))
 os.makedirs(state, mode=0o700, exist_ok=True)
+# One hub per state directory (a lock held for the hub's life, hub.lock), and the
+# installation's identity (installation-id, 0600, made once): the embedded agent's
+# default id is unique to it and it touches no other installation's containers
+# (jupyterhub_backendai/common/installation.py, docs/security.md).
+from jupyterhub_backendai.common import installation as _installation  # noqa: E402
+
+try:
+    _installation.hold_state(state)
+    _installation.ensure(state)
+except _installation.InstallationError as _e:
+    raise SystemExit(f"jupyterhub-backendai: {_e}") from None
 c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
 # BACKENDAI_HUB_URL (default http://localhost:8000/): where the proxy listens and
@@ -98,6 +109,7 @@ c.BackendAIManager.db_url = os.environ.get(
 )
 _launcher.secure_state_dir(state, (c.BackendAIManager.db_url, c.JupyterHub.db_url))
 c.Agent.state_dir = os.path.join(state, "agent")
+c.Agent.installation_dir = state
 # Vfolders of the in-hub storage proxy "local" (docs/storage.md).
 c.BackendAIManager.storage_volumes = {
     "volume1": {"backend": "vfs", "path": os.path.join(state, "vfroot", "volume1")}

@@ -91,6 +91,10 @@ class KernelRecord:
     # The slots the kernel was started with (for the agent's live statistics; not
     # in to_json). Empty when the backend cannot tell.
     slots: dict = field(default_factory=dict)
+    # Whether the kernel carries this agent's installation label (Docker). A container
+    # with the agent's id and no installation label at all (made before installations
+    # had identities) is listed and kept, but never removed as an orphan.
+    own: bool = True
 
     def to_json(self) -> dict:
         return {
@@ -104,6 +108,7 @@ class KernelRecord:
             "kernel_type": self.kernel_type,
             "exit_code": self.exit_code,
             "cuda_uuids": self.cuda_uuids,
+            "own": self.own,
         }
 
 

@@ -20,6 +20,7 @@ import aiodocker
 from aiodocker.exceptions import DockerError
 
 from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
+from ...common.installation import LABEL as L_INSTALLATION
 from . import sshrevoke
 from .base import (
     BATCH,
@@ -156,6 +157,7 @@ class DockerBackend(Backend):
         self,
         agent_id: str,
         *,
+        installation_id: str = "",
         network: str = "backendai",
         use_host_network: bool = False,
         bind_host: str = "127.0.0.1",
@@ -168,6 +170,10 @@ class DockerBackend(Backend):
         overlay_encrypted: bool = False,
     ):
         self.agent_id = agent_id
+        # The installation this agent belongs to (common/installation.py): every
+        # container and network it makes carries it; it touches nothing labelled with
+        # another installation's.
+        self.installation_id = installation_id
         # multinode: Docker's `encrypted` option on the sessions' overlay networks.
         self.overlay_encrypted = overlay_encrypted
         # Whether this engine is a Swarm manager (it can make overlay networks), a
@@ -246,6 +252,8 @@ class DockerBackend(Backend):
                     "Name": self.network,
                     "Driver": "bridge",
                     "CheckDuplicate": True,
+                    # Shared by every agent and installation on this engine (no
+                    # kernel joins it, none removes it): no installation label.
                     "Labels": {L_NETWORK: "agent"},
                     "Options": {ICC_OPTION: "false"},
                 }
@@ -314,6 +322,7 @@ class DockerBackend(Backend):
                             L_NETWORK: "session",
                             L_SESSION: session_id,
                             L_AGENT: self.agent_id,
+                            **self._installation_label(),
                         },
                         "IPAM": {"Driver": "default", "Config": [{"Subnet": str(subnet)}]},
                     })
@@ -371,6 +380,7 @@ class DockerBackend(Backend):
                             L_NETWORK: "session",
                             L_SESSION: session_id,
                             L_AGENT: self.agent_id,
+                            **self._installation_label(),
                         },
                         "Options": {"encrypted": ""} if self.overlay_encrypted else {},
                     })
@@ -436,7 +446,8 @@ class DockerBackend(Backend):
         """Networks of this agent's sessions that no container uses any more (left
         by an agent that stopped while removing them)."""
         nets = await self.docker.networks.list(
-            filters={"label": [f"{L_NETWORK}=session", f"{L_AGENT}={self.agent_id}"]}
+            filters={"label": [f"{L_NETWORK}=session", f"{L_AGENT}={self.agent_id}",
+                               *self._installation_filter()]}
         )
         for net in nets:
             sid = (net.get("Labels") or {}).get(L_SESSION)
@@ -461,7 +472,7 @@ class DockerBackend(Backend):
                         break
                     attrs = ev.get("Actor", {}).get("Attributes", {})
                     kid = attrs.get(L_KERNEL)
-                    if kid:
+                    if kid and self._ours(attrs):
                         code = attrs.get("exitCode")
                         await on_exit(kid, int(code) if code is not None else None)
             except asyncio.CancelledError:
@@ -623,6 +634,7 @@ class DockerBackend(Backend):
                 L_SESSION: spec["session_id"],
                 L_OWNER: spec.get("owner", ""),
                 L_AGENT: self.agent_id,
+                **self._installation_label(),
                 L_PORTS: json.dumps(bound),
                 L_DEVICES: ",".join(str(i) for i in cuda_devices),
                 L_UUIDS: ",".join(uuids),
@@ -770,7 +782,7 @@ class DockerBackend(Backend):
 
     async def _end_bursts(self) -> None:
         """After a restart: kernels left with their startup burst get their own limit."""
-        for c in await self._containers(L_NANO_CPUS):
+        for c in await self._containers(L_NANO_CPUS, own=True):
             want = int((c.get("Labels") or {}).get(L_NANO_CPUS) or 0)
             if not want or c.get("State") != "running":
                 continue
@@ -870,11 +882,31 @@ class DockerBackend(Backend):
             return tail_text("".join(chunks).encode(), limit)
         return None
 
-    async def _containers(self, *labels: str) -> list[dict]:
+    def _installation_label(self) -> dict:
+        return {L_INSTALLATION: self.installation_id} if self.installation_id else {}
+
+    def _installation_filter(self) -> list[str]:
+        return [f"{L_INSTALLATION}={self.installation_id}"] if self.installation_id else []
+
+    def _ours(self, labels: dict, own: bool = False) -> bool:
+        """Whether an object with these labels is this agent's: its installation's
+        label (``own``), or, made before installations had identities, none at all
+        (adopted: listed, stopped when the record says so, never reaped as an orphan).
+        Another installation's object is never this agent's, whatever its agent id."""
+        if labels.get(L_AGENT) not in (None, self.agent_id):
+            return False
+        label = labels.get(L_INSTALLATION)
+        if label is None:
+            return not own or not self.installation_id
+        return label == self.installation_id
+
+    async def _containers(self, *labels: str, own: bool = False) -> list[dict]:
+        """This agent's containers (with ``labels``): its agent id and its
+        installation's label, or no installation label at all unless ``own``."""
         found = await self.docker.containers.list(
             all=True, filters={"label": [f"{L_AGENT}={self.agent_id}", *labels]}
         )
-        return [c._container for c in found]
+        return [c._container for c in found if self._ours(c._container.get("Labels") or {}, own)]
 
     async def destroy_kernel(self, kernel_id: str) -> None:
         for c in await self._containers(f"{L_KERNEL}={kernel_id}"):
@@ -905,6 +937,7 @@ class DockerBackend(Backend):
                     kernel_type=labels.get(L_TYPE, INTERACTIVE),
                     exit_code=_exit_code(c),
                     slots=_json_dict(labels.get(L_SLOTS)),
+                    own=self._ours(labels, own=True),
                 )
             )
         return out

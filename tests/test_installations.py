@@ -1,0 +1,249 @@
+"""Installations apart on one Docker engine (issue 24, row 1).
+
+Two hubs started the README's way (``backendai-hub``, each with its own state
+directory and ports, both on the DEFAULT agent id) with a running session each on one
+engine: starting the second and restarting the first removes none of the other's
+containers. A second hub on the first's state directory refuses to start, naming the
+first's pid. A state directory a hub used before installations had identities keeps
+its old default agent id ``i-<hostname>``.
+
+The hubs' installation ids start with this run's token (``BACKENDAI_INSTALLATION_PREFIX``,
+tests/hub.py), so their agent ids and labels carry it (tests/engine_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from sqlalchemy import select
+
+from jupyterhub_backendai.common import installation
+from jupyterhub_backendai.models import Agent, Kernel, Session
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+
+from .hub import REPO, Hub
+from .services import RUN
+
+FAST = ["--BackendAIManager.reconcile_interval=1"]
+CONFIG = os.path.join(REPO, "jupyterhub_backendai", "share", "jupyterhub_config.py")
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _session(hub: Hub, name: str) -> tuple[str, str]:
+    """(status, main kernel's container id) of the admin's server ``name`` in the record."""
+    engine = make_engine(hub.db_url)
+    try:
+        with make_sessionmaker(engine)() as s:
+            sess = s.scalars(select(Session).where(Session.name == name)
+                             .order_by(Session.created_at.desc())).first()
+            kernel = s.scalars(select(Kernel).where(Kernel.session_id == sess.id)).first()
+            return sess.status, kernel.container_id
+    finally:
+        engine.dispose()
+
+
+def _running(container_id: str) -> bool:
+    r = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container_id],
+                       capture_output=True, text=True)
+    return r.returncode == 0 and r.stdout.strip() == "true"
+
+
+def _labels(container_id: str) -> dict:
+    return json.loads(_docker("inspect", "-f", "{{json .Config.Labels}}", container_id))
+
+
+def test_two_installations_on_one_engine_keep_their_sessions(make_hub, tmp_path, docker_image):
+    """The attack of issue 24 row 1, with the defaults: the second hub's start and
+    reconciliations, and the first's restart, leave the other's session RUNNING in the
+    same container; a third hub on the first's state directory refuses to start."""
+    a = make_hub(db_url=f"sqlite:///{tmp_path}/a.sqlite", backend="docker",
+                 default_agent_id=True, extra_args=FAST)
+    assert "BACKENDAI_AGENT_ID" not in a.env
+    assert a.spawn("admin", "one").status_code in (201, 202)
+    a.wait_ready("admin", "one")
+    status_a, cid_a = _session(a, "one")
+    assert status_a == "RUNNING"
+    labels = _labels(cid_a)
+    inst_a = installation.read(a.env["BACKENDAI_STATE_DIR"])
+    assert inst_a.agent_id is None  # a new installation: its own default agent id
+    assert labels["ai.backend.installation"] == inst_a.id
+    assert labels["ai.backend.agent-id"] == a.agent_id == installation.derived_agent_id(inst_a.id)
+    assert a.agent_id.startswith(f"i-{socket.gethostname()}-") and RUN in a.agent_id
+
+    b = make_hub(db_url=f"sqlite:///{tmp_path}/b.sqlite", backend="docker",
+                 default_agent_id=True, extra_args=FAST)
+    assert b.agent_id != a.agent_id and b.installation_id != a.installation_id
+    assert b.spawn("admin", "two").status_code in (201, 202)
+    b.wait_ready("admin", "two")
+    status_b, cid_b = _session(b, "two")
+    assert status_b == "RUNNING" and _labels(cid_b)["ai.backend.installation"] == b.installation_id
+    # B reconciled at its start and reconciles every second since: A's kernel is not its own.
+    time.sleep(4)
+    assert "removing orphan kernel" not in b.log(), b.log()[-3000:]
+    assert _session(a, "one") == ("RUNNING", cid_a) and _running(cid_a)
+    assert a.server_model("admin", "one")["ready"]
+
+    # A restarted: it adopts its own kernel and leaves B's alone.
+    a.stop_hub()
+    a.start()
+    time.sleep(4)
+    assert "removing orphan kernel" not in a.log(), a.log()[-3000:]
+    assert _session(a, "one") == ("RUNNING", cid_a) and _running(cid_a)
+    assert _session(b, "two") == ("RUNNING", cid_b) and _running(cid_b)
+    assert a.server_model("admin", "one")["ready"] and b.server_model("admin", "two")["ready"]
+
+    # A third hub on A's state directory (other ports), both ways of starting: refused.
+    c = Hub(db_url=a.db_url, backend="docker", default_agent_id=True,
+            state_dir=a.env["BACKENDAI_STATE_DIR"])
+    try:
+        for args in ([sys.executable, "-m", "jupyterhub_backendai.launcher"],
+                     [sys.executable, "-m", "jupyterhub_backendai.hubmain", "-f", CONFIG]):
+            r = subprocess.run(args, env=c.env, cwd=c.dir, capture_output=True, text=True,
+                               timeout=120)
+            out = r.stdout + r.stderr
+            assert r.returncode != 0, out[-3000:]
+            assert f"another hub (pid {a.proc.pid}) runs on the state directory " \
+                   f"{a.env['BACKENDAI_STATE_DIR']}" in out, out[-3000:]
+    finally:
+        shutil.rmtree(c.dir, ignore_errors=True)
+    # ...and A was not disturbed by it.
+    assert _session(a, "one") == ("RUNNING", cid_a) and _running(cid_a)
+    assert a.api("GET", "/users/admin").status_code == 200
+
+    a.stop_server("admin", "one")
+    b.stop_server("admin", "two")
+    assert not _running(cid_a) and not _running(cid_b)
+
+
+def test_an_upgraded_installation_keeps_its_agent_id(make_hub, tmp_path):
+    """A state directory a hub used before installations had identities (its JupyterHub
+    files there, no installation-id): the hub keeps the agent id ``i-<hostname>`` that
+    the record's agent row and its running kernels carry, and writes it down."""
+    hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="local",
+                   default_agent_id=True)
+    state = hub.env["BACKENDAI_STATE_DIR"]
+    hub.stop_hub()
+    # What an older version leaves: everything but the identity file.
+    os.unlink(os.path.join(state, installation.IDENTITY_FILE))
+    engine = make_engine(hub.db_url)
+    try:
+        with make_sessionmaker(engine).begin() as s:  # the old version's agent row
+            s.add(Agent(id=installation.legacy_agent_id(), resource_group="default",
+                        status="LOST"))
+        hub.start()
+        inst = installation.read(state)
+        assert inst.agent_id == f"i-{socket.gethostname()}" == hub.agent_id
+        path = os.path.join(state, installation.IDENTITY_FILE)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert open(path).read().splitlines()[1] == f"agent-id i-{socket.gethostname()}"
+        deadline = time.monotonic() + 30
+        while True:
+            with make_sessionmaker(engine)() as s:
+                status = s.scalar(select(Agent.status).where(Agent.id == hub.agent_id))
+            if status == "ALIVE" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == "ALIVE"  # the old row is this agent's again
+        # Restarted, it keeps that id (the identity file now says so).
+        hub.stop_hub()
+        hub.start()
+        assert installation.read(state) == inst
+    finally:
+        engine.dispose()
+
+
+def test_identity_and_lock(tmp_path):
+    """A new state directory gets a random identity once (0600); one with a hub's
+    files keeps the old default id; a held state directory is refused with the
+    holder's pid, and free again once the holder is gone."""
+    new = tmp_path / "new"
+    first = installation.ensure(str(new))
+    assert first.agent_id is None and installation.ensure(str(new)) == first
+    assert stat.S_IMODE(os.stat(new / installation.IDENTITY_FILE).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(new).st_mode) == 0o700
+    assert first.default_agent_id("h") == f"i-h-{first.short}"
+    other = installation.ensure(str(tmp_path / "other"))
+    assert other.id != first.id and other.default_agent_id("h") != first.default_agent_id("h")
+
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "jupyterhub_cookie_secret").write_text("00" * 32)
+    assert installation.ensure(str(used)).default_agent_id() == f"i-{socket.gethostname()}"
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from jupyterhub_backendai.common import installation\n"
+         f"installation.hold_state({str(new)!r}); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(installation.StateLocked) as e:
+            installation.hold_state(str(new))
+        assert f"another hub (pid {holder.pid})" in str(e.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    installation.hold_state(str(new))  # the holder is gone: free
+    installation.release_state(str(new))
+
+
+def test_the_agent_reaps_only_its_own_installations_containers(tmp_path, docker_image):
+    """One agent id, three containers the record does not know: one labelled with the
+    agent's installation (reaped at its start), one with another installation's label
+    (never listed, never touched, not even asked by kernel id), one without any (made
+    before identities: listed, kept, never reaped)."""
+    import asyncio
+
+    from jupyterhub_backendai.agent.backends.docker import L_INSTALLATION
+
+    from .inproc import running_manager
+    from .services import INSTALLATION_PREFIX
+    from .services import agent_id as new_agent_id
+
+    aid = new_agent_id("inst")
+    mine = installation.new_id(INSTALLATION_PREFIX)
+    theirs = installation.new_id(INSTALLATION_PREFIX)
+    made = {}
+    for kid, inst in (("k-mine", mine), ("k-theirs", theirs), ("k-old", None)):
+        args = ["create", "--label", f"ai.backend.agent-id={aid}",
+                "--label", f"ai.backend.kernel-id={kid}", "--label", "ai.backend.session-id=s0"]
+        if inst:
+            args += ["--label", f"{L_INSTALLATION}={inst}"]
+        made[kid] = _docker(*args, docker_image, "true")
+
+    def configure(c):
+        c.Agent.agent_id = aid
+        c.Agent.installation_id = mine
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/r.sqlite", tmp_path, "docker",
+                                   configure=configure) as mgr:
+            listed = {k["kernel_id"]: k["own"] for k in await mgr.agent.list_kernels()}
+            assert listed == {"k-old": False}, listed  # k-mine reaped at the start
+            await mgr.agent.destroy_kernel("k-theirs")  # not this installation's: a no-op
+            assert _exists(made["k-theirs"]) and _exists(made["k-old"])
+            assert not _exists(made["k-mine"])
+            await mgr.agents.reconcile_agent(aid)  # and again: the old one stays
+            assert _exists(made["k-old"])
+
+    try:
+        asyncio.run(run())
+    finally:
+        for cid in made.values():
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+def _exists(container_id: str) -> bool:
+    return subprocess.run(["docker", "inspect", container_id], capture_output=True).returncode == 0
