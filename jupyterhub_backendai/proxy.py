@@ -134,11 +134,12 @@ class ClientPolicyRoutes(LoggingConfigurable):
                 await super().add_route(spec, now[0], self._with_policy(now[1], now[2]))
         return changed
 
-    async def stop(self):
+    def stop(self):
+        # Synchronous, as JupyterHub's Proxy.stop (the app front's stop calls it so).
         task = self._policy_state()["task"]
         if task is not None:
             task.cancel()
-        return await super().stop()
+        return super().stop()
 
 
 class BackendAIProxy(ClientPolicyRoutes, ConfigurableHTTPProxy):

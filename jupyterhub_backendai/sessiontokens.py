@@ -12,8 +12,8 @@ scopes name the server, not the session).
 :func:`watch` (started with the hub's front gate, :mod:`.hubgate`) checks every
 running server's session every :data:`INTERVAL` seconds (the manager's reflector: one
 query for all of them) and, when a session has ended, deletes the server's API token
-and its visitors' OAuth tokens at once; JupyterHub's own poll then cleans up the server
-as before.
+and its visitors' OAuth tokens at once, and has JupyterHub poll that server now (so it
+cleans the server up at once, not at its next periodic poll).
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ async def sweep(hub, manager, done: set) -> None:
             if n:
                 log.info("session %s of %s ended: revoked its server's %d token(s)", sid,
                          user.name, n)
+            if not spawner.pending:
+                # And JupyterHub learns it now, not at its next poll (poll_interval, 30 s):
+                # its poll callbacks clean the server up as they do after any poll.
+                asyncio.ensure_future(spawner.poll_and_notify())
 
 
 async def watch(hub) -> None:

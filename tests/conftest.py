@@ -59,11 +59,13 @@ WEIGHT = {
     "test_e2e": 68, "test_ssh_port": 67, "test_vfolders_api": 66, "test_spawn_ux": 64,
     "test_home": 63, "test_attack_browser": 62,
     # measured alone (-n 0) when they were written
-    "test_hub_host": 100, "test_execute_stream": 40, "test_attacks_agent": 120,
+    "test_hub_host": 100, "test_execute_stream": 100, "test_attacks_agent": 120,
+    "test_client_address": 110, "test_ssh_revoke": 90, "test_tus": 150,
+    "test_session_tokens": 35, "test_reflector": 15,
 }
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
-          "test_e2e"}
+          "test_e2e", "test_session_tokens", "test_reflector"}
 
 
 def _module(nodeid: str) -> str:

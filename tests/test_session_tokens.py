@@ -73,9 +73,11 @@ def test_a_sessions_api_token_dies_with_the_session_and_the_user(db_url):
         # The user's own token is untouched; the next server of the same name gets a
         # token of its own, and the stolen one does not open it.
         assert _whoami(hub, u["token"]) == 200
-        deadline = time.monotonic() + 60
+        # JupyterHub learns it at once too (the hub polls that server now), not at its
+        # next periodic poll (c.Spawner.poll_interval, 30 s).
+        deadline = time.monotonic() + 10
         while hub.server_model(name, "s1", token=u["token"]) is not None:
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "JupyterHub still lists the ended server"
             time.sleep(0.2)
         r = hub.spawn(name, "s1", token=u["token"])
         assert r.status_code in (201, 202), r.text

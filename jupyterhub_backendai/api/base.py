@@ -183,10 +183,7 @@ class APIBase(APIHandler):
 
     @property
     def manager(self) -> BackendAIManager:
-        auth = self.authenticator
-        if hasattr(auth, "manager"):
-            return auth.manager
-        return BackendAIManager.instance(config=self.config)
+        return BackendAIManager.of(self)
 
     def get_content_type(self):
         return "application/json"
@@ -316,8 +313,11 @@ class APIBase(APIHandler):
                 self.set_header(k, v)
         self.set_header("Content-Type", PROBLEM)
         self.clear_header("Content-Length")
-        self.finish(json.dumps({"type": "about:blank", "title": title,
-                                "status": status_code, "detail": str(detail)}))
+        self.finish(json.dumps(self.problem(status_code, title, str(detail))))
+
+    def problem(self, status_code: int, title: str, detail: str) -> dict:
+        """The error's body (RFC 9457 problem details): the admin API's shape."""
+        return {"type": "about:blank", "title": title, "status": status_code, "detail": detail}
 
     # -- input -------------------------------------------------------------------
 

@@ -237,6 +237,15 @@ class BackendAIManager(SingletonConfigurable):
         self.ops = Operations(self)
         self.session_lists.attach(self.sm)
 
+    @classmethod
+    def of(cls, handler) -> BackendAIManager:
+        """The manager a JupyterHub request handler works with: its authenticator's, else
+        this process's (made from the hub's configuration)."""
+        auth = getattr(handler, "authenticator", None)
+        if auth is not None and hasattr(auth, "manager"):
+            return auth.manager
+        return cls.instance(config=handler.settings.get("config"))
+
     # -- starting and stopping --------------------------------------------------------
 
     def ensure_started(self) -> asyncio.Future:

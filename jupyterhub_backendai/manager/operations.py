@@ -29,23 +29,26 @@ from .ops import lookup
 
 
 class Operations:
-    """``manager.ops``: every declared operation as an awaitable method."""
+    """Every declared operation as a method of its runner: ``manager.ops`` (awaitable,
+    in the manager's worker threads) or a :class:`Record`'s ``ops`` (in this thread)."""
 
     def __init__(self, manager: Any) -> None:
-        self._manager = manager
+        # The runner: the manager's (db, db_read) or a Record's (write, read).
+        self._write, self._read = (manager.db, manager.db_read) if hasattr(manager, "db") \
+            else (manager.write, manager.read)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
-        fn, write = lookup(name)
-        run = self._manager.db if write else self._manager.db_read
+        fn, write = lookup(name)  # an unknown name is refused here, in words
+        run = self._write if write else self._read
 
-        async def operation(*args, **kw):
-            return await run(fn, *args, **kw)
+        def operation(*args, **kw):
+            return run(fn, *args, **kw)
 
         operation.__name__ = operation.__qualname__ = name
         operation.__doc__ = fn.__doc__
-        setattr(self, name, operation)  # found once per manager
+        setattr(self, name, operation)  # found once per runner
         return operation
 
 
@@ -65,13 +68,15 @@ class Record:
         except BaseException:
             self.engine.dispose()
             raise
-        self.ops = _Operations(self)
+        self.ops = Operations(self)
 
-    def run(self, name: str, *args, **kw):
-        fn, write = lookup(name)
-        if write:
-            with self._sm.begin() as s:
-                return fn(s, *args, **kw)
+    def write(self, fn, *args, **kw):
+        """Run ``fn(db, ...)`` in one transaction, in this thread."""
+        with self._sm.begin() as s:
+            return fn(s, *args, **kw)
+
+    def read(self, fn, *args, **kw):
+        """Run ``fn(db, ...)`` in a read-only transaction, in this thread."""
         with self._sm_read() as s:
             return fn(s, *args, **kw)
 
@@ -83,22 +88,3 @@ class Record:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _Operations:
-    def __init__(self, record: Record) -> None:
-        self._record = record
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        lookup(name)  # an unknown name is refused here, in words
-
-        def operation(*args, **kw):
-            return self._record.run(name, *args, **kw)
-
-        operation.__name__ = operation.__qualname__ = name
-        return operation
-
-
-# -- the operations ---------------------------------------------------------------------

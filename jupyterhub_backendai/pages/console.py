@@ -104,10 +104,7 @@ class PageBase(BaseHandler):
 
     @property
     def manager(self) -> BackendAIManager:
-        auth = self.authenticator
-        if hasattr(auth, "manager"):
-            return auth.manager
-        return BackendAIManager.instance(config=self.settings.get("config"))
+        return BackendAIManager.of(self)
 
     async def read(self, operation: str, *args, **kw):
         """Run the manager's read ``operation`` (manager/ops.py); refusals as pages."""

@@ -3,13 +3,8 @@ authentication (keypair signatures, tokens) with Backend.AI's error shape."""
 
 from __future__ import annotations
 
-import json
-from http.client import responses
-
-from tornado import web
-
-from ...common.errors import BackendAIError, InvalidRequest
-from ..base import PROBLEM, APIBase, _check_text, parse_json_body
+from ...common.errors import InvalidRequest
+from ..base import APIBase, _check_text, parse_json_body
 
 _PROBLEM_TYPES = {
     400: "invalid-api-params", 401: "auth-failed", 403: "forbidden", 404: "object-not-found",
@@ -21,28 +16,15 @@ _PROBLEM_TYPES = {
 class CompatBase(APIBase):
     """The admin API's authentication (signatures, tokens), Backend.AI's error shape."""
 
-    def write_error(self, status_code, **kwargs):
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        title = responses.get(status_code, "Error")
-        detail = title
-        if isinstance(exc, BackendAIError):
-            title, detail = exc.title, exc.detail
-        elif isinstance(exc, web.HTTPError):
-            detail = exc.log_message or exc.reason or title
-        elif status_code >= 500:
-            detail = "internal error; the hub's log has the details"
-        for source in (getattr(exc, "headers", None), getattr(self, "sticky_headers", None)):
-            for k, v in (source or {}).items():
-                self.set_header(k, v)
+    def problem(self, status_code: int, title: str, detail: str) -> dict:
+        """Backend.AI's shape of the same problem (its clients read these fields)."""
         kind = _PROBLEM_TYPES.get(status_code, "internal-server-error" if status_code >= 500
                                   else "generic-bad-request")
-        self.set_header("Content-Type", PROBLEM)
-        self.clear_header("Content-Length")
         # title: what went wrong, in words (the CLI prints it); msg: the same (it prints it too
         # for most types), detail: RFC 9457's field, as the admin API sends it.
-        self.finish(json.dumps({"type": f"https://api.backend.ai/probs/{kind}",
-                                "title": f"{title}: {detail}" if detail != title else title,
-                                "status": status_code, "detail": str(detail)}))
+        return {"type": f"https://api.backend.ai/probs/{kind}",
+                "title": f"{title}: {detail}" if detail != title else title,
+                "status": status_code, "detail": detail}
 
     async def prepare(self):
         await super().prepare()
