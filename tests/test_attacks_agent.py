@@ -181,7 +181,9 @@ def test_local_server_runs_unprivileged(safe_local_hub):
     hub = safe_local_hub
     assert unreachable(os.path.realpath(hub.python), 1000, 1000) is None
     assert unreachable(os.path.dirname(hub.python), 1000, 1000) is None
-    assert hub.spawn("admin", "srv").status_code in (201, 202)
+    r = hub.spawn("admin", "srv")
+    # (Seen twice under heavy load: a 500. Say why next time.)
+    assert r.status_code in (201, 202), f"{r.status_code} {r.text}\n{hub.log()[-4000:]}"
     try:
         hub.wait_ready("admin", "srv")
         states = os.path.join(hub.env["BACKENDAI_STATE_DIR"], "agent", "local-kernels")
