@@ -122,13 +122,26 @@ try {
   if (typeof ConfigurableProxy.prototype.targetForReq !== "function") {
     throw new Error("this CHP has no ConfigurableProxy.targetForReq");
   }
+  // The route is looked up once per request: the check below finds it and hands it to
+  // CHP's own handleProxy, which would otherwise look it up again.
+  const targetForReq = ConfigurableProxy.prototype.targetForReq;
+  const FOUND = Symbol("chp-guard: the route found for this request");
+  ConfigurableProxy.prototype.targetForReq = function (req) {
+    if (Object.prototype.hasOwnProperty.call(req, FOUND)) {
+      const match = req[FOUND];
+      delete req[FOUND];
+      return Promise.resolve(match);
+    }
+    return targetForReq.call(this, req);
+  };
   ConfigurableProxy.prototype.handleProxy = async function (kind, req, res, ...rest) {
     delete req.headers[SECRET_HEADER]; // a client's word: never passed on, never believed
     if (!routable(req.url)) {
       return this.handleProxyError(400, kind, req, res);
     }
     try {
-      const match = await this.targetForReq(req);
+      const match = await targetForReq.call(this, req);
+      req[FOUND] = match;
       const data = match ? await this._routes.get(match.prefix) : null;
       if (data && data.hub === true) {
         if (secret) req.headers[SECRET_HEADER] = secret;
