@@ -19,6 +19,7 @@ way Backend.AI's Sokovan handlers do.
 | RUNNING batch past ``batch_timeout`` | :class:`~.handlers.BatchTimeout` | ends it (ERROR, FAILURE) |
 | RUNNING past a keypair policy's limits | :class:`~.handlers.PolicyLimits` | ends it (idle_timeout, max_session_lifetime) |
 | any alive, ``awaited_until`` past | :class:`~.handlers.Abandoned` | JupyterHub no longer waits for it (the hub died while it started): ends it |
+| RUNNING in an SSH group, its keypair or user without access | :class:`~.handlers.SSHWithdrawal` | takes the session's SSH key away (no status change; the session runs on) |
 
 Claims (:mod:`.claims`): a step is driven by the manager process that holds the
 session's claim; of several managers on one database exactly one wins it.
