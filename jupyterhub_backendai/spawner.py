@@ -397,7 +397,8 @@ class BackendAISpawner(Spawner):
                     return
 
         try:
-            await asyncio.wait_for(until_running(), timeout=max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await until_running()
         except TimeoutError:
             sess = await self.manager.get_session(self.session_id) or last[0]
             state = _state_words(sess) if sess is not None else "gone"

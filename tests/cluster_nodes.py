@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .services import agent_id as new_agent_id
-from .services import free_port, stop_process, wait_port
+from .services import free_port, port_block, stop_process, wait_port
 
 BIN = os.path.dirname(sys.executable)
 
@@ -92,7 +92,7 @@ class AgentDaemon:
         self.agent_id = agent_id
         self.port = free_port()
         self.url = f"{'https' if certs else 'http'}://127.0.0.1:{self.port}"
-        lo = free_port() % 20000 + 30000
+        lo = port_block(20)
         self.config = os.path.join(self.root, "agent_config.py")
         with open(self.config, "w") as f:
             f.write(

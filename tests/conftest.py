@@ -199,6 +199,21 @@ def shutdown_hub(hub: Hub) -> None:
     shutil.rmtree(hub.dir, ignore_errors=True)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test says why in CI: the tail of each hub it made goes with its report."""
+    outcome = yield
+    rep = outcome.get_result()
+    if call.when == "call" and rep.failed:
+        from .hub import LIVE
+
+        for hub in LIVE[-3:]:
+            try:
+                rep.sections.append((f"hub log {hub.dir}", hub.log()[-6000:]))
+            except OSError:
+                pass
+
+
 @pytest.fixture
 def make_hub(request):
     hubs: list[Hub] = []

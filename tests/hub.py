@@ -14,7 +14,7 @@ import requests
 
 from jupyterhub_backendai.common import installation
 
-from .services import INSTALLATION_PREFIX, free_port, wait_port
+from .services import INSTALLATION_PREFIX, free_port, port_block, wait_port
 from .services import agent_id as new_agent_id
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,6 +22,11 @@ CHP = os.path.join(REPO, "node_modules", ".bin", "configurable-http-proxy")
 KERNEL_IMAGE = os.environ.get("BACKENDAI_TEST_IMAGE", "backendai/python-kernel:latest")
 ADMIN_EMAIL = "admin@example.com"
 ADMIN_PASSWORD = "admin-pass-123"
+
+
+# Hubs started in this process and not yet closed: a failed test's report carries their
+# logs (tests/conftest.py, pytest_runtest_makereport).
+LIVE: list[Hub] = []
 
 
 class Hub:
@@ -39,7 +44,7 @@ class Hub:
         # certificate for 127.0.0.1 signed by this CA, which the clients here trust.
         self.verify: str | bool = ca or True
         self.base = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
-        lo = free_port() % 20000 + 30000
+        lo = port_block(200)
         self.env = dict(
             os.environ,
             BACKENDAI_STATE_DIR=state_dir or os.path.join(self.dir, "state"),
@@ -81,6 +86,8 @@ class Hub:
             args += ["-f", self.config]
         self.proc = subprocess.Popen(args, env=self.env, cwd=self.dir, stdout=log, stderr=log,
                                      start_new_session=True)
+        if self not in LIVE:
+            LIVE.append(self)
         wait_port(self.port, timeout=60, proc=self.proc)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -188,6 +195,8 @@ class Hub:
         return inst.id if inst else ""
 
     def close(self) -> None:
+        if self in LIVE:
+            LIVE.remove(self)
         self.stop_hub()
         # The proxy survives the hub (by design); stop it by its pid file.
         # So may the app front's nginx (BACKENDAI_APP_FRONT).

@@ -23,7 +23,7 @@ from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 
 from .hub import KERNEL_IMAGE
 from .services import agent_id as new_agent_id
-from .services import free_port
+from .services import port_block
 
 DEAD = ("TERMINATED", "ERROR", "CANCELLED")
 
@@ -35,7 +35,7 @@ def agent_config(c: Config, tmp_path, backend: str, *, slots: dict, name: str) -
     c.Agent.backend = backend
     c.Agent.state_dir = str(tmp_path / agent_id)
     c.Agent.slots = slots
-    lo = free_port() % 20000 + 30000
+    lo = port_block(50)
     c.Agent.port_range = (lo, lo + 50)
     return agent_id
 

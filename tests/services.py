@@ -38,6 +38,49 @@ def agent_id(kind: str = "test") -> str:
 INSTALLATION_PREFIX = f"t{RUN}-"
 
 
+# Agents' host ports (Agent.port_range): below the kernel's ephemeral range (32768 and
+# up here, where every outgoing connection and every free_port() takes its port), in a
+# band of each xdist worker's own. An agent checks that a port is free when it hands it
+# out, but a local kernel binds it a moment later: a client socket or another worker's
+# agent taking it in between made a spawn fail with 500 under load.
+_BANDS = (12000, 32000, 8)
+_next_block: dict[str, int] = {}
+
+
+def port_block(width: int) -> int:
+    """The first port of ``width + 1`` free host ports for an agent's port range, never
+    handed out twice by this process while its band has room, and never to two workers."""
+    lo, hi, workers = _BANDS
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % workers
+    size = (hi - lo) // workers
+    start, end = lo + worker * size, lo + (worker + 1) * size
+    first = _next_block.get("at", start)
+    for _ in range(size // (width + 1) + 1):
+        if first + width >= end:
+            first = start
+        block = range(first, first + width + 1)
+        _next_block["at"] = first + width + 1
+        if all(_port_free(p) for p in block):
+            return first
+        first += width + 1
+    raise RuntimeError(f"no {width + 1} free ports left in {start}-{end}")
+
+
+def port_range(width: int) -> tuple[int, int]:
+    """:func:`port_block` as an ``Agent.port_range`` (first, last)."""
+    lo = port_block(width)
+    return (lo, lo + width)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def image_tag(repo: str, variant: str = "") -> str:
     """A tag of this run for an image a test builds (``backendai-test/<repo>:<run>[-v]``):
     the end-of-run check finds it if the test left it behind."""

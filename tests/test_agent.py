@@ -19,14 +19,14 @@ from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
 
 from .services import agent_id as new_agent_id
-from .services import image_tag
+from .services import image_tag, port_range
 
 
 def _agent(tmp_path) -> Agent:
     c = Config()
     c.Agent.backend = "local"
     c.Agent.state_dir = str(tmp_path / "agent")
-    c.Agent.port_range = (41000, 41010)
+    c.Agent.port_range = port_range(10)
     c.Agent.slots = {"cpu": 4, "mem": "8g"}
     c.Agent.fake_cuda_devices = [
         {"uuid": "GPU-a", "numa_node": 0}, {"uuid": "GPU-b", "numa_node": 1},
@@ -267,7 +267,7 @@ def _docker_agent(tmp_path, agent_id: str, **cfg) -> Agent:
     c.Agent.backend = "docker"
     c.Agent.agent_id = agent_id
     c.Agent.state_dir = str(tmp_path / "agent")
-    c.Agent.port_range = (41060, 41070)
+    c.Agent.port_range = port_range(10)
     c.Agent.slots = {"cpu": 2, "mem": "8g"}
     for k, v in cfg.items():
         setattr(c.Agent, k, v)
@@ -392,7 +392,7 @@ def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
         c.Agent.backend = "docker"
         c.Agent.agent_id = agent_id
         c.Agent.state_dir = str(tmp_path / "agent")
-        c.Agent.port_range = (41080, 41090)
+        c.Agent.port_range = port_range(10)
         c.Agent.slots = {"cpu": 4, "mem": "8g"}
         c.Agent.heartbeat_interval = 3600.0  # heartbeats by hand below
         agent = Agent(bus, config=c)

@@ -27,6 +27,7 @@ from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 from .conftest import containers_of
 from .inproc import make_user, occupied, running_manager, wait_status
 from .services import agent_id as new_agent_id
+from .services import port_block
 
 # Short leases so that a test waits seconds, not the production minutes.
 FAST = ["--BackendAIManager.spawner_wait_lease=4", "--BackendAIManager.claim_lease=6"]
@@ -171,7 +172,7 @@ def test_hub_killed_while_running_and_while_terminating(make_hub, db_url, docker
 def _start_daemon(tmp_path, bus, token, daemon_id, port):
     cfg = tmp_path / "agent_config.py"
     if not cfg.exists():
-        lo = port % 20000 + 30000
+        lo = port_block(20)
         cfg.write_text(
             "c.Agent.slots = {'cpu': 1, 'mem': '2g'}\n"
             f"c.Agent.port_range = ({lo}, {lo + 20})\n"

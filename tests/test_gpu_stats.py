@@ -21,6 +21,7 @@ from jupyterhub_backendai.agent.resources.nvml_standin import GiB, MiB, stand_in
 from jupyterhub_backendai.common.ids import new_id
 
 from .services import agent_id as new_agent_id
+from .services import port_range
 
 MIG = "cuda.mig-1g.10gb"
 
@@ -38,7 +39,7 @@ def _agent(tmp_path, bus, agent_id: str) -> tuple[Agent, object]:
     c.Agent.backend = "local"
     c.Agent.agent_id = agent_id
     c.Agent.state_dir = str(tmp_path / "agent")
-    c.Agent.port_range = (41100, 41110)
+    c.Agent.port_range = port_range(10)
     c.Agent.slots = {"cpu": 2, "mem": "4g"}
     c.Agent.heartbeat_interval = 3600.0  # samples by hand below
     c.Agent.local_cmd = ["/bin/sh", "-c", "sleep 60", "sh"]

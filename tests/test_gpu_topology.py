@@ -30,6 +30,7 @@ from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
 
 from .services import agent_id as new_agent_id
+from .services import port_range
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMA0 = "0-19,40-59"  # the DGX-1 stand-in's socket 0
@@ -202,7 +203,7 @@ def _agent(tmp_path, machine: str) -> Agent:
     c = Config()
     c.Agent.backend = "local"
     c.Agent.state_dir = str(tmp_path / "agent")
-    c.Agent.port_range = (41020, 41030)
+    c.Agent.port_range = port_range(10)
     c.Agent.slots = {"cpu": 2, "mem": "8g"}
     c.Agent.local_cmd = ["/bin/sh", "-c", 'env > "$HOME/env-$BACKENDAI_SESSION_NAME"; sleep 60', "sh"]
     agent = Agent(InProcessEventBus(), config=c)
@@ -339,7 +340,7 @@ def test_docker_kernel_gets_the_cpus_next_to_its_gpus_and_keeps_its_devices(tmp_
         c.Agent.backend = "docker"
         c.Agent.agent_id = agent_id
         c.Agent.state_dir = str(tmp_path / "agent")
-        c.Agent.port_range = (41040, 41050)
+        c.Agent.port_range = port_range(10)
         c.Agent.slots = {"cpu": 2, "mem": "8g"}
         a = Agent(InProcessEventBus(), config=c)
         a.device_source = NVMLDeviceSource(stand_in("dgx1-v100"))  # the stand-in

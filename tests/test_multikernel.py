@@ -34,6 +34,7 @@ from .inproc import (
     wait_status,
 )
 from .services import agent_id as new_agent_id
+from .services import port_block
 
 # The main kernel resolves every host of its cluster and knocks on a closed port:
 # "connection refused" proves the other kernel's host answered.
@@ -262,7 +263,7 @@ def test_multi_node_with_an_agent_daemon(redis_server, tmp_path):
     redis.Redis.from_url(bus).flushdb()
     token = "t-" + os.urandom(8).hex()
     port = free_port()
-    lo = free_port() % 20000 + 30000
+    lo = port_block(20)
     daemon_id = new_agent_id("daemon")
     cfg = tmp_path / "agent_config.py"
     cfg.write_text(

@@ -217,3 +217,21 @@ def test_the_status_table_and_the_handlers_agree():
     lost = handlers.LostAgent(Driver())
     with pytest.raises(handlers.LifecycleError, match="LostAgent does not declare"):
         asyncio.run(lost.transition("sid", {"RUNNING"}, "PENDING"))
+
+
+def test_no_wait_for_that_can_swallow_a_cancel():
+    """``asyncio.wait_for`` of Python 3.11 returns the inner result, and drops the
+    cancellation, when the awaited thing finishes in the same loop turn as the cancel:
+    JupyterHub's DELETE of a starting server then waited on a start() that went on,
+    and answered 500 (seen in CI). ``asyncio.timeout`` keeps the cancel; it is the only
+    timeout the package uses (test_sessions_watch_cancel performs the race)."""
+    found = []
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "wait_for" \
+                    and isinstance(node.value, ast.Name) and node.value.id == "asyncio":
+                found.append(f"{m}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "asyncio" \
+                    and any(a.name == "wait_for" for a in node.names):
+                found.append(f"{m}:{node.lineno}")
+    assert not found, f"asyncio.wait_for used at {found}"

@@ -301,7 +301,8 @@ class RedisEventBus(EventBus):
         for task in (self._task, self._fanout_task):
             if task:
                 try:
-                    await asyncio.wait_for(task, 5)
+                    async with asyncio.timeout(5):
+                        await task
                 except (TimeoutError, asyncio.CancelledError):
                     pass
         await self.redis.aclose()

@@ -383,7 +383,8 @@ class BackendAIManager(SingletonConfigurable):
     async def _scheduler_loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.schedule_interval)
+                async with asyncio.timeout(self.schedule_interval):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -122,8 +122,10 @@ class BackendAICluster(LoggingConfigurable):
         prefix = self.etcd_prefix.rstrip("/").encode() + SETTINGS.encode()
         client = etcd_client(self.etcd_url)
         try:
-            await asyncio.wait_for(client.connect(), 10)
-            snap = await asyncio.wait_for(client.get_prefix(prefix), 10)
+            async with asyncio.timeout(10):
+                await client.connect()
+            async with asyncio.timeout(10):
+                snap = await client.get_prefix(prefix)
             for kv in snap:
                 self._setting(kv.key[len(prefix):].decode(errors="replace"), kv.value)
         except Exception as e:
@@ -143,7 +145,8 @@ class BackendAICluster(LoggingConfigurable):
         self._manager = manager
         self._task = asyncio.create_task(self._follow())
         try:
-            await asyncio.wait_for(self._synced.wait(), 10)
+            async with asyncio.timeout(10):
+                await self._synced.wait()
         except TimeoutError:
             self.log.warning("etcd at %s not reachable yet; following it in the background", self.etcd_url)
 

@@ -335,7 +335,8 @@ class Sessions:
                 if sess.status in DEAD_STATUSES:
                     return
                 try:
-                    await asyncio.wait_for(changed.wait(), self.mgr.status_poll_interval)
+                    async with asyncio.timeout(self.mgr.status_poll_interval):
+                        await changed.wait()
                 except TimeoutError:
                     pass
 

@@ -221,7 +221,8 @@ class _Staged:
         if lock is None or not lock.locked():
             return True
         try:
-            await asyncio.wait_for(lock.acquire(), SETTLE_WAIT)
+            async with asyncio.timeout(SETTLE_WAIT):
+                await lock.acquire()
         except TimeoutError:
             return False
         lock.release()

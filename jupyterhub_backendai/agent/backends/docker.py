@@ -204,7 +204,8 @@ class DockerBackend(Backend):
         except Exception:
             return False
         try:
-            await asyncio.wait_for(d.version(), 5)
+            async with asyncio.timeout(5):
+                await d.version()
             return True
         except Exception:
             return False
@@ -702,12 +703,14 @@ class DockerBackend(Backend):
         host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "") else self.bind_host
         host = "::1" if host == "::" else host
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
+            async with asyncio.timeout(1):
+                reader, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError):
             return False
         try:
             writer.write(f"GET {prefix.rstrip('/')}/api HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-            line = await asyncio.wait_for(reader.readline(), 2)
+            async with asyncio.timeout(2):
+                line = await reader.readline()
             return line.startswith(b"HTTP/")
         except (OSError, TimeoutError):
             return False
@@ -726,7 +729,8 @@ class DockerBackend(Backend):
         deadline = loop.time() + timeout
         while loop.time() < deadline:
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
+                async with asyncio.timeout(1):
+                    reader, writer = await asyncio.open_connection(host, port)
             except (OSError, TimeoutError):
                 try:
                     if not (await container.show())["State"].get("Running"):
@@ -736,7 +740,9 @@ class DockerBackend(Backend):
                 await asyncio.sleep(0.1)
                 continue
             try:
-                if (await asyncio.wait_for(reader.readline(), 2)).startswith(b"SSH-"):
+                async with asyncio.timeout(2):
+                    banner = await reader.readline()
+                if banner.startswith(b"SSH-"):
                     return
             except (OSError, TimeoutError):
                 pass
@@ -842,7 +848,8 @@ class DockerBackend(Backend):
                     while (msg := await stream.read_out()) is not None:
                         out.extend(msg.data)
 
-            await asyncio.wait_for(read(), 60)
+            async with asyncio.timeout(60):
+                await read()
             code = (await exe.inspect()).get("ExitCode")
         except TimeoutError:
             raise AgentError(f"withdrawing the SSH key in kernel {kernel_id} took over 60 s") from None

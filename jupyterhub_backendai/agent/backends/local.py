@@ -357,7 +357,8 @@ class LocalBackend(Backend):
         watcher = self._watchers.get(kernel_id)
         if watcher:
             try:
-                await asyncio.wait_for(asyncio.shield(watcher), 3)
+                async with asyncio.timeout(3):
+                    await asyncio.shield(watcher)
             except (TimeoutError, asyncio.CancelledError):
                 pass
         self._forget(kernel_id)
@@ -379,7 +380,8 @@ class LocalBackend(Backend):
         recorded = self._recorded.get(data.get("kernel_id", ""))
         if recorded and not data.get("exited") and not _pid_alive(int(data["container_id"])):
             try:
-                await asyncio.wait_for(recorded.wait(), 5)
+                async with asyncio.timeout(5):
+                    await recorded.wait()
             except TimeoutError:
                 return data
             with open(path) as f:

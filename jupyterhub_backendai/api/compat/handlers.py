@@ -390,7 +390,8 @@ class SessionCreateHandler(CompatBase):
                     return
 
         try:
-            await asyncio.wait_for(until(), timeout=limit)
+            async with asyncio.timeout(limit):
+                await until()
         except TimeoutError:
             return "TIMEOUT"
         return "RUNNING" if seen["started"] else gql.bai_status(seen["status"])

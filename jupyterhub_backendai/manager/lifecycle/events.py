@@ -49,7 +49,8 @@ class SessionEvents:
         """Wait until ``sid`` changes (True) or ``timeout`` passes (False)."""
         with self.listen(sid) as ev:
             try:
-                await asyncio.wait_for(ev.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await ev.wait()
                 return True
             except TimeoutError:
                 return False
