@@ -461,13 +461,15 @@ class VFolderCreate(Request):
     project: Str(64, 1, description="project id or name (in the caller's domain): a project "
                  "folder (domain admins)") = None
     permission: Annotated[Permission, Field(
-        description="project folders only: what every member may do")] = None
+        description="what every member of a project folder may do, or what the owner "
+        "of a user folder may do with its files (default rw)")] = None
     usage_mode: _enum(USAGE_MODES) = None
 
 
 class VFolderUpdate(Request):
     name: VFolderName = None
-    permission: Annotated[Permission, Field(description="project folders only")] = None
+    permission: Annotated[Permission, Field(
+        description="a project folder's members', a user folder's owner's")] = None
     usage_mode: _enum(USAGE_MODES) = None
 
 

@@ -320,9 +320,11 @@ def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
                        f"create vfolders of project {project.name!r} (domain admins may)")
         if not project.is_active:
             raise InvalidRequest(f"project: {project.name!r} is not active")
-    elif "permission" in body:
-        raise InvalidRequest("permission: only project folders take one (the owner of a user "
-                             "folder has rw; share it to give others access)")
+    if body.get("permission") is not None:
+        # A project folder's: what every member may do; a user folder's: what its owner
+        # may do with its files, in sessions and through the API (Backend.AI's
+        # `vfolder create -p ro`); others get theirs through a share.
+        _check_permission(body["permission"])
     if "create-vfolder" not in host_permissions(db, user, host, project, kp):
         raise Forbidden(
             f"you may not create vfolders on host {host!r}: 'create-vfolder' is not in the "
@@ -353,7 +355,7 @@ def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
         project_id=project.id if project is not None else None,
         domain_name=project.domain_name if project is not None else user.domain_name,
         creator=user.email, usage_mode=body.get("usage_mode", "general"),
-        permission=body.get("permission", VFolderPermission.READ_WRITE),
+        permission=body.get("permission") or VFolderPermission.READ_WRITE,
         status=VFolderStatus.PROVISIONING,
     )
     db.add(f)
@@ -429,11 +431,9 @@ def update_folder(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
     access.require(can_manage_folder(p, f), "change this vfolder")
     if f.status != VFolderStatus.READY:
         raise Conflict(f"vfolder {f.name!r} is {f.status}")
-    if "permission" in body:
-        if f.ownership_type != VFolderOwnership.PROJECT:
-            raise InvalidRequest("permission: only project folders take one (share a user "
-                                 "folder to give others access)")
-        f.permission = body["permission"]
+    if body.get("permission") is not None:
+        # a user folder's: its owner's own (shares keep theirs); a project folder's: members'
+        f.permission = _check_permission(body["permission"])
     if "usage_mode" in body:
         f.usage_mode = body["usage_mode"]
     if "name" in body and body["name"] != f.name:
@@ -674,7 +674,9 @@ def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
     if op != "list" and op != "download" and p.role == UserRole.MONITOR:
         raise Forbidden("your role may not change files (monitors read)")
     owner = f.ownership_type == VFolderOwnership.USER and f.user_id == user.id
-    if perm not in allowed and not (op == "delete" and owner):
+    # (the owner deletes in a rw folder of their own too; not in one they made read-only)
+    if perm not in allowed and not (op == "delete" and owner
+                                    and perm != VFolderPermission.READ_ONLY):
         need = "wd" if op == "delete" else "rw or wd"
         raise Forbidden(f"your permission on vfolder {f.name!r} is {perm}; {op} needs {need}")
     if host_perm is not None and host_perm not in host_permissions(

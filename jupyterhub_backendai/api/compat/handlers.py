@@ -465,7 +465,8 @@ class FoldersHandler(CompatBase):
             create["usage_mode"] = body["usage_mode"]
         if body.get("group"):
             create["project"] = str(body["group"])
-            create["permission"] = body.get("permission") or "rw"
+        # `-p ro`: a project folder's members' permission, a user folder's owner's
+        create["permission"] = body.get("permission") or "rw"
         if not isinstance(create["name"], str) or not create["name"]:
             raise InvalidRequest("name: required field missing")
         out = await vfolders.create(self.manager, self.principal, create)

@@ -1,0 +1,125 @@
+"""Backend.AI's official CLIs (23.9.10 and 26.9.6) against a running hub, issue 27's rows:
+each test drives the CLI (both clients where both have the command) and then checks the
+platform's state through the admin API, the volume or the session's own output.
+
+The helpers are test_backendai_client's (the CLIs' venvs, the signed environment); this
+module has its own hub (Docker backend, SQLite).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+
+import pytest
+
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+
+from .api_world import new_user, superadmin
+from .conftest import shutdown_hub
+from .hub import Hub
+from .test_backendai_client import BAI, CLI, CLI26, RES, admin_api, wait_dead
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, docker_image):
+    for cli in (CLI, CLI26):
+        assert os.access(cli, os.X_OK), (
+            f"{cli} is missing: run scripts/install-backendai-clients.sh")
+    url = f"sqlite:///{tmp_path_factory.mktemp('baimore')}/backendai.sqlite"
+    hub = Hub(db_url=url, backend="docker").start()
+    hub.engine = make_engine(url)
+    hub.sm = make_sessionmaker(hub.engine)
+    yield hub
+    shutdown_hub(hub)
+    hub.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def alice(hub, tmp_path_factory):
+    u = new_user(superadmin(hub), name=f"alice-{uuid.uuid4().hex[:6]}")
+    return BAI(hub, u, str(tmp_path_factory.mktemp("alice-home")))
+
+
+@pytest.fixture(scope="module")
+def bob26(hub, tmp_path_factory):
+    u = new_user(superadmin(hub), name=f"bob-{uuid.uuid4().hex[:6]}")
+    return BAI(hub, u, str(tmp_path_factory.mktemp("bob-home")), cli=CLI26)
+
+
+@pytest.fixture(scope="module")
+def root(hub, tmp_path_factory):
+    u = new_user(superadmin(hub), role="superadmin", name=f"root-{uuid.uuid4().hex[:6]}")
+    return BAI(hub, u, str(tmp_path_factory.mktemp("root-home")))
+
+
+def folder(hub, name: str) -> dict:
+    [f] = admin_api(hub, "GET", "/vfolders", params={"name": name})["items"]
+    return f
+
+
+def folder_path(hub, f: dict) -> str:
+    return os.path.join(hub.volume_path, *f["quota_scope_id"].split(":"), f["id"])
+
+
+def batch(bai: BAI, name: str, command: str, *extra: str) -> tuple[str, str]:
+    """A batch session through the CLI; (its id, its output) once it ended."""
+    out = bai("session", "create", "--type", "batch", "--name", name, *RES, *extra,
+              "--startup-command", command, bai.hub.image)
+    m = re.search(r"Session ID ([0-9a-f-]{36}) is created and ready\.", out)
+    assert m, out
+    sid = uuid.UUID(m.group(1)).hex
+    s = wait_dead(bai.hub, sid)
+    assert s["status"] in ("TERMINATED", "ERROR"), s
+    return sid, bai("session", "logs", m.group(1))
+
+
+def test_vfolder_create_permission_is_kept_and_enforced(hub, alice, bob26):
+    """`vfolder create NAME -p ro`: the owner's own permission, kept on the folder and
+    enforced on its owner: read-only when mounted, no upload or delete through the API."""
+    x = uuid.uuid4().hex[:6]
+    ro, wd = f"ro-{x}", f"wd-{x}"
+    out = alice("vfolder", "create", ro, "local:volume1", "-p", "ro")
+    assert f'Virtual folder "{ro}" is created.' in out
+    f = folder(hub, ro)
+    assert (f["permission"], f["user_id"]) == ("ro", alice.user["id"]), f
+    out = alice("vfolder", "info", ro)
+    assert "- Permission: ro" in out, out
+    with open(os.path.join(folder_path(hub, f), "seed.txt"), "w") as fh:
+        fh.write("seeded")
+    # through the API: read yes, write and delete no
+    home = alice.env["HOME"]
+    with open(os.path.join(home, "up.txt"), "w") as fh:
+        fh.write("up")
+    out = alice("vfolder", "upload", "-b", home, ro, "up.txt", rc=1)
+    assert "your permission on vfolder" in out and "is ro" in out, out
+    out = alice("vfolder", "rm", ro, "seed.txt", answer="y\n", rc=1)
+    assert "is ro; delete needs wd" in out, out
+    out = alice("vfolder", "mkdir", ro, "sub", rc=1)
+    assert "is ro" in out, out
+    assert sorted(os.listdir(folder_path(hub, f))) == ["seed.txt"]
+    dl = os.path.join(home, "dl")
+    os.mkdir(dl)
+    alice("vfolder", "download", "-b", dl, ro, "seed.txt")
+    with open(os.path.join(dl, "seed.txt")) as fh:
+        assert fh.read() == "seeded"
+    # mounted: read-only in the session
+    _, logs = batch(alice, f"rom-{x}", f"cat /home/work/{ro}/seed.txt; echo; "
+                    f"touch /home/work/{ro}/new 2>&1 && echo WROTE || echo REFUSED",
+                    "-m", ro)
+    assert "seeded" in logs and "REFUSED" in logs and "WROTE" not in logs, logs
+    assert "Read-only file system" in logs, logs
+    assert sorted(os.listdir(folder_path(hub, f))) == ["seed.txt"]
+    # wd through 26.09: the owner deletes; a bad permission: the reason, nothing made
+    out = bob26("vfolder", "create", wd, "local:volume1", "-p", "wd")
+    assert f'Virtual folder "{wd}" is created.' in out
+    assert folder(hub, wd)["permission"] == "wd"
+    out = alice("vfolder", "create", f"bad-{x}", "local:volume1", "-p", "rx", rc=1)
+    assert "permission must be one of ro, rw, wd, not 'rx'" in out, out
+    assert admin_api(hub, "GET", "/vfolders", params={"name": f"bad-{x}"})["total"] == 0
+    # the default stays rw
+    alice("vfolder", "create", f"rw-{x}", "local:volume1")
+    assert folder(hub, f"rw-{x}")["permission"] == "rw"
+    for name in (ro, wd, f"rw-{x}"):
+        admin_api(hub, "DELETE", f"/vfolders/{folder(hub, name)['id']}")
