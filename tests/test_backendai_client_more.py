@@ -123,3 +123,21 @@ def test_vfolder_create_permission_is_kept_and_enforced(hub, alice, bob26):
     assert folder(hub, f"rw-{x}")["permission"] == "rw"
     for name in (ro, wd, f"rw-{x}"):
         admin_api(hub, "DELETE", f"/vfolders/{folder(hub, name)['id']}")
+
+
+def test_admin_keypair_list_is_newest_first(hub, root, tmp_path):
+    """`admin keypair list`: newest first, as Backend.AI lists them (clients and scripts take
+    the first row as the newest key), in both clients."""
+    u = new_user(superadmin(hub), name=f"kpl-{uuid.uuid4().hex[:6]}")
+    keys = [u["keypair"]["access_key"]]
+    for _ in range(2):
+        out = root("admin", "keypair", "add", u["email"], "default")
+        keys.append(re.search(r"access_key\s+(\S+)\n", out).group(1))
+    root26 = BAI(hub, root.user, str(tmp_path), cli=CLI26)
+    for cli in (root, root26):
+        out = cli("admin", "keypair", "list", "-u", u["email"])
+        at = [out.index(k) for k in keys]
+        assert at == sorted(at, reverse=True), (keys, out)
+    # the admin API keeps its own order (oldest first)
+    items = admin_api(hub, "GET", "/keypairs", params={"user_id": u["id"]})["items"]
+    assert [k["access_key"] for k in items] == keys

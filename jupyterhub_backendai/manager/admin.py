@@ -512,13 +512,19 @@ def cut_off(db, *, domain: str | None = None, project: str | None = None,
 
 
 @reads
-def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int, *,
+                  newest_first: bool = False) -> dict:
+    """``newest_first``: Backend.AI's order (its clients take the first row as the newest
+    key); the admin API's is oldest first."""
     stmt = select(Keypair).where(access.keypair_filter(p))
     if "user_id" in filters:
         stmt = stmt.where(Keypair.user_id == filters["user_id"])
     if "is_active" in filters:
         stmt = stmt.where(Keypair.is_active == filters["is_active"])
-    return _page(db, stmt, [Keypair.created_at, Keypair.access_key], offset, limit, responses.Keypair)
+    order = [Keypair.created_at, Keypair.access_key]
+    if newest_first:
+        order = [o.desc() for o in order]
+    return _page(db, stmt, order, offset, limit, responses.Keypair)
 
 
 def _get_keypair(db, p: Principal, ak: str) -> Keypair:

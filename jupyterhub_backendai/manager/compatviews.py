@@ -262,7 +262,7 @@ def bai_keypairs(db, p: access.Principal, email: str | None, is_active: bool | N
         if not users:
             raise NotFound(f"no user {email!r}")
         f["user_id"] = users[0]["id"]
-    page = admin.list_keypairs(db, p, f, offset, limit)
+    page = admin.list_keypairs(db, p, f, offset, limit, newest_first=True)
     return {"items": _keypair_items(db, page["items"]), "total": page["total"]}
 
 
