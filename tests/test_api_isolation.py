@@ -355,6 +355,10 @@ MATRIX.update({
         ("vf:new-other", E(204, 404, 404, 404), None),
         ("vf:new-proj", E(204, 204, 403, 403), None),
         ("vf:new-shared", E(204, 204, 403, 403), None)],
+    ("post", "/vfolders/{id}/clone"): [
+        ("vf:us", E(403, 403, 201, 403), _new("c")),
+        ("vf:proj", E(403, 201, 201, 403), _new("c")),
+        ("vf:other", E(403, 404, 404, 404), _new("c"))],
     ("get", "/vfolders/{id}/shares"): [
         ("vf:us", ALL200, None), ("vf:shared", E(200, 200, 403, 200), None),
         ("vf:other", E(200, 404, 404, 404), None)],

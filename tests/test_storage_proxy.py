@@ -29,12 +29,12 @@ from jupyterhub_backendai.common.errors import (
     StorageQuotaExceeded,
     Unauthorized,
 )
+from jupyterhub_backendai.storageproxy.backends import make_volumes
 from jupyterhub_backendai.storageproxy.client import (
     HTTPStorageClient,
     InProcessStorageClient,
     make_storage_registry,
 )
-from jupyterhub_backendai.storageproxy.volumes import make_volumes
 
 from .services import STORAGE_PROXY_BIN, StorageDaemon, free_port
 
@@ -218,6 +218,33 @@ async def test_quota_counts_every_folder_of_the_scope(env):
         await env.upload("z", stream(b""))
     assert "900 are used" in e.value.detail
     assert os.listdir(env.path) == []
+
+
+async def test_clone_copies_a_folder_whole_and_independent(env):
+    await env.mkdir("d/e", parents=True)
+    await env.upload("d/e/f", stream(b"f" * 3000))
+    os.symlink("/etc/passwd", os.path.join(env.path, "link"))
+    target = uuid.uuid4().hex
+    await env.client.clone_folder("volume1", env.scope, env.folder, env.scope, target)
+    copy = os.path.join(os.path.dirname(env.path), target)
+    with open(os.path.join(copy, "d/e/f"), "rb") as f:
+        assert f.read() == b"f" * 3000
+    assert os.readlink(os.path.join(copy, "link")) == "/etc/passwd"  # a link, not its target
+    assert not [n for n in os.listdir(os.path.dirname(env.path)) if n.startswith(".clone-")]
+    await env.client.upload("volume1", env.scope, target, "d/e/f", stream(b"g"))
+    assert await read_all(env, "d/e/f") == b"f" * 3000  # the source is its own
+    with pytest.raises(Conflict):  # the target exists
+        await env.client.clone_folder("volume1", env.scope, env.folder, env.scope, target)
+    with pytest.raises(NotFound):
+        await env.client.clone_folder("volume1", env.scope, uuid.uuid4().hex, env.scope,
+                                      uuid.uuid4().hex)
+    # a scope without room for it gets nothing
+    small, third = f"user:{uuid.uuid4().hex}", uuid.uuid4().hex
+    await env.client.set_quota_scope("volume1", small, 1000)
+    with pytest.raises(StorageQuotaExceeded):
+        await env.client.clone_folder("volume1", env.scope, env.folder, small, third)
+    kind, sid = small.split(":")
+    assert [n for n in os.listdir(os.path.join(env.root, kind, sid)) if n != ".quota.json"] == []
 
 
 # -- uploads and downloads -------------------------------------------------------

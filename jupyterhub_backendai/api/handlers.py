@@ -250,7 +250,10 @@ class PolicyHandler(APIBase):
         self.query()
         body = self.body("KeypairResourcePolicyUpdate" if self.kind == "keypair"
                          else "QuotaPolicyUpdate")
-        self.reply(await self.manager.ops.update_policy(self.principal, self.kind, name, body))
+        out = await self.manager.ops.update_policy(self.principal, self.kind, name, body)
+        if self.kind in ("user", "project"):  # a btrfs volume enforces it from now on
+            await vfolders.push_quota_limits(self.manager, self.kind, name)
+        self.reply(out)
 
     async def delete(self, name):
         self.query()
@@ -445,6 +448,13 @@ class VFolderHandler(APIBase):
         self.query()
         await vfolders.delete(self.manager, self.principal, fid)
         self.reply(None, 204)
+
+
+class VFolderCloneHandler(APIBase):
+    async def post(self, fid):
+        self.query()
+        body = self.body("VFolderClone")
+        self.reply(await vfolders.clone(self.manager, self.principal, fid, body), 201)
 
 
 class VFolderSharesHandler(APIBase):
@@ -729,6 +739,10 @@ ROUTES += [
           delete=Op("deleteVFolder",
                     "Delete a folder and its files (not while a live session mounts it)",
                     status=204)),
+    route("/vfolders/{id}/clone", VFolderCloneHandler,
+          post=Op("cloneVFolder", "A new folder with a folder's files (a snapshot on btrfs "
+                  "volumes, a copy on vfs; needs download access to the source)",
+                  body=models.VFolderClone, status=201, response=models.VFolder)),
     route("/vfolders/{id}/shares", VFolderSharesHandler,
           get=Op("listVFolderShares", "Users a folder is shared with", filters={},
                  response=models.VFolderShare),

@@ -223,6 +223,15 @@ class UserUpdate(Request):
     need_password_change: bool = None
     allowed_client_ip: Annotated[list[Str(64)], Field(max_length=64)] | None = None
     project_ids: Ids = None
+    # Backend.AI 26.09's: the ids of the user's kernels' processes (superadmins; null:
+    # the image's kernel user). Stored, not yet applied by the agents.
+    container_uid: Annotated[Int(1), Field(
+        description="uid of the user's kernel processes (superadmins set it; null: the "
+        "image's kernel user)")] | None = None
+    container_main_gid: Annotated[Int(1), Field(
+        description="their primary gid (superadmins)")] | None = None
+    container_gids: Annotated[list[Int(1)], Field(
+        max_length=64, description="their supplementary gids (superadmins)")] | None = None
 
 
 class UserCreate(UserUpdate):
@@ -463,6 +472,15 @@ class VFolderCreate(Request):
     permission: Annotated[Permission, Field(
         description="what every member of a project folder may do, or what the owner "
         "of a user folder may do with its files (default rw)")] = None
+    usage_mode: _enum(USAGE_MODES) = None
+
+
+class VFolderClone(Request):
+    name: VFolderName
+    project: Str(64, 1, description="project id or name: the clone is a folder of that "
+                 "project (domain admins); default: the caller's own") = None
+    permission: Annotated[Permission, Field(
+        description="a project clone's members' permission (default rw)")] = None
     usage_mode: _enum(USAGE_MODES) = None
 
 

@@ -116,7 +116,7 @@ def folder_item(db, p, f: VFolder) -> dict:
         "ownership_type": "group" if f.ownership_type == "project" else f.ownership_type,
         "max_files": 0, "max_size": 0,
         "created_at": out["created_at"], "last_used": None, "num_files": None, "cur_size": None,
-        "cloneable": False, "status": f.status,
+        "cloneable": True, "status": f.status,
     }
 
 
@@ -226,7 +226,7 @@ def folder_rest(db, p, fid: str) -> dict:
         # Backend.AI's words: a project folder is a "group" folder
         "type": "group" if f.ownership_type == "project" else f.ownership_type,
         "status": f.status,
-        "numFiles": 0, "cloneable": False, "max_files": 0, "max_size": 0,
+        "numFiles": 0, "cloneable": True, "max_files": 0, "max_size": 0,
     }
 
 

@@ -422,6 +422,76 @@ async def create(manager, p: Principal, body: dict, *, home: bool = False) -> di
     return f
 
 
+async def clone(manager, p: Principal, fid: str, body: dict) -> dict:
+    """Clone a folder the caller may read (download) into a new folder made under the
+    rules of :func:`create` (``body``: name, and optionally usage_mode, project,
+    permission); on the source's host, where its storage makes it at once: a snapshot
+    on btrfs, a copy on vfs. Nothing stays when a step fails."""
+    src = await manager.db_read(file_access, p, fid, "download")
+    host = body.get("host")
+    if host and host != src["host"]:
+        raise InvalidRequest(f"host: a clone is made on its source's host ({src['host']!r}); "
+                             f"cloning to {host!r} is not supported")
+    create_body = {k: v for k, v in body.items() if k != "host"}
+    create_body["host"] = src["host"]
+    try:
+        out = await manager.db(begin_create, p, create_body, manager.default_vfolder_host,
+                               [src["host"]])
+    except IntegrityError:
+        raise Conflict(f"a vfolder named {body.get('name')!r} exists in that scope") from None
+    f = out["folder"]
+    try:
+        if out["quota_bytes"]:
+            await manager.storage.set_quota_scope(f["host"], f["quota_scope_id"], out["quota_bytes"])
+        await manager.storage.clone_folder(f["host"], src["quota_scope_id"], src["id"],
+                                           f["quota_scope_id"], f["id"])
+    except Exception as e:
+        try:
+            await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
+        except Exception:
+            pass
+        await manager.db(_drop_row, f["id"])
+        raise _storage_error(e, f"clone vfolder {src['name']!r}") from e
+    await manager.db(_set_status, f["id"], VFolderStatus.READY)
+    f["status"] = VFolderStatus.READY
+    return f
+
+
+@reads
+def policy_scopes(db: DBSession, kind: str, name: str) -> list[dict]:
+    """(host, quota scope, limit) of every folder's scope whose owner has the user or
+    project resource policy ``name``: what a change of its max_quota_scope_size must
+    reach on the storage."""
+    if kind == "user":
+        owners = select(User.id).where(User.resource_policy == name)
+        rows = db.execute(select(VFolder.host, VFolder.quota_scope_id).where(
+            VFolder.ownership_type == VFolderOwnership.USER, VFolder.user_id.in_(owners))
+            .distinct())
+        limit = _limits(db, UserResourcePolicy, name)[1]
+    elif kind == "project":
+        owners = select(Project.id).where(Project.resource_policy == name)
+        rows = db.execute(select(VFolder.host, VFolder.quota_scope_id).where(
+            VFolder.ownership_type == VFolderOwnership.PROJECT, VFolder.project_id.in_(owners))
+            .distinct())
+        limit = _limits(db, ProjectResourcePolicy, name)[1]
+    else:
+        return []
+    return [{"host": h, "quota_scope_id": q, "limit": limit or None} for h, q in rows]
+
+
+async def push_quota_limits(manager, kind: str, name: str) -> None:
+    """Set the scope limits of a user or project resource policy on the storage now,
+    so that a volume that enforces them (btrfs) applies a change at once, to running
+    sessions too (vfs reads them at the next upload anyway). A storage that does not
+    answer is skipped: the next upload or folder creation sets it."""
+    for s in await manager.db_read(policy_scopes, kind, name):
+        try:
+            await manager.storage.set_quota_scope(s["host"], s["quota_scope_id"], s["limit"])
+        except Exception:
+            manager.log.warning("could not set the limit of quota scope %s on %s",
+                                s["quota_scope_id"], s["host"], exc_info=True)
+
+
 # -- update, delete ------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ import aiohttp
 from ..common.errors import BackendAIError, InvalidRequest, NotFound
 from ..common.httpbase import ERRORS as _ERRORS
 from ..common.httpbase import NodeClient, TLSFiles
-from .volumes import CHUNK_SIZE, VFSVolume, make_volumes
+from .backends import make_volumes
+from .volumes import CHUNK_SIZE, VFSVolume
 
 
 class StorageClient:
@@ -61,6 +62,12 @@ class StorageClient:
 
     async def quota_scope(self, volume: str, quota_scope_id: str) -> dict:
         """``{"limit_bytes", "used_bytes"}``."""
+        raise NotImplementedError
+
+    async def clone_folder(self, volume: str, quota_scope_id: str, folder_id: str,
+                           target_scope_id: str, target_folder_id: str) -> None:
+        """Make a new folder a copy of a folder of the same volume (vfs: a copy; btrfs:
+        a snapshot). 404 no source, 409 the target exists, 413 the target scope's quota."""
         raise NotImplementedError
 
     async def list_files(self, volume: str, quota_scope_id: str, folder_id: str, path: str = "") -> list[dict]:
@@ -127,6 +134,11 @@ class InProcessStorageClient(StorageClient):
 
     async def quota_scope(self, volume, quota_scope_id):
         return await asyncio.to_thread(self.volume(volume).quota_scope, quota_scope_id)
+
+    async def clone_folder(self, volume, quota_scope_id, folder_id, target_scope_id,
+                           target_folder_id):
+        await asyncio.to_thread(self.volume(volume).clone_folder, quota_scope_id, folder_id,
+                                target_scope_id, target_folder_id)
 
     async def list_files(self, volume, quota_scope_id, folder_id, path=""):
         return await asyncio.to_thread(
@@ -235,6 +247,11 @@ class HTTPStorageClient(StorageClient):
 
     async def folder_usage(self, volume, quota_scope_id, folder_id):
         return await self._call("GET", self._folder(volume, quota_scope_id, folder_id) + "/usage")
+
+    async def clone_folder(self, volume, quota_scope_id, folder_id, target_scope_id,
+                           target_folder_id):
+        await self._call("POST", self._folder(volume, quota_scope_id, folder_id) + "/clone",
+                         body={"target_scope": target_scope_id, "target_folder": target_folder_id})
 
     async def scope_usage(self, volume, quota_scope_id):
         return await self._call("GET", self._scope(volume, quota_scope_id) + "/usage")
@@ -356,6 +373,12 @@ class StorageRegistry:
     async def mount_path(self, host: str, quota_scope_id: str, folder_id: str) -> str:
         client, volume = self.resolve(host)
         return await client.mount_path(volume, quota_scope_id, folder_id)
+
+    async def clone_folder(self, host: str, quota_scope_id: str, folder_id: str,
+                           target_scope_id: str, target_folder_id: str) -> None:
+        client, volume = self.resolve(host)
+        await client.clone_folder(volume, quota_scope_id, folder_id, target_scope_id,
+                                  target_folder_id)
 
     async def folder_usage(self, host: str, quota_scope_id: str, folder_id: str) -> dict:
         client, volume = self.resolve(host)

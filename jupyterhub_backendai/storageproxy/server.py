@@ -24,9 +24,10 @@ from ..common import bodylimit
 from ..common.errors import BackendAIError, InvalidRequest
 from ..common.httpbase import NodeAuth, NodeAuthConfig, NodeHandler, NotFoundHandler, listen
 from . import transfer
+from .backends import make_volumes
 from .client import InProcessStorageClient
 from .transfer import TransferTokens
-from .volumes import CHUNK_SIZE, Upload, make_volumes
+from .volumes import CHUNK_SIZE, Upload
 
 
 def problems(method):
@@ -144,6 +145,16 @@ class MkdirHandler(_Handler):
             raise InvalidRequest("parents must be true or false")
         await self.storage.mkdir(volume, scope, folder, body.get("path"), parents)
         self.write_json({"path": body["path"]}, 201)
+
+
+class CloneHandler(_Handler):
+    @problems
+    async def post(self, volume, scope, folder):
+        body = self.body()
+        dst_scope, dst_folder = body.get("target_scope"), body.get("target_folder")
+        await self.storage.clone_folder(volume, scope, folder, dst_scope, dst_folder)
+        self.write_json({"path": await self.storage.mount_path(volume, dst_scope, dst_folder)},
+                        201)
 
 
 class RenameHandler(_Handler):
@@ -275,6 +286,7 @@ def make_app(storage: InProcessStorageClient, auth: NodeAuth | str, max_upload_b
             (folder + "/files", FilesHandler),
             (folder + "/mkdir", MkdirHandler),
             (folder + "/rename", RenameHandler),
+            (folder + "/clone", CloneHandler),
             (folder + "/content", ContentHandler),
         ],
         default_handler_class=NotFoundHandler,

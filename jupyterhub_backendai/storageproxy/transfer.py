@@ -69,10 +69,9 @@ from ..common.errors import (
     StorageQuotaExceeded,
     Unauthorized,
 )
-from .volumes import VFSVolume, _os_error, check_ids
+from .volumes import STAGING, VFSVolume, _os_error, check_ids
 
 TUS_VERSION = "1.0.0"
-STAGING = ".tus"
 #: Bytes held in memory before they are written (in a thread) during a PATCH.
 WRITE_BUFFER = 4 << 20
 READ_CHUNK = 4 << 20
@@ -255,7 +254,7 @@ class _Staged:
         scope_dir = os.path.dirname(self.dir)
         if not os.path.isdir(scope_dir):
             raise NotFound("the folder's quota scope does not exist on this volume")
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.vol.make_staging(self.claims["scope"])
         self._expire()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
@@ -341,7 +340,7 @@ class _Staged:
                     raise Conflict(f"{shown!r}: is a directory")
             except FileNotFoundError:
                 pass
-            os.rename(self.path, name, dst_dir_fd=fd)
+            self.vol.place_staged(self.path, fd, name)
         except OSError as e:
             self.discard()
             raise _os_error(e, shown) from None

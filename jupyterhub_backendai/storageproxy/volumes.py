@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import stat
+import subprocess
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -37,6 +38,7 @@ from ..common.errors import (
 FOLDER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 QUOTA_SCOPE_RE = re.compile(r"^(user|project):[0-9a-f]{32}$")
 QUOTA_FILE = ".quota.json"
+STAGING = ".tus"  # a scope's tus uploads while their bytes arrive
 CHUNK_SIZE = 1 << 20
 # Folders and the directories made in them through the API: only their owner (the
 # kernel's user, ``folder_uid``) enters them.
@@ -199,7 +201,11 @@ def _os_error(e: OSError, what: str) -> BackendAIError:
         return InvalidRequest(f"{what}: name too long")
     if e.errno == errno.EINVAL:
         return InvalidRequest(f"{what}: invalid operation ({e.strerror})")
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if e.errno == errno.EDQUOT:
+        return StorageQuotaExceeded(
+            f"{what}: quota exceeded (the file system refused the write: the folder's quota "
+            "scope is full)")
+    if e.errno == errno.ENOSPC:
         return StorageQuotaExceeded(f"{what}: no space left on the volume")
     return BackendAIError(f"{what}: {e.strerror}")
 
@@ -409,6 +415,68 @@ class VFSVolume:
 
     def info(self) -> dict:
         return {"name": self.name, "backend": self.backend, "path": self.path}
+
+    def clone_folder(self, src_scope: str, src_id: str, dst_scope: str, dst_id: str) -> None:
+        """Make folder ``dst_id`` of ``dst_scope`` a copy of ``src_id`` (``cp -a``:
+        links copied as links, never followed; ``--reflink=auto`` shares the blocks
+        where the file system can). The copy is made under a hidden name beside the
+        target and renamed into place, so the folder appears whole or not at all. The
+        target scope's limit is checked first (413, nothing made)."""
+        check_ids(src_scope, src_id)
+        check_ids(dst_scope, dst_id)
+        src = self.folder_path(src_scope, src_id)
+        dst = self.folder_path(dst_scope, dst_id)
+        if not os.path.isdir(src) or os.path.islink(src):
+            raise NotFound(f"no folder {src_id} in quota scope {src_scope} on volume {self.name}")
+        if os.path.lexists(dst):
+            raise Conflict(f"folder {dst_id} exists in quota scope {dst_scope}")
+        self._check_clone_room(src_scope, src_id, dst_scope)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(dst), f".clone-{secrets.token_hex(8)}")
+        try:
+            out = subprocess.run(["cp", "-a", "--reflink=auto", "--no-target-directory", src, tmp],
+                                 capture_output=True, text=True)
+            if out.returncode:
+                err = out.stderr.strip()
+                if "quota" in err.lower() or "No space" in err:
+                    raise StorageQuotaExceeded(f"clone of folder {src_id}: {err}")
+                raise BackendAIError(f"clone of folder {src_id} failed: {err}")
+            os.chmod(tmp, FOLDER_MODE)
+            self._chown(tmp)
+            os.rename(tmp, dst)
+        except BaseException:
+            if os.path.lexists(tmp):
+                pfd = os.open(os.path.dirname(tmp), _DIR_FLAGS)
+                try:
+                    _rmtree_fd(pfd, os.path.basename(tmp))
+                finally:
+                    os.close(pfd)
+            raise
+
+    def _check_clone_room(self, src_scope: str, src_id: str, dst_scope: str) -> None:
+        limit = self._read_limit(dst_scope)
+        if limit is None:
+            return
+        need = self.folder_usage(src_scope, src_id)["used_bytes"]
+        used = self.scope_usage(dst_scope)["used_bytes"]
+        if used + need > limit:
+            raise StorageQuotaExceeded(
+                f"quota scope {dst_scope} on volume {self.name} is limited to {limit} bytes "
+                f"and {used} are used; the clone needs {need} more")
+
+    # -- where tus uploads are staged (storageproxy/transfer.py) -----------------
+
+    def make_staging(self, quota_scope_id: str) -> str:
+        """The directory of a scope where tus uploads gather their bytes (made if
+        missing): beside the folders, so it counts against the scope."""
+        path = os.path.join(self.scope_path(quota_scope_id), STAGING)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def place_staged(self, staged: str, dir_fd: int, name: str) -> None:
+        """Move a finished staged file to ``name`` in the open directory ``dir_fd``
+        (one rename: whole, or not there)."""
+        os.rename(staged, name, dst_dir_fd=dir_fd)
 
     # -- usage and quota scopes ------------------------------------------------
 
@@ -702,18 +770,3 @@ class VFSVolume:
         os.set_blocking(f, True)
         return st.st_size, FileChunks(f, st.st_size)
 
-
-def make_volumes(conf: dict) -> dict[str, VFSVolume]:
-    """Volumes from a config dict: {name: {"backend": "vfs", "path": ..., "folder_uid":
-    1000, "folder_gid": 1000}} (the manager's ``storage_volumes``, the daemon's ``volumes``)."""
-    volumes = {}
-    for vname, vconf in conf.items():
-        backend = vconf.get("backend", "vfs")
-        if backend != "vfs":
-            raise ValueError(f"volume {vname!r}: unknown backend {backend!r} (only vfs)")
-        if not vconf.get("path"):
-            raise ValueError(f"volume {vname!r} needs a path")
-        volumes[vname] = VFSVolume(
-            vname, vconf["path"], vconf.get("folder_uid", 1000), vconf.get("folder_gid", 1000)
-        )
-    return volumes

@@ -47,6 +47,7 @@ def routes() -> list[tuple]:
         (f"/folders/{SEG}/files", h.FolderFilesHandler),
         (f"/folders/{SEG}/mkdir", h.FolderMkdirHandler),
         (f"/folders/{SEG}/rename", h.FolderRenameHandler),
+        (f"/folders/{SEG}/clone", h.FolderCloneHandler),
         (f"/folders/{SEG}/rename-file", h.FolderRenameFileHandler),
         (f"/folders/{SEG}/move-file", h.FolderMoveFileHandler),
         (f"/folders/{SEG}/invite", h.FolderInviteHandler),

@@ -453,8 +453,7 @@ class FoldersHandler(CompatBase):
         body = self.json_body()
         if body.get("unmanaged_path"):
             raise InvalidRequest("unmanaged folders are not supported by this server")
-        if body.get("cloneable"):
-            raise InvalidRequest("cloneable folders are not supported by this server")
+        # (every folder may be cloned by whoever may read it: `cloneable` is always true)
         if str(body.get("quota") or "0") not in ("0", "0.0"):
             raise InvalidRequest("per-folder quotas are not supported here; the quota scope's "
                                  "limit (max_quota_scope_size) applies")
@@ -659,6 +658,29 @@ class FolderIdHandler(CompatBase):
             raise InvalidRequest("name: the folder's name is required")
         fid = await self.manager.ops.resolve_folder(self.principal, name)
         self.reply({"id": str(uuid.UUID(fid))})
+
+
+class FolderCloneHandler(CompatBase):
+    """``vfolder clone NAME TARGET_NAME TARGET_HOST``: ``POST /folders/{ref}/clone
+    {"target_name", "target_host", "usage_mode", "permission"}``. Done when answered (a
+    snapshot on btrfs, a copy on vfs), so the answer carries no ``bgtask_id`` and the
+    client reports completion at once."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        name = body.get("target_name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("target_name: the new folder's name is required")
+        clone = {"name": name}
+        if body.get("target_host"):
+            clone["host"] = body["target_host"]
+        if body.get("usage_mode") and body["usage_mode"] != "general":
+            clone["usage_mode"] = body["usage_mode"]
+        if body.get("permission") not in (None, "", "rw"):
+            clone["permission"] = body["permission"]
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        out = await vfolders.clone(self.manager, self.principal, fid, clone)
+        self.reply(await self.manager.ops.folder_rest(self.principal, out["id"]), 201)
 
 
 class FolderHostsHandler(CompatBase):

@@ -1,0 +1,320 @@
+"""``btrfs`` volumes: the file system enforces the quotas.
+
+The layout is vfs's (``<root>/<scope type>/<scope id>/<folder id>``) and every file
+operation inside a folder is vfs's (:class:`~.volumes.VFSVolume`); what changes:
+
+- each folder is a **subvolume**, so btrfs accounts it in its own qgroup ``0/<subvolume
+  id>``; deleting it is ``btrfs subvolume delete`` (no walk), cloning it a writable
+  **snapshot** (instant, whatever its size; the blocks are shared until written);
+- each quota scope is a **level-1 qgroup** ``1/<inode of the scope directory>`` that
+  every folder of the scope belongs to from its creation (``subvolume create -i``,
+  ``snapshot -i``), limited (``max_rfer``) to the scope's quota. The kernel refuses a
+  write past it with EDQUOT, whoever writes: a kernel through its mount, the API, tus.
+  The scope directory's inode names the qgroup, so no table is kept; the numbers are
+  unique within one subvolume of the file system (docs/storage.md: one volume per
+  btrfs file system, or several volumes in the same subvolume);
+- usage is the qgroups' ``referenced`` bytes (``btrfs qgroup show --raw --sync``): no
+  walk of the tree, a transaction commit and one read of the quota tree. Bytes on
+  disk as btrfs counts them (data extents and the folder's metadata blocks; blocks
+  shared by a clone count once per scope), not apparent sizes; btrfs counts no files,
+  so ``file_count`` is null;
+- tus uploads stage their bytes in ``<scope>/.tus``, itself a subvolume of the scope's
+  qgroup (so staged bytes count), and a finished file moves into the folder by a
+  reflink (``FICLONE``: blocks shared, not copied) and a rename inside the folder:
+  btrfs refuses a rename between subvolumes.
+
+The btrfs command line is run in the caller's thread (every volume method runs in a
+worker thread: ``asyncio.to_thread`` in the hub, the daemon alike), so nothing blocks
+an event loop and no Python dependency is added.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import secrets
+import struct
+import subprocess
+import threading
+
+from ..common.errors import BackendAIError, Conflict, NotFound, StorageQuotaExceeded
+from .volumes import (
+    _DIR_FLAGS,
+    FOLDER_MODE,
+    STAGING,
+    VFSVolume,
+    check_ids,
+)
+
+# BTRFS_IOC_INO_LOOKUP = _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args (4096 bytes))
+_IOC_INO_LOOKUP = 0xC0000000 | (4096 << 16) | (0x94 << 8) | 18
+# FICLONE = _IOW(0x94, 9, int)
+_FICLONE = 0x40049409
+_SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
+_QGROUP_LINE = re.compile(r"^(\d+/\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)")
+
+
+class BtrfsError(BackendAIError):
+    """The btrfs command line failed (its message is in the detail)."""
+
+
+def btrfs(*args: str) -> str:
+    """Run ``btrfs <args>``; its stdout, or :class:`BtrfsError` with its stderr."""
+    try:
+        out = subprocess.run(["btrfs", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise BtrfsError("the btrfs command is not installed (package btrfs-progs)") from None
+    if out.returncode:
+        msg = (out.stderr or out.stdout).strip()
+        if "quota exceeded" in msg.lower() or "Disk quota" in msg:
+            raise StorageQuotaExceeded(f"btrfs {args[0]} {args[1]}: {msg}")
+        raise BtrfsError(f"btrfs {' '.join(args[:2])}: {msg}")
+    return out.stdout
+
+
+def subvolume_id(path: str) -> int | None:
+    """The id of the subvolume whose root ``path`` is; None if ``path`` is a plain
+    directory (a folder moved from vfs); OSError(ENOTTY) if it is not on btrfs."""
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        st = os.fstat(fd)
+        buf = bytearray(4096)
+        struct.pack_into("=QQ", buf, 0, 0, _SUBVOL_ROOT_INO)
+        fcntl.ioctl(fd, _IOC_INO_LOOKUP, buf, True)
+        if st.st_ino != _SUBVOL_ROOT_INO:
+            return None
+        return struct.unpack_from("=Q", buf, 0)[0]
+    finally:
+        os.close(fd)
+
+
+def qgroups(path: str, sync: bool = True) -> dict[str, dict]:
+    """Every qgroup of the file system at ``path``: ``{"0/257": {"rfer", "excl",
+    "max_rfer"}}`` (``max_rfer`` None without a limit). ``sync`` commits the running
+    transaction first, so that bytes just written are counted."""
+    args = ["qgroup", "show", "--raw", "-re"]
+    if sync:
+        args.append("--sync")
+    out = {}
+    for line in btrfs(*args, path).splitlines():
+        m = _QGROUP_LINE.match(line.strip())
+        if m:
+            qid, rfer, excl, max_rfer, _ = m.groups()
+            out[qid] = {"rfer": int(rfer), "excl": int(excl),
+                        "max_rfer": None if max_rfer == "none" else int(max_rfer)}
+    return out
+
+
+class BtrfsVolume(VFSVolume):
+    """A volume on a btrfs file system with quotas enabled (``btrfs quota enable``)."""
+
+    backend = "btrfs"
+
+    def __init__(self, name: str, path: str, folder_uid: int = 1000, folder_gid: int = 1000):
+        super().__init__(name, path, folder_uid, folder_gid)
+        self._lock = threading.Lock()
+        self._scopes: set[str] = set()  # level-1 qgroups known to exist
+        try:
+            subvolume_id(self.path)
+        except OSError as e:
+            if e.errno in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP):
+                raise ValueError(
+                    f"volume {name!r}: {self.path} is not on a btrfs file system "
+                    "(backend 'btrfs' needs one; docs/storage.md)") from None
+            raise
+        try:
+            qgroups(self.path, sync=False)
+        except BtrfsError as e:
+            if "quota" in e.detail.lower() or "not enabled" in e.detail.lower():
+                raise ValueError(
+                    f"volume {name!r}: quotas are not enabled on the btrfs file system at "
+                    f"{self.path}, so its folders' limits could not be enforced; run "
+                    f"'btrfs quota enable <its mount point>' first (docs/storage.md). "
+                    f"btrfs said: {e.detail}") from None
+            raise ValueError(f"volume {name!r}: {e.detail}") from None
+
+    # -- quota scopes as level-1 qgroups ----------------------------------------
+
+    def _scope_qgroup(self, quota_scope_id: str, create: bool = True) -> str | None:
+        """``1/<inode>`` of a scope's directory, made (with its qgroup) if ``create``;
+        None if the scope does not exist and ``create`` is false."""
+        scope = self.scope_path(quota_scope_id)
+        if create:
+            os.makedirs(scope, exist_ok=True)
+        try:
+            qid = f"1/{os.stat(scope).st_ino}"
+        except FileNotFoundError:
+            return None
+        if create and qid not in self._scopes:
+            with self._lock:
+                if qid not in self._scopes:
+                    try:
+                        btrfs("qgroup", "create", qid, self.path)
+                    except BtrfsError as e:
+                        if "exists" not in e.detail:
+                            raise
+                    self._scopes.add(qid)
+        return qid
+
+    def set_quota_scope(self, quota_scope_id: str, limit_bytes: int | None) -> None:
+        """The scope's qgroup limit, in force at once for every writer (a limit below
+        the current usage is accepted: every further write fails until enough is
+        deleted)."""
+        super().set_quota_scope(quota_scope_id, limit_bytes)  # checks, and keeps .quota.json
+        qid = self._scope_qgroup(quota_scope_id)
+        btrfs("qgroup", "limit", "none" if limit_bytes is None else str(limit_bytes), qid,
+              self.path)
+
+    def _read_limit(self, quota_scope_id: str) -> int | None:
+        qid = self._scope_qgroup(quota_scope_id, create=False)
+        if qid is None:
+            return None
+        q = qgroups(self.path, sync=False).get(qid)
+        return None if q is None else q["max_rfer"]
+
+    def scope_usage(self, quota_scope_id: str) -> dict:
+        qid = self._scope_qgroup(quota_scope_id, create=False)
+        q = qgroups(self.path).get(qid) if qid is not None else None
+        return {"used_bytes": q["rfer"] if q else 0, "file_count": None}
+
+    def quota_scope(self, quota_scope_id: str) -> dict:
+        qid = self._scope_qgroup(quota_scope_id, create=False)
+        q = qgroups(self.path).get(qid) if qid is not None else None
+        return {"limit_bytes": q["max_rfer"] if q else None, "used_bytes": q["rfer"] if q else 0}
+
+    # -- folders as subvolumes -------------------------------------------------
+
+    def _subvolume(self, quota_scope_id: str, folder_id: str) -> tuple[str, int | None]:
+        path = self.folder_path(quota_scope_id, folder_id)
+        try:
+            return path, subvolume_id(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(
+                f"no folder {folder_id} in quota scope {quota_scope_id} on volume {self.name}"
+            ) from None
+
+    def create_folder(self, quota_scope_id: str, folder_id: str) -> None:
+        """Idempotent: an existing folder is left as it is."""
+        path = self.folder_path(quota_scope_id, folder_id)
+        if os.path.lexists(path):
+            return
+        qid = self._scope_qgroup(quota_scope_id)
+        btrfs("subvolume", "create", "-i", qid, path)
+        self._chown(path)
+        os.chmod(path, FOLDER_MODE)
+
+    def delete_folder(self, quota_scope_id: str, folder_id: str) -> None:
+        """Idempotent. A subvolume goes with ``subvolume delete`` (with any subvolume a
+        session made inside it); a plain directory (moved from vfs) as vfs deletes it."""
+        check_ids(quota_scope_id, folder_id)
+        path = self.folder_path(quota_scope_id, folder_id)
+        try:
+            sid = subvolume_id(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if sid is None:
+            return super().delete_folder(quota_scope_id, folder_id)
+        self._delete_subvolume(path, sid)
+
+    def _delete_subvolume(self, path: str, sid: int) -> None:
+        try:
+            btrfs("subvolume", "delete", path)
+        except BtrfsError:
+            # subvolumes made inside it (a session may): deepest first, then it
+            nested = []
+            for line in btrfs("subvolume", "list", "-o", path).splitlines():
+                rel = line.split(" path ", 1)[-1].strip()
+                nested.append(rel)
+            root = self._fs_root()
+            for rel in sorted(nested, key=len, reverse=True):
+                btrfs("subvolume", "delete", os.path.join(root, rel))
+            btrfs("subvolume", "delete", path)
+        try:
+            btrfs("qgroup", "destroy", f"0/{sid}", self.path)
+        except BtrfsError:
+            pass  # still being cleaned by the kernel: `btrfs qgroup clear-stale` drops it
+
+    def _fs_root(self) -> str:
+        """The mount point of the file system's top-level subvolume (the paths ``subvolume
+        list`` prints are relative to it); the volume must be on that mount."""
+        path = self.path
+        while not os.path.ismount(path):
+            path = os.path.dirname(path)
+        return path
+
+    def folder_usage(self, quota_scope_id: str, folder_id: str) -> dict:
+        """The folder's qgroup's referenced bytes (no walk); a plain directory (moved
+        from vfs) is walked as vfs does."""
+        _, sid = self._subvolume(quota_scope_id, folder_id)
+        if sid is None:
+            return super().folder_usage(quota_scope_id, folder_id)
+        q = qgroups(self.path).get(f"0/{sid}")
+        return {"used_bytes": q["rfer"] if q else 0, "file_count": None}
+
+    def clone_folder(self, src_scope: str, src_id: str, dst_scope: str, dst_id: str) -> None:
+        """A writable snapshot in the target scope's qgroup: instant, whatever the size
+        (blocks shared until either side writes). A source that is a plain directory
+        (moved from vfs) is copied with reflinks as vfs does."""
+        check_ids(dst_scope, dst_id)
+        _, sid = self._subvolume(src_scope, src_id)
+        if sid is None:
+            return super().clone_folder(src_scope, src_id, dst_scope, dst_id)
+        src = self.folder_path(src_scope, src_id)
+        dst = self.folder_path(dst_scope, dst_id)
+        if os.path.lexists(dst):
+            raise Conflict(f"folder {dst_id} exists in quota scope {dst_scope}")
+        if dst_scope != src_scope:
+            self._check_clone_room(src_scope, src_id, dst_scope)
+        qid = self._scope_qgroup(dst_scope)
+        btrfs("subvolume", "snapshot", "-i", qid, src, dst)
+
+    # -- tus staging ---------------------------------------------------------------
+
+    def make_staging(self, quota_scope_id: str) -> str:
+        """``<scope>/.tus`` as a subvolume of the scope's qgroup: staged bytes count
+        against the scope, and the kernel stops them at its limit."""
+        path = os.path.join(self.scope_path(quota_scope_id), STAGING)
+        if os.path.lexists(path):
+            return path
+        qid = self._scope_qgroup(quota_scope_id)
+        with self._lock:
+            if not os.path.lexists(path):
+                btrfs("subvolume", "create", "-i", qid, path)
+                os.chmod(path, 0o700)
+        return path
+
+    def place_staged(self, staged: str, dir_fd: int, name: str) -> None:
+        """Reflink the staged file into the folder under a hidden name, rename it over
+        ``name``, then drop the staged file (a rename cannot cross subvolumes)."""
+        try:
+            os.rename(staged, name, dst_dir_fd=dir_fd)
+            return
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+        tmp = f".upload-{secrets.token_hex(8)}.tmp"
+        src = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(src)
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          st.st_mode & 0o777, dir_fd=dir_fd)
+            try:
+                fcntl.ioctl(dst, _FICLONE, src)
+                if os.geteuid() == 0:
+                    os.fchown(dst, st.st_uid, st.st_gid)
+            except BaseException:
+                os.close(dst)
+                os.unlink(tmp, dir_fd=dir_fd)
+                raise
+            os.close(dst)
+        finally:
+            os.close(src)
+        try:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        os.unlink(staged)
+
