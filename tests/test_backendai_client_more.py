@@ -141,3 +141,54 @@ def test_admin_keypair_list_is_newest_first(hub, root, tmp_path):
     # the admin API keeps its own order (oldest first)
     items = admin_api(hub, "GET", "/keypairs", params={"user_id": u["id"]})["items"]
     assert [k["access_key"] for k in items] == keys
+
+
+def test_26_09_user_add_with_container_ids_and_purge(hub, root, alice, tmp_path):
+    """26.09's `admin user add --cuid/--cgid/--cgids` (and `update --unset-cuid`): stored on
+    the user and shown; `admin user purge` with 26.09's `delegate_endpoint_ownership` (no
+    model-serving endpoints here: nothing to hand over). Superadmins only set the ids;
+    bad ids: the reason, nothing made. (Kernels do not run with them yet: docs/backendai-compat.md.)"""
+    sa = superadmin(hub)
+    x = uuid.uuid4().hex[:6]
+    root26 = BAI(hub, root.user, str(tmp_path), cli=CLI26)
+    email = f"cid-{x}@example.com"
+    out = root26("admin", "user", "add", "default", email, "pw-long-enough", "-u", f"cid-{x}",
+                 "--cuid", "2001", "--cgid", "2002", "--cgids", "3001,3002")
+    assert "ok" in out.lower() and "error" not in out.lower(), out
+    [u] = sa.ok("GET", "/users", params={"email": email})["items"]
+    assert (u["container_uid"], u["container_main_gid"], u["container_gids"]) == (
+        2001, 2002, [3001, 3002]), u
+    out = root26("admin", "user", "update", email, "--unset-cuid", "--cgids", "3003")
+    u = sa.ok("GET", f"/users/{u['id']}")
+    assert (u["container_uid"], u["container_main_gid"], u["container_gids"]) == (
+        None, 2002, [3003]), (u, out)
+    # the 23.09 client's add (no ids) still works; a user without ids keeps nulls
+    out = root("admin", "user", "add", "default", f"plain-{x}@example.com", "pw-long-enough")
+    [p] = sa.ok("GET", "/users", params={"email": f"plain-{x}@example.com"})["items"]
+    assert (p["container_uid"], p["container_main_gid"], p["container_gids"]) == (
+        None, None, None), p
+    # bad ids, and a domain admin: the reason, nothing made or changed
+    out = root26("admin", "user", "add", "default", f"bad-{x}@example.com", "pw-long-enough",
+                 "--cuid", "-5", rc=1)
+    assert "container_uid: -5 is less than the minimum of 1" in out, out
+    dadmin = BAI(hub, new_user(sa, role="admin", name=f"dadm-{x}"), str(tmp_path), cli=CLI26)
+    out = dadmin("admin", "user", "add", "default", f"bad2-{x}@example.com", "pw-long-enough",
+                 "--cuid", "0", rc=1)
+    assert "container_uid" in out, out
+    out = dadmin("admin", "user", "add", "default", f"bad3-{x}@example.com", "pw-long-enough",
+                 "--cuid", "4000", rc=1)
+    assert "container_uid: only superadmins may set a user's container ids" in out, out
+    # (26.09 sends each id it was not given as null: a domain admin's plain add works)
+    dadmin("admin", "user", "add", "default", f"da-{x}@example.com", "pw-long-enough")
+    assert len(sa.ok("GET", "/users", params={"email": f"da-{x}@example.com"})["items"]) == 1
+    for bad in ("bad", "bad2", "bad3"):
+        assert sa.ok("GET", "/users", params={"email": f"{bad}-{x}@example.com"})["items"] == []
+    out = dadmin("admin", "user", "update", email, "--cuid", "4000", rc=1)
+    assert "only superadmins may set" in out, out
+    assert sa.ok("GET", f"/users/{u['id']}")["container_uid"] is None
+    # purge (26.09 sends delegate_endpoint_ownership; with the flag too)
+    out = root26("admin", "user", "purge", email, "--delegate-endpoint-ownership", answer="y\n")
+    assert "error" not in out.lower(), out
+    assert sa("GET", f"/users/{u['id']}").status_code == 404
+    out = root26("admin", "user", "purge", f"plain-{x}@example.com", answer="y\n")
+    assert sa("GET", f"/users/{p['id']}").status_code == 404, out

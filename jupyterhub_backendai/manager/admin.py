@@ -335,8 +335,11 @@ def remove_member(db, p: Principal, pid: str, uid: str) -> tuple[str, str]:
 
 # -- users ---------------------------------------------------------------------
 
+# Backend.AI 26.09's ids of a user's kernel processes: who owns what they write on shared
+# volumes, so only superadmins set them.
+CONTAINER_IDS = ("container_uid", "container_main_gid", "container_gids")
 USER_FIELDS = ("email", "full_name", "status", "role", "domain_name", "resource_policy",
-               "need_password_change", "allowed_client_ip")
+               "need_password_change", "allowed_client_ip", *CONTAINER_IDS)
 
 
 @reads
@@ -366,7 +369,7 @@ def get_user(db, p: Principal, uid: str) -> dict:
     return responses.User.body(_get_user(db, p, uid))
 
 
-def _check_user_body(db, p: Principal, body: dict) -> None:
+def _check_user_body(db, p: Principal, body: dict, user: User | None = None) -> None:
     if "role" in body and body["role"] == UserRole.SUPERADMIN and not p.is_superadmin:
         raise Forbidden("only superadmins may create or promote superadmins")
     if "domain_name" in body:
@@ -380,6 +383,12 @@ def _check_user_body(db, p: Principal, body: dict) -> None:
         raise InvalidRequest("password: at most 72 bytes (bcrypt's limit)")
     _need(db, UserResourcePolicy, body.get("resource_policy"), "resource_policy",
           "user resource policy")
+    # (26.09's `user add` sends null for each id it was not given: no change is no refusal)
+    given = [k for k in CONTAINER_IDS
+             if k in body and body[k] != (getattr(user, k) if user is not None else None)]
+    if given and not p.is_superadmin:
+        raise Forbidden(f"{', '.join(given)}: only superadmins may set a user's container "
+                        "ids (they decide who owns the files a kernel writes)")
 
 
 def _set_projects(db, user: User, project_ids: list[str]) -> None:
@@ -407,7 +416,8 @@ def create_user(db, p: Principal, body: dict) -> dict:
         role=body.get("role", UserRole.USER), domain=body["domain_name"],
         status=body.get("status", UserStatus.ACTIVE), projects=[],
     )
-    for k in ("full_name", "resource_policy", "need_password_change", "allowed_client_ip"):
+    for k in ("full_name", "resource_policy", "need_password_change", "allowed_client_ip",
+              *CONTAINER_IDS):
         if k in body:
             setattr(user, k, body[k])
     if "project_ids" in body:
@@ -429,7 +439,7 @@ def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]
             and not access.may_set_limits_of_user(p, user):
         raise Forbidden("resource_policy: you may not change your own limits; "
                         "a superadmin can")
-    _check_user_body(db, p, body)
+    _check_user_body(db, p, body, user)
     if uid == p.user_id and (body.get("role", user.role) != user.role
                              or body.get("status", user.status) != UserStatus.ACTIVE
                              or body.get("domain_name", user.domain_name) != user.domain_name):

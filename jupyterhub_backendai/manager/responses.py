@@ -169,6 +169,9 @@ class User(Response):
     allowed_client_ip: list[str] | None
     project_ids: Annotated[Ids, _also("project_ids", "projects")]
     created_at: Time
+    container_uid: int | None = None
+    container_main_gid: int | None = None
+    container_gids: list[int] | None = None
 
 
 class NewKeypair(Response):

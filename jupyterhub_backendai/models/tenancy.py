@@ -127,6 +127,11 @@ class User(Base):
     need_password_change: Mapped[bool] = mapped_column(Boolean, default=False)
     allowed_client_ip: Mapped[list | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Backend.AI 26.09's ids for the processes of this user's kernels (null: the image's
+    # kernel user). Stored and shown; not yet applied by the agents (issue 27).
+    container_uid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    container_main_gid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    container_gids: Mapped[list | None] = mapped_column(JSON, nullable=True)
 
     projects: Mapped[list[Project]] = relationship(
         secondary=project_members, back_populates="members"

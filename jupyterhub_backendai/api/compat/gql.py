@@ -209,6 +209,9 @@ type User {
   totp_activated: Boolean
   sudo_session_enabled: Boolean
   main_access_key: String
+  container_uid: Int
+  container_main_gid: Int
+  container_gids: [Int]
 }
 
 type UserList { items: [User]! total_count: Int! }
@@ -278,6 +281,9 @@ input UserInput {
   resource_policy: String
   sudo_session_enabled: Boolean
   group_ids: [String]
+  container_uid: Int
+  container_main_gid: Int
+  container_gids: [Int]
 }
 
 input ModifyUserInput {
@@ -296,6 +302,9 @@ input ModifyUserInput {
   sudo_session_enabled: Boolean
   group_ids: [String]
   main_access_key: String
+  container_uid: Int
+  container_main_gid: Int
+  container_gids: [Int]
 }
 
 input KeyPairInput {
@@ -357,7 +366,7 @@ input ModifyGroupInput {
   resource_policy: String
 }
 
-input PurgeUserInput { purge_shared_vfolders: Boolean }
+input PurgeUserInput { purge_shared_vfolders: Boolean delegate_endpoint_ownership: Boolean }
 
 type CreateGroup { ok: Boolean msg: String group: Group }
 type ModifyGroup { ok: Boolean msg: String group: Group }
@@ -810,7 +819,8 @@ class Root:
         return rows[0]
 
     def _user_body(self, props: dict, schema: str) -> dict:
-        props = {k: v for k, v in props.items() if v is not None}
+        # (a container id sent as null unsets it: 26.09's `--unset-cuid`)
+        props = {k: v for k, v in props.items() if v is not None or k in _CONTAINER_IDS}
         if not props.get("username", True):
             del props["username"]  # the CLI's default: none given (from the email)
         for k, off in (("totp_activated", False), ("sudo_session_enabled", False)):
@@ -853,7 +863,9 @@ class Root:
 
     async def purge_user(self, info, email, props=None):
         # DELETE /users/{id}: refused while the user has folders (purge_shared_vfolders or
-        # not: delete or hand them over first) or live sessions; the hub account goes too
+        # not: delete or hand them over first) or live sessions; the hub account goes too.
+        # 26.09's delegate_endpoint_ownership: there are no model-serving endpoints here,
+        # so there is nothing to hand over either way.
         async def run():
             await self._hub(self.ops.delete_user, (await self._user_by_email(email))["id"])
         return await self._mutate(run)
@@ -1001,6 +1013,9 @@ def _parse_json_fields(body: dict, *fields: str) -> dict:
             except ValueError:
                 raise GraphQLError(f"{k}: not JSON: {body[k]!r}") from None
     return body
+
+
+_CONTAINER_IDS = ("container_uid", "container_main_gid", "container_gids")
 
 
 def _checked(body: dict, schema_name: str) -> dict:
