@@ -17,6 +17,7 @@ from traitlets.config import Config
 from jupyterhub_backendai.agent.core import Agent
 from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
+from jupyterhub_backendai.common.kernelspec import VERSION
 
 from .services import agent_id as new_agent_id
 from .services import image_tag, port_range
@@ -39,7 +40,7 @@ def _agent(tmp_path) -> Agent:
 
 def _spec(name: str, gpus: int) -> dict:
     return {
-        "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
+        "version": VERSION, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
         "slots": {"cpu": "1", "mem": str(2**30), "cuda.device": str(gpus)},
         "environ": {"BACKENDAI_SESSION_NAME": name}, "service_prefix": f"/user/alice/{name}/",
     }
@@ -290,7 +291,7 @@ async def _cpu(container_id: str) -> tuple[int, str, str]:
 
 def _interactive(name: str, image: str, cpu: str = "0.5") -> dict:
     return {
-        "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": image,
+        "version": VERSION, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": image,
         "slots": {"cpu": cpu, "mem": str(2**30)}, "kernel_type": "interactive",
         "environ": {"BACKENDAI_SESSION_NAME": name}, "service_prefix": f"/user/alice/{name}/",
     }
@@ -400,7 +401,7 @@ def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
         await agent.start()
         try:
             spec = {
-                "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice",
+                "version": VERSION, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice",
                 "image": "backendai/python-kernel:latest", "kernel_type": "batch",
                 # Busy for a while: a CPU figure above zero, some memory.
                 "command": "python3 -c 'import time; x = bytearray(64 << 20); t = time.time()\n"

@@ -19,6 +19,7 @@ from jupyterhub_backendai.agent.core import Agent
 from jupyterhub_backendai.agent.resources.cuda import NO_MIG_UTIL, NVMLDeviceSource
 from jupyterhub_backendai.agent.resources.nvml_standin import GiB, MiB, stand_in
 from jupyterhub_backendai.common.ids import new_id
+from jupyterhub_backendai.common.kernelspec import VERSION
 
 from .services import agent_id as new_agent_id
 from .services import port_range
@@ -28,7 +29,7 @@ MIG = "cuda.mig-1g.10gb"
 
 def _spec(**slots) -> dict:
     return {
-        "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
+        "version": VERSION, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
         "slots": {"cpu": "0.5", "mem": str(256 * MiB), **slots}, "environ": {},
         "service_prefix": "/user/alice/x/",
     }

@@ -28,6 +28,7 @@ from jupyterhub_backendai.agent.resources.nvml_standin import stand_in
 from jupyterhub_backendai.common.errors import AgentError
 from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
+from jupyterhub_backendai.common.kernelspec import VERSION
 
 from .services import agent_id as new_agent_id
 from .services import port_range
@@ -213,7 +214,7 @@ def _agent(tmp_path, machine: str) -> Agent:
 
 def _spec(name: str, **slots) -> dict:
     return {
-        "version": 1, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
+        "version": VERSION, "kernel_id": new_id(), "session_id": new_id(), "owner": "alice", "image": "local/python",
         "slots": {"cpu": "1", "mem": str(2**30), **{k.replace("_", "."): str(v) for k, v in slots.items()}},
         "environ": {"BACKENDAI_SESSION_NAME": name}, "service_prefix": f"/user/alice/{name}/",
     }

@@ -14,7 +14,7 @@ import socket
 import time
 from decimal import Decimal
 
-from traitlets import Bool, Dict, Float, Integer, List, Tuple, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Tuple, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__
@@ -130,6 +130,29 @@ class Agent(LoggingConfigurable):
         help="""Docker backend: the longest an interactive kernel keeps `startup_cpus`
         when its server does not answer (a broken or hanging image): after this many
         seconds its own CPU limit is applied anyway.""",
+    ).tag(config=True)
+    isolation_guard = Enum(
+        ["auto", "required", "off"],
+        "auto",
+        help="""Docker backend: the netfilter rules that keep session networks apart
+        with no window while networks are made and removed (agent/backends/netguard.py,
+        docs/security.md). auto: installed where the agent can (root, iptables, the
+        engine's bridges in its network namespace), a warning where not; required: the
+        agent does not start without them; off: Docker's own rules only.""",
+    ).tag(config=True)
+    kernel_pids_limit = Integer(
+        1024,
+        help="""Processes and threads one kernel may run (Docker's pids limit): a fork
+        bomb stops there instead of at the host's pid_max. A keypair resource policy's
+        `max_pids_per_kernel` lowers or raises it for its users' kernels.""",
+    ).tag(config=True)
+    kernel_tmp_size = Unicode(
+        "1g",
+        help="""Docker backend: size of the tmpfs mounted at /tmp and /var/tmp of each
+        kernel (each; it is memory, charged to the kernel's memory limit, so it never
+        exceeds that either). A keypair resource policy's `max_tmp_size` sets it per
+        user. Writes past it fail with ENOSPC in the kernel; nothing reaches the host's
+        disk.""",
     ).tag(config=True)
     overlay_encrypted = Bool(
         False,
@@ -348,6 +371,9 @@ class Agent(LoggingConfigurable):
                 startup_cpus=self.startup_cpus,
                 startup_cpu_timeout=self.startup_cpu_timeout,
                 overlay_encrypted=self.overlay_encrypted,
+                isolation_guard=self.isolation_guard,
+                pids_limit=self.kernel_pids_limit,
+                tmp_size=int(parse_size(self.kernel_tmp_size)),
             )
         if kind == "local":
             run_as = None
@@ -510,6 +536,9 @@ class Agent(LoggingConfigurable):
         # The typed spec's wire form (common/kernelspec.py): its version and shape are
         # checked here, before anything is taken; the agent works on the JSON form.
         spec = KernelSpec.from_wire(spec).to_wire()
+        spec["environ"] = thread_environ(spec["slots"], spec["environ"])
+        if spec.get("pids_limit") is None:
+            spec["pids_limit"] = self.kernel_pids_limit
         kernel_type = spec["kernel_type"]
         spec["mounts"] = check_mounts(list(spec["mounts"]))
         image = await self.impl.inspect_image(spec["image"])
@@ -586,6 +615,25 @@ class Agent(LoggingConfigurable):
             "kernel_terminated",
             {"agent_id": self.agent_id, "kernel_id": kernel_id, "exit_code": exit_code, "logs": logs},
         )
+
+
+# What numeric libraries read to size their thread pools (Backend.AI's agent sets the
+# same): without them a 1-core kernel starts one thread per host core and spends its
+# quota switching between them. GNU nproc reads OMP_NUM_THREADS too.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+               "NUMEXPR_NUM_THREADS", "NUMEXPR_MAX_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMBA_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+def thread_environ(slots: dict, environ: dict) -> dict:
+    """``environ`` with the kernel's CPU allotment announced to libraries: the cores
+    it asked for, rounded up (at least 1). A value the user set wins."""
+    import math
+
+    cores = max(1, math.ceil(float(Decimal(str(slots.get(CPU, 1) or 1)))))
+    out = {k: str(cores) for k in THREAD_VARS}
+    out.update(environ)
+    return out
 
 
 DOCKER_SOCKET = "/var/run/docker.sock"

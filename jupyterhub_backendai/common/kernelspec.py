@@ -26,7 +26,7 @@ from .slots import ResourceSlot
 
 # The wire form's version: an agent refuses a spec of another version (a manager and
 # agents of different releases say so plainly instead of misreading each other).
-VERSION = 1
+VERSION = 2
 
 
 class ClusterSSH(BaseModel):
@@ -38,7 +38,7 @@ class ClusterSSH(BaseModel):
 class KernelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    version: Literal[1] = VERSION
+    version: Literal[2] = VERSION
     kernel_id: str = Field(min_length=1)
     session_id: str = Field(min_length=1)
     owner: str = ""
@@ -56,6 +56,10 @@ class KernelSpec(BaseModel):
     cluster_agents: int = Field(1, ge=1)
     cluster_ssh: ClusterSSH | None = None
     ssh_public_key: str | None = None
+    # Issue 24: the kernel's bounds from its owner's keypair resource policy (None: the
+    # agent's own defaults, Agent.kernel_pids_limit / Agent.kernel_tmp_size).
+    pids_limit: int | None = Field(None, ge=32)
+    tmp_size: int | None = Field(None, ge=1 << 20)
 
     @field_validator("slots", mode="before")
     @classmethod

@@ -21,7 +21,7 @@ from aiodocker.exceptions import DockerError
 
 from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
 from ...common.installation import LABEL as L_INSTALLATION
-from . import sshrevoke
+from . import netguard, sshrevoke
 from .base import (
     BATCH,
     IDLE,
@@ -168,8 +168,15 @@ class DockerBackend(Backend):
         startup_cpus: float = 0.0,
         startup_cpu_timeout: float = 30.0,
         overlay_encrypted: bool = False,
+        isolation_guard: str = "auto",
+        pids_limit: int = 1024,
+        tmp_size: int = 1 << 30,
     ):
         self.agent_id = agent_id
+        self.isolation_guard = isolation_guard
+        self.pids_limit = pids_limit
+        self.tmp_size = tmp_size
+        self._agent_bridge = ""
         # The installation this agent belongs to (common/installation.py): every
         # container and network it makes carries it; it touches nothing labelled with
         # another installation's.
@@ -220,6 +227,7 @@ class DockerBackend(Backend):
             self.swarm_role = "manager" if swarm.get("ControlAvailable") else "worker"
         if not self.use_host_network:
             self.gateway = await self._ensure_network()
+            await self._guard_isolation()
             await self._remove_idle_session_networks()
         self._watch_task = asyncio.create_task(self._watch(on_exit))
         await self._end_bursts()
@@ -265,11 +273,34 @@ class DockerBackend(Backend):
                 "docker network %s lets its containers reach each other (%s is not false); "
                 "kernels no longer join it, but remove it (docker network rm %s) to have the "
                 "agent make it again without", self.network, ICC_OPTION, self.network)
+        self._agent_bridge = (info.get("Options") or {}).get(
+            "com.docker.network.bridge.name") or f"br-{info['Id'][:12]}"
         configs = info.get("IPAM", {}).get("Config") or []
         for cfg in configs:
             if cfg.get("Gateway"):
                 return cfg["Gateway"]
         raise AgentError(f"docker network {self.network} has no gateway")
+
+    async def _guard_isolation(self) -> None:
+        """The rules that keep session networks apart while networks come and go
+        (:mod:`.netguard`), before the first session network exists."""
+        if self.isolation_guard == "off":
+            log.warning("Agent.isolation_guard is off: session networks are apart only by "
+                        "Docker's own rules, which have windows while networks are made or "
+                        "removed (docs/security.md)")
+            return
+        try:
+            await netguard.install(str(self.session_subnets), self._agent_bridge)
+        except netguard.GuardUnavailable as e:
+            if self.isolation_guard == "required":
+                raise AgentError(f"Agent.isolation_guard is required, but the rules that keep "
+                                 f"session networks apart cannot be installed: {e}") from None
+            log.warning("the rules that keep session networks apart while networks are made "
+                        "or removed are not installed (%s); Docker's own rules have windows "
+                        "then (docs/security.md)", e)
+            return
+        log.info("session networks of %s kept apart by the %s rules (mangle FORWARD)",
+                 self.session_subnets, netguard.CHAIN)
 
     # -- one network per session ------------------------------------------------
 
@@ -573,7 +604,12 @@ class DockerBackend(Backend):
             "NanoCpus": burst or nano_cpus,
             "Memory": int(slots.get("mem", 0)) or 0,
             "MemorySwap": int(slots.get("mem", 0)) or 0,
-            "PidsLimit": 4096,
+            # Issue 24: a fork bomb stops at the kernel's limit, not at the host's
+            # pid_max; scratch space is memory (charged to the kernel's limit), never
+            # the host's disk.
+            "PidsLimit": int(spec.get("pids_limit") or self.pids_limit),
+            "Tmpfs": {path: f"rw,exec,nosuid,nodev,mode=1777,size={int(spec.get('tmp_size') or self.tmp_size)}"
+                      for path in ("/tmp", "/var/tmp")},
             "SecurityOpt": ["no-new-privileges"],
         }
         # The kernel image brings its own init (tini as entrypoint); an image without
