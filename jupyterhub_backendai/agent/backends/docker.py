@@ -21,6 +21,7 @@ from aiodocker.exceptions import DockerError
 
 from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
 from ...common.installation import LABEL as L_INSTALLATION
+from .. import mountpoints
 from . import netguard, sshrevoke
 from .base import (
     BATCH,
@@ -961,6 +962,12 @@ class DockerBackend(Backend):
             sid = (c.get("Labels") or {}).get(L_SESSION)
             if sid and not self.use_host_network:
                 await self._remove_session_network(sid)
+            # Its folders' mount points in the home folder go with it (agent/mountpoints.py).
+            if any(m.get("Destination") == mountpoints.MOUNT_ROOT for m in c.get("Mounts") or []):
+                others = await self.docker.containers.list(
+                    all=True, filters={"label": [f"{L_AGENT}={self.agent_id}"]})
+                await asyncio.to_thread(mountpoints.remove_unused, c,
+                                        [o._container for o in others])
 
     async def list_kernels(self) -> list[KernelRecord]:
         out = []
