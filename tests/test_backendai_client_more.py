@@ -192,3 +192,31 @@ def test_26_09_user_add_with_container_ids_and_purge(hub, root, alice, tmp_path)
     assert sa("GET", f"/users/{u['id']}").status_code == 404
     out = root26("admin", "user", "purge", f"plain-{x}@example.com", answer="y\n")
     assert sa("GET", f"/users/{p['id']}").status_code == 404, out
+
+
+def test_vfolder_list_own_invited_project(hub, alice, bob26):
+    """`vfolder list-own`, `list-invited` (both clients) and `list-project` (GraphQL's
+    vfolder_own_list, vfolder_invited_list, vfolder_project_list): each only its kind."""
+    sa = superadmin(hub)
+    x = uuid.uuid4().hex[:6]
+    mine, theirs, team = f"own-{x}", f"bobs-{x}", f"team-{x}"
+    alice("vfolder", "create", mine, "local:volume1")
+    bob26("vfolder", "create", theirs, "local:volume1")
+    sa.ok("POST", "/vfolders", json={"name": team, "project": "default"})
+    out = alice("vfolder", "share", mine, bob26.user["email"], "-p", "ro")
+    assert bob26.user["email"] in out, out
+    out = alice("vfolder", "list-own")
+    assert mine in out and theirs not in out and team not in out, out
+    out = bob26("vfolder", "list-own")
+    assert theirs in out and mine not in out and team not in out, out
+    out = bob26("vfolder", "list-invited")
+    assert re.search(rf"{mine}\b.*\bro\b", out) and theirs not in out and team not in out, out
+    out = alice("vfolder", "list-invited", rc=None)  # nothing shared with her
+    assert mine not in out and theirs not in out and "rror" not in out, out
+    for cli in (alice, bob26):
+        out = cli("vfolder", "list-project")
+        assert team in out and mine not in out and theirs not in out, out
+    out = alice("vfolder", "list-own", "--filter", 'name == "x"', rc=1)
+    assert "filter expressions are not supported by this server" in out, out
+    for name in (mine, theirs, team):
+        admin_api(hub, "DELETE", f"/vfolders/{folder(hub, name)['id']}")

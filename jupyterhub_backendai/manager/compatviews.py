@@ -22,7 +22,7 @@ from sqlalchemy.orm import selectinload
 
 from ..common.errors import Conflict, InvalidRequest, NotFound
 from ..common.types import SessionStatus
-from ..models import Keypair, Project, Session, User, VFolder
+from ..models import Keypair, Project, Session, User, VFolder, VFolderPermissionRow
 from . import access, admin, apiviews, responses, vfolders
 from .ops import reads, writes
 
@@ -311,12 +311,25 @@ def bai_compute_session_list(db, p: access.Principal, statuses: list[str] | None
 
 @reads
 def bai_vfolder_list(db, p: access.Principal, project_id: str | None, offset: int,
-                     limit: int) -> dict:
+                     limit: int, kind: str = "all") -> dict:
     """A page of the folders the caller sees (of one project), by name:
-    ``{"items", "total_count"}``."""
+    ``{"items", "total_count"}``. ``kind``: ``all``; ``own`` (``vfolder_own_list``: the
+    caller's user folders), ``invited`` (``vfolder_invited_list``: user folders shared
+    with the caller), ``project`` (``vfolder_project_list``: folders of the caller's
+    projects)."""
     stmt = select(VFolder).where(vfolders.folder_filter(p))
     if project_id:
         stmt = stmt.where(VFolder.project_id == project_id)
+    if kind == "own":
+        stmt = stmt.where(VFolder.ownership_type == "user", VFolder.user_id == p.user_id)
+    elif kind == "invited":
+        stmt = stmt.where(VFolder.ownership_type == "user", VFolder.user_id != p.user_id,
+                          select(VFolderPermissionRow.user_id).where(
+                              VFolderPermissionRow.vfolder_id == VFolder.id,
+                              VFolderPermissionRow.user_id == p.user_id).exists())
+    elif kind == "project":
+        stmt = stmt.where(VFolder.ownership_type == "project",
+                          VFolder.project_id.in_(list(p.project_ids)))
     total = db.scalar(select(func.count()).select_from(stmt.subquery()))
     rows = db.scalars(stmt.order_by(VFolder.name, VFolder.id).offset(offset).limit(limit)).all()
     return {"items": [folder_item(db, p, f) for f in rows], "total_count": total}

@@ -505,6 +505,11 @@ type Query {
                        filter: String, order: String): ComputeSessionList
   vfolder_list(limit: Int!, offset: Int!, group_id: UUID, filter: String,
                order: String): VirtualFolderList
+  vfolder_own_list(limit: Int!, offset: Int!, filter: String, order: String): VirtualFolderList
+  vfolder_invited_list(limit: Int!, offset: Int!, filter: String,
+                       order: String): VirtualFolderList
+  vfolder_project_list(limit: Int!, offset: Int!, filter: String,
+                       order: String): VirtualFolderList
 }
 """
 
@@ -693,6 +698,20 @@ class Root:
         _unsupported(filter=filter, order=order)
         pid = _hex(group_id, "group id") if group_id else None
         return await _call(self.ops.bai_vfolder_list(self.p, pid, offset, limit))
+
+    async def _vfolder_kind(self, kind, limit, offset, filter, order):
+        _page_args(limit, offset)
+        _unsupported(filter=filter, order=order)
+        return await _call(self.ops.bai_vfolder_list(self.p, None, offset, limit, kind))
+
+    async def vfolder_own_list(self, info, limit, offset, filter=None, order=None):
+        return await self._vfolder_kind("own", limit, offset, filter, order)
+
+    async def vfolder_invited_list(self, info, limit, offset, filter=None, order=None):
+        return await self._vfolder_kind("invited", limit, offset, filter, order)
+
+    async def vfolder_project_list(self, info, limit, offset, filter=None, order=None):
+        return await self._vfolder_kind("project", limit, offset, filter, order)
 
     # -- admin mutations: the admin REST API's services, each in one transaction (a
     # refusal leaves nothing behind); answered as Backend.AI does, {ok, msg, <object>} --
