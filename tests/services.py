@@ -197,16 +197,24 @@ class Postgres(Service):
 
 
 class Redis(Service):
-    def __init__(self):
+    def __init__(self, *extra: str):
+        """``extra``: more redis-server arguments (e.g. ``--aclfile PATH``)."""
         super().__init__("redis")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, "--databases", "256"],
-            stdout=subprocess.DEVNULL,
-        )
-        wait_port(self.port, proc=self.proc)
+        self._cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                     "--save", "", "--appendonly", "no", "--dir", self.dir,
+                     "--databases", "256", *extra]
+        self.resume()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._next_db = 1
+
+    def resume(self) -> None:
+        """Start the server (again, on the same port; its data is gone: ``--save ""``)."""
+        self.proc = subprocess.Popen(self._cmd, stdout=subprocess.DEVNULL)
+        wait_port(self.port, proc=self.proc)
+
+    def pause(self) -> None:
+        """Stop the server (a bus outage)."""
+        stop_process(self.proc)
 
     def fresh_url(self) -> str:
         """The URL of a database no other test has used (emptied): a test's event bus

@@ -8,6 +8,7 @@ hears from it on the event bus. It never imports the hub.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import platform
 import socket
@@ -274,6 +275,9 @@ class Agent(LoggingConfigurable):
         self._hub_listen_task: asyncio.Task | None = None
         # Where managers reach this agent's API; empty when it runs inside the hub.
         self.addr = ""
+        # Events the bus could not take yet (publish), oldest first.
+        self._outbox: collections.deque = collections.deque(maxlen=10_000)
+        self._outbox_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -293,12 +297,18 @@ class Agent(LoggingConfigurable):
             "agent %s up: backend=%s capacity=%s", self.agent_id, self.impl.name,
             self.capacity.describe(),
         )
-        await self.heartbeat()
+        try:
+            await self.heartbeat()
+        except Exception as e:  # the bus away: the agent still serves; the loop retries
+            self.log.warning("first heartbeat not sent (%s); retrying every %g s",
+                             e, self.heartbeat_interval)
         self._hb_task = asyncio.create_task(self._heartbeat_loop())
 
     async def stop(self) -> None:
         if self._hb_task:
             self._hb_task.cancel()
+        if self._outbox_task:
+            self._outbox_task.cancel()
         redis = getattr(self.event_bus, "redis", None)
         if redis is not None:
             try:  # a stopped agent has no live statistics
@@ -419,6 +429,35 @@ class Agent(LoggingConfigurable):
             "version": __version__,
             "devices": [d.to_json() for d in self.devices],
         }
+
+    async def publish(self, name: str, payload: dict) -> None:
+        """Send an event; never fail what it reports. One that cannot be sent now (the
+        event bus is away) waits in an outbox, with those after it, and goes out in
+        order once the bus is back (a kernel started during an outage is not taken for
+        a failed start and started twice; its end still reaches the managers)."""
+        if not self._outbox:
+            try:
+                await self.event_bus.publish(name, payload)
+                return
+            except Exception as e:
+                self.log.warning("event %s not sent (%s): kept until the bus is back", name, e)
+        if len(self._outbox) == self._outbox.maxlen:
+            self.log.error("event outbox full (%d): the oldest event is dropped",
+                           self._outbox.maxlen)
+        self._outbox.append((name, payload))
+        if self._outbox_task is None or self._outbox_task.done():
+            self._outbox_task = asyncio.create_task(self._flush_outbox())
+
+    async def _flush_outbox(self) -> None:
+        while self._outbox:
+            name, payload = self._outbox[0]
+            try:
+                await self.event_bus.publish(name, payload)
+            except Exception:
+                await asyncio.sleep(1.0)
+                continue
+            self._outbox.popleft()
+        self.log.info("event outbox sent: the bus is back")
 
     async def heartbeat(self) -> None:
         await self.event_bus.publish("agent_heartbeat", dict(self.info(), ts=time.time()))
@@ -574,7 +613,7 @@ class Agent(LoggingConfigurable):
         except BaseException:
             self._release(spec["kernel_id"])
             raise
-        await self.event_bus.publish(
+        await self.publish(
             "kernel_started",
             {"agent_id": self.agent_id, "kernel_id": rec.kernel_id, "session_id": rec.session_id},
         )
@@ -611,7 +650,7 @@ class Agent(LoggingConfigurable):
         except Exception as e:  # a kernel being removed right now has no logs to give
             self.log.debug("no logs for exited kernel %s: %s", kernel_id, e)
             logs = None
-        await self.event_bus.publish(
+        await self.publish(
             "kernel_terminated",
             {"agent_id": self.agent_id, "kernel_id": kernel_id, "exit_code": exit_code, "logs": logs},
         )

@@ -28,6 +28,11 @@ class AgentClient:
         (``{"removed", "ended"}``); NotFound when the agent has no such running kernel."""
         raise NotImplementedError
 
+    async def info(self) -> dict:
+        """What the agent says of itself (its id, address, group, capacity): a direct
+        call, the second witness of its liveness besides its heartbeats."""
+        raise NotImplementedError
+
     async def image_info(self, name: str) -> dict:
         raise NotImplementedError
 
@@ -53,6 +58,9 @@ class InProcessAgentClient(AgentClient):
 
     async def revoke_ssh_key(self, kernel_id, access_key):
         return await self.agent.revoke_ssh_key(kernel_id, access_key)
+
+    async def info(self):
+        return self.agent.info()
 
     async def image_info(self, name):
         info = await self.agent.image_info(name)
@@ -113,6 +121,9 @@ class HTTPAgentClient(AgentClient):
 
     async def list_kernels(self):
         return await self._call("GET", "/v1/kernels")
+
+    async def info(self):
+        return await self._call("GET", "/v1/info")
 
     async def kernel_logs(self, kernel_id):
         try:

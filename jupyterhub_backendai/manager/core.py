@@ -37,7 +37,7 @@ from .lifecycle.start import START_FAILURES
 from .operations import Operations
 from .reconcile import Agents, active_groups
 from .reflector import SessionReflector
-from .scheduler import check_consistency, lost_agents, schedule_pass, scheduler_stats
+from .scheduler import check_consistency, schedule_pass, scheduler_stats
 from .scheduler.metrics import PLACEMENTS, REJECTIONS, counter_by, counter_value
 from .session_lists import SessionLists
 from .sessions import CheckedRequest, Sessions
@@ -399,7 +399,7 @@ class BackendAIManager(SingletonConfigurable):
         """One round: agents' liveness, the handlers that free capacity, a pass per
         resource group, the starts of what it placed, the other handlers."""
         await self.agents.touch_local()
-        await asyncio.to_thread(lost_agents, self.sm, self.agent_lost_timeout)
+        await self.agents.check_liveness()
         await self.lifecycle.run("before")
         placed = []
         for g in await self.db_read(active_groups):

@@ -282,6 +282,14 @@ class BackendAICluster(LoggingConfigurable):
         info = self.agents.pop(agent_id, None)
         if info is None:
             return
+        # Two witnesses: a registration gone (its lease lapsed while etcd was away, or
+        # the agent stopped) makes it LOST only when it does not answer a direct call
+        # either; one that answers stays ALIVE and registers again on its own.
+        if agent_id not in mgr.local_agents and info.get("addr") \
+                and await mgr.agents.answers(agent_id, info["addr"]):
+            self.log.warning("agent %s: its etcd registration is gone, but it answers a "
+                             "direct call: kept ALIVE until it registers again", agent_id)
+            return
         await mgr.db(_mark_lost, agent_id)
         mgr.wake()
         self.log.warning("agent %s left (its etcd registration is gone): LOST", agent_id)

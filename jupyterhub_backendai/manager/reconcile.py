@@ -4,6 +4,7 @@ reconciliation that makes the record and each agent agree."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 
 from sqlalchemy import select, update
@@ -29,6 +30,8 @@ class Agents:
         self._dead_kernels: dict[str, set[str]] = {}
         # Unlabelled containers not in the record, already reported (reconcile).
         self._left_said: set[str] = set()
+        # Agents kept ALIVE by a direct call while their heartbeats were missing (said once).
+        self._witnessed: set[str] = set()
 
     # -- clients ----------------------------------------------------------------------
 
@@ -85,6 +88,51 @@ class Agents:
         for agent_id in self.mgr.local_agents:
             await self.mgr.db(touch_agent, agent_id)
 
+    # -- liveness: two witnesses --------------------------------------------------------
+
+    async def answers(self, agent_id: str, addr: str, timeout: float = 5.0) -> bool:
+        """The second witness: the agent answers a direct call (over mutual TLS where
+        the cluster has it) and says it is ``agent_id``."""
+        try:
+            async with asyncio.timeout(timeout):
+                info = await self.client(agent_id, addr).info()
+        except Exception:
+            return False
+        return isinstance(info, dict) and info.get("id") == agent_id
+
+    async def check_liveness(self) -> list[str]:
+        """Agents silent past ``agent_lost_timeout`` (no heartbeat read: the agent died,
+        or the event bus is away) are LOST only when a direct call fails too. One that
+        answers stays ALIVE, its silence noted: a bus outage never ends sessions, and
+        new sessions still find their agents. Returns the ids made LOST."""
+        mgr = self.mgr
+        silent = await mgr.db_read(silent_agents, mgr.agent_lost_timeout)
+        if not silent:
+            return []
+        verdicts = await asyncio.gather(*(self.answers(aid, addr) for aid, addr in silent))
+        alive = [aid for (aid, _), ok in zip(silent, verdicts, strict=True) if ok]
+        dead = [aid for (aid, _), ok in zip(silent, verdicts, strict=True) if not ok]
+        for aid in alive:
+            if aid not in self._witnessed:
+                self._witnessed.add(aid)
+                self.log.warning(
+                    "agent %s sent no heartbeat for %g s but answers a direct call: kept "
+                    "ALIVE (is the event bus down?)", aid, mgr.agent_lost_timeout)
+        if alive:
+            await mgr.db(witnessed_agents, alive)
+        lost = await mgr.db(lose_agents, dead, mgr.agent_lost_timeout) if dead else []
+        for aid in lost:
+            self._witnessed.discard(aid)
+            self.log.warning("agent %s is LOST: no heartbeat for %g s and no answer to a "
+                             "direct call", aid, mgr.agent_lost_timeout)
+        return lost
+
+    def heard(self, agent_id: str) -> None:
+        """A heartbeat of ``agent_id`` was read: its silence (if any) is over."""
+        if agent_id in self._witnessed:
+            self._witnessed.discard(agent_id)
+            self.log.info("agent %s: heartbeats are read again", agent_id)
+
     # -- events -----------------------------------------------------------------------
 
     async def handle_event(self, name: str, payload: dict) -> None:
@@ -94,6 +142,7 @@ class Agents:
                 return
             # H-agents: a routine heartbeat is one autocommit UPDATE (manager/discovery.py).
             before = await mgr.cluster.record_heartbeat(mgr, payload)
+            self.heard(str(payload.get("id")))
             if before != AgentStatus.ALIVE and payload.get("id") not in mgr.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now.
                 mgr.background(self.reconcile_agent(payload["id"]))
@@ -307,6 +356,30 @@ def upsert_agent(s, info: dict) -> str | None:
     a.version = info.get("version", "")
     a.last_heartbeat = utcnow()
     return before
+
+
+def silent_agents(s, timeout: float) -> list[tuple[str, str]]:
+    """(id, address) of ALIVE agents with no heartbeat for ``timeout`` seconds."""
+    cutoff = utcnow() - dt.timedelta(seconds=timeout)
+    return [(a.id, a.addr) for a in s.scalars(select(Agent).where(
+        Agent.status == AgentStatus.ALIVE, Agent.last_heartbeat < cutoff))]
+
+
+def witnessed_agents(s, ids: list[str]) -> None:
+    """Agents that answered a direct call: alive as of now (the heartbeat's clock)."""
+    s.execute(update(Agent).where(Agent.id.in_(ids), Agent.status == AgentStatus.ALIVE)
+              .values(last_heartbeat=utcnow()).execution_options(synchronize_session=False))
+
+
+def lose_agents(s, ids: list[str], timeout: float) -> list[str]:
+    """Mark LOST those of ``ids`` still silent (a heartbeat may have come meanwhile)."""
+    cutoff = utcnow() - dt.timedelta(seconds=timeout)
+    lost = list(s.scalars(select(Agent).where(
+        Agent.id.in_(ids), Agent.status == AgentStatus.ALIVE, Agent.last_heartbeat < cutoff)
+        .with_for_update()))
+    for a in lost:
+        a.status = AgentStatus.LOST
+    return [a.id for a in lost]
 
 
 def touch_agent(s, agent_id: str) -> None:

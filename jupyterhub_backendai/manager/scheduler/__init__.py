@@ -12,7 +12,6 @@ guarantees (no head-of-line blocking, no starvation, no over-commit);
 from .admission import admit
 from .dispatcher import (
     check_consistency,
-    lost_agents,
     schedule_pass,
     scheduler_stats,
 )
@@ -20,7 +19,6 @@ from .dispatcher import (
 __all__ = [
     "admit",
     "check_consistency",
-    "lost_agents",
     "schedule_pass",
     "scheduler_stats",
 ]

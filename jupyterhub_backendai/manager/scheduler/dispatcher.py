@@ -62,7 +62,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import sessionmaker
 
 from ...common.slots import ResourceSlot
-from ...common.types import ALIVE_STATUSES, AgentStatus, SessionStatus
+from ...common.types import ALIVE_STATUSES, SessionStatus
 from ...models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
 from ...models.base import utcnow
 from . import allocator, changes, metrics
@@ -1059,18 +1059,6 @@ def check_consistency(sm: sessionmaker) -> list[str]:
                             f"limit leaves out"
                         )
     return problems
-
-
-def lost_agents(sm: sessionmaker, timeout: float) -> list[str]:
-    """Mark agents silent for ``timeout`` seconds LOST (no new kernels); return their ids."""
-    cutoff = utcnow() - dt.timedelta(seconds=timeout)
-    with sm.begin() as db:
-        lost = db.scalars(
-            select(Agent).where(Agent.status == AgentStatus.ALIVE, Agent.last_heartbeat < cutoff)
-        ).all()
-        for a in lost:
-            a.status = AgentStatus.LOST
-        return [a.id for a in lost]
 
 
 def scheduler_stats(sm: sessionmaker) -> dict:
