@@ -8,8 +8,10 @@ module has its own hub (Docker backend, SQLite).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import uuid
 
 import pytest
@@ -61,6 +63,18 @@ def folder(hub, name: str) -> dict:
 
 def folder_path(hub, f: dict) -> str:
     return os.path.join(hub.volume_path, *f["quota_scope_id"].split(":"), f["id"])
+
+
+def sdk_call(bai: BAI, expr: str, rc: int = 0) -> str:
+    """``expr`` of the 23.09 SDK (``s``: a Session signed as ``bai``) in its venv; its value
+    as JSON on the last line of the output (rc 0), or the output (the error's)."""
+    py = os.path.join(os.path.dirname(CLI), "python")
+    code = ("import json\nfrom ai.backend.client.session import Session\n"
+            f"with Session() as s:\n    print(json.dumps({expr}))")
+    p = subprocess.run([py, "-c", code], env=bai.env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == rc, p.stdout + p.stderr
+    return p.stdout.strip().splitlines()[-1] if rc == 0 else p.stdout + p.stderr
 
 
 def batch(bai: BAI, name: str, command: str, *extra: str) -> tuple[str, str]:
@@ -220,3 +234,74 @@ def test_vfolder_list_own_invited_project(hub, alice, bob26):
     assert "filter expressions are not supported by this server" in out, out
     for name in (mine, theirs, team):
         admin_api(hub, "DELETE", f"/vfolders/{folder(hub, name)['id']}")
+
+
+def test_admin_agent_list_query_slots_and_usable_scaling_groups(hub, root, alice, tmp_path):
+    """`admin agent list` (GraphQL agent_list; both clients), `admin resource query-slots`
+    (GET /config/resource-slots) and the SDK's `ScalingGroup.list_available` (GET
+    /scaling-groups?group=): what the record says, with the admin API's rules."""
+    sa = superadmin(hub)
+    [agent] = sa.ok("GET", "/agents")["items"]
+    root26 = BAI(hub, root.user, str(tmp_path), cli=CLI26)
+    for cli in (root, root26):
+        out = cli("admin", "agent", "list")
+        assert re.search(rf"{re.escape(agent['id'])}\s+ALIVE\s+{agent['architecture']}\s+"
+                         r"default\b", out), out
+    out = root("admin", "agent", "list", "-s", "LOST", rc=None)
+    assert agent["id"] not in out, out
+    out = alice("admin", "agent", "list", rc=1)
+    assert "you may not read agents" in out, out
+    for cli in (alice, BAI(hub, alice.user, str(tmp_path), cli=CLI26)):
+        out = cli("admin", "resource", "query-slots")
+        assert "cpu (count)" in out and "mem (bytes)" in out, out
+    # resource groups for a project: public ones, and a private one allowed for it
+    x = uuid.uuid4().hex[:6]
+    proj = sa.ok("POST", "/projects", json={"name": f"p-{x}", "domain_name": "default"})
+    sa.ok("POST", f"/projects/{proj['id']}/members", 200, json={"user_ids": [alice.user["id"]]})
+    sa.ok("POST", "/resource-groups", json={"name": f"priv-{x}", "is_public": False,
+                                            "allowed_projects": [proj["id"]]})
+    sa.ok("POST", "/resource-groups", json={"name": f"other-{x}", "is_public": False})
+    # (the SDK's list_available prints the answer itself before returning it: the last line)
+    mine, default = (json.loads(sdk_call(alice, f"s.ScalingGroup.list_available({g!r})"))
+                     for g in (f"p-{x}", "default"))
+    names = [g["name"] for g in mine]
+    assert "default" in names and f"priv-{x}" in names and f"other-{x}" not in names, names
+    assert f"priv-{x}" not in [g["name"] for g in default], default
+    # a project she is not in: the reason (bob's project is not hers)
+    other = sa.ok("POST", "/projects", json={"name": f"q-{x}", "domain_name": "default"})
+    out = sdk_call(alice, f"s.ScalingGroup.list_available({other['id']!r})", rc=1)
+    assert f"no group (project) {other['id']!r} of yours" in out, out
+
+
+def test_vfolder_update_options_and_allowed_types(hub, alice, bob26):
+    """`vfolder update-options -p` (both clients): the owner's own permission, enforced at
+    once; `--set-cloneable false` refused with the reason; `vfolder list-allowed-types`."""
+    x = uuid.uuid4().hex[:6]
+    name = f"upd-{x}"
+    alice("vfolder", "create", name, "local:volume1")
+    out = alice("vfolder", "update-options", name, "-p", "ro")
+    assert "Updated." in out, out
+    assert folder(hub, name)["permission"] == "ro"
+    home = alice.env["HOME"]
+    with open(os.path.join(home, "u.txt"), "w") as fh:
+        fh.write("u")
+    out = alice("vfolder", "upload", "-b", home, name, "u.txt", rc=1)
+    assert "is ro" in out, out
+    out = alice("vfolder", "update-options", name, "--set-cloneable", "false", rc=1)
+    assert "cloneable: every folder here may be cloned" in out, out
+    out = alice("vfolder", "update-options", name, "-p", "all", rc=1)
+    assert "permission must be one of ro, rw, wd, not 'all'" in out, out
+    assert folder(hub, name)["permission"] == "ro"
+    alice("vfolder", "update-options", name, "-p", "rw", "--set-cloneable", "true")
+    assert folder(hub, name)["permission"] == "rw"
+    alice("vfolder", "upload", "-b", home, name, "u.txt")
+    # 26.09 (by id), on a folder of bob's; another's folder: the admin API's refusal
+    theirs = f"upd26-{x}"
+    bob26("vfolder", "create", theirs, "local:volume1")
+    out = bob26("vfolder", "update-options", theirs, "-p", "wd")
+    assert folder(hub, theirs)["permission"] == "wd", out
+    for cli in (alice, bob26):
+        out = cli("vfolder", "list-allowed-types")
+        assert "['user', 'group']" in out, out
+    for n in (name, theirs):
+        admin_api(hub, "DELETE", f"/vfolders/{folder(hub, n)['id']}")

@@ -22,7 +22,16 @@ from sqlalchemy.orm import selectinload
 
 from ..common.errors import Conflict, InvalidRequest, NotFound
 from ..common.types import SessionStatus
-from ..models import Keypair, Project, Session, User, VFolder, VFolderPermissionRow
+from ..models import (
+    Agent,
+    Keypair,
+    Project,
+    ResourceGroup,
+    Session,
+    User,
+    VFolder,
+    VFolderPermissionRow,
+)
 from . import access, admin, apiviews, responses, vfolders
 from .ops import reads, writes
 
@@ -333,6 +342,91 @@ def bai_vfolder_list(db, p: access.Principal, project_id: str | None, offset: in
     total = db.scalar(select(func.count()).select_from(stmt.subquery()))
     rows = db.scalars(stmt.order_by(VFolder.name, VFolder.id).offset(offset).limit(limit)).all()
     return {"items": [folder_item(db, p, f) for f in rows], "total_count": total}
+
+
+def bai_slot_name(name: str) -> str:
+    """Our slot name in Backend.AI's words (``gpu`` is ``cuda.device``)."""
+    return "cuda.device" if name == "gpu" else name
+
+
+def _bai_slots(slots: dict) -> str:
+    return json.dumps({bai_slot_name(k): v for k, v in (slots or {}).items()})
+
+
+def agent_item(a: dict) -> dict:
+    """An agent (the admin API's) in the shape of Backend.AI's ``Agent`` node. No live
+    statistics are kept here: ``cpu_cur_pct`` and ``mem_cur_bytes`` are what the kernels
+    have reserved (the CPU share of the agent's, the memory bytes), not measurements."""
+    avail, used = a["available_slots"] or {}, a["occupied_slots"] or {}
+    try:
+        cpu_pct = round(100 * float(used.get("cpu", 0)) / float(avail.get("cpu") or 1), 1)
+    except (TypeError, ValueError):
+        cpu_pct = 0.0
+    try:
+        mem = float(used.get("mem", 0))
+    except (TypeError, ValueError):
+        mem = 0.0
+    return {
+        "id": a["id"], "status": a["status"], "status_changed": None, "region": None,
+        "architecture": a["architecture"], "scaling_group": a["resource_group"],
+        "schedulable": a["schedulable"], "available_slots": _bai_slots(a["available_slots"]),
+        "occupied_slots": _bai_slots(a["occupied_slots"]), "addr": a["addr"],
+        "first_contact": a["first_contact"], "lost_at": None, "live_stat": "{}",
+        "version": a["version"], "compute_plugins": "{}", "hardware_metadata": "{}",
+        "compute_containers": [], "local_config": "{}", "cpu_cur_pct": cpu_pct,
+        "mem_cur_bytes": mem,
+    }
+
+
+@reads
+def bai_agents(db, p: access.Principal, status: str | None, group: str | None, offset: int,
+               limit: int) -> dict:
+    """A page of the agents the caller may read (admins: their domain's groups'), as
+    ``Agent`` nodes: ``{"items", "total_count"}``."""
+    f = {}
+    if status:
+        f["status"] = status
+    if group:
+        f["resource_group"] = group
+    page = admin.list_agents(db, p, f, offset, limit)
+    return {"items": [agent_item(a) for a in page["items"]], "total_count": page["total"]}
+
+
+@reads
+def bai_resource_slots(db) -> dict:
+    """``GET /config/resource-slots``: every slot this installation's agents offer, with
+    its unit (Backend.AI's names)."""
+    names = {"cpu", "mem"}
+    for slots in db.scalars(select(Agent.available_slots)):
+        names.update(k for k, v in (slots or {}).items() if v)
+    return {bai_slot_name(n): "bytes" if n == "mem" else "count" for n in sorted(names)}
+
+
+@reads
+def bai_usable_scaling_groups(db, p: access.Principal, project_ref: str) -> list[str]:
+    """``GET /scaling-groups?group=``: the active resource groups the caller may start
+    sessions in for project ``project_ref`` (id or name, one the caller belongs to, or
+    of their domain for its admins): public ones, and those allowing the caller's
+    domain, that project or the caller's keypair (Backend.AI's union)."""
+    try:
+        pid = uuid.UUID(project_ref).hex
+    except ValueError:
+        pid = None
+    proj = db.get(Project, pid) if pid else db.scalar(select(Project).where(
+        Project.domain_name == p.domain, Project.name == project_ref))
+    if proj is None or not access.can_see_project(p, proj):
+        raise NotFound(f"no group (project) {project_ref!r} of yours")
+    usable = access.usable_group_names(db, p)
+    out = []
+    for g in db.scalars(select(ResourceGroup).where(ResourceGroup.is_active)
+                        .order_by(ResourceGroup.name)):
+        if usable is not None and g.name not in usable:
+            continue
+        if (g.is_public or proj.domain_name in (g.allowed_domains or [])
+                or proj.id in (g.allowed_projects or [])
+                or (p.access_key and p.access_key in (g.allowed_keypairs or []))):
+            out.append(g.name)
+    return out
 
 
 # -- GraphQL's mutations: one transaction each (a refusal leaves nothing behind) -----------

@@ -42,7 +42,7 @@ from graphql import execute as execute_document
 
 from ...common.errors import BackendAIError, Conflict, InvalidRequest
 from ...manager import access, vfolders
-from ...manager.compatviews import ALL, bai_status, dashed, session_item
+from ...manager.compatviews import ALL, agent_item, bai_status, dashed, session_item
 from .. import hubsync, models
 from ..base import _check_text
 from ..base import validate as validate_body
@@ -237,6 +237,31 @@ type KeyPairResourcePolicy {
   max_pending_session_resource_slots: String
   max_concurrent_sftp_sessions: Int
 }
+
+type Agent {
+  id: ID
+  status: String
+  status_changed: String
+  region: String
+  architecture: String
+  scaling_group: String
+  schedulable: Boolean
+  available_slots: String
+  occupied_slots: String
+  addr: String
+  first_contact: String
+  lost_at: String
+  live_stat: String
+  version: String
+  compute_plugins: String
+  hardware_metadata: String
+  compute_containers: [Container]
+  local_config: String
+  cpu_cur_pct: Float
+  mem_cur_bytes: Float
+}
+
+type AgentList { items: [Agent]! total_count: Int! }
 
 type ScalingGroup {
   name: String
@@ -499,6 +524,9 @@ type Query {
   scaling_groups(name: String, is_active: Boolean): [ScalingGroup]
   storage_volume(id: String): StorageVolume
   storage_volume_list(limit: Int!, offset: Int!, filter: String, order: String): StorageVolumeList
+  agent(agent_id: String!): Agent
+  agent_list(limit: Int!, offset: Int!, status: String, scaling_group: String, filter: String,
+             order: String): AgentList
   keypair(domain_name: String, access_key: String): KeyPair
   compute_session(id: UUID!): ComputeSession
   compute_session_list(limit: Int!, offset: Int!, status: String, access_key: String,
@@ -692,6 +720,15 @@ class Root:
                 wanted += _STATUS_IN[name]
         return await _call(self.ops.bai_compute_session_list(self.p, wanted, access_key,
                                                              offset, limit))
+
+    async def agent_list(self, info, limit, offset, status=None, scaling_group=None,
+                         filter=None, order=None):
+        _page_args(limit, offset)
+        _unsupported(filter=filter, order=order)
+        return await _call(self.ops.bai_agents(self.p, status, scaling_group, offset, limit))
+
+    async def agent(self, info, agent_id):
+        return agent_item(await _call(self.ops.get_agent(self.p, agent_id)))
 
     async def vfolder_list(self, info, limit, offset, group_id=None, filter=None, order=None):
         _page_args(limit, offset)

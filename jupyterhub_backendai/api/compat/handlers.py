@@ -438,6 +438,34 @@ class SessionLogsHandler(CompatBase):
         self.reply({"result": {"logs": logs}})
 
 
+class ResourceSlotsHandler(CompatBase):
+    """``GET /config/resource-slots`` (``admin resource query-slots``): the slots the
+    agents offer, each with its unit."""
+
+    async def get(self):
+        self.reply(await self.manager.ops.bai_resource_slots())
+
+
+class VFolderTypesHandler(CompatBase):
+    """``GET /config/vfolder-types`` and ``/folders/_/allowed_types``: user and group
+    (project) folders."""
+
+    async def get(self):
+        self.reply(["user", "group"])
+
+
+class ScalingGroupsHandler(CompatBase):
+    """``GET /scaling-groups?group=`` (the SDK's ``ScalingGroup.list_available``): the
+    resource groups the caller may use for that project."""
+
+    async def get(self):
+        group = self.get_query_argument("group", None) or self.json_body().get("group")
+        if not isinstance(group, str) or not group:
+            raise InvalidRequest("group: the project's name or id is required")
+        names = await self.manager.ops.bai_usable_scaling_groups(self.principal, group)
+        self.reply({"scaling_groups": [{"name": n} for n in names]})
+
+
 # -- virtual folders -----------------------------------------------------------------------
 
 
@@ -559,6 +587,23 @@ class FolderMoveFileHandler(CompatBase):
         if dst == src:
             raise InvalidRequest(f"src and dst are the same path {src!r}")
         await vfolders.rename(self.manager, where, src, dst)
+        self.reply({})
+
+
+class FolderUpdateOptionsHandler(CompatBase):
+    """``vfolder update-options NAME -p PERM --set-cloneable B``: the owner's (or an
+    admin's) change of the folder's own permission; every folder is cloneable here."""
+
+    async def post(self, ref):
+        body = self.json_body()
+        perm, cloneable = body.get("permission"), body.get("cloneable")
+        if cloneable is not None and cloneable is not True:
+            raise InvalidRequest("cloneable: every folder here may be cloned by whoever may "
+                                 "read it; it cannot be turned off (use a share's permission "
+                                 "to decide who reads it)")
+        fid = await self.manager.ops.resolve_folder(self.principal, ref)
+        if perm is not None:
+            await self.manager.ops.update_folder(self.principal, fid, {"permission": perm})
         self.reply({})
 
 
