@@ -19,7 +19,7 @@ from traitlets import Bool, Integer, List, TraitError, Unicode, default, validat
 
 from . import pages
 from .common.errors import BackendAIError
-from .common.session_request import SessionRequest, SessionRequestError
+from .common.session_request import SessionRequest, SessionRequestError, check_environ
 from .common.slots import CPU, CUDA, MEM
 from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
 from .manager.core import BackendAIManager
@@ -112,6 +112,7 @@ class BackendAISpawner(Spawner):
     # Whether JupyterHub has taken this server over (its first poll() after start()).
     _handed_over = False
     _request = None  # the CheckedRequest of what apply_user_options built (enqueue's input)
+    _environ: dict = {}  # user_options' "environ" (Backend.AI's config.environ), checked
 
     @property
     def manager(self) -> BackendAIManager:
@@ -262,6 +263,12 @@ class BackendAISpawner(Spawner):
         opts = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu}
         if not isinstance(user_options, dict):
             raise _user_error("user_options must be an object")
+        # the session's own environment variables (Backend.AI's `run -e`), beside the request
+        user_options = dict(user_options)
+        try:
+            environ = check_environ(user_options.pop("environ", None))
+        except BackendAIError as e:
+            raise _user_error(e.detail, status_code=e.status_code) from None
         group = await self._chosen_group(user_options)
         user_options = await self._preset_options(user_options, group)
         opts.update({k: v for k, v in user_options.items()
@@ -295,6 +302,7 @@ class BackendAISpawner(Spawner):
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
         self._request = checked  # start() enqueues it as checked: not looked up again
+        self._environ = environ
         _SUBMITTED.pop(self.user.name, None)  # accepted: the next form starts from the defaults
         self.mem_limit = int(request.slots[MEM])
         self.cpu_limit = float(request.slots[CPU])
@@ -333,7 +341,8 @@ class BackendAISpawner(Spawner):
     # -- lifecycle ------------------------------------------------------------------
 
     def get_env(self):
-        env = super().get_env()
+        # the user's variables first: the hub's own (checked apart by name) win
+        env = {**self._environ, **super().get_env()}
         # The agent sets the address the server binds inside its kernel.
         env.pop("JUPYTERHUB_SERVICE_URL", None)
         env["BACKENDAI_SESSION_NAME"] = self.session_name

@@ -305,3 +305,36 @@ def test_vfolder_update_options_and_allowed_types(hub, alice, bob26):
         assert "['user', 'group']" in out, out
     for n in (name, theirs):
         admin_api(hub, "DELETE", f"/vfolders/{folder(hub, n)['id']}")
+
+
+def test_run_and_create_with_environment_variables(hub, alice, bob26):
+    """`run -e KEY=VALUE` (both clients) and `session create -e`: the variables reach the
+    session's kernel (an interactive session's Jupyter kernel, a batch session's command);
+    the platform's own names and bad names are refused with the reason, nothing made."""
+    x = uuid.uuid4().hex[:6]
+    name = f"env-{x}"
+    code = "import os\nprint('GREETING=' + os.environ['GREETING'], 'N=' + os.environ['N'])"
+    out = alice("run", "--rm", "--name", name, *RES, "-e", "GREETING=hello env",
+                "-e", "N=42", "-c", code, hub.image)
+    assert "GREETING=hello env N=42" in out and "(exit code = 0)" in out, out
+    out = bob26("run", "--rm", "--name", f"env26-{x}", *RES, "-e", "GREETING=from 26",
+                "-e", "N=7", "-c", code, hub.image)
+    assert "GREETING=from 26 N=7" in out, out
+    _, logs = batch(alice, f"envb-{x}", 'echo "batch sees $MY_VAR"', "-e", "MY_VAR=v1")
+    assert "batch sees v1" in logs, logs
+    before = admin_api(hub, "GET", "/sessions", params={"user_id": alice.user["id"]})["total"]
+    # the platform's own variables: refused by name (the CLI exits 1 with the reason)
+    out = alice("session", "create", "--type", "batch", "--name", f"envx-{x}", *RES,
+                "-e", "JUPYTERHUB_API_TOKEN=stolen", "--startup-command", "true", hub.image,
+                rc=1)
+    assert "config.environ: 'JUPYTERHUB_API_TOKEN' is the platform's own" in out, out
+    out = alice("session", "create", "--name", f"envy-{x}", *RES, "-e", "1BAD=x", hub.image,
+                rc=1)
+    assert "config.environ: '1BAD' is not a variable name" in out, out
+    # `run` prints the same refusal; its exit code is the client's: both clients print a
+    # failed create and return 0 (cli/session/execute.py _run), whatever the server says
+    out = alice("run", "--name", f"envz-{x}", *RES, "-e", "BACKENDAI_KERNEL_ID=x", "-c",
+                "print('never')", hub.image, rc=None)
+    assert "'BACKENDAI_KERNEL_ID' is the platform's own" in out and "never" not in out, out
+    assert admin_api(hub, "GET", "/sessions",
+                     params={"user_id": alice.user["id"]})["total"] == before

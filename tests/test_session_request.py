@@ -17,6 +17,7 @@ from jupyterhub_backendai.common.session_request import (
     SessionRequest,
     SessionRequestError,
     SessionType,
+    check_environ,
     whole_number,
 )
 from jupyterhub_backendai.common.slots import ResourceSlot
@@ -218,7 +219,8 @@ def test_backendai_body_refusals_name_the_clients_field():
             ({"clusterSize": "3"}, "clusterSize must be a whole number from 0 to 16, not '3'"),
             ({"type": "inference"}, "type must be batch or interactive, not 'inference' "
              "(inference sessions are not offered here)"),
-            ({"config": {"environ": {"A": "1"}}}, "config.environ is not supported by this server"),
+            ({"config": {"mount_map": {"a": "/x"}}},
+             "config.mount_map is not supported by this server"),
             ({"config": []}, "config: wrong type"),
             ({"config": {"scalingGroup": 5}}, "config.scalingGroup: wrong type"),
             ({"name": None}, "name: required field missing"),
@@ -230,6 +232,21 @@ def test_backendai_body_refusals_name_the_clients_field():
         with pytest.raises(SessionRequestError) as e:
             _bai({**body, **change})
         assert e.value.detail == words
+    # a session's own environment variables (Backend.AI's config.environ): checked apart
+    assert check_environ({"A_1": "x y", "b": ""}) == {"A_1": "x y", "b": ""}
+    assert check_environ(None) == {}
+    for env, words in (
+            ([], "environ must be an object of NAME: value"),
+            ({"1A": "x"}, "environ: '1A' is not a variable name"),
+            ({"A-B": "x"}, "environ: 'A-B' is not a variable name"),
+            ({"jupyterhub_api_token": "x"}, "environ: 'jupyterhub_api_token' is the platform's"),
+            ({"BACKENDAI_X": "x"}, "environ: 'BACKENDAI_X' is the platform's own"),
+            ({"A": 1}, "environ: the value of 'A' must be text"),
+            ({"A": "a\0b"}, "environ: the value of 'A' must be text"),
+            ({f"V{i}": "" for i in range(65)}, "environ: at most 64 variables")):
+        with pytest.raises(SessionRequestError) as e:
+            check_environ(env)
+        assert e.value.detail.startswith(words), e.value.detail
     # An interactive session runs no command; zero or null mean the defaults.
     r = _bai({"name": "i", "image": "i", "startupCommand": "x", "clusterSize": 0, "group": "",
               "config": {"scalingGroup": None}})

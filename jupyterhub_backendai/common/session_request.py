@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Self
@@ -61,6 +62,42 @@ class SessionType(StrEnum):
 class ClusterMode(StrEnum):
     SINGLE_NODE = "single-node"
     MULTI_NODE = "multi-node"
+
+
+#: A session's own environment variables (Backend.AI's ``config.environ``, ``run -e``):
+#: bounds, and the prefixes the platform's own variables use (theirs win; refused by name).
+MAX_ENVIRON = 64
+MAX_ENVIRON_VALUE = 4096
+RESERVED_ENV_PREFIXES = ("BACKENDAI_", "JUPYTERHUB_", "JPY_")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def check_environ(value, field: str = "environ") -> dict[str, str]:
+    """A session's environment variables, checked: ``{NAME: value}`` with names of
+    letters, digits and '_' (not a digit first), text values, none of the platform's
+    own (``BACKENDAI_``, ``JUPYTERHUB_``, ``JPY_``); {} for none."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SessionRequestError(f"{field} must be an object of NAME: value")
+    if len(value) > MAX_ENVIRON:
+        raise SessionRequestError(f"{field}: at most {MAX_ENVIRON} variables")
+    out = {}
+    for name, v in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise SessionRequestError(
+                f"{field}: {name!r} is not a variable name (letters, digits and '_', not "
+                "beginning with a digit, at most 128)")
+        if name.upper().startswith(RESERVED_ENV_PREFIXES):
+            raise SessionRequestError(
+                f"{field}: {name!r} is the platform's own ({', '.join(RESERVED_ENV_PREFIXES)}"
+                "...): choose another name")
+        if not isinstance(v, str) or "\0" in v or len(v) > MAX_ENVIRON_VALUE:
+            raise SessionRequestError(
+                f"{field}: the value of {name!r} must be text of at most "
+                f"{MAX_ENVIRON_VALUE} characters")
+        out[name] = v
+    return out
 
 
 #: Options of the form and of ``user_options`` (besides ``preset``, handled before).

@@ -46,6 +46,7 @@ from ...common.session_request import (
     SessionRequestError,
     SessionType,
     as_validator,
+    check_environ,
     enum_choice,
     human_slots,
     refusal,
@@ -219,7 +220,7 @@ def _command(value, info: ValidationInfo):
 
 
 #: What Backend.AI's create body may ask for that this hub does not do.
-_UNSUPPORTED = ("environ", "mount_map", "preopen_ports", "agentList", "resource_opts")
+_UNSUPPORTED = ("mount_map", "preopen_ports", "agentList", "resource_opts")
 
 
 class BackendAISessionCreate(SessionRequest):
@@ -300,6 +301,9 @@ class SessionCreateHandler(CompatBase):
         body = self.json_body()
         # The one request, parsed once from Backend.AI's names (BackendAISessionCreate).
         request = BackendAISessionCreate.parse(body)
+        # `run -e`/`session create -e`: the session's own variables (the platform's win)
+        config = body.get("config") if isinstance(body.get("config"), dict) else {}
+        environ = check_environ(config.get("environ") or None, "config.environ")
         group = request.resource_group
         await self.manager.ops.check_session_create(self.principal, group)
         deps = []
@@ -314,12 +318,12 @@ class SessionCreateHandler(CompatBase):
                             "created": False})
                 return
         if request.session_type == SessionType.INTERACTIVE:
-            sid = await self._interactive(request, body.get("config") or {})
+            sid = await self._interactive(request, body.get("config") or {}, environ)
         else:
             # The references resolved to ids: the same request, its dependencies by id.
             sid = await self.manager.enqueue(
                 request.as_request(dependencies=deps), username=self.principal.username,
-                name=request.name, environ={}, service_prefix="/")
+                name=request.name, environ=environ, service_prefix="/")
         status = "PENDING"
         if not request.enqueue_only:
             status = await self._wait(sid, request.max_wait_seconds)
@@ -338,7 +342,8 @@ class SessionCreateHandler(CompatBase):
             return spawner.session_id
         return await self.manager.ops.live_session_named(self.principal.user_id, name)
 
-    async def _interactive(self, request: BackendAISessionCreate, config: dict) -> str:
+    async def _interactive(self, request: BackendAISessionCreate, config: dict,
+                           environ: dict) -> str:
         """An interactive session is a JupyterHub named server of the key's owner (started
         through the hub, so it is visible and usable in JupyterHub): the request becomes
         the server's user_options (resources as the client sent them, so the spawner's
@@ -362,6 +367,8 @@ class SessionCreateHandler(CompatBase):
             options["project"] = request.project
         if request.mounts:
             options["mounts"] = list(request.mounts)
+        if environ:
+            options["environ"] = environ  # (the spawner checks and applies it: get_env)
         if request.cluster_size != 1:
             options["cluster_size"] = request.cluster_size
         await self.spawn_single_user(user, name, name, options=options)
