@@ -52,17 +52,37 @@ Downloads are checked byte for byte once. The last line is machine-readable:
     upload_mb_s=<f> download_mb_s=<f> copy_mb_s=<f> upload_ratio=<f> download_ratio=<f> small_files_per_s=<f>
 
 Everything it starts is removed at the end.
+
+btrfs volumes (issue 26; as root, needs btrfs-progs):
+
+``--volume-backend btrfs`` runs all of the above with the daemon's volumes on a btrfs
+file system made for the run (a loop-mounted image under the temp dir, quotas on:
+tests/btrfs_fs.py), the volumes' backend ``btrfs``; compare its ratios with a run
+without it (the baseline, ``copy``, is measured on the same file system each time).
+
+``--btrfs-ops`` measures, instead of the transfers, what the btrfs backend does
+without touching the data, each against the baseline in the same run on the same
+loop-mounted btrfs: ``clone`` of a folder holding ``--size-mb`` of random bytes (a
+snapshot) against ``cp -r --reflink=never`` (a full copy, what a clone costs where the
+file system cannot share blocks: vfs on ext4) and against plain ``cp -r``; ``usage``
+of a folder of ``--files`` (default 100,000) small files from the qgroups against
+the walk vfs does (``VFSVolume.folder_usage``, page cache warm). Medians of
+``--rounds``. The last line:
+
+    clone_s=<f> cp_s=<f> cp_reflink_s=<f> clone_ratio=<f> usage_s=<f> walk_s=<f> usage_ratio=<f>
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import filecmp
 import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +100,7 @@ from jupyterhub_backendai.storageproxy.transfer import (  # noqa: E402
     download_claims,
     upload_claims,
 )
+from tests.btrfs_fs import btrfs_fs  # noqa: E402
 from tests.services import StorageDaemon, free_port  # noqa: E402
 
 CHUNK = 1 << 20
@@ -546,7 +567,7 @@ async def bai_download(bai: BackendAIProxy, http: aiohttp.ClientSession, vfid: s
 
 async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: str,
                 node_api: bool, client_kind: str = "raw", official_cli: bool = False,
-                bai_venv: str | None = None) -> dict:
+                bai_venv: str | None = None, backend: str = "vfs") -> dict:
     src = os.path.join(work, "source.bin")
     with open(src, "wb") as f:
         for _ in range(size_mb):
@@ -558,6 +579,8 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
         f"c.StorageProxyApp.client_port = {cport}\n"
         "c.StorageProxyApp.client_host = '127.0.0.1'\n"
         f"c.TransferTokens.secret = {secret!r}\n"))
+    for v in daemon.volumes.values():
+        v["backend"] = backend
     os.makedirs(daemon.root)
     daemon.start()
     base = f"http://127.0.0.1:{cport}"
@@ -700,6 +723,64 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
     return out
 
 
+def bench_btrfs_ops(size_mb: int, files: int, rounds: int, work: str) -> dict:
+    """Clone and usage on a btrfs volume against their baselines (see the docstring)."""
+    from jupyterhub_backendai.storageproxy.btrfs import BtrfsVolume
+    from jupyterhub_backendai.storageproxy.volumes import VFSVolume
+
+    out: dict[str, list[float]] = {"clone": [], "cp": [], "cp_reflink": [], "usage": [],
+                                   "walk": []}
+    size = max(4 << 30, 3 * size_mb * CHUNK + (1 << 30))
+    with btrfs_fs(work, size) as mnt:
+        vol = BtrfsVolume("bench", os.path.join(mnt, "vol"))
+        walker = VFSVolume("bench", os.path.join(mnt, "vol"))
+        scope = f"user:{uuid.uuid4().hex}"
+        big, many = uuid.uuid4().hex, uuid.uuid4().hex
+        vol.create_folder(scope, big)
+        with open(os.path.join(vol.folder_path(scope, big), "data"), "wb") as f:
+            for _ in range(size_mb):
+                f.write(os.urandom(CHUNK))
+        vol.create_folder(scope, many)
+        top = vol.folder_path(scope, many)
+        for d in range(files // 1000 + 1):
+            os.mkdir(os.path.join(top, str(d)))
+            for i in range(min(1000, files - d * 1000)):
+                with open(os.path.join(top, str(d), str(i)), "wb") as f:
+                    f.write(b"x" * 100)
+        os.sync()
+        src = vol.folder_path(scope, big)
+        for r in range(rounds):
+            os.sync()
+            dst = uuid.uuid4().hex
+            t = time.perf_counter()
+            vol.clone_folder(scope, big, scope, dst)
+            out["clone"].append(time.perf_counter() - t)
+            vol.delete_folder(scope, dst)
+            for key, flags in (("cp", ["--reflink=never"]), ("cp_reflink", [])):
+                os.sync()
+                target = os.path.join(mnt, f"copy-{r}-{key}")
+                t = time.perf_counter()
+                subprocess.run(["cp", "-r", *flags, src, target], check=True)
+                os.sync()  # the copy's bytes written, as the snapshot's are (none)
+                out[key].append(time.perf_counter() - t)
+                shutil.rmtree(target)
+            walker.folder_usage(scope, many)  # warm the page cache for the walk
+            t = time.perf_counter()
+            used = walker.folder_usage(scope, many)
+            out["walk"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            q = vol.folder_usage(scope, many)
+            out["usage"].append(time.perf_counter() - t)
+            print(f"round {r + 1}: clone {out['clone'][-1]:.4f} s, cp -r (no reflink) "
+                  f"{out['cp'][-1]:.2f} s, cp -r {out['cp_reflink'][-1]:.3f} s; usage "
+                  f"{out['usage'][-1]:.4f} s ({q['used_bytes']} bytes on disk), walk "
+                  f"{out['walk'][-1]:.3f} s ({used['file_count']} files, "
+                  f"{used['used_bytes']} bytes)", flush=True)
+        vol.delete_folder(scope, big)
+        vol.delete_folder(scope, many)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=int, default=1024, help="file size in MiB (default 1024)")
@@ -716,12 +797,30 @@ def main():
                     help="also measure Backend.AI's own storage proxy (23.09) from this venv "
                     "(default .venv-bai-storage: scripts/install-backendai-storage-proxy.sh) "
                     "side by side: the same file, client and page-cache preparation")
+    ap.add_argument("--volume-backend", choices=("vfs", "btrfs"), default="vfs",
+                    help="the daemon's volumes on a loop-mounted btrfs with backend btrfs")
+    ap.add_argument("--btrfs-ops", action="store_true",
+                    help="measure clone and usage on btrfs against cp -r and a walk instead")
+    ap.add_argument("--files", type=int, default=100_000,
+                    help="files of the folder whose usage --btrfs-ops measures")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bai-storage-bench-")
     try:
-        m = asyncio.run(bench(args.size_mb, args.rounds, args.small, args.concurrency, work,
-                              args.node_api, args.client, args.official_cli,
-                              args.backendai_proxy))
+        if args.btrfs_ops:
+            m = bench_btrfs_ops(args.size_mb, args.files, args.rounds, work)
+            print(f"clone_s={m['clone']:.4f} cp_s={m['cp']:.2f} cp_reflink_s={m['cp_reflink']:.3f} "
+                  f"clone_ratio={m['cp'] / m['clone']:.0f} usage_s={m['usage']:.4f} "
+                  f"walk_s={m['walk']:.3f} usage_ratio={m['walk'] / m['usage']:.0f}")
+            return
+        with contextlib.ExitStack() as stack:
+            where = work
+            if args.volume_backend == "btrfs":
+                where = os.path.join(stack.enter_context(
+                    btrfs_fs(work, 4 * args.size_mb * CHUNK + (2 << 30))), "work")
+                os.makedirs(where)
+            m = asyncio.run(bench(args.size_mb, args.rounds, args.small, args.concurrency,
+                                  where, args.node_api, args.client, args.official_cli,
+                                  args.backendai_proxy, args.volume_backend))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     extra = ""

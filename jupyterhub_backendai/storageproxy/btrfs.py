@@ -167,16 +167,19 @@ class BtrfsVolume(VFSVolume):
         btrfs("qgroup", "limit", "none" if limit_bytes is None else str(limit_bytes), qid,
               self.path)
 
-    def _read_limit(self, quota_scope_id: str) -> int | None:
-        qid = self._scope_qgroup(quota_scope_id, create=False)
-        if qid is None:
-            return None
-        q = qgroups(self.path, sync=False).get(qid)
-        return None if q is None else q["max_rfer"]
+    # (_read_limit stays vfs's: .quota.json, written with the qgroup's limit, is read
+    # without running the btrfs command for every upload's check.)
 
     def scope_usage(self, quota_scope_id: str) -> dict:
+        """The scope's qgroup's referenced bytes. For a scope with a limit the running
+        transaction is committed first, so that what was just written or deleted counts
+        (the checks before uploads); without one, as of the last commit (at most btrfs's
+        commit interval, 30 s, behind), which spares every upload a commit."""
         qid = self._scope_qgroup(quota_scope_id, create=False)
-        q = qgroups(self.path).get(qid) if qid is not None else None
+        if qid is None:
+            return {"used_bytes": 0, "file_count": None}
+        limited = self._read_limit(quota_scope_id) is not None
+        q = qgroups(self.path, sync=limited).get(qid)
         return {"used_bytes": q["rfer"] if q else 0, "file_count": None}
 
     def quota_scope(self, quota_scope_id: str) -> dict:
