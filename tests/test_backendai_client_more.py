@@ -338,3 +338,99 @@ def test_run_and_create_with_environment_variables(hub, alice, bob26):
     assert "'BACKENDAI_KERNEL_ID' is the platform's own" in out and "never" not in out, out
     assert admin_api(hub, "GET", "/sessions",
                      params={"user_id": alice.user["id"]})["total"] == before
+
+
+def _sid_of(out: str) -> str:
+    m = re.search(r"Session ID ([0-9a-f-]{36}) is created and ready\.", out)
+    assert m, out
+    return uuid.UUID(m.group(1)).hex
+
+
+def test_session_events_watch_status_history_and_rename(hub, alice, bob26):
+    """`session events` (26.09) and `watch` (23.09): server-sent events from the record's
+    transitions, replayed from the status history and then followed until the end; watch
+    exits with the batch command's exit code. `session status-history`; `session rename`
+    of a batch session (an interactive one: refused, saying what to do)."""
+    x = uuid.uuid4().hex[:6]
+    name = f"ev-{x}"
+    sid = _sid_of(alice("session", "create", "--type", "batch", "--name", name, *RES,
+                        "--startup-command", "sleep 12; exit 3", hub.image))
+    out = alice("watch", name, rc=3)  # follows the running session to its end
+    for ev in ("session_enqueued", "session_scheduled", "session_preparing", "kernel_creating",
+               "session_started", "session_failure"):
+        assert ev in out, out
+    assert out.index("session_enqueued") < out.index("session_started") < out.index(
+        "session_failure"), out
+    assert wait_dead(hub, sid)["status"] == "ERROR"
+    out = bob26("session", "events", sid, rc=None)  # bob may not see it
+    assert "session_enqueued" not in out and "404" in out, out
+    out = alice("session", "events", name)  # ended: the whole way, replayed
+    lines = [ln for ln in out.splitlines() if ln.startswith(("session_", "kernel_"))]
+    names = [ln.split()[0] for ln in lines]
+    assert names == ["session_enqueued", "session_scheduled", "session_preparing",
+                     "kernel_preparing", "kernel_creating", "kernel_started", "session_started",
+                     "session_terminating", "kernel_terminating", "kernel_terminated",
+                     "session_failure", "session_terminated"], out
+    data = json.loads(lines[-2].split(None, 1)[1])
+    assert (data["sessionId"], data["sessionName"], data["exitCode"]) == (
+        str(uuid.UUID(sid)), name, 3), data
+    out = alice("session", "events", "--scope", "kernel", name)
+    assert "kernel_started" in out and "session_started" not in out, out
+    out = alice("session", "status-history", name)
+    assert "('preparing', '" in out and "('error', '" in out, out
+    assert "('terminated', '" not in out, out  # (it ended ERROR)
+    m = re.search(r"'seconds': (\d+)", out)
+    assert m and int(m.group(1)) >= 12, out  # preparing until now
+    # rename: a live batch session; the name's rules; a live name taken; interactive: refused
+    b1 = _sid_of(bob26("session", "create", "--type", "batch", "--name", f"rn-{x}", *RES,
+                       "--startup-command", "sleep 600", hub.image))
+    b2 = _sid_of(bob26("session", "create", "--type", "batch", "--name", f"taken-{x}", *RES,
+                       "--startup-command", "sleep 600", hub.image))
+    out = bob26("session", "rename", f"rn-{x}", f"new-{x}")
+    assert f"Session renamed to new-{x}." in out, out
+    assert admin_api(hub, "GET", f"/sessions/{b1}")["name"] == f"new-{x}"
+    out = bob26("session", "rename", f"new-{x}", f"taken-{x}", rc=1)
+    assert f"a live session named 'taken-{x}' exists" in out, out
+    out = bob26("session", "rename", f"new-{x}", "bad name!", rc=1)
+    assert "name: must be 1 to 64 letters" in out, out
+    out = alice("session", "rename", b1, f"mine-{x}", rc=1)  # not hers
+    assert "404" in out, out
+    assert admin_api(hub, "GET", f"/sessions/{b1}")["name"] == f"new-{x}"
+    for s in (b1, b2):
+        admin_api(hub, "DELETE", f"/sessions/{s}")
+    iname = f"ri-{x}"
+    isid = _sid_of(alice("session", "create", "--name", iname, *RES, hub.image))
+    out = alice("session", "rename", iname, f"other-{x}", rc=1)
+    assert "JupyterHub cannot rename a server" in out, out
+    alice("session", "rm", iname)
+    assert wait_dead(hub, isid)["status"] == "TERMINATED"
+
+
+def test_session_restart(hub, alice, tmp_path):
+    """`session restart`: an interactive session (a JupyterHub server) starts again under its
+    name with the same resources and folders (a new session id); a batch session is refused
+    with what to use instead (never 404/405)."""
+    x = uuid.uuid4().hex[:6]
+    name, vf = f"rs-{x}", f"rsf-{x}"
+    alice("vfolder", "create", vf, "local:volume1")
+    old = _sid_of(alice("session", "create", "--name", name, "-r", "cpu=0.5", "-r", "mem=640m",
+                        "-m", vf, hub.image))
+    out = alice("session", "restart", name)
+    assert "Done." in out, out
+    assert wait_dead(hub, old)["status"] == "TERMINATED"
+    live = [s for s in admin_api(hub, "GET", "/sessions", params={
+        "user_id": alice.user["id"], "status": "RUNNING"})["items"] if s["name"].endswith(name)]
+    assert len(live) == 1 and live[0]["id"] != old, live
+    new = live[0]
+    assert new["requested_slots"]["mem"] == str(640 * 2**20), new
+    assert vf in [m["name"] for m in new["vfolder_mounts"]], new  # (and the home)
+    assert hub.wait_ready(alice.user["username"], name)["ready"] is True
+    b = _sid_of(alice("session", "create", "--type", "batch", "--name", f"rsb-{x}", *RES,
+                      "--startup-command", "sleep 600", hub.image))
+    out = alice("session", "restart", f"rsb-{x}", rc=1)
+    assert "is a batch session, which runs its command once" in out and "409" in out, out
+    assert admin_api(hub, "GET", f"/sessions/{b}")["status"] == "RUNNING"
+    admin_api(hub, "DELETE", f"/sessions/{b}")
+    alice("session", "rm", name)
+    assert wait_dead(hub, new["id"])["status"] == "TERMINATED"
+    admin_api(hub, "DELETE", f"/vfolders/{folder(hub, vf)['id']}")

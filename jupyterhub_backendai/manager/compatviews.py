@@ -429,6 +429,38 @@ def bai_usable_scaling_groups(db, p: access.Principal, project_ref: str) -> list
     return out
 
 
+@reads
+def bai_status_history(db, p: access.Principal, sid: str) -> dict:
+    """``GET /session/{ref}/status-history``: when the session entered each status, by
+    the status's name in lower case (the key the clients read: ``preparing``, ``terminated``)."""
+    s = admin._get_session(db, p, sid)
+    return {k.lower(): v for k, v in sorted((s.status_history or {}).items(),
+                                            key=lambda kv: str(kv[1]))}
+
+
+@writes
+def rename_session(db, p: access.Principal, sid: str, name: str) -> None:
+    """``session rename``: a batch session's name (an interactive session is a JupyterHub
+    server, named by JupyterHub, which cannot rename one: refused with what to do)."""
+    s = admin._get_session(db, p, sid)
+    access.require(access.can_manage_session(p, s, db.get(User, s.user_id)),
+                   f"rename session {s.name!r}")
+    if s.session_type != "batch":
+        raise Conflict(f"session {s.name!r} is the JupyterHub server {s.name!r}, and JupyterHub "
+                       "cannot rename a server: stop it and create a session under the new "
+                       "name (your folders keep the files)")
+    if s.alive_marker is None:
+        raise Conflict(f"session {s.name!r} has ended; only a live session is renamed")
+    if name == s.name:
+        return
+    if db.scalar(select(Session.id).where(Session.access_key == s.access_key,
+                                          Session.name == name,
+                                          Session.alive_marker.is_not(None))):
+        raise Conflict(f"a live session named {name!r} exists")
+    s.name = name
+    db.flush()
+
+
 # -- GraphQL's mutations: one transaction each (a refusal leaves nothing behind) -----------
 #
 # The request is checked before (the REST API's request models, in api/); what JupyterHub

@@ -12,6 +12,7 @@ client prints.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import re
@@ -30,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from ...common.errors import (
     BackendAIError,
@@ -381,27 +383,31 @@ class SessionCreateHandler(CompatBase):
         return spawner.session_id
 
     async def _wait(self, sid: str, max_wait: int) -> str:
-        """Wait until the session started (RUNNING, or already ended after it started),
-        ended without starting, or ``max_wait`` seconds passed (TIMEOUT)."""
-        limit = max_wait if max_wait > 0 else DEFAULT_MAX_WAIT
-        seen = {"status": "PENDING", "started": False}
+        return await wait_started(self.manager, sid, max_wait)
 
-        async def until():
-            async for sess in self.manager.watch(sid):
-                seen["status"] = sess.status
-                if sess.status == SessionStatus.RUNNING:
-                    seen["started"] = True
-                    return
-                if sess.status not in ALIVE_STATUSES:
-                    seen["started"] = any(k.exit_code is not None for k in sess.kernels)
-                    return
 
-        try:
-            async with asyncio.timeout(limit):
-                await until()
-        except TimeoutError:
-            return "TIMEOUT"
-        return "RUNNING" if seen["started"] else gql.bai_status(seen["status"])
+async def wait_started(manager, sid: str, max_wait: int) -> str:
+    """Wait until the session started (RUNNING, or already ended after it started),
+    ended without starting, or ``max_wait`` seconds passed (TIMEOUT)."""
+    limit = max_wait if max_wait > 0 else DEFAULT_MAX_WAIT
+    seen = {"status": "PENDING", "started": False}
+
+    async def until():
+        async for sess in manager.watch(sid):
+            seen["status"] = sess.status
+            if sess.status == SessionStatus.RUNNING:
+                seen["started"] = True
+                return
+            if sess.status not in ALIVE_STATUSES:
+                seen["started"] = any(k.exit_code is not None for k in sess.kernels)
+                return
+
+    try:
+        async with asyncio.timeout(limit):
+            await until()
+    except TimeoutError:
+        return "TIMEOUT"
+    return "RUNNING" if seen["started"] else gql.bai_status(seen["status"])
 
 
 class SessionHandler(CompatBase):
@@ -417,21 +423,172 @@ class SessionHandler(CompatBase):
             await self.manager.destroy_session(sid)
         self.reply({"stats": {}})
 
-    async def _stop_hub_server(self, sid: str) -> bool:
-        """An interactive session that is a JupyterHub server is stopped through the hub."""
+    async def _hub_server(self, sid: str):
+        """(user, server name, spawner) of the JupyterHub server that is the interactive
+        session ``sid``, or None."""
         sess = await self.manager.ops.get_session(self.principal, sid)
         if sess["type"] != "interactive":
-            return False
-
+            return None
         username = await self.manager.ops.username_of(sess["user_id"])
         user = self.find_user(username)
         if user is None:
-            return False
+            return None
         for name, spawner in list(user.spawners.items()):
             if getattr(spawner, "session_id", None) == sid and (spawner.active or spawner.ready):
-                await self.stop_single_user(user, name)
-                return True
-        return False
+                return user, name, spawner
+        return None
+
+    async def _stop_hub_server(self, sid: str) -> bool:
+        """An interactive session that is a JupyterHub server is stopped through the hub."""
+        found = await self._hub_server(sid)
+        if found is None:
+            return False
+        await self.stop_single_user(found[0], found[1])
+        return True
+
+    async def patch(self, ref):
+        """``session restart``: an interactive session (a JupyterHub server) is stopped and
+        started again under its name with the same options (image, resources, folders,
+        environment); its kernel state is gone, its folders keep their files, and it gets
+        a new session id. A batch session runs its command once: refused, saying what to
+        use instead."""
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        await self.manager.ops.check_session_destroy(self.principal, sid)
+        sess = await self.manager.ops.get_session(self.principal, sid)
+        if sess["type"] != "interactive":
+            raise Conflict(f"session {sess['name']!r} is a batch session, which runs its "
+                           "command once and is not restarted: create a new batch session "
+                           "with the same options (`session create --type batch ...`)")
+        found = await self._hub_server(sid)
+        if found is None or sess["status"] != SessionStatus.RUNNING:
+            raise Conflict(f"session {sess['name']!r} is {sess['status']}, not a running "
+                           "server: only a running session is restarted (start it with "
+                           "`session create` or from the hub)")
+        user, name, spawner = found
+        options = dict(spawner.user_options or {})
+        await self.stop_single_user(user, name)
+        await self.spawn_single_user(user, name, name, options=options)
+        spawner = user.spawners[name]  # (JupyterHub's, after the start: not the stopped one's)
+        deadline = time.monotonic() + 60
+        while spawner.session_id in (None, sid):
+            if not (spawner.pending or spawner.ready) or time.monotonic() > deadline:
+                raise Conflict(f"the JupyterHub server {name!r} did not start again; see the "
+                               "hub")
+            await asyncio.sleep(0.1)
+        status = await wait_started(self.manager, spawner.session_id, 0)
+        if status != "RUNNING":
+            raise Conflict(f"session {name!r} was stopped but did not start again: {status}")
+        self.set_status(204)
+        self.finish()
+
+
+class SessionStatusHistoryHandler(CompatBase):
+    """``session status-history``: ``{"result": {status: time}}``."""
+
+    async def get(self, ref):
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        self.reply({"result": await self.manager.ops.bai_status_history(self.principal, sid)})
+
+
+class SessionRenameHandler(CompatBase):
+    """``session rename SESSION NEW``: ``POST /session/{ref}/rename?name=NEW``."""
+
+    async def post(self, ref):
+        name = self.get_query_argument("name", None) or self.json_body().get("name")
+        try:
+            name = _name(name)
+        except SessionRequestError as e:
+            raise InvalidRequest(e.detail) from None
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        await self.manager.ops.rename_session(self.principal, sid, name)
+        self.set_status(204)
+        self.finish()
+
+
+def _session_events(sess) -> list[tuple[str, SessionStatus]]:
+    """Backend.AI's lifecycle events for the statuses the session went through, oldest
+    first: ``[(event name, status), ...]``."""
+    history = sess.status_history or {}
+    passed = sorted((SessionStatus(k) for k in history if k in SessionStatus.__members__),
+                    key=lambda st: str(history[st.value]))
+    if sess.status not in passed:
+        passed.append(SessionStatus(sess.status))
+    out = []
+    for st in passed:
+        for ev in _EVENTS_OF.get(st) or _end_events(sess, st):
+            out.append((ev, st))
+    return out
+
+
+_EVENTS_OF = {
+    SessionStatus.PENDING: ("session_enqueued",),
+    SessionStatus.SCHEDULED: ("session_scheduled",),
+    SessionStatus.PREPARING: ("session_preparing", "kernel_preparing"),
+    SessionStatus.CREATING: ("kernel_creating",),
+    SessionStatus.RUNNING: ("kernel_started", "session_started"),
+    SessionStatus.TERMINATING: ("session_terminating", "kernel_terminating"),
+    SessionStatus.CANCELLED: ("kernel_cancelled", "session_cancelled"),
+}
+
+
+def _end_events(sess, st: SessionStatus) -> tuple[str, ...]:
+    if st == SessionStatus.ERROR or (sess.session_type == "batch" and sess.result == "FAILURE"):
+        return ("kernel_terminated", "session_failure", "session_terminated")
+    if sess.session_type == "batch":
+        return ("kernel_terminated", "session_success", "session_terminated")
+    return ("kernel_terminated", "session_terminated")
+
+
+class SessionEventsHandler(CompatBase):
+    """``session events`` / ``watch``: ``GET /events/session?sessionId=|sessionName=&scope=``,
+    server-sent events from the record's transitions (the same watch as the spawner's
+    progress): first the statuses already passed, then each change, until the session
+    ended. Events are Backend.AI's names (``session_enqueued`` ... ``session_terminated``,
+    ``kernel_*`` for the main kernel); their data carries ``sessionId``, ``sessionName``,
+    ``ownerAccessKey``, ``reason`` and ``exitCode``."""
+
+    async def get(self):
+        ref = self.get_query_argument("sessionId", None) or self.get_query_argument(
+            "sessionName", None) or self.get_query_argument("name", None)
+        if not ref:
+            raise InvalidRequest("sessionId or sessionName: which session's events")
+        scope = self.get_query_argument("scope", "*")
+        if scope not in ("*", "session", "kernel"):
+            raise InvalidRequest(f"scope must be *, session or kernel, not {scope!r}")
+        sid = await self.manager.ops.resolve_session(self.principal, ref)
+        await self.manager.ops.get_session(self.principal, sid)  # (the caller may see it)
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        sent: set[str] = set()
+        async with contextlib.aclosing(self.manager.watch(sid)) as changes:
+            if not await self._stream(changes, scope, sent):
+                return
+        self.finish()
+
+    async def _stream(self, changes, scope: str, sent: set[str]) -> bool:
+        """Send the events of each change; False if the client went away."""
+        async for sess in changes:
+            main = next((k for k in sess.kernels if k.cluster_role == "main"),
+                        sess.kernels[0] if sess.kernels else None)
+            for ev, st in _session_events(sess):
+                if ev in sent or (scope != "*" and not ev.startswith(scope)):
+                    continue
+                sent.add(ev)
+                data = {"sessionId": gql.dashed(sess.id), "sessionName": sess.name,
+                        "ownerAccessKey": sess.access_key, "reason": sess.status_info or "",
+                        "status": gql.bai_status(st)}
+                if ev.startswith("kernel_") and main is not None:
+                    data["kernelId"] = gql.dashed(main.id)
+                if st in (SessionStatus.TERMINATED, SessionStatus.ERROR):
+                    code = main.exit_code if main is not None else None
+                    data["exitCode"] = code if code is not None else (
+                        1 if ev == "session_failure" else 0)
+                self.write(f"event: {ev}\ndata: {json.dumps(data)}\n\n")
+            try:
+                await self.flush()
+            except StreamClosedError:
+                return False
+        return True
 
 
 class SessionLogsHandler(CompatBase):
