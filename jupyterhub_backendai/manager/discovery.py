@@ -269,7 +269,13 @@ class BackendAICluster(LoggingConfigurable):
                 raise ValueError(f"registration of {agent_id} names agent {info.get('id')!r}")
             joined = agent_id not in self.agents
             self.agents[agent_id] = info
-            before = await mgr.db(upsert_agent, info)  # the manager's own registration path
+            # A registration is a claim like a heartbeat (anyone who reaches etcd can
+            # write one): what is recorded is what the agent answers a direct call.
+            vouched = info if agent_id in mgr.local_agents else \
+                await mgr.agents.vouch(agent_id, info)
+            if vouched is None:
+                return  # its heartbeats are checked the same way, and join it once it answers
+            before = await mgr.db(upsert_agent, vouched)  # the manager's own registration path
             mgr.wake()
             if before != AgentStatus.ALIVE and agent_id not in mgr.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now,

@@ -32,6 +32,9 @@ class Agents:
         self._left_said: set[str] = set()
         # Agents kept ALIVE by a direct call while their heartbeats were missing (said once).
         self._witnessed: set[str] = set()
+        # Per agent, the (address, group, capacity) a direct call last confirmed.
+        self._verified: dict[str, tuple] = {}
+        self._refused_said: dict[str, float] = {}
 
     # -- clients ----------------------------------------------------------------------
 
@@ -140,6 +143,9 @@ class Agents:
         if name == "agent_heartbeat":
             if self._stale_heartbeat(payload):
                 return
+            payload = await self._vouched(payload)
+            if payload is None:
+                return
             # H-agents: a routine heartbeat is one autocommit UPDATE (manager/discovery.py).
             before = await mgr.cluster.record_heartbeat(mgr, payload)
             self.heard(str(payload.get("id")))
@@ -151,9 +157,84 @@ class Agents:
             if before != AgentStatus.ALIVE:
                 mgr.wake()
         elif name == "kernel_terminated":
+            if not await self._exit_confirmed(str(payload.get("kernel_id"))):
+                return
             await mgr.lifecycle.kernel_exited(
                 payload["kernel_id"], payload.get("exit_code"), payload.get("logs")
             )
+
+    # The bus is a hint; facts come from the agent itself over a direct call (mutual
+    # TLS in cluster mode). Anyone who can write to Redis can put an event there: a
+    # heartbeat of an agent that does not exist, carrying a real agent's address and
+    # 1,000 CPUs, joined as ALIVE and sessions were placed on the real node.
+
+    @staticmethod
+    def _facts(info: dict) -> tuple:
+        import json
+
+        return (info.get("addr", ""), info.get("resource_group"),
+                json.dumps(info.get("available_slots"), sort_keys=True))
+
+    async def _vouched(self, payload: dict) -> dict | None:
+        """The heartbeat to record, or None to ignore it. A routine heartbeat (the same
+        address, group and capacity as last confirmed) passes; anything new (a join, a
+        return, another capacity) is confirmed by calling the agent at the address the
+        heartbeat names: it must answer with the same id, and what it answers is what is
+        recorded. In cluster mode the agent must also be registered in etcd."""
+        mgr = self.mgr
+        aid = str(payload.get("id"))
+        if aid in mgr.local_agents:
+            return payload
+        if mgr.cluster.etcd_url and aid not in mgr.cluster.agents:
+            self._refuse(aid, "it is not registered in etcd")
+            return None
+        if self._verified.get(aid) == self._facts(payload):
+            return payload
+        return await self.vouch(aid, payload)
+
+    async def vouch(self, aid: str, payload: dict) -> dict | None:
+        """What agent ``aid`` says of itself when called at the address ``payload``
+        names (None, logged: no answer, or another agent answers)."""
+        addr = payload.get("addr") or ""
+        try:
+            if not addr:
+                raise AgentError("it names no address to call")
+            async with asyncio.timeout(5):
+                info = await self.client(aid, addr).info()
+        except Exception as e:
+            self._refuse(aid, f"a direct call to {addr or 'it'} failed ({e})")
+            return None
+        if not isinstance(info, dict) or info.get("id") != aid:
+            self._refuse(aid, f"the agent at {addr} is {info.get('id') if isinstance(info, dict) else '?'}")
+            return None
+        info = dict(info, addr=addr, ts=payload.get("ts"))
+        self._verified[aid] = self._facts(info)
+        return info
+
+    def _refuse(self, aid: str, why: str) -> None:
+        now = time.monotonic()
+        if now - self._refused_said.get(aid, -3600.0) >= 60:  # once a minute per agent
+            self._refused_said[aid] = now
+            self.log.warning("heartbeat of agent %s ignored: %s", aid[:80], why)
+
+    async def _exit_confirmed(self, kernel_id: str) -> bool:
+        """A kernel's end is believed when its agent no longer runs it (asked directly),
+        or cannot be asked. A ``kernel_terminated`` for a kernel its agent still runs is
+        forged or stale: ignored."""
+        where = await self.mgr.db_read(kernel_agent, kernel_id)
+        if where is None:
+            return True  # not ours: the lifecycle ignores it
+        aid, addr = where
+        try:
+            async with asyncio.timeout(5):
+                records = await self.client(aid, addr).list_kernels()
+        except Exception:
+            return True
+        if any(r.get("kernel_id") == kernel_id and r.get("alive", True) for r in records):
+            self.log.warning("kernel_terminated for kernel %s ignored: agent %s still runs it "
+                             "(a forged or stale event)", kernel_id, aid)
+            return False
+        return True
 
     def _stale_heartbeat(self, payload: dict) -> bool:
         """Whether a heartbeat is too old to say that its agent is alive now.
@@ -356,6 +437,15 @@ def upsert_agent(s, info: dict) -> str | None:
     a.version = info.get("version", "")
     a.last_heartbeat = utcnow()
     return before
+
+
+def kernel_agent(s, kernel_id: str) -> tuple[str, str] | None:
+    """(agent id, its address) of a kernel in the record."""
+    from ..models import Kernel
+
+    row = s.execute(select(Kernel.agent_id, Agent.addr).join(Agent, Agent.id == Kernel.agent_id)
+                    .where(Kernel.id == kernel_id)).first()
+    return (row[0], row[1]) if row else None
 
 
 def silent_agents(s, timeout: float) -> list[tuple[str, str]]:
