@@ -434,3 +434,65 @@ def test_session_restart(hub, alice, tmp_path):
     alice("session", "rm", name)
     assert wait_dead(hub, new["id"])["status"] == "TERMINATED"
     admin_api(hub, "DELETE", f"/vfolders/{folder(hub, vf)['id']}")
+
+
+def cli_run(bai: BAI, *args: str, timeout: float = 90) -> tuple[int, str]:
+    """The CLI with a shorter limit than BAI's (a command that would wait forever, as the
+    app proxy's listener, fails the test instead of holding it); (exit code, output)."""
+    p = subprocess.run([bai.cli, *args], env=bai.env, capture_output=True, text=True,
+                       timeout=timeout, input="y\n")
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
+    """What the clients call and this hub does not offer (the app proxy, ssh, a running
+    session's files, commit, session templates, dotfiles, server and task logs, domain
+    rename, scaling-group drivers, etcd, ...): a 4xx whose message names what to use
+    instead, never a bare 404; nothing changes."""
+    x = uuid.uuid4().hex[:6]
+    name = f"rf-{x}"
+    sid = _sid_of(alice("session", "create", "--type", "batch", "--name", name, *RES,
+                        "--startup-command", "sleep 600", hub.image))
+    cases = [
+        (alice, ("app", name, "jupyter"), "the local app proxy"),
+        (alice, ("apps", name), "the local app proxy"),
+        (bob26, ("app", name, "jupyter"), "the local app proxy"),
+        (alice, ("ssh", name), "`ssh`/`scp` through the app proxy are not offered"),
+        (alice, ("session", "download", name, "a.txt"), "files of a running session"),
+        (alice, ("session", "ls", name), "files of a running session"),
+        (bob26, ("session", "ls", name), "files of a running session"),
+        (alice, ("session", "commit", name), "`session commit` is not offered here"),
+        (alice, ("session-template", "list"), "session templates are not offered"),
+        (bob26, ("session-template", "list"), "session templates are not offered"),
+        (alice, ("dotfile", "list"), "dotfiles are not offered here"),
+        (alice, ("server-logs", "list"), "the server's error log is the hub's own log"),
+        (alice, ("task-logs", str(uuid.uuid4())), "background task logs are not kept"),
+        (root, ("admin", "etcd", "get", "x"), "the managers' shared settings"),
+        (root, ("admin", "manager", "status"), "the manager's status and freezing"),
+        (root, ("admin", "announcement", "update", "-m", "hi"), "announcements are not"),
+        (root, ("admin", "domain", "update", "default", "--new-name", f"d-{x}"),
+         "domains cannot be renamed"),
+        (root, ("admin", "scaling-group", "add", f"sg-{x}", "--driver-opts", '{"a": 1}'),
+         "driver_opts: the static driver takes none; use scheduler_opts"),
+        (root, ("admin", "scaling-group", "add", f"sg-{x}", "--driver", "aws"),
+         "driver: only 'static' here"),
+    ]
+    wrong = []
+    for bai, args, words in cases:
+        rc, out = cli_run(bai, *args)
+        # (`apps` prints an error and exits 0: the clients' own code, cli/app.py)
+        if words not in out or "404" in out or (rc == 0 and args[0] != "apps"):
+            wrong.append(f"{args}: rc {rc}\n{out[-800:]}")
+    assert not wrong, "\n\n".join(wrong)
+    # every refused route answers 400 in Backend.AI's shape, for every method
+    sa = superadmin(hub)
+    for method, path in (("GET", f"/stream/session/{name}/tcpproxy"),
+                         ("GET", "/template/session"), ("POST", f"/session/{name}/commit"),
+                         ("PUT", "/user-config/dotfiles"), ("GET", "/folders/_/mounts"),
+                         ("PATCH", "/services/x"), ("POST", "/config/set")):
+        r = alice.user["client"](method, path)
+        assert r.status_code == 400 and " not " in r.json()["title"], (method, path, r.text)
+        assert r.headers["Content-Type"] == "application/problem+json"
+    assert sa.ok("GET", "/domains/default")["name"] == "default"
+    assert sa("GET", f"/resource-groups/sg-{x}").status_code == 404
+    admin_api(hub, "DELETE", f"/sessions/{sid}")

@@ -31,6 +31,9 @@ def routes() -> list[tuple]:
         ("/manager/announcement", h.AnnouncementHandler),
         ("/admin/gql", h.GQLHandler),
         ("/session", h.SessionCreateHandler),
+        # (before /session/{SEG}/...: "_" is no session)
+        ("/session/_/logs", h.RefusedHandler, {"what": "task-logs"}),
+        ("/session/_/create-from-template", h.RefusedHandler, {"what": "template"}),
         (f"/session/{SEG}", h.SessionHandler),
         (f"/session/{SEG}/logs", h.SessionLogsHandler),
         (f"/session/{SEG}/status-history", h.SessionStatusHistoryHandler),
@@ -67,6 +70,50 @@ def routes() -> list[tuple]:
         (f"/folders/{SEG}/request-download", h.FolderRequestDownloadHandler),
         (f"/stream/session/{SEG}/execute", ExecuteHandler),
     ]
+    # What the clients call and this hub does not offer: a 400 naming what to use instead.
+    refused = [
+        (f"/stream/session/{SEG}/apps", "app-proxy"),
+        (f"/stream/session/{SEG}/tcpproxy", "app-proxy"),
+        (f"/stream/session/{SEG}/httpproxy", "app-proxy"),
+        (f"/stream/session/{SEG}/pty", "pty"),
+        (f"/session/{SEG}/download", "session-files"),
+        (f"/session/{SEG}/download_single", "session-files"),
+        (f"/session/{SEG}/files", "session-files"),
+        (f"/session/{SEG}/commit", "commit"),
+        (f"/session/{SEG}/interrupt", "interrupt"),
+        (f"/session/{SEG}/complete", "complete"),
+        (f"/session/{SEG}/start-service", "start-service"),
+        (f"/session/{SEG}/abusing-report", "abusing-report"),
+        (f"/session/{SEG}/dependency-graph", "dependency-graph"),
+        ("/template/session", "template"),
+        (f"/template/session/{SEG}", "template"),
+        ("/user-config/dotfiles", "dotfile"),
+        ("/group-config/dotfiles", "dotfile"),
+        ("/domain-config/dotfiles", "dotfile"),
+        ("/logs/error", "server-logs"),
+        ("/config/get", "etcd"), ("/config/set", "etcd"), ("/config/delete", "etcd"),
+        ("/manager/status", "manager"), ("/manager/scheduler/operation", "manager"),
+        ("/license", "license"),
+        ("/resource/watcher", "watcher"), (f"/resource/watcher/agent/{SEG}", "watcher"),
+        ("/resource/usage/month", "usage"), ("/resource/usage/period", "usage"),
+        ("/resource/stats/user/month", "usage"), ("/resource/stats/admin/month", "usage"),
+        ("/resource/recalculate-usage", "usage"),
+        ("/resource/presets", "presets"), ("/resource/check-presets", "presets"),
+        ("/config/docker-registries", "registries"),
+        ("/resource/container-registries", "registries"),
+        ("/folders/_/mounts", "admin-vfolder"), ("/folders/_/fstab", "admin-vfolder"),
+        ("/folders/_/perf-metric", "admin-vfolder"), ("/folders/_/shared", "admin-vfolder"),
+        ("/folders/_/change-ownership", "admin-vfolder"),
+        ("/folders/_/all_hosts", "admin-vfolder"),
+        ("/services", "services"), (f"/services/{SEG}", "services"),
+        (f"/services/{SEG}/{SEG}", "services"), (f"/services/{SEG}/routings/{SEG}", "services"),
+        ("/image/import", "image-import"),
+        ("/auth/update-password", "password"), ("/auth/update-password-no-auth", "password"),
+        ("/server/update-password-no-auth", "password"),
+        ("/server/login", "login"), ("/server/logout", "login"), ("/auth/authorize", "login"),
+    ]
+    # (first: "/folders/_/mounts" is no folder "_")
+    table = [(path, h.RefusedHandler, {"what": what}) for path, what in refused] + table
     table += transfer.routes("/storage", h._local_volume, h._local_grants)
     table.append(("/storage/grant", h.TransferGrantHandler))
     return [(base + row[0], *row[1:]) for row in table]

@@ -790,7 +790,10 @@ class Root:
     async def modify_domain(self, info, name, props):
         async def run():
             if props.get("name") not in (None, name):
-                raise GraphQLError("name: domains cannot be renamed on this server")
+                raise GraphQLError("name: domains cannot be renamed on this server (the name "
+                                   "keys its users, projects and folders): create a domain "
+                                   "with the new name and move users to it (`admin user "
+                                   "update EMAIL -d DOMAIN`)")
             body = self._domain_body({k: v for k, v in props.items() if k != "name"},
                                      "DomainUpdate")
             # (is_active false: its sessions and its users' hub access end, as in REST)
@@ -842,9 +845,12 @@ class Root:
         # Agents join a resource group by their own configuration ("static"); sessions'
         # apps are proxied by the hub, not a wsproxy; containers use their own networks.
         if body.pop("driver", "static") != "static":
-            raise GraphQLError("driver: only 'static' here (agents name their resource group)")
+            raise GraphQLError("driver: only 'static' here: agents join a resource group by "
+                               "their own configuration (Backend.AI's other drivers, such as "
+                               "cloud auto-scaling, are not offered)")
         if body.pop("driver_opts", "{}") not in ("{}", ""):
-            raise GraphQLError("driver_opts: not supported by this server")
+            raise GraphQLError("driver_opts: the static driver takes none; use "
+                               "scheduler_opts for the scheduler's options")
         if body.pop("use_host_network", False):
             raise GraphQLError("use_host_network: not supported by this server")
         for k in ("wsproxy_addr", "wsproxy_api_token"):

@@ -93,6 +93,9 @@ class AnnouncementHandler(CompatBase):
     async def get(self):
         self.reply({"enabled": False, "message": ""})
 
+    async def post(self):  # `admin announcement update/delete`
+        raise NotOffered(REFUSALS["announcement"])
+
 
 class GQLHandler(CompatBase):
     async def post(self):
@@ -1095,14 +1098,90 @@ class NotSupported(BackendAIError):
     title = "Not implemented"
 
 
-class NotSupportedHandler(CompatBase):
-    """Backend.AI routes this server knows but does not offer: a 501 that says so."""
+class NotOffered(BackendAIError):
+    status_code = 400
+    title = "Not offered by this server"
+
+
+#: Routes Backend.AI's clients call that this hub does not offer, each with what to use
+#: instead (docs/backendai-compat.md): (pattern, key of REFUSALS).
+_HOME = "your home folder (.home, mounted at /home/work in every session)"
+REFUSALS = {
+    "app-proxy": (
+        "the local app proxy (`app`, `apps`, the websocket TCP/HTTP proxy) is not offered "
+        "here: open a session's apps through the hub at /user/<you>/<session>/ (JupyterLab; "
+        "other service ports at /user/<you>/<session>/proxy/<port>/, docs/service-ports.md)"),
+    "ssh": (
+        "`ssh`/`scp` through the app proxy are not offered here: use the SSH port of a "
+        "session in a resource group with SSH (its address and key: the session's page in "
+        "the hub, docs/service-ports.md), or JupyterLab's terminal"),
+    "pty": ("a terminal over the API (`run --terminal`) is not offered here: use "
+            "JupyterLab's terminal at /user/<you>/<session>/"),
+    "session-files": (
+        "files of a running session are not listed or downloaded through the API here: "
+        "keep them in a vfolder mounted in the session and use `vfolder ls` / `vfolder "
+        "download`, or JupyterLab's file browser"),
+    "commit": ("`session commit` is not offered here yet: build the image and add it to the "
+               "registry the agents use (`backend.ai admin image` is not offered either)"),
+    "template": ("session templates are not offered here: use the hub's presets (the spawn "
+                 "form) or `session create` with the options"),
+    "dotfile": (f"dotfiles are not offered here: put them in {_HOME}, which every session "
+                "of yours mounts"),
+    "server-logs": ("the server's error log is the hub's own log (its operator's), not "
+                    "served through the API: a session's output is `session logs`"),
+    "task-logs": ("background task logs are not kept here (no task runs in the background): "
+                  "a session's output is `session logs`"),
+    "interrupt": ("interrupting a kernel through the API is not offered here: `run` stops "
+                  "with Ctrl-C; JupyterLab's kernel menu interrupts"),
+    "complete": "code completion through the API is not offered here: use JupyterLab",
+    "start-service": ("starting a service through the API is not offered here: the "
+                      "session's apps are served by its Jupyter server, at "
+                      "/user/<you>/<session>/proxy/<port>/"),
+    "abusing-report": "abuse reports are not kept here",
+    "dependency-graph": ("the dependency graph is not offered here: `session info` shows a "
+                         "session's dependencies"),
+    "etcd": ("the managers' shared settings are the hub's configuration (jupyterhub_config.py; "
+             "etcd in cluster mode, docs/cluster.md), not changed through this API"),
+    "manager": ("the manager's status and freezing are not offered here: the scheduler's "
+                "state is the admin API's GET /hub/api/backendai/scheduler (docs/api.md)"),
+    "license": "there is no license to show: this platform is open source",
+    "watcher": ("agent watchers are not offered here: agents are services their operator "
+                "runs (docs/cluster.md)"),
+    "usage": ("usage statistics are not offered through this API: the hub's Prometheus "
+              "metrics (/hub/metrics) and the admin API's session list (docs/api.md)"),
+    "presets": ("resource presets are the presets of the hub's spawn form, not "
+                "served through this API: `session create -r` names the resources"),
+    "registries": ("image registries are not offered through this API: the agents' images "
+                   "are the ones offered (`admin image` is not offered either)"),
+    "admin-vfolder": ("this view of the storage is not offered here: the admin API's "
+                      "/vfolder-hosts and /vfolders (docs/api.md)"),
+    "services": "model serving (services, endpoints) is not offered here",
+    "image-import": "images are not imported through this API",
+    "password": ("passwords are changed on the hub's page /hub/backendai/password (or by an "
+                 "admin: `admin user update -p`)"),
+    "login": ("this hub takes keypair-signed requests: use BACKEND_ENDPOINT_TYPE=api with an "
+              "access and a secret key; browsers log in at /hub/login"),
+    "announcement": ("announcements are not offered here: the hub's own announcement "
+                     "(c.JupyterHub.template_vars) is shown on its pages"),
+}
+
+
+class RefusedHandler(CompatBase):
+    """A route Backend.AI's clients call that this hub does not offer: 400 with what to use
+    instead (never a bare 404), for every method, after authentication."""
 
     def initialize(self, what: str):
         self.what = what
 
     async def _refuse(self, *args):
-        raise NotSupported(f"{self.what} is not supported by this server yet "
-                           "(see docs/backendai-compat.md)")
+        what = self.what
+        if what == "session-files":
+            try:
+                files = self.json_body().get("files")
+            except BackendAIError:
+                files = None
+            if files == ["id_container"]:  # what `ssh`/`scp` fetch first
+                what = "ssh"
+        raise NotOffered(REFUSALS[what])
 
-    get = post = put = patch = delete = _refuse
+    get = post = put = patch = delete = head = _refuse
