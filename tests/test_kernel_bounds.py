@@ -19,6 +19,7 @@ import subprocess
 
 from jupyterhub_backendai.agent.backends import netguard
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.models import KeypairResourcePolicy
 
 from .inproc import DEAD, image_for, make_user, running_manager, wait_status
 
@@ -45,9 +46,11 @@ except RuntimeError as e:
 
 
 def test_a_kernel_stops_at_its_tmp_and_pids_bounds(tmp_path):
+    """The bounds come from the keypair's resource policy (the agent's own defaults,
+    1024 and 1 GiB, where it sets none)."""
+
     def configure(c):
-        c.Agent.kernel_pids_limit = 64
-        c.Agent.kernel_tmp_size = "16m"
+        c.Agent.kernel_tmp_size = "2g"  # the policy's value wins
 
     command = (
         "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1; "
@@ -63,6 +66,13 @@ def test_a_kernel_stops_at_its_tmp_and_pids_bounds(tmp_path):
         async with running_manager(f"sqlite:///{tmp_path}/b.sqlite", tmp_path, "docker",
                                    configure=configure) as mgr:
             user = await make_user(mgr)
+
+            def bounds(s):
+                policy = s.get(KeypairResourcePolicy, "default")
+                policy.max_pids_per_kernel = 64
+                policy.max_tmp_size = 16 * 2**20
+
+            await mgr.db(bounds)
             sid = await _batch(mgr, user, "bounds", command)
             sess = await wait_status(mgr, sid, DEAD, timeout=180)
             return sess.kernels[0].logs or ""

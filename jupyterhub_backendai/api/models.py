@@ -286,6 +286,11 @@ class KeypairResourcePolicyUpdate(Request):
     max_pending_session_count: Int() | None = None
     max_pending_session_resource_slots: SlotsIn | None = None
     allowed_vfolder_hosts: VFolderHostsIn = None
+    max_pids_per_kernel: Annotated[Int(32, 4_194_304) | None, Field(
+        description="processes and threads one kernel may run; null: the agent's default")] = None
+    max_tmp_size: Annotated[Int(1 << 20, INT64) | None, Field(
+        description="bytes of each kernel's /tmp and /var/tmp (tmpfs, counted in its "
+                    "memory); null: the agent's default")] = None
 
 
 class KeypairResourcePolicyCreate(KeypairResourcePolicyUpdate, _Named):

@@ -252,6 +252,8 @@ KINDS: dict[str, _Kind] = {
             "max_pending_session_count": (_optional(_int(0)), False),
             "max_pending_session_resource_slots": (_optional(_slots), False),
             "allowed_vfolder_hosts": (_object, False),
+            "max_pids_per_kernel": (_optional(_int(32)), False),
+            "max_tmp_size": (_optional(_int(1 << 20)), False),
         },
         lambda e: str(e.get("name")),
     ),

@@ -215,6 +215,8 @@ class KeypairResourcePolicy(Response):
     max_pending_session_count: int | None
     max_pending_session_resource_slots: SlotsOut | None
     allowed_vfolder_hosts: Object
+    max_pids_per_kernel: int | None = None
+    max_tmp_size: int | None = None
     created_at: Time
 
 

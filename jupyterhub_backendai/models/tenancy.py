@@ -66,6 +66,10 @@ class KeypairResourcePolicy(Base):
         SlotsType, nullable=True
     )
     allowed_vfolder_hosts: Mapped[dict] = mapped_column(JSON, default=dict)
+    # Issue 24: the bounds of each kernel of the keypair's sessions (None: the agent's
+    # own, Agent.kernel_pids_limit / Agent.kernel_tmp_size).
+    max_pids_per_kernel: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_tmp_size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

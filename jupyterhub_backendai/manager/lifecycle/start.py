@@ -120,7 +120,9 @@ class Starter:
             if sess.resource_group in mgr.ssh_resource_groups:  # issue 12: opted in
                 ssh_key = await mgr.db_read(
                     sshkeys.session_public_key, sess, mgr.ssh_resource_groups)
-            specs = self.kernel_specs(sess, kernels, agents, owner, mounts, ssh_key=ssh_key)
+            bounds = await mgr.db_read(kernel_bounds, sess.access_key)
+            specs = self.kernel_specs(sess, kernels, agents, owner, mounts, ssh_key=ssh_key,
+                                      bounds=bounds)
 
             async def create(k, spec):
                 rec = await clients[k.agent_id].create_kernel(spec.to_wire())
@@ -258,7 +260,8 @@ class Starter:
         return out
 
     def kernel_specs(self, sess: Session, kernels: list[Kernel], agents: dict, owner: str,
-                     mounts: list[dict] = (), ssh_key: str | None = None) -> list[KernelSpec]:
+                     mounts: list[dict] = (), ssh_key: str | None = None,
+                     bounds: dict | None = None) -> list[KernelSpec]:
         """What each agent gets: the main kernel serves Jupyter (or runs the batch
         command), the others idle; all know the session's cluster and mount the
         session's vfolders. ``ssh_key``: the public key the main kernel's sshd is
@@ -313,8 +316,24 @@ class Starter:
                 cluster_agents=n_agents,
                 cluster_ssh=cluster_ssh,
                 ssh_public_key=ssh_key if main and ssh_key else None,
+                **(bounds or {}),
             ))
         return specs
+
+
+def kernel_bounds(s, access_key: str) -> dict:
+    """The kernel bounds of a keypair's resource policy (issue 24): ``pids_limit`` and
+    ``tmp_size`` where the policy sets them (else the agent's own defaults apply)."""
+    from ...models import Keypair, KeypairResourcePolicy
+
+    kp = s.get(Keypair, access_key)
+    policy = s.get(KeypairResourcePolicy, kp.resource_policy) if kp is not None else None
+    out = {}
+    if policy is not None and policy.max_pids_per_kernel:
+        out["pids_limit"] = policy.max_pids_per_kernel
+    if policy is not None and policy.max_tmp_size:
+        out["tmp_size"] = policy.max_tmp_size
+    return out
 
 
 def _cluster_ssh_keypair(session_id: str) -> dict:
