@@ -61,7 +61,8 @@ WEIGHT = {
     # measured alone (-n 0) when they were written
     "test_hub_host": 100, "test_execute_stream": 100, "test_attacks_agent": 120,
     "test_client_address": 110, "test_ssh_revoke": 90, "test_tus": 150,
-    "test_session_tokens": 35, "test_reflector": 15, "test_btrfs": 35,
+    "test_session_tokens": 35, "test_reflector": 15,
+    "test_kernel_bounds": 60, "test_bus_outage": 25, "test_bus_auth": 10, "test_btrfs": 35,
 }
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
