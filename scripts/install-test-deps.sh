@@ -10,10 +10,12 @@ export DEBIAN_FRONTEND=noninteractive
 # openssh-client: ssh/sftp into a session's published sshd (tests/test_ssh_port.py).
 # btrfs-progs: btrfs volumes (storageproxy/btrfs.py, tests/test_btrfs.py makes one on a loop device).
 # nginx-light: the app front (jupyterhub_backendai/appfront.py, tests/test_service_ports.py).
+# docker-registry: the distribution registry the image tests push to and agents pull from
+# (tests/registry.py: loopback, htpasswd auth, TLS; docs/images.md).
 # python3 (Debian's): an interpreter outside /root that an unprivileged kernel user can run
 # (tests/test_attacks_agent.py runs a hub on it, installed from this checkout).
 pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client
-      btrfs-progs
+      btrfs-progs docker-registry
       nginx-light python3)
 # npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
 # (only when missing: a NodeSource nodejs brings its own npm).
