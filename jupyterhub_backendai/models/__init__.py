@@ -1,7 +1,8 @@
-"""The record: tenancy, policies, resource groups, agents, sessions, kernels, vfolders."""
+"""The record: tenancy, policies, resource groups, agents, images, sessions, kernels, vfolders."""
 
 from .base import Base
 from .cluster import Agent, ResourceGroup
+from .images import ContainerRegistry, Image, ImageAlias
 from .session import Kernel, Session, session_dependencies
 from .tenancy import (
     Domain,
@@ -18,7 +19,10 @@ from .vfolder import VFolder, VFolderPermissionRow
 __all__ = [
     "Agent",
     "Base",
+    "ContainerRegistry",
     "Domain",
+    "Image",
+    "ImageAlias",
     "Kernel",
     "Keypair",
     "KeypairResourcePolicy",
