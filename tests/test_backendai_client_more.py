@@ -249,6 +249,11 @@ def test_admin_agent_list_query_slots_and_usable_scaling_groups(hub, root, alice
                          r"default\b", out), out
     out = root("admin", "agent", "list", "-s", "LOST", rc=None)
     assert agent["id"] not in out, out
+    for cli in (root, root26):
+        out = cli("admin", "agent", "info", agent["id"])
+        assert re.search(rf"ID\s+{re.escape(agent['id'])}\n", out) and "ALIVE" in out, out
+    out = root("admin", "announcement", "get")
+    assert "rror" not in out, out
     out = alice("admin", "agent", "list", rc=1)
     assert "you may not read agents" in out, out
     for cli in (alice, BAI(hub, alice.user, str(tmp_path), cli=CLI26)):
@@ -496,3 +501,53 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     assert sa.ok("GET", "/domains/default")["name"] == "default"
     assert sa("GET", f"/resource-groups/sg-{x}").status_code == 404
     admin_api(hub, "DELETE", f"/sessions/{sid}")
+
+
+WALK = """
+import json
+import click
+from ai.backend.cli.__main__ import main
+
+def walk(cmd, path):
+    if not isinstance(cmd, click.Group):
+        return [" ".join(path)]
+    out = []
+    for name in sorted(cmd.commands):
+        if not getattr(cmd.commands[name], "hidden", False):
+            out += walk(cmd.commands[name], path + [name])
+    return out
+
+print(json.dumps(walk(main, [])))
+"""
+
+
+def test_compat_table_names_every_command():
+    """docs/backendai-compat.md's table names every command the installed clients offer
+    (their click command trees, walked in each client's own Python), with the right
+    client columns and an answer of a known kind; no row names a command neither has."""
+    offered = {}
+    for label, cli in (("23.9.10", CLI), ("26.9.6", CLI26)):
+        py = os.path.join(os.path.dirname(cli), "python")
+        p = subprocess.run([py, "-c", WALK], capture_output=True, text=True, timeout=120,
+                           env={"PATH": os.environ["PATH"], "HOME": "/nonexistent"})
+        assert p.returncode == 0, p.stderr
+        offered[label] = set(json.loads(p.stdout))
+        assert len(offered[label]) > 100, offered[label]  # (the walk found the tree)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "backendai-compat.md")) as fh:
+        doc = fh.read()
+    section = doc[doc.index("## Every command of both clients"):]
+    section = section[:section.index("\n## ")] if "\n## " in section else section
+    rows = {}
+    for line in section.splitlines():
+        m = re.fullmatch(r"\| `([^`]+)` \| (yes|—) \| (yes|—) \| (.+) \|", line)
+        if m:
+            rows[m.group(1)] = (m.group(2) == "yes", m.group(3) == "yes", m.group(4))
+    every = offered["23.9.10"] | offered["26.9.6"]
+    assert sorted(every - set(rows)) == [], "commands the table does not name"
+    assert sorted(set(rows) - every) == [], "rows naming a command no client offers"
+    wrong = [c for c, (in23, in26, _) in rows.items()
+             if (in23, in26) != (c in offered["23.9.10"], c in offered["26.9.6"])]
+    assert wrong == [], "rows with a wrong client column"
+    kinds = ("works", "refused: ", "not offered (untested): ", "client only", "see ")
+    assert [c for c, (_, _, here) in rows.items() if not here.startswith(kinds)] == []

@@ -371,7 +371,7 @@ def agent_item(a: dict) -> dict:
         "architecture": a["architecture"], "scaling_group": a["resource_group"],
         "schedulable": a["schedulable"], "available_slots": _bai_slots(a["available_slots"]),
         "occupied_slots": _bai_slots(a["occupied_slots"]), "addr": a["addr"],
-        "first_contact": a["first_contact"], "lost_at": None, "live_stat": "{}",
+        "first_contact": a["first_contact"], "lost_at": None, "live_stat": None,
         "version": a["version"], "compute_plugins": "{}", "hardware_metadata": "{}",
         "compute_containers": [], "local_config": "{}", "cpu_cur_pct": cpu_pct,
         "mem_cur_bytes": mem,
