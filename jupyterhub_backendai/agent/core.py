@@ -25,6 +25,7 @@ from ..common.events import EventBus
 from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
 from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
+from .backends.pull import Puller
 from .resources import hostinfo
 from .resources.cuda import (
     DeviceSource,
@@ -248,6 +249,7 @@ class Agent(LoggingConfigurable):
         super().__init__(**kw)
         self.event_bus = event_bus
         self.impl: Backend | None = None
+        self.puller = Puller(self)  # issue 25: images pulled on demand, one pull per image
         self.device_source: DeviceSource = (
             StaticDeviceSource(self.fake_cuda_devices)
             if self.fake_cuda_devices
@@ -564,6 +566,11 @@ class Agent(LoggingConfigurable):
 
     async def list_images(self) -> list[ImageInfo]:
         return await self.impl.list_images()
+
+    async def pull_image(self, ref: str, auth: dict | None = None, policy: str = "tag",
+                         on_progress=None) -> bool:
+        """Issue 25: make ``ref`` present, pulling it (shared) when missing (backends/pull.py)."""
+        return await self.puller.ensure(ref, auth, policy, on_progress)
 
     async def create_kernel(self, spec: dict | KernelSpec) -> dict:
         """Start one kernel. ``spec``: a :class:`KernelSpec` or its wire form: kernel_id, session_id, owner, image, slots, environ,
