@@ -14,8 +14,11 @@ cluster's ``etcd_url``). Then N simulated agents, in this process, do what
   stream (the daemon's payload, with its send time) and write their live
   statistics (``agent/stats.write_stats``: 4 kernels each with CPU, memory and
   GPU figures, free slots);
-- answer the hub's reconciliation calls (``GET /v1/kernels``: no kernels) from
-  one small HTTP server they share.
+- answer the hub's calls from one small HTTP server they share, each under a path of
+  its own (its address is ``http://127.0.0.1:PORT/a/<id>``): reconciliation
+  (``GET /v1/kernels``: no kernels) and the direct call by which the hub confirms a
+  join and, for a silent agent, its liveness (``GET /v1/info``: its own description;
+  a killed agent no longer answers).
 
 Heartbeats are spread evenly over the interval. Measured over ``--seconds`` after
 a warm-up of one interval:
@@ -70,7 +73,8 @@ def log(msg: str) -> None:
 class SimAgent:
     def __init__(self, i: int, addr: str, bus: RedisEventBus, etcd_url: str, interval: float):
         self.id = f"i-sim-{i:05d}"
-        self.addr = addr
+        self.addr = f"{addr}/{self.id}"
+        self.dead = False
         self.bus = bus
         self.interval = interval
         self.sent: list[float] = []
@@ -118,7 +122,9 @@ class SimAgent:
             await asyncio.sleep(max(0.0, nxt - loop.time()))
 
     async def kill(self) -> None:
-        """As kill -9: stop beating and stop refreshing the lease, revoke nothing."""
+        """As kill -9: stop beating and stop refreshing the lease, revoke nothing; its
+        API no longer answers."""
+        self.dead = True
         self.task.cancel()
         reg = self.reg
         if reg._task is not None:
@@ -130,16 +136,28 @@ class SimAgent:
             reg._task = None
 
 
-async def fake_agent_api(port: int) -> web.AppRunner:
+async def fake_agent_api(port: int, agents: dict[str, SimAgent]) -> web.AppRunner:
+    def agent(request) -> SimAgent:
+        a = agents.get(request.match_info["aid"])
+        if a is None or a.dead:
+            raise web.HTTPServiceUnavailable()
+        return a
+
     async def kernels(request):
+        agent(request)
         return web.json_response([])
 
     async def images(request):
+        agent(request)
         return web.json_response([])
 
+    async def info(request):
+        return web.json_response(agent(request).info())
+
     app = web.Application()
-    app.router.add_get("/v1/kernels", kernels)
-    app.router.add_get("/v1/images", images)
+    app.router.add_get("/a/{aid}/v1/kernels", kernels)
+    app.router.add_get("/a/{aid}/v1/images", images)
+    app.router.add_get("/a/{aid}/v1/info", info)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -160,10 +178,10 @@ def pct(values: list[float], p: float) -> float:
 
 async def bench(args, hub: Hub, redis_url: str, etcd_url: str, db_url: str) -> dict:
     api_port = free_port()
-    runner = await fake_agent_api(api_port)
     bus = RedisEventBus(redis_url)
-    addr = f"http://127.0.0.1:{api_port}"
-    agents = [SimAgent(i, addr, bus, etcd_url, args.interval) for i in range(args.agents)]
+    base = f"http://127.0.0.1:{api_port}/a"
+    agents = [SimAgent(i, base, bus, etcd_url, args.interval) for i in range(args.agents)]
+    runner = await fake_agent_api(api_port, {a.id: a for a in agents})
     engine = create_engine(db_url)
     try:
         log(f"registering {len(agents)} agents in etcd ...")
@@ -276,8 +294,22 @@ def main() -> None:
     services = []
     hub = None
     try:
-        redis, etcd = Redis(), Etcd()
+        # The bus authenticated as docs/cluster.md sets it up: no anonymous user, the
+        # hub's own, and the agents' (one shared user here; per agent in the docs).
+        import secrets
+        import tempfile
+
+        hub_pw, agent_pw = secrets.token_hex(12), secrets.token_hex(12)
+        acl = os.path.join(tempfile.mkdtemp(prefix="bai-acl-"), "users.acl")
+        with open(acl, "w") as f:
+            f.write("user default off\n"
+                    f"user hub on >{hub_pw} ~* &* +@all -@dangerous\n"
+                    f"user agents on >{agent_pw} resetchannels -@all +xadd +del +hset +pexpire "
+                    "+multi +exec +ping +select %W~backendai.events %W~backendai.agent-stats.*\n")
+        redis, etcd = Redis("--aclfile", acl), Etcd()
         services += [redis, etcd]
+        hub_redis = f"redis://hub:{hub_pw}@127.0.0.1:{redis.port}/0"
+        agents_redis = f"redis://agents:{agent_pw}@127.0.0.1:{redis.port}/0"
         if args.db == "postgres":
             pg = Postgres()
             services.append(pg)
@@ -287,7 +319,7 @@ def main() -> None:
         etcd_url = f"http://127.0.0.1:{etcd.port}"
         hub = Hub(
             db_url=db_url or "sqlite:///placeholder", backend="local",
-            extra_env={"BACKENDAI_REDIS_URL": redis.url, "BACKENDAI_ETCD_URL": etcd_url,
+            extra_env={"BACKENDAI_REDIS_URL": hub_redis, "BACKENDAI_ETCD_URL": etcd_url,
                        "BACKENDAI_AGENT_TOKEN": TOKEN},
             extra_args=["--BackendAIManager.embedded_agent=False",
                         f"--BackendAIManager.agent_lost_timeout={args.lost_timeout}",
@@ -298,7 +330,7 @@ def main() -> None:
             hub.env["BACKENDAI_DB_URL"] = db_url
         hub.start()
         log(f"hub up ({args.db}); {args.agents} agents every {args.interval:g} s")
-        out = asyncio.run(bench(args, hub, redis.url, etcd_url, db_url))
+        out = asyncio.run(bench(args, hub, agents_redis, etcd_url, db_url))
     finally:
         if hub is not None:
             hub.close()
