@@ -99,6 +99,19 @@ class ImageInspectHandler(_Handler):
             self.write_json({"name": info.name, "labels": info.labels})
 
 
+class ImagePullHandler(_Handler):
+    async def post(self):
+        """Issue 25: pull an image when missing (``{"name", "auth", "policy"}``)."""
+        body = self.body()
+        name, auth = body.get("name"), body.get("auth")
+        if not isinstance(name, str) or not (auth is None or isinstance(auth, dict)):
+            self.problem(InvalidRequest("name (a string) is required; auth is an object"))
+            return
+        pulled = await self._guard(self.agent.pull_image(name, auth, body.get("policy") or "tag"))
+        if pulled is not None:
+            self.write_json({"pulled": pulled})
+
+
 class InfoHandler(_Handler):
     async def get(self):
         self.write_json(self.agent.info())
@@ -116,6 +129,7 @@ def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
             (r"/v1/kernels/([0-9a-f]+)/revoke-ssh-key", KernelSSHKeyHandler),
             (r"/v1/images", ImagesHandler),
             (r"/v1/images/inspect", ImageInspectHandler),
+            (r"/v1/images/pull", ImagePullHandler),
         ],
         default_handler_class=NotFoundHandler,
         agent=agent,

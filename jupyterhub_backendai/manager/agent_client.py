@@ -39,6 +39,12 @@ class AgentClient:
     async def list_images(self) -> list[dict]:
         raise NotImplementedError
 
+    async def pull_image(self, name: str, auth: dict | None = None, policy: str = "tag",
+                         on_progress=None) -> bool:
+        """Issue 25: make ``name`` present on the agent, pulling it when missing
+        (``on_progress(dict)``: in process only)."""
+        raise NotImplementedError
+
 
 class InProcessAgentClient(AgentClient):
     def __init__(self, agent):
@@ -68,6 +74,9 @@ class InProcessAgentClient(AgentClient):
 
     async def list_images(self):
         return [{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()]
+
+    async def pull_image(self, name, auth=None, policy="tag", on_progress=None):
+        return await self.agent.pull_image(name, auth, policy, on_progress)
 
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -140,3 +149,8 @@ class HTTPAgentClient(AgentClient):
 
     async def list_images(self):
         return await self._call("GET", "/v1/images")
+
+    async def pull_image(self, name, auth=None, policy="tag", on_progress=None):
+        done = await self._call("POST", "/v1/images/pull",
+                                {"name": name, "auth": auth, "policy": policy})
+        return bool(done.get("pulled"))

@@ -78,6 +78,11 @@ class BackendAIManager(SingletonConfigurable):
     embedded_agent = Bool(
         True, help="Run one agent inside the hub process (embedded default)."
     ).tag(config=True)
+    image_catalogue = Bool(
+        False, help="""Issue 25: only images in the catalogue (and not hidden) can be started
+        (docs/images.md). Off: any labelled image an agent holds, as before; catalogued
+        images from a registry are pulled either way."""
+    ).tag(config=True)
     agent_token = Unicode(
         help="Shared secret for agent daemons' APIs (env BACKENDAI_AGENT_TOKEN)."
     ).tag(config=True)

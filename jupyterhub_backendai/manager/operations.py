@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     apiviews,
     cliviews,
     compatviews,
+    images,
     keypairs,
     pageviews,
     spawnviews,

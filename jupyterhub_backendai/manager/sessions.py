@@ -59,10 +59,21 @@ class Sessions:
         the :class:`CheckedRequest` returned again."""
         if isinstance(request, CheckedRequest):
             return request
+        # Issue 25: the catalogue names the image (an alias resolves to it); with
+        # image_catalogue on, nothing else starts (manager/images.py).
+        entry = await self.mgr.ops.resolve_image(request.image)
+        if self.mgr.image_catalogue and (entry is None or entry["hidden"]):
+            why = "is hidden" if entry else "is not in the catalogue"
+            raise InvalidRequest(f"image {request.image!r} {why}: choose one of the images "
+                                 "listed (GET /hub/api/backendai/images)")
+        if entry is not None and entry["name"] != request.image:
+            request = request.model_copy(update={"image": entry["name"]})
+        pulled = entry is not None and entry["source"] != "local"
         await self.validate(
             request.image, request.slots, request.resource_group,
             cluster_size=request.cluster_size, cluster_mode=request.cluster_mode.value,
-            architecture=request.architecture, designated_agents=request.designated_agents)
+            architecture=request.architecture, designated_agents=request.designated_agents,
+            labels=entry["labels"] if pulled else None)
         return CheckedRequest(request)
 
     async def validate(
@@ -75,8 +86,10 @@ class Sessions:
         cluster_mode: str = "single-node",
         architecture: str | None = None,
         designated_agents: list[str] | tuple = (),
+        labels: dict | None = None,
     ) -> None:
         """Reject what can never run: unknown image, below image minimum, beyond any agent.
+        ``labels``: the catalogue's labels of an image agents pull (no agent need hold it).
 
         ``slots`` are per kernel. A single-node session needs all its kernels on
         one agent; a multi-node one needs ``cluster_size`` distinct agents that
@@ -127,9 +140,9 @@ class Sessions:
                     f"a multi-node session of {cluster_size} kernels of {slots.nonzero().describe()} "
                     f"needs {cluster_size} agents that each fit one; {fitting} do"
                 )
-        info = None
+        info = {"labels": labels} if labels is not None else None
         errors = []
-        for client in await mgr.agents.clients(resource_group):
+        for client in [] if info else await mgr.agents.clients(resource_group):
             try:
                 info = await client.image_info(image)
                 break

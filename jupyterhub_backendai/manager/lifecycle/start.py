@@ -20,8 +20,8 @@ from ...common.errors import AgentError, BackendAIError, ImageNotFound
 from ...common.kernelspec import KernelSpec
 from ...common.types import SessionStatus, VFolderStatus
 from ...models import Agent, Kernel, Session, User, VFolder
+from .. import images, sshkeys
 from .. import mounts as vfmounts
-from .. import sshkeys
 from ..vfolders import mount_permission
 from . import record
 
@@ -106,7 +106,7 @@ class Starter:
                 sid, {SessionStatus.SCHEDULED}, SessionStatus.PREPARING, "checking the image"
             ):
                 return
-            await asyncio.gather(*(c.image_info(sess.image) for c in clients.values()))
+            await images.ensure_on_agents(mgr, sid, sess.image, clients)  # issue 25: pull
             mounts = await self.mount_specs(
                 sess, mount_points=any(b != "local" for _, b in agents.values()))
             n = len(kernels)

@@ -1,0 +1,564 @@
+"""Kernel images: registries, the catalogue, and its rescan (issue 25).
+
+Registries are configuration (:class:`~..models.ContainerRegistry`); their passwords are
+secrets: no answer of this module carries one (``has_password`` says whether one is set)
+and nothing here logs one. A rescan (:func:`rescan`) lists a registry's repositories and
+tags over the registry HTTP API v2, reads each image's config blob for its labels and
+records every image that declares ``ai.backend.kernelspec`` (:func:`record_scan`). The
+pseudo-registry ``local`` is what the agents' engines hold already (images built or
+loaded by hand), scanned from the agents (:func:`rescan_local`).
+
+With ``c.BackendAIManager.image_catalogue`` on, only catalogued images that are not
+hidden can be started (:func:`resolve_image`); an alias names a catalogued image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import ssl
+
+import aiohttp
+from pydantic import Field
+from sqlalchemy import delete, select
+
+from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
+from ..models import ContainerRegistry, Image, ImageAlias
+from ..models.base import utcnow
+from . import access
+from .access import Principal
+from .ops import reads, writes
+from .responses import Object, Response, Time
+
+LOCAL = "local"
+KERNELSPEC = "ai.backend.kernelspec"
+PULL_POLICIES = ("digest", "tag", "none")
+MANIFEST_TYPES = ", ".join((
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+))
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
+
+
+class RegistryError(BackendAIError):
+    """The registry refused or failed a rescan (its reason in the detail)."""
+
+    status_code = 502
+    title = "Registry error"
+
+
+# -- the answers ----------------------------------------------------------------------
+
+
+class ContainerRegistryOut(Response):
+    name: str
+    url: str
+    project: str
+    username: str
+    has_password: bool
+    has_ca_cert: bool
+    pull_policy: str
+    last_scan: Time | None = None
+    created_at: Time
+
+
+class ImageOut(Response):
+    name: str
+    source: str
+    repo: str
+    tag: str
+    digest: str
+    architecture: str
+    size_bytes: int
+    labels: Object
+    aliases: list[str] = Field(default_factory=list)
+    description: str
+    hidden: bool
+    is_default: bool
+    min_slots: dict[str, str] = Field(default_factory=dict)
+    scanned_at: Time
+
+
+class RescanResult(Response):
+    registry: str
+    found: int
+    added: int
+    updated: int
+    removed: int
+
+
+def _registry_body(r: ContainerRegistry) -> dict:
+    return ContainerRegistryOut.body({
+        "name": r.name, "url": r.url, "project": r.project, "username": r.username,
+        "has_password": bool(r.password), "has_ca_cert": bool(r.ca_cert),
+        "pull_policy": r.pull_policy, "last_scan": r.last_scan, "created_at": r.created_at,
+    })
+
+
+def min_slots(labels: dict) -> dict[str, str]:
+    prefix = "ai.backend.resource.min."
+    return {k[len(prefix):]: str(v) for k, v in labels.items() if k.startswith(prefix)}
+
+
+def _image_body(img: Image, aliases: list[str]) -> dict:
+    return ImageOut.body({
+        "name": img.name, "source": img.source, "repo": img.repo, "tag": img.tag,
+        "digest": img.digest, "architecture": img.architecture, "size_bytes": img.size_bytes,
+        "labels": img.labels or {}, "aliases": sorted(aliases),
+        "description": img.description, "hidden": img.hidden, "is_default": img.is_default,
+        "min_slots": min_slots(img.labels or {}), "scanned_at": img.scanned_at,
+    })
+
+
+# -- registries (superadmins) ---------------------------------------------------------
+
+REGISTRY_FIELDS = ("url", "project", "username", "password", "ca_cert", "pull_policy")
+
+
+def _check_registry(body: dict) -> None:
+    url = body.get("url")
+    if url is not None and not re.match(r"^https?://[^/\s]+/?$", url):
+        raise InvalidRequest(f"url: {url!r} is not a registry address (https://host[:port])")
+    pol = body.get("pull_policy")
+    if pol is not None and pol not in PULL_POLICIES:
+        raise InvalidRequest(f"pull_policy: {pol!r} is not one of {', '.join(PULL_POLICIES)}")
+    proj = body.get("project")
+    if proj and not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*$", proj):
+        raise InvalidRequest(f"project: {proj!r} is not a registry namespace")
+    ca = body.get("ca_cert")
+    if ca and "-----BEGIN CERTIFICATE-----" not in ca:
+        raise InvalidRequest("ca_cert: not a PEM certificate")
+
+
+def _registry(db, name: str) -> ContainerRegistry:
+    r = db.get(ContainerRegistry, name)
+    if r is None:
+        raise NotFound(f"no container registry {name!r}")
+    return r
+
+
+@reads
+def list_registries(db, p: Principal) -> list[dict]:
+    access.require(p.is_superadmin, "list container registries")
+    return [_registry_body(r) for r in db.scalars(select(ContainerRegistry)
+                                                  .order_by(ContainerRegistry.name))]
+
+
+@reads
+def get_registry(db, p: Principal, name: str) -> dict:
+    access.require(p.is_superadmin, "see container registries")
+    return _registry_body(_registry(db, name))
+
+
+@writes
+def create_registry(db, p: Principal, body: dict) -> dict:
+    access.require(p.is_superadmin, "add container registries")
+    name = body.get("name") or ""
+    if not _NAME.match(name) or name == LOCAL:
+        raise InvalidRequest(f"name: {name!r} is not a registry name (letters, digits, . _ -; "
+                             f"not {LOCAL!r}, the agents' own images)")
+    if not body.get("url"):
+        raise InvalidRequest("url: required field missing")
+    _check_registry(body)
+    if db.get(ContainerRegistry, name) is not None:
+        raise Conflict(f"container registry {name!r} exists")
+    r = ContainerRegistry(name=name, project="", username="", password="", ca_cert="",
+                          pull_policy="tag")
+    for k in REGISTRY_FIELDS:
+        if body.get(k) is not None:
+            setattr(r, k, body[k].rstrip("/") if k == "url" else body[k])
+    db.add(r)
+    db.flush()
+    return _registry_body(r)
+
+
+@writes
+def update_registry(db, p: Principal, name: str, body: dict) -> dict:
+    access.require(p.is_superadmin, "change container registries")
+    r = _registry(db, name)
+    _check_registry(body)
+    for k in REGISTRY_FIELDS:
+        if body.get(k) is not None:
+            setattr(r, k, body[k].rstrip("/") if k == "url" else body[k])
+    db.flush()
+    return _registry_body(r)
+
+
+@writes
+def delete_registry(db, p: Principal, name: str) -> None:
+    """The registry and its images (their aliases with them)."""
+    access.require(p.is_superadmin, "delete container registries")
+    r = _registry(db, name)
+    names = list(db.scalars(select(Image.name).where(Image.source == name)))
+    if names:
+        db.execute(delete(ImageAlias).where(ImageAlias.image.in_(names)))
+        db.execute(delete(Image).where(Image.name.in_(names)))
+    db.delete(r)
+
+
+@reads
+def registry_secrets(db, name: str) -> dict:
+    """What a rescan or a pull needs of a registry, secrets included (never an answer of
+    the API: the manager's own use)."""
+    if name == LOCAL:
+        return {"name": LOCAL, "url": "", "project": "", "username": "", "password": "",
+                "ca_cert": "", "pull_policy": "none"}
+    r = _registry(db, name)
+    return {"name": r.name, "url": r.url, "project": r.project, "username": r.username,
+            "password": r.password, "ca_cert": r.ca_cert, "pull_policy": r.pull_policy}
+
+
+# -- the catalogue ----------------------------------------------------------------------
+
+
+def _aliases(db) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for a in db.scalars(select(ImageAlias)):
+        out.setdefault(a.image, []).append(a.alias)
+    return out
+
+
+@reads
+def list_catalogue(db, p: Principal | None, include_hidden: bool = False) -> list[dict]:
+    """The catalogue, the default first, then by name. Hidden images only for admins who
+    ask (``include_hidden``)."""
+    if include_hidden and p is not None:
+        access.require(p.is_superadmin or p.is_domain_admin, "see hidden images")
+    q = select(Image)
+    if not include_hidden:
+        q = q.where(Image.hidden.is_(False))
+    aliases = _aliases(db)
+    rows = sorted(db.scalars(q), key=lambda i: (not i.is_default, i.name))
+    return [_image_body(i, aliases.get(i.name, [])) for i in rows]
+
+
+def _find(db, ref: str) -> Image | None:
+    img = db.get(Image, ref)
+    if img is None:
+        a = db.get(ImageAlias, ref)
+        if a is not None:
+            img = db.get(Image, a.image)
+    return img
+
+
+@reads
+def get_image(db, p: Principal, ref: str) -> dict:
+    img = _find(db, ref)
+    if img is None or (img.hidden and not (p.is_superadmin or p.is_domain_admin)):
+        raise NotFound(f"no image {ref!r} in the catalogue")
+    return _image_body(img, _aliases(db).get(img.name, []))
+
+
+@reads
+def resolve_image(db, ref: str) -> dict | None:
+    """The catalogue's entry for ``ref`` (a name or an alias): its name, source, labels,
+    hidden flag; None when not catalogued."""
+    img = _find(db, ref)
+    if img is None:
+        return None
+    return {"name": img.name, "source": img.source, "labels": dict(img.labels or {}),
+            "hidden": img.hidden, "digest": img.digest, "architecture": img.architecture}
+
+
+@writes
+def update_image(db, p: Principal, ref: str, body: dict) -> dict:
+    """Hide or show, describe, mark the default (one at a time: the others lose it)."""
+    access.require(p.is_superadmin, "change images")
+    img = _find(db, ref)
+    if img is None:
+        raise NotFound(f"no image {ref!r} in the catalogue")
+    if body.get("is_default") and (body.get("hidden") or (img.hidden and
+                                                          body.get("hidden") is not False)):
+        raise InvalidRequest("a hidden image cannot be the default")
+    if body.get("hidden") and img.is_default and body.get("is_default") is not True:
+        img.is_default = False
+    if body.get("description") is not None:
+        img.description = body["description"]
+    if body.get("hidden") is not None:
+        img.hidden = body["hidden"]
+    if body.get("is_default") is not None:
+        if body["is_default"]:
+            for other in db.scalars(select(Image).where(Image.is_default.is_(True))):
+                other.is_default = False
+        img.is_default = body["is_default"]
+    db.flush()
+    return _image_body(img, _aliases(db).get(img.name, []))
+
+
+@writes
+def alias_image(db, p: Principal, alias: str, ref: str) -> dict:
+    access.require(p.is_superadmin, "alias images")
+    if not alias or len(alias) > 256 or any(c.isspace() for c in alias):
+        raise InvalidRequest(f"alias: {alias!r} is not an alias (no spaces, at most 256)")
+    img = _find(db, ref)
+    if img is None:
+        raise NotFound(f"no image {ref!r} in the catalogue")
+    if db.get(Image, alias) is not None:
+        raise Conflict(f"{alias!r} is an image's name already")
+    known = db.get(ImageAlias, alias)
+    if known is not None:
+        raise Conflict(f"alias {alias!r} names {known.image} already")
+    db.add(ImageAlias(alias=alias, image=img.name))
+    db.flush()
+    return _image_body(img, _aliases(db).get(img.name, []))
+
+
+@writes
+def dealias_image(db, p: Principal, alias: str) -> None:
+    access.require(p.is_superadmin, "remove image aliases")
+    a = db.get(ImageAlias, alias)
+    if a is None:
+        raise NotFound(f"no image alias {alias!r}")
+    db.delete(a)
+
+
+@writes
+def record_scan(db, source: str, found: list[dict]) -> dict:
+    """Record what a rescan of ``source`` found (dicts: name, repo, tag, digest,
+    architecture, size_bytes, labels); images of that source no longer found go (with
+    their aliases). Admin choices (hidden, description, default) stay with a name."""
+    now = utcnow()
+    known = {i.name: i for i in db.scalars(select(Image).where(Image.source == source))}
+    added = updated = 0
+    for f in found:
+        img = known.pop(f["name"], None)
+        if img is None:
+            other = db.get(Image, f["name"])
+            if other is not None:  # the same reference from another source: first wins
+                continue
+            img = Image(name=f["name"], source=source, description="", hidden=False,
+                        is_default=False)
+            db.add(img)
+            added += 1
+        elif img.digest != f.get("digest", "") or img.labels != f.get("labels", {}):
+            updated += 1
+        img.repo, img.tag = f["repo"], f["tag"]
+        img.digest = f.get("digest", "")
+        img.architecture = f.get("architecture") or "x86_64"
+        img.size_bytes = int(f.get("size_bytes") or 0)
+        img.labels = f.get("labels", {})
+        img.scanned_at = now
+    gone = list(known)
+    if gone:
+        db.execute(delete(ImageAlias).where(ImageAlias.image.in_(gone)))
+        db.execute(delete(Image).where(Image.name.in_(gone)))
+    if source != LOCAL:
+        r = db.get(ContainerRegistry, source)
+        if r is not None:
+            r.last_scan = now
+    return RescanResult.body({"registry": source, "found": len(found), "added": added,
+                              "updated": updated, "removed": len(gone)})
+
+
+@reads
+def default_image(db) -> str | None:
+    return db.scalar(select(Image.name).where(Image.is_default.is_(True),
+                                              Image.hidden.is_(False)))
+
+
+# -- the rescan -------------------------------------------------------------------------
+
+
+def registry_host(url: str) -> str:
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def basic_auth(reg: dict) -> dict[str, str]:
+    if not reg.get("username"):
+        return {}
+    raw = f"{reg['username']}:{reg.get('password', '')}".encode()
+    return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+
+
+def docker_auth(reg: dict) -> dict | None:
+    """The credentials an engine's pull takes (aiodocker's ``auth``), or None."""
+    if not reg.get("username"):
+        return None
+    return {"username": reg["username"], "password": reg.get("password", ""),
+            "serveraddress": registry_host(reg["url"])}
+
+
+def _ssl(reg: dict):
+    if not reg["url"].startswith("https:"):
+        return False
+    if reg.get("ca_cert"):
+        return ssl.create_default_context(cadata=reg["ca_cert"])
+    return ssl.create_default_context()
+
+
+def _next_link(resp) -> str | None:
+    link = resp.headers.get("Link", "")
+    m = re.match(r'<([^>]+)>;\s*rel="next"', link)
+    return m.group(1) if m else None
+
+
+async def _get_json(http: aiohttp.ClientSession, url: str, headers: dict, what: str):
+    async with http.get(url, headers=headers) as resp:
+        if resp.status == 401:
+            raise RegistryError(f"the registry refused the credentials ({what}): "
+                                "wrong username or password")
+        if resp.status == 404:
+            return None, resp
+        if resp.status >= 400:
+            text = (await resp.text())[:300]
+            raise RegistryError(f"the registry answered {resp.status} to {what}: {text}")
+        return await resp.json(content_type=None), resp
+
+
+async def scan_registry(reg: dict, concurrency: int = 16) -> list[dict]:
+    """Every labelled image (``ai.backend.kernelspec``) of ``reg``'s project: the
+    registry HTTP API v2 (catalogue, tags, manifests, config blobs)."""
+    base = reg["url"].rstrip("/")
+    host = registry_host(base)
+    auth = basic_auth(reg)
+    prefix = (reg.get("project") or "").strip("/")
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
+    conn = aiohttp.TCPConnector(ssl=_ssl(reg), limit=concurrency)
+    found: list[dict] = []
+    sem = asyncio.Semaphore(concurrency)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
+            repos: list[str] = []
+            url: str | None = f"{base}/v2/_catalog?n=1000"
+            while url:
+                data, resp = await _get_json(http, url, auth, "the catalogue")
+                repos += (data or {}).get("repositories") or []
+                nxt = _next_link(resp)
+                url = (base + nxt if nxt and nxt.startswith("/") else nxt)
+            if prefix:
+                repos = [r for r in repos if r == prefix or r.startswith(prefix + "/")]
+
+            async def tags_of(repo: str) -> list[str]:
+                async with sem:
+                    data, _ = await _get_json(http, f"{base}/v2/{repo}/tags/list", auth,
+                                              f"the tags of {repo}")
+                return (data or {}).get("tags") or []
+
+            async def image(repo: str, tag: str) -> dict | None:
+                async with sem:
+                    headers = {**auth, "Accept": MANIFEST_TYPES}
+                    async with http.get(f"{base}/v2/{repo}/manifests/{tag}",
+                                        headers=headers) as resp:
+                        if resp.status == 404:
+                            return None
+                        if resp.status >= 400:
+                            raise RegistryError(f"the registry answered {resp.status} to the "
+                                                f"manifest of {repo}:{tag}")
+                        digest = resp.headers.get("Docker-Content-Digest", "")
+                        manifest = await resp.json(content_type=None)
+                    if "manifests" in manifest:  # a list: take the amd64/linux one
+                        chosen = next((m for m in manifest["manifests"]
+                                       if (m.get("platform") or {}).get("architecture")
+                                       in ("amd64", "x86_64")), None)
+                        if chosen is None:
+                            return None
+                        async with http.get(f"{base}/v2/{repo}/manifests/{chosen['digest']}",
+                                            headers=headers) as resp:
+                            manifest = await resp.json(content_type=None)
+                    cfg = (manifest.get("config") or {}).get("digest")
+                    if not cfg:
+                        return None
+                    blob, _ = await _get_json(http, f"{base}/v2/{repo}/blobs/{cfg}", auth,
+                                              f"the config of {repo}:{tag}")
+                size = sum(int(layer.get("size") or 0) for layer in manifest.get("layers") or [])
+                labels = ((blob or {}).get("config") or {}).get("Labels") or {}
+                if KERNELSPEC not in labels:
+                    return None
+                arch = (blob or {}).get("architecture") or "amd64"
+                return {"name": f"{host}/{repo}:{tag}", "repo": repo, "tag": tag,
+                        "digest": digest, "size_bytes": size, "labels": dict(labels),
+                        "architecture": "x86_64" if arch == "amd64" else arch}
+
+            tag_lists = await asyncio.gather(*(tags_of(r) for r in repos))
+            pairs = [(r, t) for r, tags in zip(repos, tag_lists, strict=True) for t in tags]
+            for got in await asyncio.gather(*(image(r, t) for r, t in pairs)):
+                if got is not None:
+                    found.append(got)
+    except aiohttp.ClientError as e:
+        raise RegistryError(f"registry {reg['name']!r} at {base} cannot be reached: "
+                            f"{e.__class__.__name__}: {e}") from None
+    return sorted(found, key=lambda f: f["name"])
+
+
+async def rescan(mgr, principal: Principal, name: str) -> dict:
+    """Rescan registry ``name`` (or ``local``: the agents' engines) and record it."""
+    access.require(principal.is_superadmin, "rescan container registries")
+    if name == LOCAL:
+        return await rescan_local(mgr)
+    reg = await mgr.ops.registry_secrets(name)
+    found = await scan_registry(reg)
+    return await mgr.ops.record_scan(name, found)
+
+
+async def rescan_local(mgr) -> dict:
+    """Catalogue the labelled images the agents' engines hold (source ``local``)."""
+    seen: dict[str, dict] = {}
+    for group in await mgr.ops.resource_group_names():
+        for c in await mgr.agents.clients(group):
+            try:
+                images = await c.list_images()
+            except BackendAIError:
+                continue
+            for i in images:
+                repo, _, tag = i["name"].rpartition(":")
+                if not repo or "/" in tag:
+                    repo, tag = i["name"], "latest"
+                seen.setdefault(i["name"], {"name": i["name"], "repo": repo, "tag": tag,
+                                            "labels": dict(i.get("labels") or {})})
+    return await mgr.ops.record_scan(LOCAL, sorted(seen.values(), key=lambda f: f["name"]))
+
+
+
+# -- the pull, at a session's start ---------------------------------------------------
+
+
+def _note_pull(s, sid: str, info: str) -> bool:
+    """Say a PREPARING session's pull progress in its status_info (no status change)."""
+    from sqlalchemy import update
+
+    from ..common.types import SessionStatus
+    from ..models import Session
+
+    res = s.execute(update(Session).where(Session.id == sid,
+                                          Session.status == SessionStatus.PREPARING)
+                    .values(status_info=info))
+    return bool(res.rowcount)
+
+
+async def ensure_on_agents(mgr, sid: str, image: str, clients: dict) -> None:
+    """Before a session's kernels are created: every agent of ``clients`` (id -> client)
+    holds ``image``. A catalogued image of a registry is pulled where missing, with the
+    registry's credentials and pull policy, its progress in the session's status_info
+    ("pulling <image>: 42% (...)"); anything else is checked as before (image_info)."""
+    from ..agent.backends.pull import describe
+
+    entry = await mgr.ops.resolve_image(image)
+    if entry is None or entry["source"] == LOCAL:
+        await asyncio.gather(*(c.image_info(image) for c in clients.values()))
+        return
+    reg = await mgr.ops.registry_secrets(entry["source"])
+    auth = docker_auth(reg)
+    state: dict = {"last": None, "writing": False}
+
+    def on_progress(p: dict) -> None:
+        state["last"] = describe(p)
+        if not state["writing"]:
+            state["writing"] = True
+            asyncio.get_running_loop().create_task(flush())
+
+    async def flush() -> None:
+        try:
+            while state["last"] is not None:
+                info, state["last"] = state["last"], None
+                if await mgr.db(_note_pull, sid, info):
+                    mgr.changed(sid)
+                await asyncio.sleep(0.2)
+        finally:
+            state["writing"] = False
+
+    await asyncio.gather(*(c.pull_image(image, auth, reg["pull_policy"], on_progress)
+                           for c in clients.values()))
+    await asyncio.gather(*(c.image_info(image) for c in clients.values()))
