@@ -20,13 +20,20 @@ Two kinds of commands:
   (``BACKENDAI_ENDPOINT``, the hub's URL), ``--access-key``
   (``BACKENDAI_ACCESS_KEY``), ``--secret-key`` (``BACKENDAI_SECRET_KEY``).
 
-Output is JSON on stdout. Errors go to stderr as ``backendai-admin: <status>
-<title>: <detail>`` (the API's problem document) with a non-zero exit status.
+Output on stdout is for people: a table for a list (its columns the ones that say
+most, then how many of how many), field and value for one item, slots in human
+units and times to the minute in UTC; ``--json`` (anywhere on the line) gives the
+API's JSON as it came instead, for scripts. Errors go to stderr as
+``backendai-admin: <status> <title>: <detail>`` (the API's problem document) with a
+non-zero exit status.
+
 Fields for create/update are given as ``key=value`` (a string) or
 ``key:=<json>`` (a number, boolean, list, object), or whole with ``--data``;
 ``<command> create --help`` lists them, from the API's own schema. Every
 command takes names or ids alike: a project by id, name or ``DOMAIN/NAME``, a
-user by id, email or username, a session or a vfolder by id or name.
+user by id, email or username, a session or a vfolder by id or name; so do the
+filters that take ids (``--user-id bob``, ``--filter user_id=bob``), and a name
+that matches nothing is an error, not an empty list.
 """
 
 from __future__ import annotations
@@ -403,6 +410,10 @@ def _list_query(args: argparse.Namespace, client: ApiClient | None = None) -> di
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise ApiError(None, "bad filter", f"{pair!r}: expected key=value")
+        if client is not None and key in FILTER_ENTITY:
+            # a name is looked up; one that names nothing is an error (_one), never a
+            # filter that silently matches nothing
+            value = _resolve(client, FILTER_ENTITY[key], value)
         query[key] = value
     return query
 
@@ -720,9 +731,43 @@ def _fields_options(parser: argparse.ArgumentParser, body: tuple[str, str] | Non
     parser.add_argument("--data", help="the whole body as a JSON object, or @file.json")
 
 
+def plain(text: str) -> str:
+    """reST (``literal``, **strong**, bullets) as plain text, refilled, for ``--help``."""
+    import textwrap
+
+    out = []
+    for block in text.replace("``", "").replace("**", "").strip().split("\n\n"):
+        lines = block.split("\n")
+        if lines[0].startswith("- "):
+            items: list[str] = []
+            for line in lines:
+                if line.startswith("- ") or not items:
+                    items.append(line.removeprefix("- "))
+                else:
+                    items[-1] += " " + line.strip()
+            out.append("\n".join(textwrap.fill(i, 79, initial_indent="- ",
+                                                subsequent_indent="  ") for i in items))
+        else:
+            out.append(textwrap.fill(" ".join(x.strip() for x in lines), 79))
+    return "\n\n".join(out)
+
+
+def _add_json_option(parser: argparse.ArgumentParser, top: bool = True) -> None:
+    """``--json`` on ``parser`` and every parser below it (so it goes anywhere)."""
+    if "--json" not in parser._option_string_actions:
+        parser.add_argument("--json", action="store_true",
+                            default=False if top else argparse.SUPPRESS,
+                            help="print the JSON the command got, for scripts (default: "
+                            "tables and words for people)")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _add_json_option(child, top=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="backendai-admin", description=__doc__,
+        prog="backendai-admin", description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -878,6 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
             lg = acts.add_parser("logs", help="a session's kernel logs")
             _api_options(lg, suppress=True)
             lg.add_argument("id", metavar="SESSION_ID")
+    _add_json_option(p)
     return p
 
 
@@ -899,8 +945,101 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as e:
         print(f"backendai-admin: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(out, indent=2, default=str))
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        text = render(out, args.cmd)
+        if text:
+            print(text)
     return 0
+
+
+# -- output for people ---------------------------------------------------------------
+
+# The columns a list shows, per command (those its items have); others: every field
+# whose value is a scalar. `--json` gives everything.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "domains": ("name", "is_active", "total_resource_slots", "description"),
+    "projects": ("id", "name", "domain_name", "is_active", "total_resource_slots"),
+    "users": ("id", "username", "email", "role", "domain_name", "status"),
+    "keypairs": ("access_key", "user_id", "is_active", "is_default", "rate_limit",
+                 "resource_policy", "last_used"),
+    "keypair-resource-policies": ("name", "total_resource_slots", "max_concurrent_sessions",
+                                  "idle_timeout", "max_session_lifetime"),
+    "resource-groups": ("name", "is_active", "is_public", "scheduler", "description"),
+    "agents": ("id", "status", "resource_group", "schedulable", "available_slots",
+               "occupied_slots", "last_heartbeat"),
+    "sessions": ("id", "name", "type", "status", "image", "requested_slots", "created_at"),
+    "vfolders": ("id", "name", "host", "ownership_type", "status"),
+}
+_ISO_RE = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?(Z|[+-]00:?00)?$")
+
+
+def cell(key: str, value: Any) -> str:
+    """One value in words: yes/no, '-' for none, slots in human units, a time to the
+    minute (UTC), anything nested as compact JSON."""
+    from .common.slots import format_slots
+
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict) and key.endswith("slots"):
+        try:
+            return format_slots(value) if value else "-"
+        except (ValueError, TypeError, ArithmeticError, BackendAIError):
+            pass
+    if isinstance(value, str):
+        m = _ISO_RE.match(value)
+        return f"{m.group(1)} {m.group(2)} UTC" if m else value
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        return ", ".join(str(v) for v in value) or "-"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def table(items: list[dict], columns: tuple[str, ...] | None = None) -> str:
+    """Rows under a header, columns padded to their widest cell."""
+    if not items:
+        return "(none)"
+    keys = [c for c in columns or () if any(c in it for it in items)]
+    if not keys:
+        keys = [k for k, v in items[0].items() if not isinstance(v, dict | list)]
+    rows = [[k.upper().replace("_", " ") for k in keys]]
+    rows += [[cell(k, it.get(k)) for k in keys] for it in items]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(keys))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def render(out: Any, cmd: str | None = None) -> str:
+    """What a command got, for people: a list as a table (and how many of how many),
+    one item as its fields and values, anything else as it is."""
+    if out is None:
+        return "done"
+    if isinstance(out, dict) and isinstance(out.get("items"), list) and all(
+            isinstance(x, dict) for x in out["items"]):
+        text = table(out["items"], COLUMNS.get(cmd or ""))
+        total = out.get("total")
+        if isinstance(total, int) and out["items"]:
+            first = int(out.get("offset") or 0)
+            text += (f"\n({len(out['items'])} of {total})" if first == 0 else
+                     f"\n({first + 1}-{first + len(out['items'])} of {total})")
+        return text
+    if isinstance(out, list) and all(isinstance(x, dict) for x in out):
+        return table(out, COLUMNS.get(cmd or ""))
+    if isinstance(out, dict):
+        width = max((len(k) for k in out), default=0)
+        lines = []
+        for k, v in out.items():
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                lines.append(f"{k}:")
+                lines.extend("  " + line for line in table(v).splitlines())
+            else:
+                lines.append(f"{k.ljust(width)}  {cell(k, v)}")
+        return "\n".join(lines)
+    return str(out)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ class Admin:
         self.capsys.readouterr()
         rc = cli.main(["--endpoint", self.hub.base + "/", "--access-key", ak, f"--secret-key={sk}",
                        # A database the client must never touch (it is not a second path).
-                       "--db", "sqlite:////nonexistent/dir/never.sqlite", *argv])
+                       "--db", "sqlite:////nonexistent/dir/never.sqlite", "--json", *argv])
         out, err = self.capsys.readouterr()
         if rc == 0:
             return rc, json.loads(out)
@@ -184,11 +185,11 @@ def test_installed_program_reads_the_environment(hub):
     exe = os.path.join(os.path.dirname(sys.executable), "backendai-admin")
     env = dict(os.environ, BACKENDAI_ENDPOINT=hub.base, BACKENDAI_ACCESS_KEY=hub.admin_keys[0],
                BACKENDAI_SECRET_KEY=hub.admin_keys[1])
-    r = subprocess.run([exe, "whoami"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([exe, "--json", "whoami"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["user"]["role"] == "superadmin"
     # Options after the command work as well as before it.
-    r = subprocess.run([exe, "domains", "get", "default", "--endpoint", hub.base + "/hub/api/backendai"],
+    r = subprocess.run([exe, "domains", "get", "default", "--json", "--endpoint", hub.base + "/hub/api/backendai"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["name"] == "default"
@@ -227,7 +228,7 @@ def test_bootstrap_commands_work_without_a_hub(tmp_path, capsys):
 
     def run(*argv):
         capsys.readouterr()
-        rc = cli.main(["--db", db, *argv])
+        rc = cli.main(["--db", db, "--json", *argv])
         out, err = capsys.readouterr()
         return rc, (json.loads(out) if rc == 0 else err)
 
@@ -366,7 +367,7 @@ def test_bootstrap_finds_the_hubs_database_and_never_makes_a_stray_one(tmp_path)
     assert not state.exists() and os.listdir(elsewhere) == []
 
     # db-upgrade makes it there; the other commands then use it, from any directory.
-    r = _admin_exe("db-upgrade", env=env, cwd=elsewhere)
+    r = _admin_exe("db-upgrade", "--json", env=env, cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"upgraded": True, "database": hub_db,
                                     "from": "BACKENDAI_STATE_DIR"}
@@ -422,7 +423,7 @@ def test_reset_password_then_log_in_with_it(hub, capsys):
 
     def reset(*argv):
         capsys.readouterr()
-        rc = cli.main(["--db", hub.db_url, "reset-password", *argv])
+        rc = cli.main(["--db", hub.db_url, "--json", "reset-password", *argv])
         out, err = capsys.readouterr()
         return rc, (json.loads(out) if rc == 0 else err.strip())
 
@@ -578,3 +579,62 @@ def test_api_client_signs_the_body_hash():
 
     with pytest.raises(Unauthorized):
         signing.verify_request("POST", path, headers, "s3cret", body=b'{"email": "y@example.com"}')
+
+
+# -- issue 29: output for people, names in --filter, plain --help ---------------------
+
+
+def test_tables_for_people_json_for_scripts_and_filters_by_name(admin, hub, capsys):
+    tag = uuid.uuid4().hex[:6]
+    u = admin.ok("users", "create", f"email=people{tag}@example.com", "password=people-pass-1",
+                 f"username=people{tag}")
+
+    def people(*argv):
+        capsys.readouterr()
+        ak, sk = hub.admin_keys
+        rc = cli.main(["--endpoint", hub.base + "/", "--access-key", ak, f"--secret-key={sk}",
+                       *argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    # A list: a table with a header, the user's row, how many of how many; no JSON.
+    rc, out, err = people("users", "list", "--email", f"people{tag}@example.com")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "USERNAME", "EMAIL", "ROLE", "DOMAIN", "NAME", "STATUS"]
+    assert lines[1].split() == [u["id"], f"people{tag}", f"people{tag}@example.com", "user",
+                                "default", "active"]
+    assert lines[2] == "(1 of 1)"
+    assert "{" not in out
+    # One item: field and value, booleans in words, times to the minute.
+    rc, out, err = people("domains", "get", "default")
+    assert rc == 0, err
+    fields = {line.split(None, 1)[0]: line.split(None, 1)[1] for line in out.splitlines()
+              if len(line.split(None, 1)) == 2}
+    assert fields["name"] == "default" and fields["is_active"] == "yes"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", fields["created_at"]), fields
+    # --json anywhere: the API's JSON as it came.
+    rc, out, err = people("domains", "get", "default", "--json")
+    assert rc == 0 and json.loads(out)["name"] == "default"
+    rc, out, err = people("--json", "domains", "get", "default")
+    assert rc == 0 and json.loads(out)["is_active"] is True
+    # --filter user_id= takes a name as --user-id does; a name of nobody is an error.
+    admin.ok("keypairs", "create", f"user_id=people{tag}")
+    rc, out, err = people("keypairs", "list", "--filter", f"user_id=people{tag}", "--json")
+    assert rc == 0, err
+    keys = json.loads(out)["items"]
+    assert len(keys) == 2 and {k["user_id"] for k in keys} == {u["id"]}
+    rc, out, err = people("keypairs", "list", "--filter", f"user_id=nobody{tag}")
+    assert (rc, out) == (cli.EXIT_API_ERROR, "")
+    assert err.strip() == (f"backendai-admin: 404 Not found: no users with username "
+                           f"'nobody{tag}' visible to this keypair")
+    rc, out, err = people("sessions", "list", "--filter", f"user_id=nobody{tag}@example.com")
+    assert rc == cli.EXIT_API_ERROR and "no users with email" in err
+
+
+def test_help_is_plain_text(capsys):
+    out = _help(capsys)
+    assert "``" not in out and "**" not in out
+    assert "- Bootstrap (db-upgrade, create-superadmin," in out
+    assert "--json" in out
+    assert "--json" in _help(capsys, "users", "list")

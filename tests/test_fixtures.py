@@ -347,7 +347,7 @@ def test_cli_populates_folders_on_the_given_volume(tmp_path):
     exe = os.path.join(os.path.dirname(sys.executable), "backendai-admin")
     for url in (db, f"sqlite:///{tmp_path}/cli2.sqlite"):  # only db-upgrade makes a database
         subprocess.run([exe, "--db", url, "db-upgrade"], check=True, capture_output=True)
-    r = subprocess.run([exe, "--db", db, "fixture", "populate", str(doc), "--storage-volume",
+    r = subprocess.run([exe, "--db", db, "fixture", "populate", str(doc), "--json", "--storage-volume",
                         f"volume1={tmp_path}/vol"], capture_output=True, text=True,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr

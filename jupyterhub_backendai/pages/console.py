@@ -16,6 +16,7 @@ import datetime as dt
 import time
 
 from jupyterhub.handlers import BaseHandler
+from markupsafe import Markup, escape
 from tornado import web
 
 from ..api import spec
@@ -79,6 +80,34 @@ def mem_text(value) -> str:
         return str(n)
 
 
+def _utc(value: str | dt.datetime | None) -> dt.datetime | None:
+    if value in (None, ""):
+        return None
+    t = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def when(value: str | dt.datetime | None, empty: str = "-") -> Markup:
+    """A moment as people read it: ``<time>`` with the minute in UTC as its text (the
+    page's script, page.html, rewrites it in the reader's own time zone), the exact
+    UTC time, microseconds and all, in ``datetime`` and in the ``title`` shown on
+    hover. Nothing: ``empty``."""
+    try:
+        t = _utc(value)
+    except (TypeError, ValueError):
+        return Markup(escape(str(value)))
+    if t is None:
+        return Markup(escape(empty))
+    return Markup('<time class="backendai-time" datetime="{0}" title="{1}">{2} UTC</time>'
+                  ).format(t.isoformat().replace("+00:00", "Z"), exact_utc(t),
+                           t.strftime("%Y-%m-%d %H:%M"))
+
+
+def exact_utc(t: dt.datetime) -> str:
+    """``2026-11-28 05:32:08.123456 UTC`` (fractions only where there are some)."""
+    return t.strftime("%Y-%m-%d %H:%M:%S.%f").rstrip("0").rstrip(".") + " UTC"
+
+
 def _since(iso: str | dt.datetime | None, now: dt.datetime) -> float | None:
     if iso is None:
         return None
@@ -140,7 +169,8 @@ class PageBase(BaseHandler):
         p = self.principal
         html = await self.render_template(
             template, principal=p, api=spec.PREFIX + "/", human_slots=human_slots,
-            human_duration=human_duration, format_bytes=format_bytes, mem_text=mem_text, **ns)
+            human_duration=human_duration, format_bytes=format_bytes, mem_text=mem_text,
+            when=when, **ns)
         self.finish(html)
 
 
@@ -174,9 +204,14 @@ def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime,
                           and r["service_prefix"].startswith("/user/"))
         out.append({
             **r,
+            # JupyterHub's default server (its name is '', the session's "_default")
+            "display_name": ("default server" if r["name"] == "_default"
+                             and (r.get("service_prefix") or "").startswith("/user/")
+                             else r["name"]),
             "resources": human_slots(r["requested_slots"])
             + (f" x {r['cluster_size']}" if r["cluster_size"] > 1 else ""),
             "age": human_duration(_since(r["created_at"], now)),
+            "created": exact_utc(_utc(r["created_at"])) if r["created_at"] else "",
             "idle": (human_duration(_since(r["last_activity"], now))
                      if r["last_activity"] and r["status"] == SessionStatus.RUNNING else "-"),
             "alive": alive,

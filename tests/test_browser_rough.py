@@ -1,0 +1,176 @@
+"""Issue 29's rough edges on the pages, in headless Chromium against a real hub (local
+backend): moments shown in the reader's time zone with the exact UTC time on hover (My
+keys, the console's keypairs and agents), the agents table inside a 1280 px window, and
+the default server called so on "My sessions" (not ``_default``).
+
+Screenshots go to $BACKENDAI_TEST_ARTIFACTS (default test-artifacts/)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+
+import pytest
+
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+
+from .api_world import PASSWORD, new_user, superadmin
+from .chromium import chromium, screenshot
+from .conftest import shutdown_hub
+from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
+
+pytestmark = [pytest.mark.browser]
+# A moment as the page writes it for people: "Nov 28, 2026, 02:32 PM GMT+9" (en-US,
+# Asia/Seoul): no ISO "T", no seconds, no microseconds, the reader's zone.
+LOCAL = re.compile(r"^[A-Z][a-z]{2} \d{1,2}, \d{4}, \d\d:\d\d [AP]M GMT\+9$")
+EXACT = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})? UTC$")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("browser-rough")
+    url = f"sqlite:///{d}/backendai.sqlite"
+    # The agent's GPUs are an NVML stand-in's (a100-mig: six rows of GPUs and MIG
+    # instances in the agents page's live use, the widest that page gets).
+    hub = Hub(db_url=url, backend="local",
+              extra_args=["--Agent.nvml_stand_in=a100-mig"]).start()
+    hub.engine = make_engine(url)
+    hub.sm = make_sessionmaker(hub.engine)
+    try:
+        sa = superadmin(hub)
+        sa.ok("POST", "/resource-groups", json={"name": "parked", "is_public": True})
+        user = new_user(sa, name="roughuser")
+        from jupyterhub_backendai.models import Keypair
+
+        with hub.sm.begin() as s:  # the keypair was used (a signed request sets this)
+            s.get(Keypair, user["keypair"]["access_key"]).last_used = dt.datetime(
+                2026, 11, 28, 5, 7, 9, 123456)
+        yield {"hub": hub, "sa": sa, "user": user}
+    finally:
+        hub.engine.dispose()
+        shutdown_hub(hub)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+def _tab(browser, hub, email, password):
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-US",
+                              timezone_id="Asia/Seoul")
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    page.goto(hub.base + "/hub/login")
+    page.fill("input[name=username]", email)
+    page.fill("input[name=password]", password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+    return ctx, page, errors
+
+
+def _check_time(el) -> dt.datetime:
+    """A <time> of ours: text in the reader's zone, exact UTC in title and datetime, the
+    same moment in all three (to the minute)."""
+    text, title, iso = el.inner_text(), el.get_attribute("title"), el.get_attribute("datetime")
+    assert LOCAL.match(text), text
+    assert EXACT.match(title), title
+    moment = dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    assert title.startswith(moment.strftime("%Y-%m-%d %H:%M:%S")), (title, iso)
+    seoul = moment.astimezone(dt.timezone(dt.timedelta(hours=9)))
+    assert text == seoul.strftime("%b ") + str(seoul.day) + seoul.strftime(", %Y, %I:%M %p GMT+9")
+    return moment
+
+
+def _park_default_server(hub, user) -> str:
+    """The user's default server as the spawner records it (JupyterHub's name '': the
+    session "_default" below /user/<name>/), waiting in a group without agents."""
+    from jupyterhub_backendai.common.slots import ResourceSlot
+    from jupyterhub_backendai.models import Kernel, Session
+
+    with hub.sm.begin() as s:
+        sess = Session(
+            name="_default", session_type="interactive", user_id=user["id"],
+            access_key=user["keypair"]["access_key"], domain_name="default",
+            resource_group="parked", image="local/python", status="PENDING",
+            service_prefix=f"/user/{user['username']}/",
+            status_info="no agent in resource group 'parked'",
+            requested_slots=ResourceSlot(cpu="0.5", mem=256 * 2**20))
+        sess.kernels.append(Kernel(status="PENDING"))
+        s.add(sess)
+        s.flush()
+        return sess.id
+
+
+def test_user_pages_show_moments_and_the_default_server_for_people(world, browser):
+    hub, user = world["hub"], world["user"]
+    sid = _park_default_server(hub, user)
+    ctx, page, errors = _tab(browser, hub, user["email"], PASSWORD)
+    try:
+        page.goto(hub.base + "/hub/backendai/keys")
+        row = page.locator(f'tr[data-access-key="{user["keypair"]["access_key"]}"]')
+        cells = row.locator("time.backendai-time")
+        assert cells.count() == 2  # last used, created
+        used = _check_time(cells.nth(0))
+        assert used == dt.datetime(2026, 11, 28, 5, 7, 9, 123456, tzinfo=dt.UTC)
+        assert cells.nth(0).inner_text() == "Nov 28, 2026, 02:07 PM GMT+9"
+        assert cells.nth(0).get_attribute("title") == "2026-11-28 05:07:09.123456 UTC"
+        _check_time(cells.nth(1))
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d", row.inner_text())  # no raw ISO left
+        # A keypair made on the page gets the same kind of cell at once.
+        page.click("#backendai-create-key")
+        page.locator("#backendai-new-key").wait_for()
+        ak = page.locator("#backendai-new-access-key").inner_text()
+        _check_time(page.locator(f'tr[data-access-key="{ak}"] time.backendai-time').last)
+        screenshot(page, "rough-keys.png", full_page=True)
+
+        page.goto(hub.base + "/hub/backendai/sessions")
+        row = page.locator(f'tr[data-session-id="{sid}"]')
+        assert row.locator(".backendai-session-name").inner_text().splitlines()[0] == \
+            "default server"
+        assert "_default" not in page.locator("#backendai-sessions").inner_text()
+        assert EXACT.match(row.locator(".backendai-age").get_attribute("title")
+                           .removeprefix("created "))
+        assert row.locator(".backendai-stop").get_attribute("aria-label") == \
+            "Stop default server"
+        screenshot(page, "rough-sessions-default-server.png", full_page=True)
+        assert errors == []
+    finally:
+        ctx.close()
+        world["sa"].ok("DELETE", f"/sessions/{sid}")
+
+
+def test_console_moments_and_the_agents_table_in_1280_px(world, browser):
+    hub, user = world["hub"], world["user"]
+    ctx, page, errors = _tab(browser, hub, ADMIN_EMAIL, ADMIN_PASSWORD)
+    try:
+        page.goto(hub.base + "/hub/backendai/admin/keypairs")
+        row = page.locator(f'tr[data-access-key="{user["keypair"]["access_key"]}"]')
+        _check_time(row.locator("time.backendai-time"))
+        screenshot(page, "rough-console-keypairs.png", full_page=True)
+
+        deadline = time.monotonic() + 40  # the first live sample comes with a heartbeat
+        while True:
+            page.goto(hub.base + "/hub/backendai/admin/agents")
+            if page.locator(".backendai-live-gpus").count() or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert page.locator(".backendai-live-gpus tr[data-gpu]").count() == 6
+        rows = page.locator("#backendai-agents > tbody > tr")
+        assert rows.count() >= 1
+        for i in range(rows.count()):
+            _check_time(rows.nth(i).locator("> td time.backendai-time"))
+        # Nothing wider than the window: no horizontal scrolling of the page.
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1280, width
+        table = page.locator("#backendai-agents").bounding_box()
+        assert table["x"] >= 0 and table["x"] + table["width"] <= 1280, table
+        screenshot(page, "rough-console-agents-1280.png", full_page=True)
+        assert errors == []
+    finally:
+        ctx.close()
