@@ -11,6 +11,7 @@ hub's ``start_timeout`` runs out, which stops and removes it.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
@@ -24,6 +25,10 @@ from .common.slots import CPU, CUDA, MEM
 from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
 from .manager.core import BackendAIManager
 from .pages import presets as _presets
+
+# Jupyter configuration that turns JupyterLab's news plugin off (see jupyterlab_news).
+JUPYTER_CONFIG_NO_NEWS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share",
+                                      "jupyter-config")
 
 _PERMISSION_WORDS = {"ro": "read only", "rw": "read-write", "wd": "read-write-delete"}
 _FORM_FIELDS = ("preset", "image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode",
@@ -91,6 +96,17 @@ class BackendAISpawner(Spawner):
         server: a slug that does not exist or is not offered to the user's project or
         resource group is refused with a 400. On the command line: JSON,
         ``--BackendAISpawner.presets='[{"slug": ...}]'``. See docs/pages.md.""",
+    ).tag(config=True)
+    jupyterlab_news = Bool(
+        False,
+        help="""Whether JupyterLab in a session asks to fetch Jupyter's news from the
+        internet and checks for JupyterLab updates (its "Would you like to get notified
+        about official Jupyter news?" popup). False: the plugin is off in every session.
+        Passed in the session's environment: ``BACKENDAI_JUPYTERLAB_NEWS`` (0 or 1), read
+        by the kernel image's server configuration; for local-process kernels, which run
+        the hub's own Jupyter server, ``JUPYTER_CONFIG_PATH`` names the package's
+        ``share/jupyter-config`` (its ``labconfig/page_config.json`` turns the plugin
+        off); a path that does not exist in a container is ignored there.""",
     ).tag(config=True)
     presets_allow_custom = Bool(
         True,
@@ -346,6 +362,9 @@ class BackendAISpawner(Spawner):
         # The agent sets the address the server binds inside its kernel.
         env.pop("JUPYTERHUB_SERVICE_URL", None)
         env["BACKENDAI_SESSION_NAME"] = self.session_name
+        env["BACKENDAI_JUPYTERLAB_NEWS"] = "1" if self.jupyterlab_news else "0"
+        if not self.jupyterlab_news:
+            env["JUPYTER_CONFIG_PATH"] = JUPYTER_CONFIG_NO_NEWS
         return env
 
     def _start_budget(self) -> float:

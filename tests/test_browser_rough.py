@@ -174,3 +174,32 @@ def test_console_moments_and_the_agents_table_in_1280_px(world, browser):
         assert errors == []
     finally:
         ctx.close()
+
+
+def test_jupyterlab_news_plugin_is_off_in_sessions(world):
+    """The hub passes c.BackendAISpawner.jupyterlab_news (default off) to the session:
+    JupyterLab's page config disables its announcements plugin (the "official Jupyter
+    news?" popup and the internet fetches behind it). A local-process kernel: the hub's
+    own JupyterLab, the same version as the kernel image's."""
+    import html
+    import json
+
+    from .api_world import PASSWORD as PW
+
+    hub, user = world["hub"], world["user"]
+    name = user["username"]
+    r = hub.spawn(name, "lab")
+    assert r.status_code in (201, 202), r.text
+    try:
+        hub.wait_ready(name, "lab")
+        web = hub.login(user["email"], PW)
+        page = web.get(hub.base + f"/user/{name}/lab/lab", timeout=60)
+        assert page.status_code == 200, page.text[:500]
+        m = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                      page.text, re.S)
+        assert m, page.text[:2000]
+        config = json.loads(html.unescape(m.group(1)))
+        assert "@jupyterlab/apputils-extension:announcements" in config["disabledExtensions"]
+        assert config["hubUser"] == name  # this is the session's own JupyterLab
+    finally:
+        hub.stop_server(name, "lab")

@@ -15,3 +15,18 @@ import backendai_kernel_services  # noqa: E402
 backendai_kernel_services.configure(c)  # noqa: F821
 # No large request body from a client without access to this server (backendai_kernel_bodies).
 c.ServerApp.jpserver_extensions.update({"backendai_kernel_bodies": True})  # noqa: F821
+# JupyterLab's news plugin ("Would you like to get notified about official Jupyter
+# news?", then fetching the news and update checks from the internet) is off unless the
+# hub's c.BackendAISpawner.jupyterlab_news passes BACKENDAI_JUPYTERLAB_NEWS=1.
+if os.environ.get("BACKENDAI_JUPYTERLAB_NEWS", "0") != "1":
+    c.LabApp.news_url = None  # noqa: F821
+
+    def _no_news(handler, page_config):
+        # disabledExtensions reaches the hook as the front end's list of names
+        off = list(page_config.get("disabledExtensions") or [])
+        if "@jupyterlab/apputils-extension:announcements" not in off:
+            off.append("@jupyterlab/apputils-extension:announcements")
+        page_config["disabledExtensions"] = off
+        return page_config
+
+    c.ServerApp.tornado_settings.update({"page_config_hook": _no_news})  # noqa: F821
