@@ -1,0 +1,311 @@
+"""Issue 25: kernel images from a registry.
+
+A real ``docker-registry`` (tests/registry.py: loopback, htpasswd basic auth, TLS from a
+CA made here, trusted by the engine through /etc/docker/certs.d) holds small labelled
+images built ``FROM`` the kernel image, each with a layer of its own (64 MiB of random
+bytes, so a pull has something to show). The manager rescans it, the catalogue rules
+what may start, and the in-process agent pulls what it lacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import urllib.request
+
+import pytest
+
+from jupyterhub_backendai.common.errors import BackendAIError, InvalidRequest
+from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager.access import Principal
+
+from .inproc import (
+    DEAD,
+    assert_consistent,
+    containers_of,
+    make_user,
+    running_manager,
+    wait_status,
+)
+from .registry import Registry, build_labelled, image_present, remove_images
+from .services import image_tag
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["docker", "info"], capture_output=True).returncode != 0,
+    reason="needs a Docker engine")
+
+ROOT = Principal(user_id="root", username="root", email="root@example.com", role="superadmin",
+                 domain="default")
+SLOTS = ResourceSlot(cpu="1", mem=512 * 2**20)
+REPO = "lab/python"
+
+
+@pytest.fixture(scope="module")
+def reg(tmp_path_factory):
+    """The registry with ``lab/python:v1`` (min 1 core), ``lab/python:v2`` (another
+    digest) and ``lab/python:doomed`` (deleted again by a test)."""
+    tmp = tmp_path_factory.mktemp("images")
+    r = Registry().start()
+    built = []
+    try:
+        blob = tmp / "blob"
+        blob.mkdir()
+        (blob / "data").write_bytes(os.urandom(64 * 2**20))
+        base = build_labelled(tmp, "registry-base", {}, variant="base")
+        built.append(base)
+        # The 64 MiB layer, shared by the variants below.
+        d = tmp / "fat"
+        d.mkdir()
+        (d / "data").write_bytes((blob / "data").read_bytes())
+        (d / "Dockerfile").write_text(f"FROM {base}\nCOPY data /opt/payload\n")
+        fat = image_tag("registry-fat")
+        subprocess.run(["docker", "build", "-q", "-t", fat, str(d)], check=True,
+                       capture_output=True)
+        built.append(fat)
+        refs = {}
+        for tag, labels in (("v1", {"ai.backend.resource.min.cpu": "1"}),
+                            ("v2", {"ai.backend.test.variant": "two"}),
+                            ("doomed", {"ai.backend.test.variant": "doomed"})):
+            t = build_labelled(tmp, "registry-kernel", labels, variant=tag, base=fat)
+            built.append(t)
+            refs[tag] = r.push(t, REPO, tag)
+        remove_images(*reversed(built))
+        built.clear()
+        r.refs = refs
+        yield r
+    finally:
+        remove_images(*reversed(built))
+        remove_images(*r.pushed)
+        r.stop()
+
+
+def _config(reg_: Registry, catalogue: bool = True):
+    def configure(c):
+        c.BackendAIManager.image_catalogue = catalogue
+
+    return configure
+
+
+async def _add_registry(mgr, r: Registry, password: str | None = None, name: str = "lab"):
+    return await mgr.ops.create_registry(ROOT, {
+        "name": name, "url": r.url, "project": "lab", "username": r.username,
+        "password": password or r.password, "ca_cert": r.ca_pem.decode()})
+
+
+async def _batch(mgr, user, name, image, command="cat /etc/backendai-test-image"):
+    return await mgr.enqueue(
+        username=user, name=name, image=image, slots=SLOTS, environ={}, service_prefix="/",
+        session_type="batch", startup_command=command)
+
+
+def _no_image(ref: str) -> None:
+    subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+
+
+def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
+    """Rescan records the registry's labelled images with their labels; the password
+    never comes back; a wrong password or a bad registry body is refused in words and
+    changes nothing; the catalogue decides what may start (hidden, unknown, aliases,
+    minimum resources), and the default comes first."""
+    from jupyterhub_backendai.manager import images
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker",
+                                   configure=_config(reg)) as mgr:
+            user = await make_user(mgr)
+            with pytest.raises(InvalidRequest, match="url"):
+                await mgr.ops.create_registry(ROOT, {"name": "bad", "url": "ftp:/x"})
+            with pytest.raises(BackendAIError, match="you may not add container registries"):
+                await mgr.ops.create_registry(
+                    Principal(user_id="u", username="u", email="u@x", role="user",
+                              domain="default"), {"name": "x", "url": reg.url})
+            assert await mgr.ops.list_registries(ROOT) == []
+
+            made = await _add_registry(mgr, reg)
+            assert made["has_password"] is True and "password" not in made
+            listed = await mgr.ops.list_registries(ROOT)
+            assert reg.password not in json.dumps(listed)
+
+            result = await images.rescan(mgr, ROOT, "lab")
+            assert (result["found"], result["added"]) == (3, 3)
+            cat = {i["name"]: i for i in await mgr.ops.list_catalogue(ROOT)}
+            v1, v2 = reg.refs["v1"], reg.refs["v2"]
+            assert set(cat) == set(reg.refs.values())
+            assert cat[v1]["min_slots"]["cpu"] == "1"
+            assert cat[v1]["labels"]["ai.backend.kernelspec"]
+            assert cat[v2]["labels"]["ai.backend.test.variant"] == "two"
+            assert cat[v1]["digest"].startswith("sha256:") and cat[v1]["digest"] != cat[v2]["digest"]
+            assert cat[v1]["size_bytes"] > 64 * 2**20
+            again = await images.rescan(mgr, ROOT, "lab")
+            assert (again["added"], again["updated"], again["removed"]) == (0, 0, 0)
+
+            # A wrong password: the registry's refusal in words, the catalogue unchanged.
+            await mgr.ops.update_registry(ROOT, "lab", {"password": "wrong"})
+            with pytest.raises(BackendAIError, match="refused the credentials"):
+                await images.rescan(mgr, ROOT, "lab")
+            assert len(await mgr.ops.list_catalogue(ROOT)) == 3
+            await mgr.ops.update_registry(ROOT, "lab", {"password": reg.password})
+
+            # The catalogue rules what starts.
+            with pytest.raises(InvalidRequest, match="not in the catalogue"):
+                await _batch(mgr, user, "unknown", "backendai/python-kernel:latest")
+            with pytest.raises(InvalidRequest, match="needs at least 1 core"):
+                await mgr.enqueue(username=user, name="small", image=v1,
+                                  slots=ResourceSlot(cpu="0.5", mem=512 * 2**20), environ={},
+                                  service_prefix="/", session_type="batch",
+                                  startup_command="true")
+            await mgr.ops.update_image(ROOT, v2, {"hidden": True})
+            with pytest.raises(InvalidRequest, match="is hidden"):
+                await _batch(mgr, user, "hidden", v2)
+            assert v2 not in {i["name"] for i in await mgr.ops.list_catalogue(ROOT)}
+            assert v2 in {i["name"] for i in await mgr.ops.list_catalogue(ROOT, True)}
+            with pytest.raises(InvalidRequest, match="hidden image cannot be the default"):
+                await mgr.ops.update_image(ROOT, v2, {"is_default": True})
+
+            # Aliases and the default.
+            await mgr.ops.alias_image(ROOT, "python-lab", v1)
+            with pytest.raises(BackendAIError, match="names .* already"):
+                await mgr.ops.alias_image(ROOT, "python-lab", reg.refs["doomed"])
+            assert (await mgr.ops.resolve_image("python-lab"))["name"] == v1
+            await mgr.ops.update_image(ROOT, reg.refs["doomed"], {"is_default": True})
+            await mgr.ops.update_image(ROOT, "python-lab",
+                                       {"is_default": True, "description": "Python, lab"})
+            first = (await mgr.ops.list_catalogue(ROOT))[0]
+            assert (first["name"], first["is_default"], first["aliases"]) == \
+                (v1, True, ["python-lab"])
+            assert first["description"] == "Python, lab"
+            assert sum(i["is_default"] for i in await mgr.ops.list_catalogue(ROOT, True)) == 1
+            await mgr.ops.dealias_image(ROOT, "python-lab")
+            assert await mgr.ops.resolve_image("python-lab") is None
+
+            # Nothing was started by any of the refusals.
+            assert containers_of(mgr.agent.agent_id) == []
+            await mgr.ops.delete_registry(ROOT, "lab")
+            assert await mgr.ops.list_catalogue(ROOT, True) == []
+
+    asyncio.run(run())
+
+
+def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path):
+    """Two sessions of an image the agent lacks: one pull, shown in the sessions'
+    status_info as it goes (bytes and percent), and both containers run the pulled
+    image (its marker file, its digest)."""
+    from jupyterhub_backendai.manager import images
+
+    v1 = reg.refs["v1"]
+    _no_image(v1)
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker",
+                                   configure=_config(reg)) as mgr:
+            user = await make_user(mgr)
+            await _add_registry(mgr, reg)
+            await images.rescan(mgr, ROOT, "lab")
+            seen: list[str] = []
+            a = await _batch(mgr, user, "a", v1)
+            b = await _batch(mgr, user, "b", v1)
+
+            async def watch():
+                while True:
+                    for sid in (a, b):
+                        s = await mgr.get_session(sid)
+                        if s.status_info and s.status_info.startswith("pulling"):
+                            seen.append(s.status_info)
+                    await asyncio.sleep(0.01)
+
+            watcher = asyncio.create_task(watch())
+            try:
+                done = [await wait_status(mgr, sid, DEAD, timeout=300) for sid in (a, b)]
+            finally:
+                watcher.cancel()
+            for s in done:
+                assert (s.status, s.result) == ("TERMINATED", "SUCCESS"), s.status_info
+                assert "backendai-test/registry-kernel" in s.kernels[0].logs
+            assert mgr.agent.puller.pulls_started == 1
+            assert any("%" in m and "MiB" in m for m in seen), seen
+            assert any(m.startswith(f"pulling {v1}: 100%") for m in seen), seen
+            digest = (await mgr.ops.resolve_image(v1))["digest"]
+            out = subprocess.run(["docker", "image", "inspect", "--format",
+                                  "{{json .RepoDigests}}", v1], capture_output=True, text=True)
+            assert digest in out.stdout
+            assert containers_of(mgr.agent.agent_id) == []
+
+    try:
+        asyncio.run(run())
+    finally:
+        _no_image(v1)
+
+
+def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
+    """A wrong credential and a tag gone from the registry each end the session ERROR
+    with the registry's reason in plain words; no container, no image left."""
+    from jupyterhub_backendai.manager import images
+
+    v2, doomed = reg.refs["v2"], reg.refs["doomed"]
+    _no_image(v2)
+    _no_image(doomed)
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", retries=0,
+                                   configure=_config(reg)) as mgr:
+            user = await make_user(mgr)
+            await _add_registry(mgr, reg)
+            await images.rescan(mgr, ROOT, "lab")
+            # The tag goes from the registry after the rescan (registry API: DELETE by
+            # digest). A second run of this test (the other database) finds it gone and
+            # records the first run's scan of it again.
+            if not hasattr(reg, "doomed_scan"):
+                reg.doomed_scan = await images.scan_registry(
+                    await mgr.ops.registry_secrets("lab"))
+                digest = (await mgr.ops.resolve_image(doomed))["digest"]
+                req = urllib.request.Request(
+                    f"{reg.url}/v2/{REPO}/manifests/{digest}", method="DELETE",
+                    headers=images.basic_auth({"username": reg.username,
+                                               "password": reg.password}))
+                assert urllib.request.urlopen(req, context=reg.ssl_context()).status == 202
+            else:
+                await mgr.ops.record_scan("lab", reg.doomed_scan)
+            gone = await wait_status(mgr, await _batch(mgr, user, "gone", doomed), DEAD)
+            assert gone.status == "ERROR"
+            assert f"image {doomed} does not exist in its registry" in gone.status_info
+
+            await mgr.ops.update_registry(ROOT, "lab", {"password": "not-the-password"})
+            refused = await wait_status(mgr, await _batch(mgr, user, "refused", v2), DEAD)
+            assert refused.status == "ERROR"
+            assert "refused the credentials" in refused.status_info
+            assert "not-the-password" not in refused.status_info
+
+            assert containers_of(mgr.agent.agent_id) == []
+            assert not image_present(v2) and not image_present(doomed)
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_agent_pull_progress_counts_bytes(reg, tmp_path, db_url):
+    """The agent's own pull: progress callbacks in bytes and percent up to 100, the
+    image present afterwards; a second call with the image present pulls nothing."""
+    from jupyterhub_backendai.manager import images
+
+    v2 = reg.refs["v2"]
+    _no_image(v2)
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker") as mgr:
+            got: list[dict] = []
+            auth = images.docker_auth({"username": reg.username, "password": reg.password,
+                                       "url": reg.url})
+            assert await mgr.agent.pull_image(v2, auth, "tag", got.append) is True
+            assert got and got[-1]["percent"] == 100
+            assert got[-1]["current"] == got[-1]["total"] >= 64 * 2**20
+            assert all(0 <= g["percent"] <= 100 for g in got)
+            assert image_present(v2)
+            assert await mgr.agent.pull_image(v2, auth, "tag") is False
+            assert mgr.agent.puller.pulls_started == 1
+
+    try:
+        asyncio.run(run())
+    finally:
+        _no_image(v2)
