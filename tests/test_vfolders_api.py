@@ -102,7 +102,7 @@ def test_bad_names_hosts_and_duplicates(lab, api_hub):
         ({"name": "a/b"}, 400, "name"),
         ({"name": "x", "host": "nowhere:volume1"}, 400, "unknown vfolder host"),
         ({"name": "x", "host": "local:nope"}, 400, "unknown vfolder host"),
-        ({"name": "x", "permission": "wd"}, 400, "project folders"),
+        ({"name": "x", "permission": "all"}, 400, "permission"),  # (a user folder takes one)
         ({"name": "x", "extra": 1}, 400, "extra"),
     ]:
         r = c("POST", "/vfolders", json=body)
