@@ -349,6 +349,39 @@ def test_a_kernel_whose_server_never_answers_gets_its_limit_after_the_bound(tmp_
     asyncio.run(run())
 
 
+def test_kernels_starting_together_share_the_cores_for_their_burst(tmp_path, burst_image):
+    """Issue 30: a burst takes only the cores no other start is bursting into. With the
+    burst as large as the host, of three kernels started at once one bursts and the
+    others start at their own limit (before: each got the whole host, and they fought);
+    all are handed over at their own 0.5 CPU."""
+    import os
+
+    image = burst_image("sleep 1; exec python3 -m http.server 8888")
+    cores = os.cpu_count() or 1
+
+    async def run():
+        agent = _docker_agent(tmp_path, new_agent_id("burst"), startup_cpus=float(cores),
+                              startup_cpu_timeout=60.0)
+        agent.slots = {"cpu": 8, "mem": "8g"}
+        await agent.start()
+        ks = await asyncio.gather(*(agent.create_kernel(_interactive(f"t{i}", image))
+                                    for i in range(3)))
+        try:
+            cpus = [await _cpu(k["container_id"]) for k in ks]
+            assert [nano for nano, _, _ in cpus] == [500_000_000] * 3
+            assert [now for _, now, _ in cpus] == ["50000 100000"] * 3
+            at_start = sorted(at for _, _, at in cpus)
+            assert at_start == sorted([f"{cores * 100000} 100000", "50000 100000",
+                                       "50000 100000"]), at_start
+            assert agent.impl._bursting == {}
+        finally:
+            for k in ks:
+                await agent.destroy_kernel(k["kernel_id"])
+            await agent.stop()
+
+    asyncio.run(run())
+
+
 def test_no_burst_when_disabled_or_not_interactive(tmp_path, burst_image):
     image = burst_image("exec python3 -m http.server 8888")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import ipaddress
 import json
@@ -65,9 +66,38 @@ KERNEL_UID = 1000
 OVERLAY_WAIT = 30.0
 # Issue 22: what withdraws a keypair's SSH key inside a kernel (run there by python3).
 _SSHREVOKE = Path(sshrevoke.__file__).read_text()
-# One lock per event loop for making session networks, shared by the agents of this
-# process (they may share an engine: its duplicate-name check is not atomic).
+# Subnets being made into session networks right now, per event loop (shared by the
+# agents of this process: they may share an engine). A subnet is reserved here, with no
+# await between the check and the reservation, before Docker is asked for it: sessions
+# starting together make their networks at once instead of one after the other (issue
+# 30: a lock around the whole making serialised every start's 4 engine calls).
+_RESERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# One lock per event loop for the overlay networks of multi-node sessions (rare).
 _NET_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _reserved() -> set:
+    return _RESERVED.setdefault(asyncio.get_running_loop(), set())
+
+
+# Per event loop and session network name: the kernels of one session on agents of this
+# process make their network one after the other (the engine's duplicate-name check is
+# not atomic); other sessions' networks are made meanwhile.
+_NAME_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@contextlib.asynccontextmanager
+async def _name_lock(name: str):
+    locks = _NAME_LOCKS.setdefault(asyncio.get_running_loop(), {})
+    entry = locks.setdefault(name, [asyncio.Lock(), 0])
+    entry[1] += 1
+    try:
+        async with entry[0]:
+            yield
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            locks.pop(name, None)
 
 
 def _net_lock() -> asyncio.Lock:
@@ -176,6 +206,8 @@ class DockerBackend(Backend):
         self.agent_id = agent_id
         self.isolation_guard = isolation_guard
         self.pids_limit = pids_limit
+        # Kernels in their startup burst now -> the NanoCpus they were given.
+        self._bursting: dict[str, int] = {}
         self.tmp_size = tmp_size
         self._agent_bridge = ""
         # The installation this agent belongs to (common/installation.py): every
@@ -330,22 +362,28 @@ class DockerBackend(Backend):
         this engine, whichever agent starts it): they reach each other by name,
         nothing else on it. Its subnet comes from ``session_subnets``."""
         name = self.session_network_name(session_id)
-        async with _net_lock():
-            found = await self._networks_named(name)
-            if found:
-                return found[0]["Id"]
-            used = await self._used_subnets()
-            candidates = list(self.session_subnets.subnets(new_prefix=self.session_prefix))
-            # Start where the session id points, so that agents sharing an engine rarely
-            # try the same subnet at once; an overlap is answered by trying the next.
-            start = zlib.crc32(session_id.encode()) % len(candidates)
-            last_error = "no free subnet"
-            tries = 0
-            for i in range(len(candidates)):
-                subnet = candidates[(start + i) % len(candidates)]
-                if any(subnet.overlaps(u) for u in used):
-                    continue
-                tries += 1
+        async with _name_lock(name):
+            return await self._make_session_network(session_id, name)
+
+    async def _make_session_network(self, session_id: str, name: str) -> str:
+        found = await self._networks_named(name)
+        if found:
+            return found[0]["Id"]
+        used = await self._used_subnets()
+        candidates = list(self.session_subnets.subnets(new_prefix=self.session_prefix))
+        # Start where the session id points, so that agents sharing an engine rarely
+        # try the same subnet at once; an overlap is answered by trying the next.
+        start = zlib.crc32(session_id.encode()) % len(candidates)
+        last_error = "no free subnet"
+        tries = 0
+        reserved = _reserved()
+        for i in range(len(candidates)):
+            subnet = candidates[(start + i) % len(candidates)]
+            if subnet in reserved or any(subnet.overlaps(u) for u in used):
+                continue
+            tries += 1
+            reserved.add(subnet)
+            try:
                 try:
                     made = await self.docker.networks.create({
                         "Name": name,
@@ -379,12 +417,14 @@ class DockerBackend(Backend):
                         except DockerError:
                             pass
                 return found[0]["Id"] if found else made.id
-            found = await self._networks_named(name)
-            if found:
-                return found[0]["Id"]
-            raise AgentError(
-                f"docker could not make a network for session {session_id} in "
-                f"{self.session_subnets} (Agent.session_subnets): {last_error}")
+            finally:
+                reserved.discard(subnet)
+        found = await self._networks_named(name)
+        if found:
+            return found[0]["Id"]
+        raise AgentError(
+            f"docker could not make a network for session {session_id} in "
+            f"{self.session_subnets} (Agent.session_subnets): {last_error}")
 
     async def _overlay_network(self, session_id: str, main: bool) -> str:
         """multinode: the Swarm overlay network of a session whose kernels run on more
@@ -599,10 +639,8 @@ class DockerBackend(Backend):
         nano_cpus = int(float(slots.get("cpu", 1)) * 1e9)
         # CPU burst while the server starts: its own limit comes once it answers.
         probe = ports[0] if kernel_type == INTERACTIVE and ports and ports[0].host_port else None
-        burst = int(self.startup_cpus * 1e9) if probe is not None else 0
-        burst = burst if burst > nano_cpus else 0
         host_config = {
-            "NanoCpus": burst or nano_cpus,
+            "NanoCpus": nano_cpus,  # or a startup burst, decided just before the create
             "Memory": int(slots.get("mem", 0)) or 0,
             "MemorySwap": int(slots.get("mem", 0)) or 0,
             # Issue 24: a fork bomb stops at the kernel's limit, not at the host's
@@ -678,7 +716,6 @@ class DockerBackend(Backend):
                 L_UUIDS: ",".join(uuids),
                 L_TYPE: kernel_type,
                 L_SLOTS: json.dumps(slots, separators=(",", ":")),
-                **({L_NANO_CPUS: str(nano_cpus)} if burst else {}),
             },
             "ExposedPorts": {f"{p.container_port}/tcp": {} for p in [*ports, *published]},
             "HostConfig": host_config,
@@ -691,6 +728,12 @@ class DockerBackend(Backend):
             config["Cmd"] = ["sleep", "infinity"]
         name = f"backendai-{spec.get('owner', 'x')}-{spec['kernel_id'][:12]}"
         container = None
+        # Taken as late as possible (the share of the cores other starts leave free), and
+        # given back whatever happens next.
+        burst = self._take_burst(spec["kernel_id"], nano_cpus) if probe is not None else 0
+        if burst:
+            host_config["NanoCpus"] = burst
+            config["Labels"][L_NANO_CPUS] = str(nano_cpus)
         try:
             container = await self.docker.containers.create(config=config, name=name)
             if spec.get("cluster_ssh") or user_key:
@@ -698,6 +741,7 @@ class DockerBackend(Backend):
                     "/", _cluster_ssh_archive(spec.get("cluster_ssh"), user_key))
             await container.start()
         except (DockerError, asyncio.CancelledError) as e:
+            self._bursting.pop(spec["kernel_id"], None)
             if container is not None:
                 try:
                     await container.delete(force=True)
@@ -712,7 +756,9 @@ class DockerBackend(Backend):
             try:
                 await self._end_burst(container.id, nano_cpus, probe.host_port,
                                       spec["service_prefix"])
+                self._bursting.pop(spec["kernel_id"], None)
             except BaseException:
+                self._bursting.pop(spec["kernel_id"], None)
                 # Never hand over (or leave behind) a kernel with more CPU than it asked for.
                 try:
                     await container.delete(force=True)
@@ -794,6 +840,23 @@ class DockerBackend(Backend):
             data=json.dumps({"NanoCpus": nano_cpus}),
             headers={"Content-Type": "application/json"},
         )
+
+    def _take_burst(self, kernel_id: str, nano_cpus: int) -> int:
+        """The NanoCpus a starting kernel may use until its server answers, 0 for none
+        (issue 30). One start alone gets ``startup_cpus``; starts together share the
+        host's cores: a burst takes only what no other start is bursting into (none
+        when they have all of it). Before, five kernels starting together on two cores
+        each got two, and their bursts fought each other."""
+        want = int(self.startup_cpus * 1e9)
+        if want <= nano_cpus:
+            return 0
+        cores = os.cpu_count() or 1
+        free = cores * 10**9 - sum(self._bursting.values())
+        burst = min(want, free)
+        if burst <= nano_cpus:
+            return 0
+        self._bursting[kernel_id] = burst
+        return burst
 
     async def _end_burst(self, container_id: str, nano_cpus: int, port: int, prefix: str) -> None:
         """Wait until the kernel's server answers (or ``startup_cpu_timeout``, or the
