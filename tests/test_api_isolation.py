@@ -184,6 +184,13 @@ class World:
             if which == "new":
                 return {"name": sa.ok("POST", "/resource-groups", json={"name": f"g-{uid()}"})["name"]}
             return {"name": {"public": "default", "own": "rg-a", "other": "rg-b"}[which]}
+        if kind == "preset":  # packaged (every group), new, or only in rg-b
+            if which == "public":
+                return {"name": "small"}
+            body = {"name": f"pr-{uid()}", "resource_slots": {"cpu": "1"}}
+            if which == "other":
+                body["resource_group"] = "rg-b"
+            return {"name": sa.ok("POST", "/resource-presets", json=body)["name"]}
         if kind == "agent":
             return {"id": self.hub_agent if which == "hub" else "agent-b"}
         if kind == "sess":
@@ -294,6 +301,17 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
         ("rg:other", E(200, 404, 404, 404), {"description": "x"})],
     ("delete", "/resource-groups/{name}"): [("rg:new", E(204, 403, 403, 403), None),
                                             ("rg:other", E(409, 404, 404, 404), None)],
+    ("get", "/resource-presets"): [(None, ALL200, None)],
+    ("post", "/resource-presets"): [
+        (None, E(201, 403, 403, 403), lambda: {"name": f"pr-{uid()}",
+                                               "resource_slots": {"cpu": "1", "mem": "1g"}})],
+    ("get", "/resource-presets/{name}"): [("preset:public", ALL200, None),
+                                          ("preset:other", E(200, 404, 404, 404), None)],
+    ("patch", "/resource-presets/{name}"): [
+        ("preset:new", E(200, 403, 403, 403), {"description": "x"}),
+        ("preset:other", E(200, 404, 404, 404), {"description": "x"})],
+    ("delete", "/resource-presets/{name}"): [("preset:new", E(204, 403, 403, 403), None),
+                                             ("preset:other", E(204, 404, 404, 404), None)],
     ("get", "/agents"): [(None, E(200, 200, 403, 200), None)],
     ("get", "/agents/{id}"): [("agent:hub", E(200, 200, 403, 200), None),
                               ("agent:other", E(200, 404, 403, 404), None)],

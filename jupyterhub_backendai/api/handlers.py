@@ -291,6 +291,33 @@ class ResourceGroupHandler(APIBase):
         self.reply(None, 204)
 
 
+class ResourcePresetsHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/resource-presets"))
+        self.reply(await self.manager.ops.list_resource_presets(self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body("ResourcePresetCreate")
+        self.reply(await self.manager.ops.create_resource_preset(self.principal, body), 201)
+
+
+class ResourcePresetHandler(APIBase):
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.ops.get_resource_preset(self.principal, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("ResourcePresetUpdate")
+        self.reply(await self.manager.ops.update_resource_preset(self.principal, name, body))
+
+    async def delete(self, name):
+        self.query()
+        await self.manager.ops.delete_resource_preset(self.principal, name)
+        self.reply(None, 204)
+
+
 class AgentsHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/agents"))
@@ -692,6 +719,18 @@ ROUTES += [
           patch=Op("updateResourceGroup", "Change a resource group",
                    body=models.ResourceGroupUpdate, response=models.ResourceGroup),
           delete=Op("deleteResourceGroup", "Delete a resource group without agents or sessions",
+                    status=204)),
+    route("/resource-presets", ResourcePresetsHandler,
+          get=Op("listResourcePresets", "Resource presets of the resource groups the caller may "
+                 "use (those of every group, and of the one named)",
+                 filters={"resource_group": F_STR}, response=models.ResourcePreset),
+          post=Op("createResourcePreset", "Create a resource preset (superadmin)",
+                  body=models.ResourcePresetCreate, status=201, response=models.ResourcePreset)),
+    route("/resource-presets/{name}", ResourcePresetHandler,
+          get=Op("getResourcePreset", "One resource preset", response=models.ResourcePreset),
+          patch=Op("updateResourcePreset", "Change a resource preset (superadmin)",
+                   body=models.ResourcePresetUpdate, response=models.ResourcePreset),
+          delete=Op("deleteResourcePreset", "Delete a resource preset (superadmin)",
                     status=204)),
     route("/agents", AgentsHandler,
           get=Op("listAgents", "Agents of the resource groups the caller may use",

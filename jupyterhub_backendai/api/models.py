@@ -330,6 +330,24 @@ class ResourceGroupCreate(ResourceGroupUpdate, _Named):
     """A new resource group: its name, and the fields of ResourceGroupUpdate."""
 
 
+ResourcePreset = responses.ResourcePreset
+
+
+class ResourcePresetUpdate(Request):
+    description: Text = None
+    resource_slots: SlotsIn = None
+    resource_group: Annotated[Str(64) | None, Field(
+        description="offered only in this resource group; null: in every group")] = None
+
+
+class ResourcePresetCreate(ResourcePresetUpdate):
+    """A new resource preset: its name (what a request names: {"preset": "<name>"}), and
+    the fields of ResourcePresetUpdate."""
+
+    name: _pattern(USERNAME_PATTERN, max_length=64)
+    resource_slots: SlotsIn
+
+
 Agent = responses.Agent
 
 

@@ -41,6 +41,7 @@ from ..models import (
     Project,
     ProjectResourcePolicy,
     ResourceGroup,
+    ResourcePreset,
     Session,
     User,
     UserResourcePolicy,
@@ -801,6 +802,90 @@ def delete_resource_group(db, p: Principal, name: str) -> None:
 
 def usable_groups(db, p: Principal) -> set[str] | None:
     return access.usable_group_names(db, p)
+
+
+# -- resource presets ------------------------------------------------------------
+# Backend.AI's resource presets: named resource slots the spawn form offers as cards
+# (beside c.BackendAISpawner.presets), each in every resource group or in one. Anyone
+# logged in reads those of the groups they may use (the form shows them); superadmins
+# change them (an installation's object, like resource groups).
+
+PRESET_FIELDS = ("description", "resource_slots", "resource_group")
+CUSTOM_PRESET = "custom"  # the form's own "Custom" choice: not a preset's name
+
+
+def _preset_filter(db, p: Principal):
+    names = access.usable_group_names(db, p)
+    if names is None:
+        return True
+    return or_(ResourcePreset.resource_group.is_(None), ResourcePreset.resource_group.in_(names))
+
+
+@reads
+def list_resource_presets(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    stmt = select(ResourcePreset).where(_preset_filter(db, p))
+    if "resource_group" in filters:
+        stmt = stmt.where(or_(ResourcePreset.resource_group.is_(None),
+                              ResourcePreset.resource_group == filters["resource_group"]))
+    return _page(db, stmt, [ResourcePreset.name], offset, limit, responses.ResourcePreset)
+
+
+def _get_preset(db, p: Principal, name: str) -> ResourcePreset:
+    row = db.get(ResourcePreset, name)
+    names = access.usable_group_names(db, p)
+    if row is None or (names is not None and row.resource_group is not None
+                       and row.resource_group not in names):
+        raise access.not_found("resource preset", name)
+    return row
+
+
+@reads
+def get_resource_preset(db, p: Principal, name: str) -> dict:
+    return responses.ResourcePreset.body(_get_preset(db, p, name))
+
+
+def _check_preset_body(db, body: dict, creating: bool) -> None:
+    if creating and body["name"] == CUSTOM_PRESET:
+        raise InvalidRequest(f"name: {CUSTOM_PRESET!r} is the form's own choice of custom "
+                             "resources; choose another name")
+    if "resource_slots" in body:
+        slots = parse_slots("resource_slots", body["resource_slots"] or {})
+        if not any(Decimal(v) > 0 for v in slots.values()):
+            raise InvalidRequest("resource_slots: give at least one amount above zero "
+                                 "(e.g. cpu 2, mem 4g)")
+    if body.get("resource_group") is not None:
+        _need(db, ResourceGroup, body["resource_group"], "resource_group", "resource group")
+
+
+@writes
+def create_resource_preset(db, p: Principal, body: dict) -> dict:
+    access.require(access.may_change_installation(p), "create resource presets")
+    _check_preset_body(db, body, creating=True)
+    if db.get(ResourcePreset, body["name"]) is not None:
+        raise Conflict(f"resource preset {body['name']!r} exists")
+    row = ResourcePreset(name=body["name"])
+    _apply(row, body, PRESET_FIELDS)
+    db.add(row)
+    db.flush()
+    return responses.ResourcePreset.body(row)
+
+
+@writes
+def update_resource_preset(db, p: Principal, name: str, body: dict) -> dict:
+    row = _get_preset(db, p, name)
+    access.require(access.may_change_installation(p), f"change the resource preset {name!r}")
+    _check_preset_body(db, body, creating=False)
+    _apply(row, body, PRESET_FIELDS)
+    db.flush()
+    return responses.ResourcePreset.body(row)
+
+
+@writes
+def delete_resource_preset(db, p: Principal, name: str) -> None:
+    row = _get_preset(db, p, name)
+    access.require(access.may_change_installation(p), f"delete the resource preset {name!r}")
+    db.delete(row)
+    db.flush()
 
 
 # -- agents --------------------------------------------------------------------

@@ -240,6 +240,15 @@ class ResourceGroup(Response):
     created_at: Time
 
 
+class ResourcePreset(Response):
+    name: str
+    description: str
+    resource_slots: SlotsOut
+    resource_group: Annotated[str | None, Field(
+        description="offered only in this resource group; null: in every group")]
+    created_at: Time
+
+
 class Agent(Response):
     id: str
     status: str

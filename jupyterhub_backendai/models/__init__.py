@@ -3,6 +3,7 @@
 from .base import Base
 from .cluster import Agent, ResourceGroup
 from .images import ContainerRegistry, Image, ImageAlias
+from .presets import ResourcePreset
 from .session import Kernel, Session, session_dependencies
 from .tenancy import (
     Domain,
@@ -29,6 +30,7 @@ __all__ = [
     "Project",
     "ProjectResourcePolicy",
     "ResourceGroup",
+    "ResourcePreset",
     "Session",
     "User",
     "UserResourcePolicy",
