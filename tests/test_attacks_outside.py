@@ -165,6 +165,8 @@ CROSS = {
     "/folders/([^/]+)/files": [("GET", "/folders/{fid}/files", None)],
     "/folders/([^/]+)/mkdir": [("POST", "/folders/{fid}/mkdir", {"path": "x"})],
     "/folders/([^/]+)/rename": [("POST", "/folders/{fid}/rename", {"new_name": "mine"})],
+    "/folders/([^/]+)/clone": [("POST", "/folders/{fid}/clone", {"target_name": "stolen"}),
+                               ("POST", "/folders/bobdata/clone", {"target_name": "stolen"})],
     "/folders/([^/]+)/rename-file": [("POST", "/folders/{fid}/rename-file",
                                       {"target_path": "a.txt", "new_name": "b.txt"})],
     "/folders/([^/]+)/move-file": [("POST", "/folders/{fid}/move-file",
