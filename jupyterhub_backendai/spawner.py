@@ -176,6 +176,14 @@ class BackendAISpawner(Spawner):
             raise _user_error(refusal[1], status_code=refusal[0])
         return group
 
+    async def _all_presets(self) -> list[dict]:
+        """The configured presets (``presets``), then the record's resource presets (the
+        console's and the API's, manager/spawnviews.py ``form_presets``); a configured
+        slug hides a record's preset of the same name."""
+        mine = list(self.presets)
+        taken = {p["slug"] for p in mine}
+        return mine + [p for p in await self.manager.ops.form_presets() if p["slug"] not in taken]
+
     async def _render_form(self, spawner) -> str:
         # A refused submission's values (shown once), else the defaults.
         chosen = _SUBMITTED.pop(self.user.name, None) or {}
@@ -196,10 +204,11 @@ class BackendAISpawner(Spawner):
         projects = await self.manager.user_projects(self.user.name)
         folders = await self.manager.mountable_folders(self.user.name)
         quota = await self.manager.ops.quota_left(self.user.name)
-        offered = _presets.offered(self.presets, chosen_group, projects)
+        all_presets = await self._all_presets()
+        offered = _presets.offered(all_presets, chosen_group, projects)
         # Presets of the other groups too, shown while their group is chosen (the script).
-        every = [p for p in self.presets
-                 if any(p in _presets.offered(self.presets, g, projects) for g in groups)]
+        every = [p for p in all_presets
+                 if any(p in _presets.offered(all_presets, g, projects) for g in groups)]
         defaults = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu,
                     "image": images[0] if images else ""}
         # The user's '.'-folders and the home folder go into every session: not a choice.
@@ -228,7 +237,7 @@ class BackendAISpawner(Spawner):
             permission_words=_PERMISSION_WORDS,
             presets=[{**p, "summary": _presets.summary(p, defaults),
                       "groups": [g for g in groups if p in _presets.offered(
-                          self.presets, g, projects)]} for p in every],
+                          all_presets, g, projects)]} for p in every],
             groups=groups,
             chosen_group=chosen_group,
             group_facts=facts,
@@ -332,12 +341,13 @@ class BackendAISpawner(Spawner):
         opts = dict(user_options)
         group = group or self.resource_group
         slug = opts.pop("preset", None)
-        if not self.presets:
+        all_presets = await self._all_presets()
+        if not all_presets:
             if slug not in (None, "", _presets.CUSTOM):
                 raise _user_error(f"there is no preset {slug!r} (no presets are configured here)")
             return opts
         projects = await self.manager.user_projects(self.user.name)
-        offered = _presets.offered(self.presets, group, projects)
+        offered = _presets.offered(all_presets, group, projects)
         if slug in (None, ""):
             if any(opts.get(k) not in (None, "") for k in _presets.FIXED_KEYS):
                 slug = _presets.CUSTOM
@@ -349,7 +359,7 @@ class BackendAISpawner(Spawner):
                                   + ", ".join(p["slug"] for p in offered))
             return opts
         try:
-            fixed, _ = _presets.resolve(self.presets, slug, group, projects, opts)
+            fixed, _ = _presets.resolve(all_presets, slug, group, projects, opts)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
         return fixed

@@ -47,6 +47,10 @@ def world(tmp_path_factory):
     hub.sm = make_sessionmaker(hub.engine)
     try:
         sa = superadmin(hub)
+        # This module is about the configured presets alone: the record's packaged ones
+        # go (tests/test_resource_presets.py has the record's presets beside these).
+        for name in ("small", "medium", "large"):
+            sa.ok("DELETE", f"/resource-presets/{name}")
         proj = sa.ok("POST", "/projects", json={"name": "teamproj", "domain_name": "default"})
         # Project quota: 1.5 cores, 2 GiB (shown in the form as what is left).
         sa.ok("PATCH", f"/projects/{proj['id']}",

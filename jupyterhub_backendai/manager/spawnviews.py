@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from ..common.slots import CPU, CUDA, MEM, format_slots
-from ..models import Agent, Kernel, ResourceGroup, Session
+from ..common.slots import CPU, CUDA, MEM, format_slots, is_mig_slot
+from ..models import Agent, Kernel, ResourceGroup, ResourcePreset, Session
 from . import access
 from .ops import reads
 
@@ -31,6 +31,30 @@ def group_facts(s, resource_group: str) -> dict:
             shown[CUDA] = best.get(CUDA, 0)
         text = format_slots(shown)
     return {"free": text, "gpu": gpu, "local": local}
+
+
+@reads
+def form_presets(s) -> list[dict]:
+    """The record's resource presets in the shape of ``c.BackendAISpawner.presets``
+    (pages/presets.py): slug and display name the preset's name, offered in its resource
+    group (or every one), fixing its resources (cpu, mem in bytes, GPUs, MIG instances);
+    the image is the form's default one. ``source`` says where it came from."""
+    out = []
+    for row in s.scalars(select(ResourcePreset).order_by(ResourcePreset.name)):
+        slots = row.resource_slots or {}
+        opts = {}
+        if slots.get(CPU):
+            opts["cpu"] = str(slots[CPU])
+        if slots.get(MEM):
+            opts["mem"] = str(int(slots[MEM]))
+        if slots.get(CUDA):
+            opts["gpu"] = str(slots[CUDA])
+        opts.update({k: str(v) for k, v in slots.items() if is_mig_slot(k) and v})
+        out.append({"slug": row.name, "display_name": row.name,
+                    "description": row.description or "",
+                    "resource_groups": [row.resource_group] if row.resource_group else [],
+                    "user_options": opts, "source": "database"})
+    return out
 
 
 @reads
