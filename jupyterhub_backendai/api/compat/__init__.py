@@ -24,6 +24,7 @@ def routes() -> list[tuple]:
     from .. import spec
     from . import handlers as h
     from .execute import ExecuteHandler, SessionUploadHandler
+    from .images import BackgroundTaskEventsHandler
 
     base = spec.PREFIX.removeprefix("/hub")
     table = [
@@ -39,6 +40,7 @@ def routes() -> list[tuple]:
         (f"/session/{SEG}/status-history", h.SessionStatusHistoryHandler),
         (f"/session/{SEG}/rename", h.SessionRenameHandler),
         ("/events/session", h.SessionEventsHandler),
+        ("/events/background-task", BackgroundTaskEventsHandler),  # issue 25: rescans
         (f"/session/{SEG}/upload", SessionUploadHandler),
         ("/config/resource-slots", h.ResourceSlotsHandler),
         ("/config/vfolder-types", h.VFolderTypesHandler),

@@ -46,6 +46,7 @@ from ...manager.compatviews import ALL, agent_item, bai_status, dashed, session_
 from .. import hubsync, models
 from ..base import _check_text
 from ..base import validate as validate_body
+from . import images as compat_images
 
 SDL = """
 scalar UUID
@@ -464,6 +465,30 @@ type ModifyUser { ok: Boolean msg: String user: User }
 type CreateKeyPair { ok: Boolean msg: String keypair: KeyPair }
 type MutationResult { ok: Boolean msg: String }
 
+# Issue 25: the image catalogue (api/compat/images.py)
+type Image {
+  id: String
+  name: String
+  humanized_name: String
+  namespace: String
+  base_image_name: String
+  registry: String
+  architecture: String
+  tag: String
+  digest: String
+  size_bytes: Float
+  aliases: [String]
+  labels: [KVPair]
+  hidden: Boolean
+  is_default: Boolean
+  description: String
+  installed: Boolean
+  resource_limits: [ResourceLimit]
+}
+type KVPair { key: String value: String }
+type ResourceLimit { key: String min: String max: String }
+type RescanImages { ok: Boolean msg: String task_id: String }
+
 type Mutation {
   create_domain(name: String!, props: DomainInput!): CreateDomain
   modify_domain(name: String!, props: ModifyDomainInput!): ModifyDomain
@@ -502,9 +527,13 @@ type Mutation {
   create_keypair(user_id: String!, props: KeyPairInput!): CreateKeyPair
   modify_keypair(access_key: String!, props: ModifyKeyPairInput!): MutationResult
   delete_keypair(access_key: String!): MutationResult
+  rescan_images(registry: String, project: String): RescanImages
+  alias_image(alias: String!, target: String!, architecture: String): MutationResult
+  dealias_image(alias: String!, architecture: String): MutationResult
 }
 
 type Query {
+  images(is_installed: Boolean, is_operation: Boolean, image_filters: [String]): [Image]
   domain(name: String): Domain
   domains(is_active: Boolean): [Domain]
   group(id: UUID!, domain_name: String): Group
@@ -591,6 +620,7 @@ class Root:
 
     def __init__(self, manager, p: access.Principal, volumes: dict | None = None):
         self.ops, self.p = manager.ops, p
+        self.manager = manager
         self.volumes = volumes or {}
         # what JupyterHub must do once the mutations committed (hubsync.apply), from
         # the mutations that succeeded; _pending: the running mutation's
@@ -1064,6 +1094,22 @@ class Root:
 
     async def delete_keypair(self, info, access_key):
         return await self._mutate(self.ops.delete_keypair, self.p, access_key)
+
+    # -- images (issue 25: api/compat/images.py) --
+
+    async def images(self, info, is_installed=None, is_operation=None, image_filters=None):
+        return await _call(compat_images.list_images(self.manager, self.p, is_installed))
+
+    async def rescan_images(self, info, registry=None, project=None):
+        async def run():
+            return {"task_id": await compat_images.start_rescan(self.manager, self.p, registry)}
+        return await self._mutate(run)
+
+    async def alias_image(self, info, alias, target, architecture=None):
+        return await self._mutate(self.ops.alias_image, self.p, alias, target)
+
+    async def dealias_image(self, info, alias, architecture=None):
+        return await self._mutate(self.ops.dealias_image, self.p, alias)
 
 
 def _parse_json_fields(body: dict, *fields: str) -> dict:

@@ -1,0 +1,112 @@
+"""Issue 25: Backend.AI's official CLI (23.09 and 26.09) on the image catalogue:
+``admin image rescan`` of a real registry (tests/registry.py: auth, TLS), ``admin image
+list``, ``alias``, ``dealias``; refusals in words for a plain user and an unknown
+registry, nothing changed by them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from jupyterhub_backendai.models import ContainerRegistry, Image, ImageAlias
+from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
+
+from .api_world import new_user, superadmin
+from .conftest import shutdown_hub
+from .hub import Hub
+from .registry import Registry, remove_images
+from .services import image_tag
+from .test_backendai_client import BAI, CLI, CLI26
+
+
+@pytest.fixture(scope="module")
+def reg(tmp_path_factory):
+    """A registry holding ``lab/tiny:1`` (a labelled image ``FROM scratch``: one file)
+    and ``lab/plain:1`` (no ``ai.backend.kernelspec``: not a kernel image)."""
+    r = Registry().start()
+    built = []
+    try:
+        d = tmp_path_factory.mktemp("tiny")
+        (d / "hello").write_text("hello\n")
+        for repo, labels in (("tiny", 'LABEL "ai.backend.kernelspec"="1" '
+                                      '"ai.backend.resource.min.cpu"="0.5"\n'),
+                             ("plain", "")):
+            (d / "Dockerfile").write_text(f"FROM scratch\nCOPY hello /hello\n{labels}")
+            tag = image_tag(f"cli-{repo}")
+            subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True,
+                           capture_output=True)
+            built.append(tag)
+            r.push(tag, f"lab/{repo}", "1")
+        remove_images(*built)
+        built.clear()
+        yield r
+    finally:
+        remove_images(*built)
+        r.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, reg):
+    assert os.access(CLI, os.X_OK), "run scripts/install-backendai-clients.sh"
+    url = f"sqlite:///{tmp_path_factory.mktemp('images-cli')}/backendai.sqlite"
+    hub = Hub(db_url=url, backend="local").start()
+    hub.engine = make_engine(url)
+    hub.sm = make_sessionmaker(hub.engine)
+    # The registry, as an admin configures it (the record's row; its password a secret).
+    with hub.sm.begin() as s:
+        s.add(ContainerRegistry(name="lab", url=reg.url, project="lab", username=reg.username,
+                                password=reg.password, ca_cert=reg.ca_pem.decode(),
+                                pull_policy="tag"))
+    yield hub
+    shutdown_hub(hub)
+    hub.engine.dispose()
+
+
+def _catalogue(hub) -> dict:
+    with hub.sm() as s:
+        return {i.name: sorted(a.alias for a in s.query(ImageAlias).filter_by(image=i.name))
+                for i in s.query(Image)}
+
+
+def test_cli_lists_rescans_and_aliases_images(hub, reg, tmp_path):
+    sa = superadmin(hub)
+    root = BAI(hub, new_user(sa, role="superadmin", name=f"root-{uuid.uuid4().hex[:6]}"),
+               str(tmp_path / "root"))
+    user = BAI(hub, new_user(sa, name=f"u-{uuid.uuid4().hex[:6]}"), str(tmp_path / "user"))
+    tiny = f"{reg.host}/lab/tiny:1"
+
+    # A plain user may not rescan; an unknown registry is named; nothing changes.
+    out = user("admin", "image", "rescan", "-r", "lab", rc=None)
+    assert user.rc != 0 and "only superadmins rescan" in out, out
+    out = root("admin", "image", "rescan", "-r", "nowhere", rc=None)
+    assert root.rc != 0 and "no container registry 'nowhere'" in out, out
+    assert _catalogue(hub) == {}
+
+    out = root("admin", "image", "rescan", "-r", "lab")
+    assert "Finished registry scanning" in out, out
+    assert _catalogue(hub) == {tiny: []}  # lab/plain has no kernelspec label
+    out = root("admin", "image", "list")
+    assert "lab/tiny" in out and reg.host in out and "sha256:" in out, out
+    assert "lab/plain" not in out
+
+    out = root("admin", "image", "alias", "tiny-py", tiny)
+    assert "An alias has created" in out, out
+    assert _catalogue(hub) == {tiny: ["tiny-py"]}
+    out = root("admin", "image", "alias", "tiny-py", tiny, rc=None)
+    assert "names" in out and "already" in out, out
+    out = user("admin", "image", "list")  # every user sees the visible catalogue
+    assert "tiny-py" in out, out
+    out = user("admin", "image", "alias", "mine", tiny, rc=None)
+    assert "you may not alias images" in out, out
+
+    bai26 = BAI(hub, root.user, str(tmp_path / "root26"), cli=CLI26)
+    out = bai26("admin", "image", "list")
+    assert "lab/tiny" in out and "tiny-py" in out, out
+    out = bai26("admin", "image", "dealias", "tiny-py")
+    assert "The alias has been removed" in out, out
+    assert _catalogue(hub) == {tiny: []}
+    out = bai26("admin", "image", "rescan", "-r", "lab")
+    assert "Finished registry scanning" in out, out
