@@ -199,7 +199,32 @@ class World:
                 return {"id": park_session(self.hub, owners[which[4:]])}
             return {"id": {"self": self.sessions[role], "peer": self.peer_session,
                            "other": self.other_session}[which]}
+        if kind in ("reg", "img", "alias"):  # issue 25: registries and the catalogue
+            return self._image_target(kind, which)
         raise KeyError(target)
+
+    def _image_target(self, kind: str, which: str) -> dict:
+        import urllib.parse
+
+        from jupyterhub_backendai.models import Image, ImageAlias
+
+        if kind == "reg":
+            if which == "local":
+                return {"name": "local"}
+            return {"name": self.sa.ok("POST", "/container-registries", json={
+                "name": f"r-{uid()}", "url": "https://127.0.0.1:9"})["name"]}
+        name = f"127.0.0.1:9/iso/img-{uid()}:1"
+        alias = f"al-{uid()}"
+        with self.hub.sm.begin() as s:
+            s.add(Image(name=name, source="local", repo=f"iso/{name}", tag="1", digest="",
+                        architecture="x86_64", size_bytes=0, labels={}, description="",
+                        hidden=which == "hidden", is_default=False))
+            if kind == "alias":
+                s.flush()
+                s.add(ImageAlias(alias=alias, image=name))
+        if kind == "alias":
+            return {"alias": alias}
+        return {"name": urllib.parse.quote(name, safe="")}
 
 
 def E(sa, ad, us, mo) -> dict:  # noqa: N802 - reads like a table header
@@ -426,6 +451,25 @@ MATRIX.update({
         ("file:us", E(403, 403, 200, 403), {"path": "a.txt", "new_path": "b.txt"}),
         ("file:shared-ro", NO_FILES, {"path": "a.txt", "new_path": "b.txt"}),
         ("file:other", E(403, 404, 404, 404), {"path": "a.txt", "new_path": "b.txt"})],
+})
+MATRIX.update({  # issue 25: registries (superadmins) and the image catalogue
+    ("get", "/container-registries"): [(None, E(200, 403, 403, 403), None)],
+    ("post", "/container-registries"): [
+        (None, E(201, 403, 403, 403),
+         lambda: {"name": f"r-{uid()}", "url": "https://127.0.0.1:9", "password": "s"})],
+    ("get", "/container-registries/{name}"): [("reg:new", E(200, 403, 403, 403), None)],
+    ("patch", "/container-registries/{name}"): [
+        ("reg:new", E(200, 403, 403, 403), {"project": "lab"})],
+    ("delete", "/container-registries/{name}"): [("reg:new", E(204, 403, 403, 403), None)],
+    ("post", "/container-registries/{name}/rescan"): [
+        ("reg:local", E(200, 403, 403, 403), None)],
+    ("get", "/images"): [(None, ALL200, None)],
+    ("get", "/images/{name}"): [("img:shown", ALL200, None),
+                                ("img:hidden", E(200, 200, 404, 404), None)],
+    ("patch", "/images/{name}"): [("img:shown", E(200, 403, 403, 403), {"description": "x"})],
+    ("post", "/images/{name}/aliases"): [
+        ("img:shown", E(201, 403, 403, 403), lambda: {"alias": f"al-{uid()}"})],
+    ("delete", "/image-aliases/{alias}"): [("alias:new", E(204, 403, 403, 403), None)],
 })
 PUBLIC = {("get", "/openapi.json")}
 

@@ -18,7 +18,7 @@ from tornado import web
 
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
-from ..manager import vfolders
+from ..manager import images, vfolders
 from . import hubsync, models, spec
 from .base import APIBase, document
 from .spec import Op, Route, route
@@ -339,6 +339,74 @@ class SchedulerHandler(APIBase):
             groups = set(await self.manager.ops.resource_group_names())
             status = {k: v for k, v in status.items() if k not in groups or k in visible}
         self.reply(json.loads(json.dumps(status, default=str)))
+
+
+# -- images (issue 25: manager/images.py) --------------------------------------------
+
+
+class RegistriesHandler(APIBase):
+    async def get(self):
+        _, o, n = self.query(_filters("/container-registries"))
+        items = await self.manager.ops.list_registries(self.principal)
+        self.reply({"items": items[o:o + n], "total": len(items), "offset": o, "limit": n})
+
+    async def post(self):
+        self.query()
+        body = self.body("ContainerRegistryCreate")
+        self.reply(await self.manager.ops.create_registry(self.principal, body), 201)
+
+
+class RegistryHandler(APIBase):
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.ops.get_registry(self.principal, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("ContainerRegistryUpdate")
+        self.reply(await self.manager.ops.update_registry(self.principal, name, body))
+
+    async def delete(self, name):
+        self.query()
+        await self.manager.ops.delete_registry(self.principal, name)
+        self.reply(None, 204)
+
+
+class RegistryRescanHandler(APIBase):
+    async def post(self, name):
+        self.query()
+        self.reply(await images.rescan(self.manager, self.principal, name))
+
+
+class ImagesHandler(APIBase):
+    async def get(self):
+        f, o, n = self.query(_filters("/images"))
+        self.reply(await self.manager.ops.list_images_page(self.principal, f, o, n))
+
+
+class ImageHandler(APIBase):
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.ops.get_image(self.principal, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("ImageUpdate")
+        self.reply(await self.manager.ops.update_image(self.principal, name, body))
+
+
+class ImageAliasesHandler(APIBase):
+    async def post(self, name):
+        self.query()
+        body = self.body("ImageAliasCreate")
+        self.reply(await self.manager.ops.alias_image(self.principal, body["alias"], name), 201)
+
+
+class ImageAliasHandler(APIBase):
+    async def delete(self, alias):
+        self.query()
+        await self.manager.ops.dealias_image(self.principal, alias)
+        self.reply(None, 204)
 
 
 # -- sessions ------------------------------------------------------------------
@@ -737,6 +805,36 @@ ROUTES += [
                  filters={"resource_group": F_STR, "status": F_STR}, response=models.Agent)),
     route("/agents/{id}", AgentHandler,
           get=Op("getAgent", "One agent", response=models.Agent)),
+    route("/container-registries", RegistriesHandler,
+          get=Op("listContainerRegistries", "Container registries (superadmins; never their "
+                 "passwords)", filters={}, response=models.ContainerRegistry),
+          post=Op("createContainerRegistry", "Add a container registry (superadmin)",
+                  body=models.ContainerRegistryCreate, status=201,
+                  response=models.ContainerRegistry)),
+    route("/container-registries/{name}", RegistryHandler,
+          get=Op("getContainerRegistry", "One container registry",
+                 response=models.ContainerRegistry),
+          patch=Op("updateContainerRegistry", "Change a container registry",
+                   body=models.ContainerRegistryUpdate, response=models.ContainerRegistry),
+          delete=Op("deleteContainerRegistry", "Remove a container registry and its images",
+                    status=204)),
+    route("/container-registries/{name}/rescan", RegistryRescanHandler,
+          post=Op("rescanContainerRegistry", "Read a registry's labelled images into the "
+                  "catalogue (name 'local': the agents' own images)",
+                  response=models.ImageRescan)),
+    route("/images", ImagesHandler,
+          get=Op("listImages", "The image catalogue (hidden images: admins)",
+                 filters={"hidden": F_BOOL, "source": F_STR}, response=models.Image)),
+    route("/images/{name}", ImageHandler,
+          get=Op("getImage", "One catalogued image, by name or alias (URL-encoded)",
+                 response=models.Image),
+          patch=Op("updateImage", "Hide or show, describe, mark the default (superadmin)",
+                   body=models.ImageUpdate, response=models.Image)),
+    route("/images/{name}/aliases", ImageAliasesHandler,
+          post=Op("aliasImage", "Give an image an alias (superadmin)",
+                  body=models.ImageAliasCreate, status=201, response=models.Image)),
+    route("/image-aliases/{alias}", ImageAliasHandler,
+          delete=Op("dealiasImage", "Remove an image alias (superadmin)", status=204)),
     route("/sessions", SessionsHandler,
           get=Op("listSessions", "Sessions the caller sees",
                  filters={"status": enum(SessionStatus), "user_id": F_STR, "project_id": F_STR,

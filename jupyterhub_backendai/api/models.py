@@ -351,6 +351,39 @@ class ResourcePresetCreate(ResourcePresetUpdate):
 Agent = responses.Agent
 
 
+# -- images (issue 25) ---------------------------------------------------------------
+
+
+ContainerRegistry = responses.ContainerRegistry
+Image = responses.Image
+ImageRescan = responses.ImageRescan
+
+
+class ContainerRegistryUpdate(Request):
+    """A registry's settings; ``password`` is kept as a secret (never answered)."""
+
+    url: Str(512) = None
+    project: Str(128) = None
+    username: Str(128) = None
+    password: Str(512) = None
+    ca_cert: Str(16384) = None
+    pull_policy: _enum(("digest", "tag", "none")) = None
+
+
+class ContainerRegistryCreate(ContainerRegistryUpdate, _Named):
+    """A new container registry: its name, ``url``, and the fields of ContainerRegistryUpdate."""
+
+
+class ImageUpdate(Request):
+    description: Text = None
+    hidden: bool = None
+    is_default: bool = None
+
+
+class ImageAliasCreate(Request):
+    alias: Str(256)
+
+
 # -- sessions ------------------------------------------------------------------------
 
 

@@ -20,16 +20,14 @@ import re
 import ssl
 
 import aiohttp
-from pydantic import Field
 from sqlalchemy import delete, select
 
 from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
 from ..models import ContainerRegistry, Image, ImageAlias
 from ..models.base import utcnow
-from . import access
+from . import access, responses
 from .access import Principal
 from .ops import reads, writes
-from .responses import Object, Response, Time
 
 LOCAL = "local"
 KERNELSPEC = "ai.backend.kernelspec"
@@ -53,45 +51,8 @@ class RegistryError(BackendAIError):
 # -- the answers ----------------------------------------------------------------------
 
 
-class ContainerRegistryOut(Response):
-    name: str
-    url: str
-    project: str
-    username: str
-    has_password: bool
-    has_ca_cert: bool
-    pull_policy: str
-    last_scan: Time | None = None
-    created_at: Time
-
-
-class ImageOut(Response):
-    name: str
-    source: str
-    repo: str
-    tag: str
-    digest: str
-    architecture: str
-    size_bytes: int
-    labels: Object
-    aliases: list[str] = Field(default_factory=list)
-    description: str
-    hidden: bool
-    is_default: bool
-    min_slots: dict[str, str] = Field(default_factory=dict)
-    scanned_at: Time
-
-
-class RescanResult(Response):
-    registry: str
-    found: int
-    added: int
-    updated: int
-    removed: int
-
-
 def _registry_body(r: ContainerRegistry) -> dict:
-    return ContainerRegistryOut.body({
+    return responses.ContainerRegistry.body({
         "name": r.name, "url": r.url, "project": r.project, "username": r.username,
         "has_password": bool(r.password), "has_ca_cert": bool(r.ca_cert),
         "pull_policy": r.pull_policy, "last_scan": r.last_scan, "created_at": r.created_at,
@@ -104,7 +65,7 @@ def min_slots(labels: dict) -> dict[str, str]:
 
 
 def _image_body(img: Image, aliases: list[str]) -> dict:
-    return ImageOut.body({
+    return responses.Image.body({
         "name": img.name, "source": img.source, "repo": img.repo, "tag": img.tag,
         "digest": img.digest, "architecture": img.architecture, "size_bytes": img.size_bytes,
         "labels": img.labels or {}, "aliases": sorted(aliases),
@@ -235,6 +196,24 @@ def list_catalogue(db, p: Principal | None, include_hidden: bool = False) -> lis
     return [_image_body(i, aliases.get(i.name, [])) for i in rows]
 
 
+@reads
+def list_images_page(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
+    """The admin API's page of the catalogue (``hidden``: admins only; ``source``)."""
+    admin = p.is_superadmin or p.is_domain_admin
+    q = select(Image)
+    if filters.get("hidden") is not None:
+        access.require(admin or not filters["hidden"], "see hidden images")
+        q = q.where(Image.hidden.is_(filters["hidden"]))
+    elif not admin:
+        q = q.where(Image.hidden.is_(False))
+    if "source" in filters:
+        q = q.where(Image.source == filters["source"])
+    rows = list(db.scalars(q.order_by(Image.is_default.desc(), Image.name)))
+    aliases = _aliases(db)
+    items = [_image_body(i, aliases.get(i.name, [])) for i in rows[offset:offset + limit]]
+    return {"items": items, "total": len(rows), "offset": offset, "limit": limit}
+
+
 def _find(db, ref: str) -> Image | None:
     img = db.get(Image, ref)
     if img is None:
@@ -349,7 +328,7 @@ def record_scan(db, source: str, found: list[dict]) -> dict:
         r = db.get(ContainerRegistry, source)
         if r is not None:
             r.last_scan = now
-    return RescanResult.body({"registry": source, "found": len(found), "added": added,
+    return responses.ImageRescan.body({"registry": source, "found": len(found), "added": added,
                               "updated": updated, "removed": len(gone)})
 
 

@@ -400,3 +400,48 @@ class VFolderHosts(Response):
                                                     "permission")]
     hosts: dict[str, VFolderHost]
 
+
+# -- images (issue 25: manager/images.py) ------------------------------------------
+
+
+class ContainerRegistry(Response):
+    """A container registry (issue 25); never its password: ``has_password``."""
+
+    name: str
+    url: str
+    project: str
+    username: str
+    has_password: bool
+    has_ca_cert: bool
+    pull_policy: str
+    last_scan: Time | None = None
+    created_at: Time
+
+
+class Image(Response):
+    """An image of the catalogue (issue 25)."""
+
+    name: str
+    source: str
+    repo: str
+    tag: str
+    digest: str
+    architecture: str
+    size_bytes: int
+    labels: Object
+    aliases: list[str]
+    description: str
+    hidden: bool
+    is_default: bool
+    min_slots: dict[str, str]
+    scanned_at: Time
+
+
+class ImageRescan(Response):
+    """What a rescan of a registry found."""
+
+    registry: str
+    found: int
+    added: int
+    updated: int
+    removed: int
