@@ -16,8 +16,8 @@ from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 from .api_world import PASSWORD, Client, superadmin
 from .hub import Hub
 
-SECTIONS = ["domains", "projects", "users", "keypairs", "policies", "resource-groups", "agents",
-            "sessions", "queue", "plots"]
+SECTIONS = ["domains", "projects", "users", "keypairs", "policies", "resource-groups", "presets",
+            "agents", "sessions", "queue", "plots"]
 USER_PAGES = ["sessions", "folders", "keys"]
 
 

@@ -213,6 +213,11 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
             g["may_edit"] = installation
             g["may_delete"] = installation and g["name"] != admin.DEFAULT
         out["schedulers"] = sorted(admin.KNOWN_SCHEDULERS)
+    elif section == "presets":
+        out["presets"] = _all(admin.list_resource_presets, db, p)["items"]
+        for r in out["presets"]:
+            r["may_edit"] = r["may_delete"] = installation
+        out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
     elif section == "agents":
         out["agents"] = _all(admin.list_agents, db, p)["items"]
     elif section == "sessions":

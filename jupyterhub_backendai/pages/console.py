@@ -35,6 +35,7 @@ ADMIN_SECTIONS = (
     ("keypairs", "Keypairs"),
     ("policies", "Resource policies"),
     ("resource-groups", "Resource groups"),
+    ("presets", "Presets"),
     ("agents", "Agents"),
     ("sessions", "Sessions"),
     ("queue", "Queue"),
