@@ -146,9 +146,31 @@ class BackendAISpawner(Spawner):
         return self._render_form
 
     async def _image_choices(self, resource_group: str | None = None) -> list[str]:
+        """The images offered: ``images`` if configured; else the catalogue's visible
+        images (issue 25; the default first), and, unless ``image_catalogue`` restricts
+        starts to the catalogue, the labelled images the group's agents hold that are
+        not hidden."""
         if self.images:
             return list(self.images)
-        return await self.manager.list_images(resource_group or self.resource_group)
+        catalogue = [i["name"] for i in await self.manager.ops.list_catalogue(None)]
+        if self.manager.image_catalogue:
+            return catalogue
+        hidden = {i["name"] for i in await self.manager.ops.list_catalogue(None, True)
+                  if i["hidden"]}
+        held = await self.manager.list_images(resource_group or self.resource_group)
+        default = await self.manager.ops.default_image()
+        return sorted((n for n in dict.fromkeys(catalogue + held) if n not in hidden),
+                      key=lambda n: n != default)
+
+    async def _image_labels(self) -> dict[str, str]:
+        """What the form shows of each catalogued image: its aliases, description, name."""
+        out = {}
+        for i in await self.manager.ops.list_catalogue(None):
+            words = ", ".join(i["aliases"])
+            if i["description"]:
+                words = f"{words} — {i['description']}" if words else i["description"]
+            out[i["name"]] = f"{words} ({i['name']})" if words else i["name"]
+        return out
 
     async def _groups(self) -> list[str]:
         """The active resource groups this user may use, the configured one first."""
@@ -218,7 +240,8 @@ class BackendAISpawner(Spawner):
         return await pages.render(
             "backendai/spawn_form.html",
             images=images,
-            chosen_image=chosen.get("image"),
+            image_labels=await self._image_labels(),
+            chosen_image=chosen.get("image") or (await self.manager.ops.default_image()),
             cpu=chosen.get("cpu", self.default_cpu),
             mem=chosen.get("mem", self.default_mem),
             gpu=chosen.get("gpu", self.default_gpu),

@@ -110,3 +110,46 @@ def test_cli_lists_rescans_and_aliases_images(hub, reg, tmp_path):
     assert _catalogue(hub) == {tiny: []}
     out = bai26("admin", "image", "rescan", "-r", "lab")
     assert "Finished registry scanning" in out, out
+
+
+def test_spawn_form_lists_the_catalogue_default_first(hub, reg):
+    """The spawn form offers the catalogue with aliases and descriptions, the default
+    preselected (set through the admin API), beside the agents' own images; a hidden
+    image is not offered."""
+    import html
+    import re
+    import urllib.parse
+
+    from .api_world import PASSWORD
+
+    sa = superadmin(hub)
+    sa.ok("POST", "/container-registries/lab/rescan", status=200)
+    tiny = f"{reg.host}/lab/tiny:1"
+    q = urllib.parse.quote(tiny, safe="")
+    sa.ok("PATCH", f"/images/{q}", json={"is_default": True, "description": "A tiny one"})
+    sa.ok("POST", f"/images/{q}/aliases", json={"alias": f"tiny-{uuid.uuid4().hex[:4]}"})
+    # A local image, catalogued from the agents and then hidden.
+    sa.ok("POST", "/container-registries/local/rescan", status=200)
+    local = sa.ok("GET", "/images", params={"source": "local"})["items"]
+    assert [i["name"] for i in local] == ["local/python"]
+    u = new_user(sa, name=f"form-{uuid.uuid4().hex[:6]}")
+    s = hub.login(u["email"], PASSWORD)
+    page = html.unescape(s.get(hub.base + "/hub/spawn").text)
+    options = re.findall(r'<option value="([^"]+)"( selected)?>([^<]*)</option>', page)
+    offered = {v: (bool(sel), label) for v, sel, label in options}
+    assert offered[tiny][0] is True, options
+    assert "A tiny one" in offered[tiny][1] and "tiny-" in offered[tiny][1]
+    assert offered["local/python"][0] is False
+    # the default is first
+    assert [v for v, _, _ in options if v in (tiny, "local/python")][0] == tiny
+
+    sa.ok("PATCH", "/images/local%2Fpython", json={"hidden": True})
+    page = html.unescape(s.get(hub.base + "/hub/spawn").text)
+    assert 'value="local/python"' not in page  # held by the agent, but hidden
+    r = s.post(hub.base + f"/hub/spawn/{u['username']}/hidden", data={
+        "image": "local/python", "cpu": "0.5", "mem": "256m",
+        "_xsrf": s.cookies.get("_xsrf", path="/hub/")})
+    assert "image 'local/python' is hidden" in html.unescape(r.text), r.text[-2000:]
+    assert sa.ok("GET", "/sessions", params={"user_id": u["id"]})["total"] == 0
+    sa.ok("PATCH", "/images/local%2Fpython", json={"hidden": False})
+    sa.ok("PATCH", f"/images/{q}", json={"is_default": False})

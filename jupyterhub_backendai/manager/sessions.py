@@ -59,10 +59,10 @@ class Sessions:
         the :class:`CheckedRequest` returned again."""
         if isinstance(request, CheckedRequest):
             return request
-        # Issue 25: the catalogue names the image (an alias resolves to it); with
-        # image_catalogue on, nothing else starts (manager/images.py).
+        # Issue 25: the catalogue names the image (an alias resolves to it); a hidden
+        # one never starts; with image_catalogue on, nothing else starts (manager/images.py).
         entry = await self.mgr.ops.resolve_image(request.image)
-        if self.mgr.image_catalogue and (entry is None or entry["hidden"]):
+        if (entry is not None and entry["hidden"]) or (self.mgr.image_catalogue and entry is None):
             why = "is hidden" if entry else "is not in the catalogue"
             raise InvalidRequest(f"image {request.image!r} {why}: choose one of the images "
                                  "listed (GET /hub/api/backendai/images)")
