@@ -29,4 +29,8 @@ if os.environ.get("BACKENDAI_JUPYTERLAB_NEWS", "0") != "1":
         page_config["disabledExtensions"] = off
         return page_config
 
-    c.ServerApp.tornado_settings.update({"page_config_hook": _no_news})  # noqa: F821
+    # A plain dict, never ``.update`` on the config: that leaves a LazyConfigValue, which
+    # jupyterhub-singleuser's extension cannot read (it ended every server at start).
+    _settings = dict(c.ServerApp.tornado_settings) if "tornado_settings" in c.ServerApp else {}  # noqa: F821
+    _settings["page_config_hook"] = _no_news
+    c.ServerApp.tornado_settings = _settings  # noqa: F821
