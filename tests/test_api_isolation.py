@@ -337,6 +337,7 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
         ("preset:other", E(200, 404, 404, 404), {"description": "x"})],
     ("delete", "/resource-presets/{name}"): [("preset:new", E(204, 403, 403, 403), None),
                                              ("preset:other", E(204, 404, 404, 404), None)],
+    ("get", "/usage"): [(None, ALL200, None)],
     ("get", "/agents"): [(None, E(200, 200, 403, 200), None)],
     ("get", "/agents/{id}"): [("agent:hub", E(200, 200, 403, 200), None),
                               ("agent:other", E(200, 404, 403, 404), None)],

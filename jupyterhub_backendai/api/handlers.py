@@ -11,6 +11,7 @@ flags, session start and stop) happen only after that transaction committed.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import urllib.parse
 
@@ -19,6 +20,7 @@ from tornado import web
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager import images, vfolders
+from ..manager.usage import parse_period
 from . import hubsync, models, spec
 from .base import APIBase, document
 from .spec import Op, Route, route
@@ -316,6 +318,22 @@ class ResourcePresetHandler(APIBase):
         self.query()
         await self.manager.ops.delete_resource_preset(self.principal, name)
         self.reply(None, 204)
+
+
+class UsageHandler(APIBase):
+    """Usage accounting from the record (manager/usage.py): the caller's own sessions,
+    or an admin's scope."""
+
+    async def get(self):
+        q, _, _ = self.query(params=_params("get", "/usage"))
+        start, end = usage_period(q.get("start"), q.get("end"))
+        self.reply(await self.manager.ops.usage_report(
+            self.principal, start, end, q.get("group_by") or "user"))
+
+
+def usage_period(start: str | None, end: str | None):
+    """(start, end) of a usage request, checked (a 400 in words otherwise)."""
+    return parse_period(start, end, dt.datetime.now(dt.UTC))
 
 
 class AgentsHandler(APIBase):
@@ -800,6 +818,15 @@ ROUTES += [
                    body=models.ResourcePresetUpdate, response=models.ResourcePreset),
           delete=Op("deleteResourcePreset", "Delete a resource preset (superadmin)",
                     status=204)),
+    route("/usage", UsageHandler,
+          get=Op("getUsage", "Core-, GiB- and GPU-hours of the sessions the caller may see "
+                 "(their own; an admin's domain; a superadmin's all), per user, project, "
+                 "domain or resource group, for a period (default: this month so far); "
+                 "sessions that span the period's edges count only inside it",
+                 params={"start": (F_STR, False), "end": (F_STR, False),
+                         "group_by": (enum(("user", "project", "domain", "resource_group")),
+                                      False)},
+                 response=models.UsageReport)),
     route("/agents", AgentsHandler,
           get=Op("listAgents", "Agents of the resource groups the caller may use",
                  filters={"resource_group": F_STR, "status": F_STR}, response=models.Agent)),

@@ -349,6 +349,7 @@ class ResourcePresetCreate(ResourcePresetUpdate):
 
 
 Agent = responses.Agent
+UsageReport = responses.UsageReport
 
 
 # -- images (issue 25) ---------------------------------------------------------------

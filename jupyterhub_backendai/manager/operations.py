@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     pageviews,
     spawnviews,
     tenancy,
+    usage,
     vfolders,
 )
 from .ops import lookup

@@ -249,6 +249,29 @@ class ResourcePreset(Response):
     created_at: Time
 
 
+class UsageFigures(Response):
+    sessions: Annotated[int, Field(description="sessions that ran inside the period")]
+    hours: Annotated[float, Field(description="their running hours inside the period")]
+    cpu_hours: Annotated[float, Field(description="allocated cores x running hours")]
+    mem_gib_hours: Annotated[float, Field(description="allocated GiB of memory x running hours")]
+    gpu_hours: Annotated[float, Field(description="allocated GPUs (and MIG instances) x "
+                                                  "running hours")]
+
+
+class UsageRow(UsageFigures):
+    key: Annotated[str, Field(description="the user's or project's id, the domain's or "
+                                          "resource group's name")]
+    name: Annotated[str, Field(description="the key in words (a project as DOMAIN/NAME)")]
+
+
+class UsageReport(Response):
+    start: Time
+    end: Time
+    group_by: str
+    items: list[UsageRow]
+    total: UsageFigures
+
+
 class Agent(Response):
     id: str
     status: str

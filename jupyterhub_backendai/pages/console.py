@@ -26,6 +26,7 @@ from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
 from ..manager import access, vfolders
 from ..manager.core import BackendAIManager
 from ..manager.pageviews import SESSION_ROWS
+from ..manager.usage import GROUP_BY, parse_period
 from . import nav, usage
 
 ADMIN_SECTIONS = (
@@ -39,6 +40,7 @@ ADMIN_SECTIONS = (
     ("agents", "Agents"),
     ("sessions", "Sessions"),
     ("queue", "Queue"),
+    ("usage", "Usage"),
     ("plots", "Use over time"),
 )
 
@@ -171,7 +173,7 @@ class PageBase(BaseHandler):
         html = await self.render_template(
             template, principal=p, api=spec.PREFIX + "/", human_slots=human_slots,
             human_duration=human_duration, format_bytes=format_bytes, mem_text=mem_text,
-            when=when, **ns)
+            when=when, figure=_figure, **ns)
         self.finish(html)
 
 
@@ -459,6 +461,8 @@ class AdminPage(PageBase):
                 queues.append({"name": name, "stats": st, "sessions": waiting,
                                "oldest": human_duration(st.get("oldest_wait_s") or 0)})
             data["queues"] = queues
+        if section == "usage":
+            data.update(await self.usage_view(p))
         if section == "plots":
             series = usage.start(self.manager)
             charts = usage.charts(list(series.samples), data.pop("visible_agents"),
@@ -468,3 +472,52 @@ class AdminPage(PageBase):
             data["interval"] = series.interval
         await self.page("backendai/admin.html", section=section, sections=ADMIN_SECTIONS,
                         filters=filters, statuses=list(SessionStatus), **data)
+
+    async def usage_view(self, p: access.Principal) -> dict:
+        """The usage page's form and, for a good request, its report (manager/usage.py);
+        a bad one: the reason beside the form, status 400."""
+        form = {k: self.get_query_argument(k, "") for k in ("start", "end", "group_by")}
+        out = {"usage_form": form, "group_by_choices": GROUP_BY, "report": None,
+               "usage_error": None}
+        try:
+            start, end = parse_period(form["start"] or None, form["end"] or None, _now())
+            out["report"] = await self.manager.ops.usage_report(
+                p, start, end, form["group_by"] or "user")
+        except BackendAIError as e:
+            self.set_status(e.status_code)
+            out["usage_error"] = e.detail
+        return out
+
+
+def _figure(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+class UsageCSV(PageBase):
+    """The usage page's report as CSV (one row per key, the figures unrounded by the
+    page): ``admin/usage.csv?start=...&end=...&group_by=...``."""
+
+    @web.authenticated
+    async def get(self):
+        import csv
+        import io
+
+        p = await self.load_principal()
+        self.require_admin()
+        q = {k: self.get_query_argument(k, "") or None for k in ("start", "end", "group_by")}
+        try:
+            start, end = parse_period(q["start"], q["end"], _now())
+        except BackendAIError as e:
+            raise web.HTTPError(e.status_code, "%s", e.detail) from None
+        report = await self.read("usage_report", p, start, end, q["group_by"] or "user")
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow([report["group_by"], "key", "sessions", "hours", "cpu_hours",
+                    "mem_gib_hours", "gpu_hours"])
+        for r in report["items"]:
+            w.writerow([r["name"], r["key"], r["sessions"], r["hours"], r["cpu_hours"],
+                        r["mem_gib_hours"], r["gpu_hours"]])
+        name = f"usage-{report['group_by']}-{start:%Y%m%d}-{end:%Y%m%d}.csv"
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", f'attachment; filename="{name}"')
+        self.finish(buf.getvalue())
