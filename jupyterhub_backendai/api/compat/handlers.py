@@ -1121,8 +1121,9 @@ REFUSALS = {
         "files of a running session are not listed or downloaded through the API here: "
         "keep them in a vfolder mounted in the session and use `vfolder ls` / `vfolder "
         "download`, or JupyterLab's file browser"),
-    "commit": ("`session commit` is not offered here yet: build the image and add it to the "
-               "registry the agents use (`backend.ai admin image` is not offered either)"),
+    "commit": ("`session commit` is not offered here yet: build the image, push it to a "
+               "configured registry and rescan it (`backend.ai admin image rescan`, "
+               "docs/images.md)"),
     "template": ("session templates are not offered here: use the hub's presets (the spawn "
                  "form) or `session create` with the options"),
     "dotfile": (f"dotfiles are not offered here: put them in {_HOME}, which every session "
@@ -1151,8 +1152,9 @@ REFUSALS = {
               "metrics (/hub/metrics) and the admin API's session list (docs/api.md)"),
     "presets": ("resource presets are the presets of the hub's spawn form, not "
                 "served through this API: `session create -r` names the resources"),
-    "registries": ("image registries are not offered through this API: the agents' images "
-                   "are the ones offered (`admin image` is not offered either)"),
+    "registries": ("image registries are configured through the admin API "
+                   "(/hub/api/backendai/container-registries, docs/images.md); `admin image "
+                   "list / rescan / alias / dealias` work here"),
     "admin-vfolder": ("this view of the storage is not offered here: the admin API's "
                       "/vfolder-hosts and /vfolders (docs/api.md)"),
     "services": "model serving (services, endpoints) is not offered here",
