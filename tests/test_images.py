@@ -21,6 +21,7 @@ from jupyterhub_backendai.common.errors import BackendAIError, InvalidRequest
 from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.manager.access import Principal
 
+from .cluster_nodes import BIN, AgentDaemon
 from .inproc import (
     DEAD,
     assert_consistent,
@@ -30,7 +31,8 @@ from .inproc import (
     wait_status,
 )
 from .registry import Registry, build_labelled, image_present, remove_images
-from .services import image_tag
+from .services import agent_id as new_agent_id
+from .services import image_tag, wait_port
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["docker", "info"], capture_output=True).returncode != 0,
@@ -308,4 +310,51 @@ def test_agent_pull_progress_counts_bytes(reg, tmp_path, db_url):
     try:
         asyncio.run(run())
     finally:
+        _no_image(v2)
+
+
+class _DockerAgentDaemon(AgentDaemon):
+    """``backendai-agent`` on the Docker backend (the shared helper starts it on local)."""
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [os.path.join(BIN, "backendai-agent"), "--config", self.config, "--backend",
+                 "docker", "--id", self.agent_id, "--state-dir",
+                 os.path.join(self.root, "state"), "--redis", self.redis_url,
+                 "--port", str(self.port)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_port(self.port, timeout=60, proc=self.proc)
+
+
+def test_agent_daemon_pulls_over_its_api_with_progress(reg, redis_server, tmp_path):
+    """The cluster path: the manager's HTTP client asks an agent daemon to pull; the
+    progress streams back line by line, then the outcome; a missing tag comes back as
+    ImageNotFound in words."""
+    from jupyterhub_backendai.common.errors import ImageNotFound
+    from jupyterhub_backendai.manager import images
+    from jupyterhub_backendai.manager.agent_client import HTTPAgentClient
+
+    v2 = reg.refs["v2"]
+    _no_image(v2)
+    daemon = _DockerAgentDaemon(tmp_path / "agent", new_agent_id("pull"),
+                                redis_server.fresh_url(), None, token="pull-token")
+    daemon.start()
+
+    async def run():
+        client = HTTPAgentClient(daemon.url, token="pull-token")
+        auth = images.docker_auth({"username": reg.username, "password": reg.password,
+                                   "url": reg.url})
+        got: list[dict] = []
+        assert await client.pull_image(v2, auth, "tag", got.append) is True
+        assert got and got[-1]["percent"] == 100 and got[-1]["total"] >= 64 * 2**20
+        assert image_present(v2)
+        assert await client.pull_image(v2, auth, "tag", got.append) is False
+        with pytest.raises(ImageNotFound, match="does not exist in its registry"):
+            await client.pull_image(f"{reg.host}/{REPO}:no-such-tag", auth)
+
+    try:
+        asyncio.run(run())
+    finally:
+        daemon.stop()
         _no_image(v2)

@@ -17,6 +17,7 @@ import os
 import signal
 
 from tornado import web
+from tornado.iostream import StreamClosedError
 from traitlets import Float, Integer, Unicode, default
 from traitlets.config import Application
 
@@ -101,15 +102,39 @@ class ImageInspectHandler(_Handler):
 
 class ImagePullHandler(_Handler):
     async def post(self):
-        """Issue 25: pull an image when missing (``{"name", "auth", "policy"}``)."""
+        """Issue 25: pull an image when missing (``{"name", "auth", "policy"}``). The
+        answer is a stream of JSON lines: ``{"progress": {...}}`` while it pulls, then
+        ``{"pulled": bool}`` or ``{"error": {"type", "detail"}}``."""
         body = self.body()
         name, auth = body.get("name"), body.get("auth")
         if not isinstance(name, str) or not (auth is None or isinstance(auth, dict)):
             self.problem(InvalidRequest("name (a string) is required; auth is an object"))
             return
-        pulled = await self._guard(self.agent.pull_image(name, auth, body.get("policy") or "tag"))
-        if pulled is not None:
-            self.write_json({"pulled": pulled})
+        queue: asyncio.Queue = asyncio.Queue()
+        pull = asyncio.ensure_future(self.agent.pull_image(
+            name, auth, body.get("policy") or "tag", queue.put_nowait))
+        self.set_header("Content-Type", "application/x-ndjson")
+        while not pull.done() or not queue.empty():
+            if queue.empty():
+                got = asyncio.ensure_future(queue.get())
+                await asyncio.wait({pull, got}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
+                    continue
+                progress = got.result()
+            else:
+                progress = queue.get_nowait()
+            self.write(json.dumps({"progress": progress}) + "\n")
+            try:
+                await self.flush()
+            except StreamClosedError:
+                pull.cancel()
+                return
+        try:
+            self.write(json.dumps({"pulled": pull.result()}) + "\n")
+        except BackendAIError as e:
+            self.write(json.dumps({"error": {"type": type(e).__name__, "detail": e.detail}}) + "\n")
+        self.finish()
 
 
 class InfoHandler(_Handler):

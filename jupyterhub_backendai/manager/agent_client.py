@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import ssl
 import weakref
 
-from ..common.errors import AgentError, BackendAIError, InvalidRequest, NotFound
+import aiohttp
+
+from ..common.errors import AgentError, BackendAIError, ImageNotFound, InvalidRequest, NotFound
 from ..common.httpbase import NodeClient, TLSFiles
 
 
@@ -80,6 +84,7 @@ class InProcessAgentClient(AgentClient):
 
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+PULL_TIMEOUT = 3600.0  # seconds one image pull may take (issue 25)
 
 
 def _node_client(addr: str, token: str, tls: TLSFiles | None, timeout: float) -> NodeClient:
@@ -151,6 +156,27 @@ class HTTPAgentClient(AgentClient):
         return await self._call("GET", "/v1/images")
 
     async def pull_image(self, name, auth=None, policy="tag", on_progress=None):
-        done = await self._call("POST", "/v1/images/pull",
-                                {"name": name, "auth": auth, "policy": policy})
-        return bool(done.get("pulled"))
+        """The agent's stream of JSON lines (agent/server.py ``ImagePullHandler``):
+        progress to ``on_progress``, then the outcome. A pull may take long: its own
+        pool with an hour's limit."""
+        node = _node_client(self.base, self.token, self.tls, max(self.timeout, PULL_TIMEOUT))
+        body = {"name": name, "auth": auth, "policy": policy}
+        try:
+            async with node.session().post(node.base + "/v1/images/pull", json=body) as resp:
+                await node.raise_for(resp, AgentError)
+                async for raw in resp.content:
+                    if not raw.strip():
+                        continue
+                    line = json.loads(raw)
+                    if "progress" in line:
+                        if on_progress is not None:
+                            on_progress(line["progress"])
+                    elif "error" in line:
+                        err = line["error"]
+                        cls = ImageNotFound if err.get("type") == "ImageNotFound" else AgentError
+                        raise cls(err.get("detail") or f"pulling {name} failed")
+                    elif "pulled" in line:
+                        return bool(line["pulled"])
+        except (TimeoutError, aiohttp.ClientError, ssl.SSLError) as e:
+            raise node.unreachable(e) from None
+        raise AgentError(f"agent at {self.base} ended the pull of {name} without an outcome")
