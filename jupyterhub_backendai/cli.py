@@ -327,12 +327,12 @@ IDENTIFIED_BY = {
     "sessions": "id or name",
     "vfolders": "id or name",
 }
-# What the API lets one do with each entity (agents are read-only; sessions are created
-# and deleted, not changed); tests/test_cli.py checks this table against the document.
+# What the API lets one do with each entity (agents are not created, only decommissioned
+# or removed; sessions are created and deleted, not changed); tests/test_cli.py checks this table against the document.
 ACTIONS: dict[str, tuple[str, ...]] = {
     name: ("list", "get", "create", "update", "delete") for name in ENTITIES
 }
-ACTIONS["agents"] = ("list", "get")
+ACTIONS["agents"] = ("list", "get", "update", "delete")  # update: decommission
 ACTIONS["sessions"] = ("list", "get", "create", "delete")
 # Each list's filters (query parameters), offered as options; the OpenAPI document is
 # the reference (tests/test_cli.py checks this table against it). Any other:

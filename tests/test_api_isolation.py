@@ -192,6 +192,11 @@ class World:
                 body["resource_group"] = "rg-b"
             return {"name": sa.ok("POST", "/resource-presets", json=body)["name"]}
         if kind == "agent":
+            if which == "gone":  # a LOST agent of rg-b without sessions: removable
+                aid = f"gone-{uid()}"
+                with self.hub.sm.begin() as s:
+                    s.add(Agent(id=aid, resource_group="rg-b", status="LOST"))
+                return {"id": aid}
             return {"id": self.hub_agent if which == "hub" else "agent-b"}
         if kind == "sess":
             owners = {"self": me, "peer": self.peer, "other": self.other}
@@ -341,6 +346,10 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
     ("get", "/agents"): [(None, E(200, 200, 403, 200), None)],
     ("get", "/agents/{id}"): [("agent:hub", E(200, 200, 403, 200), None),
                               ("agent:other", E(200, 404, 403, 404), None)],
+    ("patch", "/agents/{id}"): [("agent:hub", E(200, 403, 403, 403), {"schedulable": True}),
+                                ("agent:other", E(200, 404, 403, 404), {"schedulable": False})],
+    ("delete", "/agents/{id}"): [("agent:hub", E(409, 403, 403, 403), None),
+                                 ("agent:gone", E(204, 404, 403, 404), None)],
     ("get", "/sessions"): [(None, ALL200, None)],
     ("post", "/sessions"): [(None, E(201, 201, 201, 403), _session_body)],
     ("get", "/sessions/{id}"): [("sess:self", ALL200, None),

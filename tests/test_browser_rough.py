@@ -203,3 +203,78 @@ def test_jupyterlab_news_plugin_is_off_in_sessions(world):
         assert config["hubUser"] == name  # this is the session's own JupyterLab
     finally:
         hub.stop_server(name, "lab")
+
+
+def test_console_decommissions_and_removes_agents(world, browser):
+    """Issue 29 point 3: a decommissioned agent takes no new sessions (its own run on),
+    goes back into service, and a gone agent (LOST, nothing alive on it) is removed."""
+    from sqlalchemy import select
+
+    from jupyterhub_backendai.models import Agent, Session
+
+    hub, sa, user = world["hub"], world["sa"], world["user"]
+    aid = hub.agent_id
+    ctx, page, errors = _tab(browser, hub, ADMIN_EMAIL, ADMIN_PASSWORD)
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept()))
+    sid = None
+    try:
+        page.goto(hub.base + "/hub/backendai/admin/agents")
+        row = page.locator(f'tr[data-agent="{aid}"]')
+        with page.expect_navigation():
+            row.locator(".backendai-decommission").click()
+        assert asked == [f"Decommission agent {aid}? It takes no new sessions; its sessions run "
+                         "on to their end."]
+        assert page.locator("#backendai-message").inner_text() == \
+            f"Decommissioned agent {aid}: it takes no new sessions."
+        assert row.locator(".backendai-schedulable").inner_text() == \
+            "decommissioned: no new sessions"
+        assert sa.ok("GET", f"/agents/{aid}")["schedulable"] is False
+        screenshot(page, "rough-console-agent-decommissioned.png", full_page=True)
+        # A new session waits, with the scheduler's reason, while the only agent is out.
+        sid = user["client"].ok("POST", "/sessions", json={
+            "name": "waits", "image": "local/python", "startup_command": "sleep 300",
+            "resources": {"cpu": "0.1", "mem": "64m"}})["id"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with hub.sm() as s:
+                status, info = s.execute(select(Session.status, Session.status_info).where(
+                    Session.id == sid)).one()
+            if info:
+                break
+            time.sleep(0.5)
+        assert (status, bool(info)) == ("PENDING", True), (status, info)
+        # Back in service: the session is placed.
+        with page.expect_navigation():
+            row.locator(".backendai-recommission").click()
+        assert page.locator("#backendai-message").inner_text() == \
+            f"Agent {aid} takes new sessions again."
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with hub.sm() as s:
+                status = s.scalar(select(Session.status).where(Session.id == sid))
+            if status != "PENDING":
+                break
+            time.sleep(0.5)
+        assert status != "PENDING"
+        # An alive agent is not removed (no button; the API says why).
+        assert row.locator(".backendai-remove-agent").count() == 0
+        r = sa("DELETE", f"/agents/{aid}")
+        assert r.status_code == 409 and "is alive: decommission it" in r.json()["detail"]
+        # A gone agent: removed from the record after a confirmation.
+        with hub.sm.begin() as s:
+            s.add(Agent(id="gone-agent-x", resource_group="default", status="LOST"))
+        page.goto(hub.base + "/hub/backendai/admin/agents")
+        gone = page.locator('tr[data-agent="gone-agent-x"]')
+        with page.expect_navigation():
+            gone.locator(".backendai-remove-agent").click()
+        assert asked[-1] == "Remove agent gone-agent-x from the record?"
+        assert page.locator("#backendai-message").inner_text() == "Removed agent gone-agent-x."
+        assert gone.count() == 0
+        assert sa("GET", "/agents/gone-agent-x").status_code == 404
+        assert errors == []
+    finally:
+        ctx.close()
+        sa("PATCH", f"/agents/{aid}", json={"schedulable": True})
+        if sid:
+            sa("DELETE", f"/sessions/{sid}")

@@ -347,6 +347,18 @@ class AgentHandler(APIBase):
         self.query()
         self.reply(await self.manager.ops.get_agent(self.principal, aid))
 
+    async def patch(self, aid):
+        self.query()
+        body = self.body("AgentUpdate")
+        out = await self.manager.ops.update_agent(self.principal, aid, body)
+        self.manager.wake()  # back in service: waiting sessions may fit there now
+        self.reply(out)
+
+    async def delete(self, aid):
+        self.query()
+        await self.manager.ops.delete_agent(self.principal, aid)
+        self.reply(None, 204)
+
 
 class SchedulerHandler(APIBase):
     async def get(self):
@@ -831,7 +843,12 @@ ROUTES += [
           get=Op("listAgents", "Agents of the resource groups the caller may use",
                  filters={"resource_group": F_STR, "status": F_STR}, response=models.Agent)),
     route("/agents/{id}", AgentHandler,
-          get=Op("getAgent", "One agent", response=models.Agent)),
+          get=Op("getAgent", "One agent", response=models.Agent),
+          patch=Op("updateAgent", "Decommission an agent (schedulable false: no new sessions) "
+                   "or return it to service (superadmin)", body=models.AgentUpdate,
+                   response=models.Agent),
+          delete=Op("deleteAgent", "Remove a gone agent (not ALIVE, no live sessions) from the "
+                    "record (superadmin)", status=204)),
     route("/container-registries", RegistriesHandler,
           get=Op("listContainerRegistries", "Container registries (superadmins; never their "
                  "passwords)", filters={}, response=models.ContainerRegistry),

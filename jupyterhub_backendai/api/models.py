@@ -349,6 +349,12 @@ class ResourcePresetCreate(ResourcePresetUpdate):
 
 
 Agent = responses.Agent
+
+
+class AgentUpdate(Request):
+    schedulable: Annotated[bool, Field(
+        description="false: decommissioned, the scheduler places no new session there (its "
+                    "sessions run on); true: back in service")] = None
 UsageReport = responses.UsageReport
 
 

@@ -31,7 +31,7 @@ from ..common.slots import (
     parse_size,
     unknown_slot_words,
 )
-from ..common.types import UserRole, UserStatus
+from ..common.types import ALIVE_STATUSES, AgentStatus, UserRole, UserStatus
 from ..models import (
     Agent,
     Domain,
@@ -906,14 +906,57 @@ def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dic
     return _page(db, stmt, [Agent.id], offset, limit, responses.Agent)
 
 
-@reads
-def get_agent(db, p: Principal, aid: str) -> dict:
+def _get_agent(db, p: Principal, aid: str) -> Agent:
     _agent_reader(p)
     a = db.get(Agent, aid)
     names = access.usable_group_names(db, p)
     if a is None or (names is not None and a.resource_group not in names):
         raise access.not_found("agent", aid)
+    return a
+
+
+@reads
+def get_agent(db, p: Principal, aid: str) -> dict:
+    return responses.Agent.body(_get_agent(db, p, aid))
+
+
+def _live_kernels(db, aid: str) -> int:
+    return db.scalar(select(func.count()).select_from(Kernel).join(
+        Session, Kernel.session_id == Session.id).where(
+        Kernel.agent_id == aid, Session.status.in_(list(ALIVE_STATUSES))))
+
+
+@writes
+def update_agent(db, p: Principal, aid: str, body: dict) -> dict:
+    """Decommission an agent (``schedulable: false``: the scheduler places no new
+    session there; its sessions run on to their end) or return it to service."""
+    a = _get_agent(db, p, aid)
+    access.require(access.may_change_installation(p), f"change the agent {aid!r}")
+    if "schedulable" in body:
+        a.schedulable = bool(body["schedulable"])
+    db.flush()
     return responses.Agent.body(a)
+
+
+@writes
+def delete_agent(db, p: Principal, aid: str) -> None:
+    """Remove a gone agent from the record: one that is not ALIVE (LOST, TERMINATED) and
+    holds no session that is still alive. Its ended kernels keep their rows, no longer
+    naming it."""
+    a = _get_agent(db, p, aid)
+    access.require(access.may_change_installation(p), f"remove the agent {aid!r}")
+    if a.status == AgentStatus.ALIVE:
+        raise Conflict(f"agent {aid!r} is alive: decommission it (schedulable false) so that "
+                       "it takes no new sessions, stop it when its sessions have ended, then "
+                       "remove it")
+    live = _live_kernels(db, aid)
+    if live:
+        raise Conflict(f"agent {aid!r} still holds {live} kernel{'' if live == 1 else 's'} of "
+                       "sessions that have not ended")
+    for k in db.scalars(select(Kernel).where(Kernel.agent_id == aid)):
+        k.agent_id = None
+    db.delete(a)
+    db.flush()
 
 
 # -- sessions ------------------------------------------------------------------
