@@ -278,3 +278,76 @@ def test_console_decommissions_and_removes_agents(world, browser):
         sa("PATCH", f"/agents/{aid}", json={"schedulable": True})
         if sid:
             sa("DELETE", f"/sessions/{sid}")
+
+
+def test_console_creates_projects_with_members_and_policies(world, browser):
+    """Issue 29 point 3: the console's create forms for projects (with their members,
+    in one transaction) and resource policies; bad input shown under the form, nothing
+    made; every change confirmed."""
+    hub, sa, user = world["hub"], world["sa"], world["user"]
+    # The API: a refused member leaves no project behind.
+    r = sa("POST", "/projects", json={"name": "halfmade", "domain_name": "default",
+                                      "member_ids": [user["id"], "f" * 32]})
+    assert r.status_code == 400 and r.json()["detail"] == f"user_ids: no user '{'f' * 32}'"
+    assert sa.ok("GET", "/projects", params={"name": "halfmade"})["total"] == 0
+    ctx, page, errors = _tab(browser, hub, ADMIN_EMAIL, ADMIN_PASSWORD)
+    try:
+        page.goto(hub.base + "/hub/backendai/admin/projects")
+        err = page.locator("#backendai-project-create-error")
+        page.click("#backendai-project-create [type=submit]")
+        assert err.inner_text() == "Give the project a name."
+        page.fill("#pj-name", "bad name!")
+        page.click("#backendai-project-create [type=submit]")
+        page.wait_for_function("document.getElementById('backendai-project-create-error')"
+                               ".textContent.startsWith('Could not')")
+        assert err.inner_text().startswith("Could not create project bad name!: name")
+        assert sa.ok("GET", "/projects", params={"name": "bad name!"})["total"] == 0
+        errors.clear()  # the refused call (400), logged by Chromium
+        page.fill("#pj-name", "labproj")
+        page.fill("#pj-description", "The lab's project")
+        page.select_option("#pj-members", label=user["username"])
+        with page.expect_navigation():
+            page.click("#backendai-project-create [type=submit]")
+        assert page.locator("#backendai-message").inner_text() == \
+            "Created project labproj with 1 member."
+        row = page.locator('tr[data-name="labproj"]')
+        assert row.locator("[data-member]").all_inner_texts()[0].startswith(user["username"])
+        (proj,) = sa.ok("GET", "/projects", params={"name": "labproj"})["items"]
+        members = sa.ok("GET", f"/projects/{proj['id']}/members")["items"]
+        assert [m["username"] for m in members] == [user["username"]]
+        screenshot(page, "rough-console-project-created.png", full_page=True)
+
+        page.goto(hub.base + "/hub/backendai/admin/policies")
+        err = page.locator("#backendai-policy-create-error")
+        page.fill("#po-name", "tight")
+        page.fill("#po-sessions", "many")
+        page.click("#backendai-policy-create [type=submit]")
+        page.wait_for_function("document.getElementById('backendai-policy-create-error')"
+                               ".textContent.startsWith('Could not')")
+        assert "max_concurrent_sessions" in err.inner_text()
+        assert sa("GET", "/keypair-resource-policies/tight").status_code == 404
+        errors.clear()
+        page.fill("#po-sessions", "3")
+        page.fill("#po-cpu", "2")
+        page.fill("#po-mem", "4g")
+        with page.expect_navigation():
+            page.click("#backendai-policy-create [type=submit]")
+        assert page.locator("#backendai-message").inner_text() == \
+            "Created keypair resource policy tight."
+        got = sa.ok("GET", "/keypair-resource-policies/tight")
+        assert (got["max_concurrent_sessions"], got["total_resource_slots"]) == (
+            3, {"cpu": "2", "mem": str(4 << 30)})
+        page.select_option("#po-kind", "user")
+        assert page.locator("#po-cpu").is_hidden() and page.locator("#po-folders").is_visible()
+        page.fill("#po-name", "fewfolders")
+        page.fill("#po-folders", "5")
+        with page.expect_navigation():
+            page.click("#backendai-policy-create [type=submit]")
+        assert page.locator("#backendai-message").inner_text() == \
+            "Created user resource policy fewfolders."
+        assert sa.ok("GET", "/user-resource-policies/fewfolders")["max_vfolder_count"] == 5
+        assert page.locator('#backendai-user-policies tr[data-name="fewfolders"]').count() == 1
+        screenshot(page, "rough-console-policies-created.png", full_page=True)
+        assert errors == []
+    finally:
+        ctx.close()

@@ -197,6 +197,9 @@ class ProjectUpdate(Request):
 class ProjectCreate(ProjectUpdate):
     name: Name
     domain_name: Str(64) = None
+    member_ids: Annotated[list[Id], Field(
+        max_length=500, description="users of the project's domain who join it at once "
+                                    "(in the same transaction: all or nothing)")] = None
 
 
 class MembersAdd(Request):

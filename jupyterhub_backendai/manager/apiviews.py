@@ -59,8 +59,13 @@ def update_domain(db, p, name: str, body: dict) -> tuple[dict, HubChange]:
 
 @writes
 def create_project(db, p, body: dict) -> tuple[dict, HubChange]:
+    """A project and, with ``member_ids``, its first members: one transaction (a member
+    refused leaves no project)."""
+    body = dict(body)
+    members = body.pop("member_ids", None) or []
     out = admin.create_project(db, p, body)
-    return out, HubChange(add={admin.group_name(out["domain_name"], out["name"]): []})
+    added = admin.add_members(db, p, out["id"], members)["added"] if members else []
+    return out, HubChange(add={admin.group_name(out["domain_name"], out["name"]): added})
 
 
 @writes

@@ -177,6 +177,10 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
             pr["candidates"] = [u for u in users
                                 if u["domain_name"] == pr["domain_name"] and u["id"] not in ids]
         out["projects"] = projects
+        out["domains"] = [d["name"] for d in _all(admin.list_domains, db, p)["items"]
+                          if access.can_manage_domain_objects(p, d["name"])]
+        out["users"] = [{"id": u["id"], "username": u["username"], "domain": u["domain_name"]}
+                        for u in users]
     elif section == "users":
         out["users"] = _all(admin.list_users, db, p)["items"]
         for u in out["users"]:
