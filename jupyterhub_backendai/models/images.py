@@ -56,6 +56,8 @@ class Image(Base):
     description: Mapped[str] = mapped_column(String(512), default="")
     hidden: Mapped[bool] = mapped_column(Boolean, default=False)
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    # This image's pull policy ("digest", "tag", "none"); null: its registry's.
+    pull_policy: Mapped[str | None] = mapped_column(String(16), nullable=True)
     scanned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
