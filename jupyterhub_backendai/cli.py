@@ -437,6 +437,9 @@ def _run_api(args: argparse.Namespace) -> Any:
         return client.request("GET", "/openapi.json")
     if cmd == "vfolder-hosts":
         return client.request("GET", "/vfolder-hosts")
+    if cmd == "usage":
+        return client.request("GET", "/usage", query={
+            "start": args.start, "end": args.end, "group_by": args.group_by})
     if cmd == "api":
         body = parse_fields(args.fields, args.data) if (args.fields or args.data) else None
         query = dict(p.split("=", 1) for p in args.query or () if "=" in p)
@@ -847,6 +850,11 @@ def build_parser() -> argparse.ArgumentParser:
     api_cmd("scheduler", "the scheduler's state")
     api_cmd("openapi", "the API's OpenAPI document")
     api_cmd("vfolder-hosts", "storage hosts the keypair may use for vfolders, and for what")
+    us = api_cmd("usage", "core-, GiB- and GPU-hours of the sessions the keypair may see")
+    us.add_argument("--start", help="ISO date or time, UTC (default: the month's start)")
+    us.add_argument("--end", help="ISO date or time, UTC, not included (default: now)")
+    us.add_argument("--group-by", dest="group_by",
+                    choices=["user", "project", "domain", "resource_group"], default="user")
     raw = api_cmd("api", "any request: METHOD PATH [FIELD ...]")
     raw.add_argument("method", type=str.upper,
                      choices=["GET", "POST", "PUT", "PATCH", "DELETE"])
@@ -974,6 +982,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
                "occupied_slots", "last_heartbeat"),
     "sessions": ("id", "name", "type", "status", "image", "requested_slots", "created_at"),
     "vfolders": ("id", "name", "host", "ownership_type", "status"),
+    "usage": ("name", "sessions", "hours", "cpu_hours", "mem_gib_hours", "gpu_hours"),
 }
 _ISO_RE = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?(Z|[+-]00:?00)?$")
 
@@ -1023,6 +1032,9 @@ def render(out: Any, cmd: str | None = None) -> str:
         return "done"
     if isinstance(out, dict) and isinstance(out.get("items"), list) and all(
             isinstance(x, dict) for x in out["items"]):
+        if isinstance(out.get("total"), dict):  # a report: its rows, then the totals
+            return table([*out["items"], {"name": "Total", **out["total"]}],
+                         COLUMNS.get(cmd or ""))
         text = table(out["items"], COLUMNS.get(cmd or ""))
         total = out.get("total")
         if isinstance(total, int) and out["items"]:

@@ -630,6 +630,14 @@ def test_tables_for_people_json_for_scripts_and_filters_by_name(admin, hub, caps
                            f"'nobody{tag}' visible to this keypair")
     rc, out, err = people("sessions", "list", "--filter", f"user_id=nobody{tag}@example.com")
     assert rc == cli.EXIT_API_ERROR and "no users with email" in err
+    # Usage for people: a table of hours (manager/usage.py; tests/test_usage.py checks them).
+    rc, out, err = people("usage", "--group-by", "domain", "--start", "2020-01-01")
+    assert rc == 0, err
+    assert out.splitlines()[0].split() == ["NAME", "SESSIONS", "HOURS", "CPU", "HOURS", "MEM",
+                                           "GIB", "HOURS", "GPU", "HOURS"]
+    assert out.splitlines()[-1].split()[0] == "Total"
+    rc, out, err = people("usage", "--start", "soon")
+    assert rc == cli.EXIT_API_ERROR and "start: 'soon' is not a date or time" in err
 
 
 def test_help_is_plain_text(capsys):
