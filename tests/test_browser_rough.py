@@ -351,3 +351,25 @@ def test_console_creates_projects_with_members_and_policies(world, browser):
         assert errors == []
     finally:
         ctx.close()
+
+
+def test_console_confirms_a_new_user_after_the_reload(world, browser):
+    hub, sa = world["hub"], world["sa"]
+    ctx, page, errors = _tab(browser, hub, ADMIN_EMAIL, ADMIN_PASSWORD)
+    try:
+        page.goto(hub.base + "/hub/backendai/admin/users")
+        page.fill("#u-email", "confirmed@example.com")
+        page.fill("#u-username", "confirmed")
+        page.fill("#u-password", "confirmed-pass-1")
+        with page.expect_navigation():
+            page.click("#backendai-user-create [type=submit]")
+        assert page.locator('tr[data-username="confirmed"]').count() == 1
+        message = page.locator("#backendai-message")
+        assert message.inner_text() == ("Created user confirmed (confirmed@example.com); they "
+                                        "log in with the password you gave.")
+        assert "alert-success" in message.get_attribute("class")
+        assert errors == []
+    finally:
+        ctx.close()
+    (u,) = sa.ok("GET", "/users", params={"email": "confirmed@example.com"})["items"]
+    sa.ok("DELETE", f"/users/{u['id']}")
