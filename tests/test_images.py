@@ -358,3 +358,65 @@ def test_agent_daemon_pulls_over_its_api_with_progress(reg, redis_server, tmp_pa
     finally:
         daemon.stop()
         _no_image(v2)
+
+
+def _retag(reg: Registry, src: str, dst: str) -> None:
+    from jupyterhub_backendai.manager import images
+
+    auth = images.basic_auth({"username": reg.username, "password": reg.password})
+    v2 = "application/vnd.docker.distribution.manifest.v2+json"
+    get = urllib.request.Request(f"{reg.url}/v2/{REPO}/manifests/{src}",
+                                 headers={**auth, "Accept": v2})
+    with urllib.request.urlopen(get, context=reg.ssl_context()) as r:
+        body, ctype = r.read(), r.headers["Content-Type"]
+    put = urllib.request.Request(f"{reg.url}/v2/{REPO}/manifests/{dst}", data=body,
+                                 method="PUT", headers={**auth, "Content-Type": ctype})
+    with urllib.request.urlopen(put, context=reg.ssl_context()) as r:
+        assert r.status == 201
+
+
+def test_pull_policies(reg, db_url, tmp_path):
+    """An image's own pull policy: ``none`` never pulls (a start on an agent without the
+    image fails in words); ``tag`` keeps what the agent holds under a tag that has moved
+    since; ``digest`` pulls the tag's new digest."""
+    from jupyterhub_backendai.manager import images
+
+    built = [build_labelled(tmp_path, "registry-moving", {"ai.backend.test.moving": v},
+                            variant=v) for v in ("a", "b")]
+    moving = f"{reg.host}/{REPO}:moving"
+    reg.push(built[0], REPO, "moving")
+    _no_image(moving)
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", retries=0,
+                                   configure=_config(reg)) as mgr:
+            user = await make_user(mgr)
+            await _add_registry(mgr, reg)
+            await images.rescan(mgr, ROOT, "lab")
+            got = await mgr.ops.update_image(ROOT, moving, {"pull_policy": "none"})
+            assert got["pull_policy"] == "none"
+            s = await wait_status(mgr, await _batch(mgr, user, "none", moving), DEAD)
+            assert s.status == "ERROR" and "its pull policy is 'none'" in s.status_info
+            assert not image_present(moving)
+
+            await mgr.ops.update_image(ROOT, moving, {"pull_policy": "tag"})
+            s = await wait_status(mgr, await _batch(mgr, user, "tag1", moving), DEAD)
+            assert s.status == "TERMINATED" and built[0] in s.kernels[0].logs, s.status_info
+            # The tag moves in the registry (B's manifest put under it through the
+            # registry API: the engine's own copy under that name stays A).
+            reg.push(built[1], REPO, "moving-b")
+            _retag(reg, "moving-b", "moving")
+            s = await wait_status(mgr, await _batch(mgr, user, "tag2", moving), DEAD)
+            assert built[0] in s.kernels[0].logs  # 'tag': the agent's copy
+
+            await mgr.ops.update_image(ROOT, moving, {"pull_policy": "digest"})
+            s = await wait_status(mgr, await _batch(mgr, user, "digest", moving), DEAD)
+            assert s.status == "TERMINATED" and built[1] in s.kernels[0].logs, s.status_info
+            back = await mgr.ops.update_image(ROOT, moving, {"pull_policy": "registry"})
+            assert back["pull_policy"] is None
+
+    try:
+        asyncio.run(run())
+    finally:
+        _no_image(moving)
+        remove_images(*built)

@@ -385,9 +385,12 @@ class ContainerRegistryCreate(ContainerRegistryUpdate, _Named):
 
 
 class ImageUpdate(Request):
+    """``pull_policy``: this image's own (``registry``: its registry's again)."""
+
     description: Text = None
     hidden: bool = None
     is_default: bool = None
+    pull_policy: _enum(("digest", "tag", "none", "registry")) = None
 
 
 class ImageAliasCreate(Request):

@@ -70,7 +70,8 @@ def _image_body(img: Image, aliases: list[str]) -> dict:
         "digest": img.digest, "architecture": img.architecture, "size_bytes": img.size_bytes,
         "labels": img.labels or {}, "aliases": sorted(aliases),
         "description": img.description, "hidden": img.hidden, "is_default": img.is_default,
-        "min_slots": min_slots(img.labels or {}), "scanned_at": img.scanned_at,
+        "pull_policy": img.pull_policy, "min_slots": min_slots(img.labels or {}),
+        "scanned_at": img.scanned_at,
     })
 
 
@@ -239,12 +240,14 @@ def resolve_image(db, ref: str) -> dict | None:
     if img is None:
         return None
     return {"name": img.name, "source": img.source, "labels": dict(img.labels or {}),
-            "hidden": img.hidden, "digest": img.digest, "architecture": img.architecture}
+            "hidden": img.hidden, "digest": img.digest, "architecture": img.architecture,
+            "pull_policy": img.pull_policy}
 
 
 @writes
 def update_image(db, p: Principal, ref: str, body: dict) -> dict:
-    """Hide or show, describe, mark the default (one at a time: the others lose it)."""
+    """Hide or show, describe, mark the default (one at a time: the others lose it), set
+    its pull policy (``registry``: its registry's again)."""
     access.require(p.is_superadmin, "change images")
     img = _find(db, ref)
     if img is None:
@@ -256,6 +259,12 @@ def update_image(db, p: Principal, ref: str, body: dict) -> dict:
         img.is_default = False
     if body.get("description") is not None:
         img.description = body["description"]
+    pol = body.get("pull_policy")
+    if pol is not None:
+        if pol not in PULL_POLICIES + ("registry",):
+            raise InvalidRequest(f"pull_policy: {pol!r} is not one of "
+                                 f"{', '.join(PULL_POLICIES)}, registry")
+        img.pull_policy = None if pol == "registry" else pol
     if body.get("hidden") is not None:
         img.hidden = body["hidden"]
     if body.get("is_default") is not None:
@@ -538,6 +547,7 @@ async def ensure_on_agents(mgr, sid: str, image: str, clients: dict) -> None:
         finally:
             state["writing"] = False
 
-    await asyncio.gather(*(c.pull_image(image, auth, reg["pull_policy"], on_progress)
+    policy = entry.get("pull_policy") or reg["pull_policy"]
+    await asyncio.gather(*(c.pull_image(image, auth, policy, on_progress)
                            for c in clients.values()))
     await asyncio.gather(*(c.image_info(image) for c in clients.values()))

@@ -456,6 +456,7 @@ class Image(Response):
     description: str
     hidden: bool
     is_default: bool
+    pull_policy: str | None = None  # null: the registry's
     min_slots: dict[str, str]
     scanned_at: Time
 
