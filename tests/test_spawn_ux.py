@@ -114,7 +114,10 @@ class _FormFields(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "input" and a.get("name") and a.get("type") != "checkbox":
+        if tag == "input" and a.get("type") == "radio":  # the checked one of its group
+            if "checked" in a and a.get("name"):
+                self.values.setdefault(a["name"], a.get("value") or "")
+        elif tag == "input" and a.get("name") and a.get("type") != "checkbox":
             self.values.setdefault(a["name"], a.get("value") or "")
         elif tag == "select":
             self._select = a.get("name")
@@ -139,15 +142,17 @@ def test_refused_form_keeps_what_the_user_entered(hub):
     s = hub.login()
     url = hub.base + "/hub/spawn/admin/bad"
     defaults = _form_fields(s.get(url).text)
-    # One resource group for this user: it is a hidden field of the form.
-    assert defaults == {"resource_group": "default", "image": hub.image, "cpu": "1",
-                        "mem": "1g", "cluster_size": "1", "cluster_mode": "single-node"}, defaults
+    # One resource group for this user: it is a hidden field of the form. The packaged
+    # presets are offered as cards, "Custom" chosen (no preset is the default).
+    assert defaults == {"resource_group": "default", "preset": "custom", "image": hub.image,
+                        "cpu": "1", "mem": "1g", "cluster_size": "1",
+                        "cluster_mode": "single-node"}, defaults
     entered = {"resource_group": "default", "image": hub.image, "cpu": "0.75", "mem": "1",
                "cluster_size": "2", "cluster_mode": "multi-node"}
     r = s.post(url, data={**entered, "_xsrf": s.cookies.get("_xsrf")})
     assert r.status_code == 400, r.text[-2000:]
     assert "mem must be at least 64m (64 MiB), not 1 byte" in r.text, r.text[-3000:]
-    assert _form_fields(r.text) == entered
+    assert _form_fields(r.text) == {**entered, "preset": "custom"}
     assert _form_fields(s.get(url).text) == defaults
     _nothing_left(hub)
 
