@@ -5,6 +5,7 @@ registry, nothing changed by them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -153,3 +154,39 @@ def test_spawn_form_lists_the_catalogue_default_first(hub, reg):
     assert sa.ok("GET", "/sessions", params={"user_id": u["id"]})["total"] == 0
     sa.ok("PATCH", "/images/local%2Fpython", json={"hidden": False})
     sa.ok("PATCH", f"/images/{q}", json={"is_default": False})
+
+
+def test_console_environments_page(hub, reg):
+    """The console's Environments page: registries with a Rescan button, the catalogue
+    with labels and Hide/Show and Make default buttons whose API calls work; not a page
+    for plain users."""
+    import html
+    import re
+
+    from .api_world import PASSWORD
+
+    sa = superadmin(hub)
+    sa.ok("POST", "/container-registries/lab/rescan", status=200)
+    tiny = f"{reg.host}/lab/tiny:1"
+    s = hub.login()  # the hub's admin (superadmin)
+    page = html.unescape(s.get(hub.base + "/hub/backendai/admin/environments").text)
+    assert 'data-api-path="container-registries/lab/rescan"' in page
+    assert 'data-api-path="container-registries/local/rescan"' in page
+    assert f"<code>{tiny}</code>" in page and "ai.backend.resource.min.cpu" in page
+    row = page[page.index(f'<tr data-name="{tiny}">'):]
+    row = row[:row.index("</tr>")]
+    buttons = re.findall(r'data-api-method="(\w+)" data-api-path="([^"]+)"\s+'
+                         r"data-api-body='([^']+)'", row)
+    hide = next(b for b in buttons if "hidden" in b[2])
+    assert json.loads(hide[2]) == {"hidden": True}
+    sa.ok(hide[0], "/" + hide[1], json=json.loads(hide[2]))
+    assert sa.ok("GET", "/" + hide[1])["hidden"] is True
+    page = html.unescape(s.get(hub.base + "/hub/backendai/admin/environments").text)
+    row = page[page.index(f'<tr data-name="{tiny}">'):]
+    assert ">Show</button>" in row[:row.index("</tr>")]
+    sa.ok("PATCH", "/" + hide[1], json={"hidden": False})
+
+    u = new_user(sa, name=f"plain-{uuid.uuid4().hex[:6]}")
+    us = hub.login(u["email"], PASSWORD)
+    r = us.get(hub.base + "/hub/backendai/admin/environments")
+    assert r.status_code in (403, 404) and tiny not in r.text

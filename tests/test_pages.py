@@ -17,7 +17,7 @@ from .api_world import PASSWORD, Client, superadmin
 from .hub import Hub
 
 SECTIONS = ["domains", "projects", "users", "keypairs", "policies", "resource-groups", "presets",
-            "agents", "sessions", "queue", "usage", "plots"]
+            "agents", "environments", "sessions", "queue", "usage", "plots"]
 USER_PAGES = ["sessions", "folders", "keys"]
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 from types import SimpleNamespace
+from urllib.parse import quote
 
 from sqlalchemy import select
 
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
-from . import access, admin, tenancy, vfolders
+from . import access, admin, images, tenancy, vfolders
 from .ops import reads
 from .scheduler.snapshot import load_limits, load_policies, load_usage
 from .scheduler.state import slot_limit
@@ -224,6 +225,12 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
     elif section == "agents":
         out["agents"] = _all(admin.list_agents, db, p)["items"]
+    elif section == "environments":  # issue 25: registries (superadmins) and the catalogue
+        out["registries"] = images.list_registries(db, p) if p.is_superadmin else []
+        out["images"] = images.list_catalogue(db, p, True)
+        for i in out["images"]:
+            i["path"] = "images/" + quote(i["name"], safe="")
+            i["may_edit"] = p.is_superadmin
     elif section == "sessions":
         data = console_sessions(db, p, filters)
         out["sessions"], out["total"] = data["items"], data["total"]

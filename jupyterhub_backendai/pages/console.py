@@ -38,6 +38,7 @@ ADMIN_SECTIONS = (
     ("resource-groups", "Resource groups"),
     ("presets", "Presets"),
     ("agents", "Agents"),
+    ("environments", "Environments"),
     ("sessions", "Sessions"),
     ("queue", "Queue"),
     ("usage", "Usage"),
