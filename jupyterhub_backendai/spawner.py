@@ -314,7 +314,7 @@ class BackendAISpawner(Spawner):
         # the session's own environment variables (Backend.AI's `run -e`), beside the request
         user_options = dict(user_options)
         try:
-            environ = check_environ(user_options.pop("environ", None))
+            environ = check_environ(user_options.pop("environ", None), server=True)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
         group = await self._chosen_group(user_options)

@@ -55,6 +55,14 @@ def test_a_users_own_server_config_serves_nothing_anonymously(make_hub, tmp_path
                      json={"raw": json.dumps({"theme": "JupyterLab Dark"})})
     assert r.status_code == 204, r.text
     hub.stop_server("admin", "")
+    # The same through the server's environment (Backend.AI's `session create -e`, the
+    # spawn's user_options): whatever steers how the server starts is refused, in words.
+    for name, value in (("JUPYTER_CONFIG_PATH", "/home/work/.jupyter"),
+                        ("PYTHONPATH", "/home/work"), ("PATH", "/home/work/bin:/usr/bin"),
+                        ("LD_PRELOAD", "/home/work/x.so")):
+        r = hub.spawn("admin", "", {"environ": {name: value}})
+        assert r.status_code == 400 and name in r.text and "Jupyter server" in r.text, r.text
+        assert hub.server_model("admin", "") is None
     assert hub.spawn("admin", "").status_code in (201, 202)
     url = hub.base + hub.wait_ready("admin", "")["url"]
 

@@ -69,13 +69,21 @@ class ClusterMode(StrEnum):
 MAX_ENVIRON = 64
 MAX_ENVIRON_VALUE = 4096
 RESERVED_ENV_PREFIXES = ("BACKENDAI_", "JUPYTERHUB_", "JPY_")
+# What steers how a session's Jupyter server starts, besides the platform's own: its
+# configuration and extensions come from the image only (issue 22 row 3), so none of it
+# comes from the user's environment either. A batch session runs the user's own command:
+# there these are the user's business.
+SERVER_ENV_PREFIXES = ("JUPYTER", "IPYTHON", "PYTHON", "LD_", "XDG_")
+SERVER_ENV_NAMES = frozenset({"PATH", "HOME", "SHELL", "USER", "LOGNAME", "ENV", "BASH_ENV"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
-def check_environ(value, field: str = "environ") -> dict[str, str]:
+def check_environ(value, field: str = "environ", server: bool = False) -> dict[str, str]:
     """A session's environment variables, checked: ``{NAME: value}`` with names of
     letters, digits and '_' (not a digit first), text values, none of the platform's
-    own (``BACKENDAI_``, ``JUPYTERHUB_``, ``JPY_``); {} for none."""
+    own (``BACKENDAI_``, ``JUPYTERHUB_``, ``JPY_``); {} for none. ``server``: the
+    session serves Jupyter (a JupyterHub server), so nothing that steers how that server
+    starts either (``SERVER_ENV_PREFIXES``, ``SERVER_ENV_NAMES``)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -92,6 +100,12 @@ def check_environ(value, field: str = "environ") -> dict[str, str]:
             raise SessionRequestError(
                 f"{field}: {name!r} is the platform's own ({', '.join(RESERVED_ENV_PREFIXES)}"
                 "...): choose another name")
+        if server and (name.upper().startswith(SERVER_ENV_PREFIXES)
+                       or name.upper() in SERVER_ENV_NAMES):
+            raise SessionRequestError(
+                f"{field}: {name!r} would change how the session's Jupyter server starts, "
+                "which takes its setup from the image only; set it in a terminal or a "
+                "notebook of the session instead (a batch session may set it)")
         if not isinstance(v, str) or "\0" in v or len(v) > MAX_ENVIRON_VALUE:
             raise SessionRequestError(
                 f"{field}: the value of {name!r} must be text of at most "
