@@ -34,10 +34,6 @@ from .registry import Registry, build_labelled, image_present, remove_images
 from .services import agent_id as new_agent_id
 from .services import image_tag, wait_port
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["docker", "info"], capture_output=True).returncode != 0,
-    reason="needs a Docker engine")
-
 ROOT = Principal(user_id="root", username="root", email="root@example.com", role="superadmin",
                  domain="default")
 SLOTS = ResourceSlot(cpu="1", mem=512 * 2**20)

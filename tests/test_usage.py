@@ -185,8 +185,6 @@ def browser():
 
 
 def test_console_usage_table_and_csv(world, browser):
-    if world["db"] != "sqlite":
-        pytest.skip("the page reads what the API reads; once is enough")
     hub = world["hub"]
     ctx = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     page = ctx.new_page()
