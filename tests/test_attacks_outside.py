@@ -165,6 +165,7 @@ CROSS = {
     "/folders/([^/]+)/files": [("GET", "/folders/{fid}/files", None)],
     "/folders/([^/]+)/mkdir": [("POST", "/folders/{fid}/mkdir", {"path": "x"})],
     "/folders/([^/]+)/rename": [("POST", "/folders/{fid}/rename", {"new_name": "mine"})],
+    "/events/background-task": [("GET", "/events/background-task?task_id=bobs-rescan", None)],
     "/folders/([^/]+)/clone": [("POST", "/folders/{fid}/clone", {"target_name": "stolen"}),
                                ("POST", "/folders/bobdata/clone", {"target_name": "stolen"})],
     "/folders/([^/]+)/rename-file": [("POST", "/folders/{fid}/rename-file",
