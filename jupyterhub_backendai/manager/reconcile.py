@@ -213,6 +213,8 @@ class Agents:
 
     def _refuse(self, aid: str, why: str) -> None:
         now = time.monotonic()
+        if len(self._refused_said) > 10_000:  # forged ids must not grow it without bound
+            self._refused_said.clear()
         if now - self._refused_said.get(aid, -3600.0) >= 60:  # once a minute per agent
             self._refused_said[aid] = now
             self.log.warning("heartbeat of agent %s ignored: %s", aid[:80], why)
