@@ -396,11 +396,12 @@ async def _volumes(manager) -> dict[str, dict]:
     return volumes
 
 
-async def create(manager, p: Principal, body: dict, *, home: bool = False) -> dict:
-    """Create a folder: its row, then its directory; nothing stays when either fails."""
-    known = sorted(await _volumes(manager))
+async def _made(manager, p: Principal, body: dict, hosts: list[str], make, what,
+                *, home: bool = False) -> dict:
+    """A folder's row (``begin_create``), then ``make(folder)`` on its storage; nothing
+    stays when either fails. ``what(folder)``: the storage step, for the error."""
     try:
-        out = await manager.db(begin_create, p, body, manager.default_vfolder_host, known,
+        out = await manager.db(begin_create, p, body, manager.default_vfolder_host, hosts,
                                home=home)
     except IntegrityError:
         # Two requests raced for the same name: the unique constraint decided.
@@ -409,17 +410,28 @@ async def create(manager, p: Principal, body: dict, *, home: bool = False) -> di
     try:
         if out["quota_bytes"]:
             await manager.storage.set_quota_scope(f["host"], f["quota_scope_id"], out["quota_bytes"])
-        await manager.storage.create_folder(f["host"], f["quota_scope_id"], f["id"])
+        await make(f)
     except Exception as e:
         try:
             await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
         except Exception:
             pass
         await manager.db(_drop_row, f["id"])
-        raise _storage_error(e, f"create the folder on {f['host']!r}") from e
+        raise _storage_error(e, what(f)) from e
     await manager.db(_set_status, f["id"], VFolderStatus.READY)
     f["status"] = VFolderStatus.READY
     return f
+
+
+async def create(manager, p: Principal, body: dict, *, home: bool = False) -> dict:
+    """Create a folder: its row, then its directory; nothing stays when either fails."""
+    known = sorted(await _volumes(manager))
+
+    async def make(f):
+        await manager.storage.create_folder(f["host"], f["quota_scope_id"], f["id"])
+
+    return await _made(manager, p, body, known, make,
+                       lambda f: f"create the folder on {f['host']!r}", home=home)
 
 
 async def clone(manager, p: Principal, fid: str, body: dict) -> dict:
@@ -432,29 +444,13 @@ async def clone(manager, p: Principal, fid: str, body: dict) -> dict:
     if host and host != src["host"]:
         raise InvalidRequest(f"host: a clone is made on its source's host ({src['host']!r}); "
                              f"cloning to {host!r} is not supported")
-    create_body = {k: v for k, v in body.items() if k != "host"}
-    create_body["host"] = src["host"]
-    try:
-        out = await manager.db(begin_create, p, create_body, manager.default_vfolder_host,
-                               [src["host"]])
-    except IntegrityError:
-        raise Conflict(f"a vfolder named {body.get('name')!r} exists in that scope") from None
-    f = out["folder"]
-    try:
-        if out["quota_bytes"]:
-            await manager.storage.set_quota_scope(f["host"], f["quota_scope_id"], out["quota_bytes"])
+
+    async def make(f):
         await manager.storage.clone_folder(f["host"], src["quota_scope_id"], src["id"],
                                            f["quota_scope_id"], f["id"])
-    except Exception as e:
-        try:
-            await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
-        except Exception:
-            pass
-        await manager.db(_drop_row, f["id"])
-        raise _storage_error(e, f"clone vfolder {src['name']!r}") from e
-    await manager.db(_set_status, f["id"], VFolderStatus.READY)
-    f["status"] = VFolderStatus.READY
-    return f
+
+    return await _made(manager, p, {**body, "host": src["host"]}, [src["host"]], make,
+                       lambda f: f"clone vfolder {src['name']!r}")
 
 
 @reads
