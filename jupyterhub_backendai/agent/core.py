@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import os
 import platform
 import socket
@@ -583,8 +584,6 @@ class Agent(LoggingConfigurable):
         # checked here, before anything is taken; the agent works on the JSON form.
         spec = KernelSpec.from_wire(spec).to_wire()
         spec["environ"] = thread_environ(spec["slots"], spec["environ"])
-        if spec.get("pids_limit") is None:
-            spec["pids_limit"] = self.kernel_pids_limit
         kernel_type = spec["kernel_type"]
         spec["mounts"] = check_mounts(list(spec["mounts"]))
         image = await self.impl.inspect_image(spec["image"])
@@ -674,9 +673,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 def thread_environ(slots: dict, environ: dict) -> dict:
     """``environ`` with the kernel's CPU allotment announced to libraries: the cores
     it asked for, rounded up (at least 1). A value the user set wins."""
-    import math
-
-    cores = max(1, math.ceil(float(Decimal(str(slots.get(CPU, 1) or 1)))))
+    cores = max(1, math.ceil(Decimal(str(slots.get(CPU, 1) or 1))))
     out = {k: str(cores) for k in THREAD_VARS}
     out.update(environ)
     return out

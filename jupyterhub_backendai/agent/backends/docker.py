@@ -72,17 +72,16 @@ _SSHREVOKE = Path(sshrevoke.__file__).read_text()
 # starting together make their networks at once instead of one after the other (issue
 # 30: a lock around the whole making serialised every start's 4 engine calls).
 _RESERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# One lock per event loop for the overlay networks of multi-node sessions (rare).
-_NET_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _reserved() -> set:
     return _RESERVED.setdefault(asyncio.get_running_loop(), set())
 
 
-# Per event loop and session network name: the kernels of one session on agents of this
-# process make their network one after the other (the engine's duplicate-name check is
-# not atomic); other sessions' networks are made meanwhile.
+# Per event loop and session network name (bridge or overlay): the kernels of one
+# session on agents of this process make their network one after the other (the
+# engine's duplicate-name check is not atomic); other sessions' networks are made
+# meanwhile.
 _NAME_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -100,12 +99,6 @@ async def _name_lock(name: str):
             locks.pop(name, None)
 
 
-def _net_lock() -> asyncio.Lock:
-    loop = asyncio.get_running_loop()
-    lock = _NET_LOCKS.get(loop)
-    if lock is None:
-        lock = _NET_LOCKS[loop] = asyncio.Lock()
-    return lock
 LOOPBACKS = {"127.0.0.1", "localhost", "::1"}
 # Entrypoints that already are an init (reap zombies, forward signals).
 INIT_PROGRAMS = {"tini", "tini-static", "dumb-init", "catatonit"}
@@ -439,7 +432,7 @@ class DockerBackend(Backend):
                 "manager can make; this agent's engine is a Swarm worker (join it with the "
                 "manager token, see docs/multinode.md)")
         if main:
-            async with _net_lock():
+            async with _name_lock(name):
                 found = await self._networks_named(name)
                 if found:
                     return found[0]["Id"]
