@@ -93,15 +93,25 @@ class Agents:
 
     # -- liveness: two witnesses --------------------------------------------------------
 
-    async def answers(self, agent_id: str, addr: str, timeout: float = 5.0) -> bool:
-        """The second witness: the agent answers a direct call (over mutual TLS where
-        the cluster has it) and says it is ``agent_id``."""
+    async def ask(self, agent_id: str, addr: str) -> dict:
+        """The agent at ``addr`` says what it is (a direct call, over mutual TLS where
+        the cluster has it); AgentError when it does not answer as ``agent_id``."""
+        if not addr:
+            raise AgentError("it names no address to call")
+        async with asyncio.timeout(5):
+            info = await self.client(agent_id, addr).info()
+        if not isinstance(info, dict) or info.get("id") != agent_id:
+            other = info.get("id") if isinstance(info, dict) else "?"
+            raise AgentError(f"the agent at {addr} is {other}")
+        return info
+
+    async def answers(self, agent_id: str, addr: str) -> bool:
+        """The second witness of an agent's liveness: it answers :meth:`ask`."""
         try:
-            async with asyncio.timeout(timeout):
-                info = await self.client(agent_id, addr).info()
+            await self.ask(agent_id, addr)
         except Exception:
             return False
-        return isinstance(info, dict) and info.get("id") == agent_id
+        return True
 
     async def check_liveness(self) -> list[str]:
         """Agents silent past ``agent_lost_timeout`` (no heartbeat read: the agent died,
@@ -197,15 +207,9 @@ class Agents:
         names (None, logged: no answer, or another agent answers)."""
         addr = payload.get("addr") or ""
         try:
-            if not addr:
-                raise AgentError("it names no address to call")
-            async with asyncio.timeout(5):
-                info = await self.client(aid, addr).info()
+            info = await self.ask(aid, addr)
         except Exception as e:
             self._refuse(aid, f"a direct call to {addr or 'it'} failed ({e})")
-            return None
-        if not isinstance(info, dict) or info.get("id") != aid:
-            self._refuse(aid, f"the agent at {addr} is {info.get('id') if isinstance(info, dict) else '?'}")
             return None
         info = dict(info, addr=addr, ts=payload.get("ts"))
         self._verified[aid] = self._facts(info)
