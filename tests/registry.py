@@ -135,7 +135,16 @@ class Registry:
         return ref
 
     def stop(self) -> None:
+        """Stop the registry and remove every image on the engine that came from it (an
+        image pulled by digest keeps only ``<host>/<repo>@sha256:...``: no tag to remove)."""
         stop_process(self.proc)
+        listed = subprocess.run(["docker", "images", "-a", "--digests", "--format",
+                                 "{{.ID}} {{.Repository}}"], capture_output=True, text=True)
+        ours = sorted({line.split()[0] for line in listed.stdout.splitlines()
+                       if len(line.split()) == 2
+                       and line.split()[1].startswith(self.host + "/")})
+        if ours:
+            subprocess.run(["docker", "rmi", "-f", *ours], capture_output=True)
         if getattr(self, "log", None):
             self.log.close()
         shutil.rmtree(CERTS_D / self.host, ignore_errors=True)
