@@ -63,6 +63,9 @@ class Session(Base):
     # Newest activity known (the hub's record of the user's server): the keypair
     # policy's idle_timeout counts from here, or from RUNNING when never set.
     last_activity: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Issue 29: seconds its owner added to the keypair policy's max_session_lifetime (at
+    # most the policy's max_lifetime_extension): the lifetime ends that much later.
+    lifetime_extension: Mapped[int] = mapped_column(Integer, default=0)
     # The lifecycle's claim (manager/lifecycle/claims.py): the manager process driving the
     # session's current step (a start, a destroy) and until when; an expired or dead
     # owner's claim is taken over, so no step depends on a process that died.

@@ -56,6 +56,9 @@ class KeypairResourcePolicy(Base):
     max_containers_per_session: Mapped[int] = mapped_column(Integer, default=1)
     max_session_lifetime: Mapped[int] = mapped_column(Integer, default=0)
     idle_timeout: Mapped[int] = mapped_column(Integer, default=0)
+    # Issue 29: seconds an owner may add to a session's max_session_lifetime in all
+    # (0: none; sessions.lifetime_extension counts what was added).
+    max_lifetime_extension: Mapped[int] = mapped_column(Integer, default=0)
     # Highest scheduling priority (0-100) the keypair's sessions may ask for.
     max_priority: Mapped[int] = mapped_column(Integer, default=100)
     # None: no limit. A new policy (the default one included) starts at
