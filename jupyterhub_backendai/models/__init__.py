@@ -16,6 +16,7 @@ from .tenancy import (
     project_members,
 )
 from .vfolder import VFolder, VFolderPermissionRow
+from .warmpool import WarmPool
 
 __all__ = [
     "Agent",
@@ -36,6 +37,7 @@ __all__ = [
     "UserResourcePolicy",
     "VFolder",
     "VFolderPermissionRow",
+    "WarmPool",
     "project_members",
     "session_dependencies",
 ]
