@@ -11,6 +11,7 @@ and the wiring; the work is done in the rooms (docs/architecture.md):
   status table, and this process's steps
 - :mod:`.reconcile`: agents, their heartbeats and events, and the record agreeing
   with them
+- :mod:`.broadcast`: a session's change, heard here and by every other manager
 - :mod:`.admin`, :mod:`.vfolders`, the operations the front ends call by name
   (:mod:`.ops`)
 
@@ -32,6 +33,7 @@ from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, 
 from ..storageproxy.client import make_storage_registry
 from . import lifecycle, tenancy
 from .agent_client import close_agent_clients
+from .broadcast import SESSION_CHANGED, SessionChanges
 from .discovery import BackendAICluster
 from .lifecycle.start import START_FAILURES
 from .operations import Operations
@@ -41,9 +43,6 @@ from .scheduler import check_consistency, schedule_pass, scheduler_stats
 from .scheduler.metrics import PLACEMENTS, REJECTIONS, counter_by, counter_value
 from .session_lists import SessionLists
 from .sessions import CheckedRequest, Sessions
-
-# The broadcast of a session's state change to every manager (common/events.py).
-SESSION_CHANGED = "session_changed"
 
 __all__ = ["SESSION_CHANGED", "BackendAIManager", "CheckedRequest"]
 
@@ -226,10 +225,10 @@ class BackendAIManager(SingletonConfigurable):
         self._bg: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._started: asyncio.Future | None = None
-        self._stopped = False
         # This process's name in the record's claims, and its session-change events.
         self.owner_id = lifecycle.new_owner_id()
         self.events = lifecycle.SessionEvents()
+        self.changes = SessionChanges(self)
         # The rooms.
         self.sessions = Sessions(self)
         self.lifecycle = lifecycle.Driver(self)
@@ -269,7 +268,7 @@ class BackendAIManager(SingletonConfigurable):
         await self.bus.start_consuming(self.handle_event)
         # Other managers' session changes wake this process's waiters; after a gap
         # (Redis away) every waiter re-reads the record.
-        await self.bus.subscribe(self._on_broadcast, self._missed_broadcasts)
+        await self.bus.subscribe(self.changes.heard, self.changes.missed)
         await self.cluster.start(self)  # [issue 11] agents/storage proxies from etcd (cluster mode)
         if self.embedded_agent:
             self.agent = LocalAgent(self.bus, parent=self)
@@ -287,7 +286,7 @@ class BackendAIManager(SingletonConfigurable):
 
     async def stop(self) -> None:
         lifecycle.owner_gone(self.owner_id)
-        self._stopped = True
+        self.changes.closed = True
         if self._loop_task:
             self._loop_task.cancel()
         self.lifecycle.stop()
@@ -328,53 +327,14 @@ class BackendAIManager(SingletonConfigurable):
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
-    # -- session changes ----------------------------------------------------------------
+    # -- session changes (broadcast.py) ------------------------------------------------
 
     def changed(self, sid: str, status: str | None = None) -> None:
-        """Session ``sid`` changed (committed): wake this process's waiters now and
-        tell every other manager (``session_changed`` broadcast, in the background:
-        a transition never waits on the bus)."""
-        self.events.changed(sid)
-        self.session_lists.session_changed(sid)
-        self.reflector.changed(sid)
-        if self._stopped:
-            return
-        self.background(self._broadcast_change(sid, status))
+        """Session ``sid`` changed (committed): wake its readers here and elsewhere."""
+        self.changes.changed(sid, status)
 
     def changed_many(self, sids: list[str], status: str) -> None:
-        """Like :meth:`changed` for many sessions (a scheduler pass's placements): one
-        broadcast per 1,000 ids."""
-        for sid in sids:
-            self.events.changed(sid)
-            self.session_lists.session_changed(sid)
-            self.reflector.changed(sid)
-        if self._stopped:
-            return
-        for i in range(0, len(sids), 1000):
-            self.background(self._broadcast_change(None, status, sids[i:i + 1000]))
-
-    async def _broadcast_change(self, sid: str | None, status: str | None,
-                                many: list[str] | None = None) -> None:
-        payload = {"status": status, "origin": self.owner_id}
-        payload.update({"ids": many} if many is not None else {"id": sid})
-        try:
-            await self.bus.broadcast(SESSION_CHANGED, payload)
-        except Exception as e:  # Redis away: the others' safety poll sees it
-            self.log.debug("could not broadcast the change of session(s) %s: %s", sid or many, e)
-
-    async def _on_broadcast(self, name: str, payload: dict) -> None:
-        if name != SESSION_CHANGED or payload.get("origin") == self.owner_id:
-            return
-        for sid in payload.get("ids") or ([payload["id"]] if payload.get("id") else []):
-            self.events.changed(sid)
-            self.session_lists.session_changed(sid)
-            self.reflector.changed(sid)
-
-    def _missed_broadcasts(self) -> None:
-        """The bus had a gap (Redis away): any session may have changed meanwhile."""
-        self.events.changed_all()
-        self.session_lists.invalidate_all()
-        self.reflector.changed_all()
+        self.changes.changed_many(sids, status)
 
     async def wait_change(self, sid: str, timeout: float) -> bool:
         """Wait until session ``sid`` changes (True) or ``timeout`` passes."""
