@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 
 import pytest
 import requests
@@ -27,9 +28,14 @@ from .conftest import _kill_local_kernels
 from .hub import Hub
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    url = f"sqlite:///{tmp_path_factory.mktemp('exec')}/backendai.sqlite"
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def world(request, tmp_path_factory):
+    """A hub with alice's running server, on each database (the tokens a handshake could
+    mint, and the access an open stream re-checks, live in the record)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('exec')}/backendai.sqlite"
+    else:
+        url = request.getfixturevalue("postgres").new_database("exec_" + uuid.uuid4().hex[:10])
     hub = Hub(db_url=url, backend="local").start()
     try:
         alice = new_user(superadmin(hub), name="victim")

@@ -380,11 +380,31 @@ def test_directory_removed_before_the_last_byte_leaves_nothing(hub, sa):
 # -- issue 22, row 4: a token dies with the access it was issued for ---------------------
 
 
-def test_a_transfer_token_dies_with_its_grant(hub, sa):
+@pytest.fixture(scope="module")
+def pg_hub(tmp_path_factory, postgres):
+    """The same hub on PostgreSQL: the grant is read from the record on each database."""
+    url = postgres.new_database("tus_" + uuid.uuid4().hex[:10])
+    hub = Hub(db_url=url, backend="local",
+              extra_env={"BACKENDAI_TRANSFER_SECRET": SECRET}).start()
+    yield hub
+    hub.close()
+    shutil.rmtree(hub.dir, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def grant_world(request):
+    """(hub, superadmin client) on SQLite, then on PostgreSQL."""
+    hub = request.getfixturevalue("hub" if request.param == "sqlite" else "pg_hub")
+    return hub, (request.getfixturevalue("sa") if request.param == "sqlite"
+                 else superadmin(hub))
+
+
+def test_a_transfer_token_dies_with_its_grant(grant_world):
     """dave (read-write share of alice's folder) takes upload and download tokens; each
     way his access ends (unshared, read-only now, deactivated, the folder in the trash)
     ends his tokens within seconds: the proxy asks the record again (at most every 2 s
-    per token), and nothing of his lands in her folder."""
+    per token), and nothing of his lands in her folder. On both databases."""
+    hub, sa = grant_world
     alice, dave = new_user(sa), new_user(sa)
     f = _folder(alice)
     with open(os.path.join(_dir(hub, f), "secret.txt"), "wb") as fh:
