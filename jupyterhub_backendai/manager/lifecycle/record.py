@@ -382,7 +382,7 @@ def past_policy_limits(s, now: dt.datetime) -> list[tuple[str, str, str, str]]:
     rows = s.execute(
         select(
             Session.id, Session.session_type, Session.status_history, Session.last_activity,
-            policy.max_session_lifetime, policy.idle_timeout,
+            policy.max_session_lifetime, policy.idle_timeout, Session.lifetime_extension,
         )
         .join(Keypair, Keypair.access_key == Session.access_key)
         .join(policy, policy.name == Keypair.resource_policy)
@@ -395,13 +395,15 @@ def past_policy_limits(s, now: dt.datetime) -> list[tuple[str, str, str, str]]:
         )
     )
     out = []
-    for sid, stype, history, last_activity, lifetime, idle in rows:
+    for sid, stype, history, last_activity, lifetime, idle, extension in rows:
         since = (history or {}).get(SessionStatus.RUNNING)
         if not since:
             continue
         running_since = dt.datetime.fromisoformat(since)
-        if lifetime and running_since + dt.timedelta(seconds=lifetime) <= now:
-            info = f"reached max_session_lifetime ({lifetime} s, keypair policy)"
+        # Issue 29: the owner's extensions (manager/sessions.py extend_lifetime) move the end.
+        if lifetime and running_since + dt.timedelta(seconds=lifetime + (extension or 0)) <= now:
+            info = f"reached max_session_lifetime ({lifetime} s, keypair policy" + (
+                f", extended by {extension} s)" if extension else ")")
             if stype == BATCH:
                 out.append((sid, SessionStatus.ERROR, info, FAILURE))
             else:
