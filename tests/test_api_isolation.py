@@ -364,6 +364,13 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
     ("get", "/sessions/{id}/service-ports"): [("sess:self", ALL200, None),
                                               ("sess:peer", E(200, 200, 404, 200), None),
                                               ("sess:other", E(200, 404, 404, 404), None)],
+    ("get", "/sessions/{id}/lifetime"): [("sess:self", ALL200, None),
+                                         ("sess:peer", E(200, 200, 404, 200), None),
+                                         ("sess:other", E(200, 404, 404, 404), None)],
+    # This world's sessions never run: who may extend one is told so (409), the others 403/404.
+    ("post", "/sessions/{id}/extend"): [("sess:self", E(409, 409, 409, 403), {"seconds": 60}),
+                                        ("sess:peer", E(409, 409, 404, 403), {"seconds": 60}),
+                                        ("sess:other", E(409, 404, 404, 404), {"seconds": 60})],
     # Only the owner gets the key; this world's sessions are in groups without SSH (404).
     ("get", "/sessions/{id}/ssh-key"): [("sess:self", E(404, 404, 404, 404), None),
                                         ("sess:peer", E(403, 403, 404, 403), None),

@@ -520,6 +520,24 @@ class SessionServicePortsHandler(APIBase):
         })
 
 
+class SessionLifetimeHandler(APIBase):
+    """``GET /sessions/{id}/lifetime``: when the session ends by itself (its keypair
+    policy's lifetime, with what was added, and idle timeout)."""
+
+    async def get(self, sid):
+        self.query()
+        self.reply(await self.manager.ops.session_lifetime(self.principal, sid))
+
+
+class SessionExtendHandler(APIBase):
+    """``POST /sessions/{id}/extend``: the lifetime's end later, within the policy."""
+
+    async def post(self, sid):
+        self.query()
+        body = self.body("SessionExtend")
+        self.reply(await self.manager.ops.extend_lifetime(self.principal, sid, body["seconds"]))
+
+
 class SessionSSHKeyHandler(APIBase):
     """``GET /sessions/{id}/ssh-key``: the private key (OpenSSH format) that logs in to
     the session's sshd as ``work``, derived from the session's keypair
@@ -895,6 +913,12 @@ ROUTES += [
     route("/sessions/{id}/service-ports", SessionServicePortsHandler,
           get=Op("getSessionServicePorts", "A session's service ports (apps) with their URLs",
                  response=models.SessionServicePorts)),
+    route("/sessions/{id}/lifetime", SessionLifetimeHandler,
+          get=Op("getSessionLifetime", "When a session ends by itself (lifetime, idle timeout)",
+                 response=models.SessionLifetime)),
+    route("/sessions/{id}/extend", SessionExtendHandler,
+          post=Op("extendSession", "Extend a running session's lifetime within its policy",
+                  body=models.SessionExtend, response=models.SessionLifetime)),
     route("/sessions/{id}/ssh-key", SessionSSHKeyHandler,
           get=Op("getSessionSSHKey",
                  "The owner's key to the session's sshd (resource groups with SSH)",

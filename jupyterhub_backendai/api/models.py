@@ -285,6 +285,7 @@ class KeypairResourcePolicyUpdate(Request):
     max_containers_per_session: Int() = None
     max_session_lifetime: Int() = None
     idle_timeout: Int() = None
+    max_lifetime_extension: Int() = None
     max_priority: Int(0, 100) = None
     max_pending_session_count: Int() | None = None
     max_pending_session_resource_slots: SlotsIn | None = None
@@ -519,6 +520,13 @@ class SessionServicePorts(Response):
 
 
 SessionSSHKey = responses.SessionSSHKey
+SessionLifetime = responses.SessionLifetime
+
+
+class SessionExtend(Request):
+    seconds: Annotated[Int(1), Field(description="seconds to add to the session's lifetime "
+                                                 "(within its keypair policy's "
+                                                 "max_lifetime_extension)")]
 Whoami = responses.Whoami
 
 
@@ -618,6 +626,30 @@ VFolderHost = responses.VFolderHost
 
 
 VFolderHosts = responses.VFolderHosts
+
+
+# -- warm pools (issue 30, manager/warmpool.py) -----------------------------------------
+
+
+class WarmPoolSet(Request):
+    """How many kernels of an image and a resource preset a resource group keeps started
+    and unassigned; 0 removes the pool (its kernels go at the next round)."""
+
+    resource_group: Str(64, 1)
+    image: Annotated[Str(256, 1), Field(description="the image as sessions name it")]
+    preset: Annotated[Str(64, 1), Field(description="a resource preset without GPUs")]
+    size: Annotated[int, Field(ge=0, le=100, description="kernels kept warm; 0: none")]
+
+
+class WarmPool(Response):
+    resource_group: str
+    image: str
+    preset: str
+    size: int
+    ready: int = Field(description="pooled kernels started and unassigned now")
+    hits: int = Field(description="starts that took a pooled kernel (this hub process)")
+    misses: int = Field(description="matching starts that found none ready (this hub process)")
+    status_info: str = Field(description="why the pool is not full; empty when it is")
 
 
 # -- the registry ----------------------------------------------------------------------

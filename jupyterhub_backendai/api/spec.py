@@ -191,6 +191,8 @@ FIELD_DESCRIPTIONS: dict[str, str] = {
     "max_containers_per_session": "kernels (containers) in one session",
     "max_session_lifetime": "seconds a session may live (0: unlimited)",
     "idle_timeout": "seconds without activity before a session is stopped (0: never)",
+    "max_lifetime_extension": "seconds an owner may add to a session's lifetime in all "
+                              "(POST /sessions/{id}/extend; 0: none)",
     "max_priority": "the highest priority its sessions may ask for",
     "max_pending_session_count": "sessions waiting in the queue at once (null: unlimited)",
     "max_pending_session_resource_slots": "resources of waiting sessions at once (null: "

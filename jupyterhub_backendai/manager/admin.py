@@ -644,6 +644,7 @@ POLICIES = {
     "keypair": (KeypairResourcePolicy, responses.KeypairResourcePolicy, "keypair resource policy",
                 ("total_resource_slots", "default_for_unspecified", "max_concurrent_sessions",
                  "max_containers_per_session", "max_session_lifetime", "idle_timeout",
+                 "max_lifetime_extension",
                  "max_priority", "max_pending_session_count",
                  "max_pending_session_resource_slots", "allowed_vfolder_hosts",
                  "max_pids_per_kernel", "max_tmp_size"),

@@ -248,6 +248,7 @@ KINDS: dict[str, _Kind] = {
             "max_containers_per_session": (_int(1), False),
             "max_session_lifetime": (_int(0), False),
             "idle_timeout": (_int(0), False),
+            "max_lifetime_extension": (_int(0), False),
             "max_priority": (_int(0, 100), False),
             "max_pending_session_count": (_optional(_int(0)), False),
             "max_pending_session_resource_slots": (_optional(_slots), False),

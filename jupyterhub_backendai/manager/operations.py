@@ -21,11 +21,13 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     compatviews,
     images,
     keypairs,
+    lifetimes,
     pageviews,
     spawnviews,
     tenancy,
     usage,
     vfolders,
+    warmpool,
 )
 from .ops import lookup
 

@@ -211,6 +211,7 @@ class KeypairResourcePolicy(Response):
     max_containers_per_session: int
     max_session_lifetime: int
     idle_timeout: int
+    max_lifetime_extension: int = 0
     max_priority: int
     max_pending_session_count: int | None
     max_pending_session_resource_slots: SlotsOut | None
@@ -347,6 +348,24 @@ class SessionLogs(Response):
     session_id: Annotated[str, _also("session_id", "id")]
     status: str
     kernels: list[KernelLogs]
+
+
+class SessionLifetime(Response):
+    """When a session ends by itself (issue 29, manager/lifetimes.py)."""
+
+    session_id: str
+    status: str
+    running_since: Annotated[TimeOrNone, Field(description="when it began to run")]
+    lifetime: Annotated[int, Field(description="its keypair policy's max_session_lifetime "
+                                               "(seconds; 0: none)")]
+    extension: Annotated[int, Field(description="seconds added to the lifetime so far")]
+    extension_left: Annotated[int, Field(description="seconds that may still be added")]
+    lifetime_ends: Annotated[TimeOrNone, Field(description="when the lifetime ends (null: "
+                                                           "no limit, or not running)")]
+    idle_timeout: Annotated[int, Field(description="seconds without activity before it is "
+                                                   "stopped (0: never)")]
+    idle_ends: Annotated[TimeOrNone, Field(description="when it is stopped if nothing happens "
+                                                       "before (null: never, or not running)")]
 
 
 class SessionSSHKey(Response):
