@@ -4,8 +4,20 @@ from __future__ import annotations
 
 
 class BackendAIError(Exception):
+    """An error with its HTTP status and a title; ``detail`` is the message for the user.
+
+    A kind of error is declared in one line: ``class Gone(BackendAIError, status=410,
+    title="Gone")`` (class attributes ``status_code`` and ``title`` do the same)."""
+
     status_code = 500
     title = "Internal error"
+
+    def __init_subclass__(cls, *, status: int | None = None, title: str | None = None, **kw):
+        super().__init_subclass__(**kw)
+        if status is not None:
+            cls.status_code = status
+        if title is not None:
+            cls.title = title
 
     def __init__(self, detail: str = "", *, status_code: int | None = None):
         super().__init__(detail or self.title)
@@ -14,68 +26,50 @@ class BackendAIError(Exception):
             self.status_code = status_code
 
 
-class InvalidRequest(BackendAIError):
-    status_code = 400
-    title = "Invalid request"
+class InvalidRequest(BackendAIError, status=400, title="Invalid request"):
+    """The request's shape or values are wrong."""
 
 
-class Unauthorized(BackendAIError):
+class Unauthorized(BackendAIError, status=401, title="Unauthorized"):
     """No valid credentials: missing, malformed, wrong signature, stale date, unknown or inactive key."""
 
-    status_code = 401
-    title = "Unauthorized"
+
+class NotFound(BackendAIError, status=404, title="Not found"):
+    """No such thing, or none the caller may see."""
 
 
-class NotFound(BackendAIError):
-    status_code = 404
-    title = "Not found"
+class Forbidden(BackendAIError, status=403, title="Forbidden"):
+    """The caller is known but may not do this."""
 
 
-class Forbidden(BackendAIError):
-    status_code = 403
-    title = "Forbidden"
+class Conflict(BackendAIError, status=409, title="Conflict"):
+    """The record's state does not allow it now (a name taken, a status that forbids it)."""
 
 
-class Conflict(BackendAIError):
-    status_code = 409
-    title = "Conflict"
+class QuotaExceeded(BackendAIError, status=412, title="Quota exceeded"):
+    """A limit of a policy would be passed."""
 
 
-class QuotaExceeded(BackendAIError):
-    status_code = 412
-    title = "Quota exceeded"
-
-
-class StorageQuotaExceeded(QuotaExceeded):
+class StorageQuotaExceeded(QuotaExceeded, status=413, title="Storage quota exceeded"):
     """A write through the storage proxy would take a quota scope over its limit."""
 
-    status_code = 413
-    title = "Storage quota exceeded"
+
+class TooManyRequests(BackendAIError, status=429, title="Too many requests"):
+    """The rate limit of the caller's keypair is spent for now."""
 
 
-class TooManyRequests(BackendAIError):
-    status_code = 429
-    title = "Too many requests"
-
-
-class AgentError(BackendAIError):
+class AgentError(BackendAIError, status=500, title="Agent error"):
     """The agent could not do what the manager asked (its message says why)."""
 
-    status_code = 500
-    title = "Agent error"
+
+class ImageNotFound(AgentError, status=400, title="Unknown image"):
+    """No agent of the group has the image the request names."""
 
 
-class ImageNotFound(AgentError):
-    status_code = 400
-    title = "Unknown image"
-
-
-class ServiceUnavailable(BackendAIError):
+class ServiceUnavailable(BackendAIError, status=503, title="Service unavailable"):
     """A part the hub needs (its database) does not answer now: try again later. Never
     a 401/403, so that clients keep credentials that are still good."""
 
-    status_code = 503
-    title = "Service unavailable"
     retry_after = 5
 
     @property

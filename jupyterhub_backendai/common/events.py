@@ -148,26 +148,20 @@ class RedisEventBus(EventBus):
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # Redis restarts: back off (at most 2 s), then go on after the last entry
-                # read. Entry ids are times, so a Redis that lost its data gives new
-                # entries later ids and they are read too.
+                # Redis restarts: back off, then go on after the last entry read. Entry
+                # ids are times, so a Redis that lost its data gives new entries later
+                # ids and they are read too.
                 failures += 1
-                if failures == 1:
-                    log.warning("reading broadcasts from redis failed; retrying", exc_info=True)
-                await asyncio.sleep(min(0.1 * 2 ** failures, 2))
+                await _back_off(failures, "broadcasts")
                 continue
             if failures:
                 failures = 0
                 if on_gap is not None:
                     on_gap()  # broadcasts may have been lost while Redis was away
-            streams = list(resp.items()) if isinstance(resp, dict) else list(resp or ())
-            for _stream, entries in streams:
+            for _stream, entries in _streams(resp):
                 for entry_id, fields in entries:
                     last = entry_id
-                    try:
-                        await handler(fields["name"], json.loads(fields["payload"]))
-                    except Exception:
-                        log.exception("broadcast handler failed for %s", fields.get("name"))
+                    await _deliver(handler, fields, "broadcast")
 
     async def publish(self, name: str, payload: dict) -> None:
         await self.redis.xadd(
@@ -243,23 +237,16 @@ class RedisEventBus(EventBus):
                 last = "0"
                 continue
             except Exception:
-                # Connection refused while Redis restarts: back off, at most 2 s.
                 failures += 1
-                if failures == 1:
-                    log.warning("reading events from redis failed; retrying", exc_info=True)
-                await asyncio.sleep(min(0.1 * 2 ** failures, 2))
+                await _back_off(failures, "events")
                 continue
-            # RESP2 answers [[stream, entries]], RESP3 {stream: entries}.
-            streams = list(resp.items()) if isinstance(resp, dict) else list(resp or ())
+            streams = _streams(resp)
             if last == "0" and not any(entries for _s, entries in streams):
                 last = ">"
                 continue
             for _stream, entries in streams:
                 for _entry_id, fields in entries:
-                    try:
-                        await handler(fields["name"], json.loads(fields["payload"]))
-                    except Exception:
-                        log.exception("event handler failed for %s", fields.get("name"))
+                    await _deliver(handler, fields)
                 # One XACK for what this read delivered (was one round trip per event).
                 # If Redis is away it is sent again once Redis is back (above); entries of
                 # a killed process are delivered again: handlers are idempotent.
@@ -286,10 +273,7 @@ class RedisEventBus(EventBus):
             for entry_id, fields in entries:
                 if fields:
                     log.info("handling event %s that a stopped consumer left", entry_id)
-                    try:
-                        await handler(fields["name"], json.loads(fields["payload"]))
-                    except Exception:
-                        log.exception("event handler failed for %s", fields.get("name"))
+                    await _deliver(handler, fields)
                 await self.redis.xack(self.stream, self.group, entry_id)
             if start in ("0-0", b"0-0") or not entries:
                 return
@@ -306,6 +290,29 @@ class RedisEventBus(EventBus):
                 except (TimeoutError, asyncio.CancelledError):
                     pass
         await self.redis.aclose()
+
+
+def _streams(resp) -> list:
+    """[(stream, entries)] of an XREAD answer: RESP2 answers [[stream, entries]], RESP3
+    {stream: entries}."""
+    return list(resp.items()) if isinstance(resp, dict) else list(resp or ())
+
+
+async def _deliver(handler: Handler, fields: dict, what: str = "event") -> None:
+    """One entry to ``handler``; its failure is logged, never the reader's end."""
+    try:
+        await handler(fields["name"], json.loads(fields["payload"]))
+    except Exception:
+        log.exception("%s handler failed for %s", what, fields.get("name"))
+
+
+async def _back_off(failures: int, what: str) -> None:
+    """After the ``failures``-th failed read in a row (Redis restarts, the connection is
+    refused): wait, doubling from 0.2 s to at most 2 s; warn once per outage. Call it
+    from the ``except`` clause (the warning carries the exception)."""
+    if failures == 1:
+        log.warning("reading %s from redis failed; retrying", what, exc_info=True)
+    await asyncio.sleep(min(0.1 * 2 ** failures, 2))
 
 
 def make_event_bus(url: str | None) -> EventBus:
