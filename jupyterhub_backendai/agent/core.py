@@ -21,7 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from .. import __version__
 from ..common import installation
-from ..common.errors import AgentError, InvalidRequest
+from ..common.errors import AgentError, InvalidRequest, NotFound
 from ..common.events import EventBus
 from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
@@ -387,6 +387,7 @@ class Agent(LoggingConfigurable):
                 isolation_guard=self.isolation_guard,
                 pids_limit=self.kernel_pids_limit,
                 tmp_size=int(parse_size(self.kernel_tmp_size)),
+                pool_root=os.path.join(self.state_dir, "pool"),
             )
         if kind == "local":
             run_as = None
@@ -586,6 +587,8 @@ class Agent(LoggingConfigurable):
         spec["environ"] = thread_environ(spec["slots"], spec["environ"])
         kernel_type = spec["kernel_type"]
         spec["mounts"] = check_mounts(list(spec["mounts"]))
+        if spec.get("pool"):
+            self._check_poolable(spec)
         image = await self.impl.inspect_image(spec["image"])
         slots = ResourceSlot.from_json(spec["slots"])
         n_gpu = int(slots.get(CUDA, 0))
@@ -618,6 +621,54 @@ class Agent(LoggingConfigurable):
             )
         except BaseException:
             self._release(spec["kernel_id"])
+            raise
+        if not spec.get("pool"):  # a pooled kernel is nobody's until it is bound
+            await self.publish(
+                "kernel_started",
+                {"agent_id": self.agent_id, "kernel_id": rec.kernel_id, "session_id": rec.session_id},
+            )
+        return rec.to_json()
+
+    def _check_poolable(self, spec: dict) -> None:
+        if not getattr(self.impl, "pools", False):
+            raise InvalidRequest(
+                f"agent {self.agent_id} keeps no warm pool (the {self.impl.name} backend"
+                + (" on the host network" if self.use_host_network else "") + " cannot bind one)")
+        if spec["kernel_type"] != INTERACTIVE or spec["mounts"] or spec.get("ssh_public_key") \
+                or int(ResourceSlot.from_json(spec["slots"]).get(CUDA, 0)) \
+                or mig_request(ResourceSlot.from_json(spec["slots"])):
+            raise InvalidRequest("a pooled kernel is interactive, without folders, GPUs or SSH")
+
+    async def bind_kernel(self, spec: dict | KernelSpec) -> dict:
+        """Issue 30: bind the pooled kernel ``spec.kernel_id`` to the session of ``spec``
+        (its folders, environment and token: agent/warmpool.py). The spec must ask for
+        exactly what the pooled kernel has (image, slots, the agent's kernel bounds) and
+        have a home folder; NotFound when the kernel is not an unbound pooled one here
+        (the manager starts a fresh kernel then)."""
+        spec = KernelSpec.from_wire(spec).to_wire()
+        spec["environ"] = thread_environ(spec["slots"], spec["environ"])
+        spec["mounts"] = check_mounts(list(spec["mounts"]))
+        kid = spec["kernel_id"]
+        if not getattr(self.impl, "pools", False):
+            raise NotFound(f"agent {self.agent_id} keeps no warm pool")
+        if spec["kernel_type"] != INTERACTIVE or spec.get("ssh_public_key") \
+                or spec.get("cluster_ssh") or int(spec.get("cluster_agents") or 1) != 1 \
+                or spec.get("pids_limit") or spec.get("tmp_size") \
+                or not any(m["target"] == MOUNT_ROOT for m in spec["mounts"]):
+            raise InvalidRequest("this kernel cannot be bound to a pooled one (several kernels, "
+                                 "SSH, a batch command, kernel bounds of a policy, or no home "
+                                 "folder)")
+        mine = [r for r in await self.impl.list_kernels() if r.kernel_id == kid and r.pooled]
+        if not mine:
+            raise NotFound(f"no unbound pooled kernel {kid} on agent {self.agent_id}")
+        if mine[0].pooled.split("|")[1:2] != [spec["image"]] or \
+                ResourceSlot.from_json(mine[0].slots or {}) != ResourceSlot.from_json(spec["slots"]):
+            raise InvalidRequest(f"pooled kernel {kid} is of another image or other resources than asked for")
+        image = await self.impl.inspect_image(spec["image"])
+        try:
+            rec = await self.impl.bind_pooled(spec, image)
+        except BaseException:
+            self._release(kid)
             raise
         await self.publish(
             "kernel_started",

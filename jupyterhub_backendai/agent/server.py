@@ -60,6 +60,18 @@ class KernelsHandler(_Handler):
             self.write_json(rec, 201)
 
 
+class KernelBindHandler(_Handler):
+    async def post(self, kernel_id):
+        """Issue 30: bind the pooled kernel to the session of the spec (the body)."""
+        spec = self.body()
+        if spec.get("kernel_id") != kernel_id:
+            self.problem(InvalidRequest("the spec's kernel_id is not the kernel of the path"))
+            return
+        rec = await self._guard(self.agent.bind_kernel(spec))
+        if rec is not None:
+            self.write_json(rec)
+
+
 class KernelHandler(_Handler):
     async def delete(self, kernel_id):
         await self.agent.destroy_kernel(kernel_id)
@@ -151,6 +163,7 @@ def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
             (r"/v1/kernels", KernelsHandler),
             (r"/v1/kernels/([0-9a-f]+)", KernelHandler),
             (r"/v1/kernels/([0-9a-f]+)/logs", KernelLogsHandler),
+            (r"/v1/kernels/([0-9a-f]+)/bind", KernelBindHandler),
             (r"/v1/kernels/([0-9a-f]+)/revoke-ssh-key", KernelSSHKeyHandler),
             (r"/v1/images", ImagesHandler),
             (r"/v1/images/inspect", ImageInspectHandler),

@@ -14,8 +14,9 @@ def api_routes() -> list:
     the OpenAPI document (:func:`.document.build_document`) are both made from these."""
     from .handlers import ROUTES
     from .vfolder_invitations import ROUTES as INVITATIONS
+    from .warmpools import ROUTES as WARM_POOLS
 
-    return ROUTES + INVITATIONS
+    return ROUTES + INVITATIONS + WARM_POOLS
 
 
 def get_handlers() -> list[tuple]:

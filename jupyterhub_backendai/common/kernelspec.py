@@ -60,6 +60,9 @@ class KernelSpec(BaseModel):
     # agent's own defaults, Agent.kernel_pids_limit / Agent.kernel_tmp_size).
     pids_limit: int | None = Field(None, ge=32)
     tmp_size: int | None = Field(None, ge=1 << 20)
+    # Issue 30: a pooled kernel of this warm pool (its key), started with no user's
+    # folder, environment or token, bound to a session later (agent/warmpool.py).
+    pool: str | None = Field(None, max_length=400)
 
     @field_validator("slots", mode="before")
     @classmethod

@@ -20,6 +20,10 @@ class AgentClient:
     async def destroy_kernel(self, kernel_id: str) -> None:
         raise NotImplementedError
 
+    async def bind_kernel(self, spec: dict) -> dict:
+        """Issue 30: bind a pooled kernel to a session (agent/warmpool.py)."""
+        raise NotImplementedError
+
     async def list_kernels(self) -> list[dict]:
         raise NotImplementedError
 
@@ -59,6 +63,9 @@ class InProcessAgentClient(AgentClient):
 
     async def destroy_kernel(self, kernel_id):
         await self.agent.destroy_kernel(kernel_id)
+
+    async def bind_kernel(self, spec):
+        return await self.agent.bind_kernel(spec)
 
     async def list_kernels(self):
         return await self.agent.list_kernels()
@@ -132,6 +139,9 @@ class HTTPAgentClient(AgentClient):
 
     async def destroy_kernel(self, kernel_id):
         await self._call("DELETE", f"/v1/kernels/{kernel_id}")
+
+    async def bind_kernel(self, spec):
+        return await self._call("POST", f"/v1/kernels/{spec['kernel_id']}/bind", spec)
 
     async def list_kernels(self):
         return await self._call("GET", "/v1/kernels")

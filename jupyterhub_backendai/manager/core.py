@@ -43,6 +43,7 @@ from .scheduler import check_consistency, schedule_pass, scheduler_stats
 from .scheduler.metrics import PLACEMENTS, REJECTIONS, counter_by, counter_value
 from .session_lists import SessionLists
 from .sessions import CheckedRequest, Sessions
+from .warmpool import WarmPools
 
 __all__ = ["SESSION_CHANGED", "BackendAIManager", "CheckedRequest"]
 
@@ -167,6 +168,10 @@ class BackendAIManager(SingletonConfigurable):
         both, or lower them.""",
     ).tag(config=True, cluster=True)
 
+    warm_pool_interval = Float(
+        5.0, help="""Issue 30: seconds between the warm pools' rounds (manager/warmpool.py:
+        what the agents hold, eviction, refill); a pooled kernel taken triggers one at once.""",
+    ).tag(config=True, cluster=True)
     session_list_ttl = Float(
         2.0,
         help="""Seconds at most that the API answers a user's GET /sessions from memory
@@ -240,6 +245,7 @@ class BackendAIManager(SingletonConfigurable):
         # The front ends' façade: named operations instead of manager.db(fn) (ops.py).
         self.ops = Operations(self)
         self.session_lists.attach(self.sm)
+        self.warmpool = WarmPools(self)  # issue 30: kernels started before they are asked for
 
     @classmethod
     def of(cls, handler) -> BackendAIManager:
@@ -373,6 +379,7 @@ class BackendAIManager(SingletonConfigurable):
         for sid in placed:
             self.lifecycle.begin_start(sid)
         await self.drive_lifecycle()
+        self.warmpool.kick()
         # A pass may have changed waiting sessions' reasons: their watchers re-read.
         self.events.changed_all()
         return placed

@@ -286,6 +286,8 @@ class Agents:
         ends are left to their claim holders (:mod:`.lifecycle`).
         """
         mgr = self.mgr
+        # Issue 30: a warm pool's kernels are no session's (manager/warmpool.py).
+        records = [r for r in records if not r.get("pooled")]
         alive = {r["kernel_id"] for r in records if r.get("alive")}
         present = {r["kernel_id"] for r in records}
         ended_codes = {

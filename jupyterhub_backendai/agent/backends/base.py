@@ -95,6 +95,8 @@ class KernelRecord:
     # with the agent's id and no installation label at all (made before installations
     # had identities) is listed and kept, but never removed as an orphan.
     own: bool = True
+    # Issue 30: the warm pool of a pooled kernel not bound to a session yet ("": none).
+    pooled: str = ""
 
     def to_json(self) -> dict:
         return {
@@ -109,6 +111,7 @@ class KernelRecord:
             "exit_code": self.exit_code,
             "cuda_uuids": self.cuda_uuids,
             "own": self.own,
+            "pooled": self.pooled,
         }
 
 

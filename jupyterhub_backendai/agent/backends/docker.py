@@ -23,6 +23,7 @@ from aiodocker.exceptions import DockerError
 from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
 from ...common.installation import LABEL as L_INSTALLATION
 from .. import mountpoints
+from .. import warmpool as pool
 from . import netguard, sshrevoke
 from .base import (
     BATCH,
@@ -195,8 +196,12 @@ class DockerBackend(Backend):
         isolation_guard: str = "auto",
         pids_limit: int = 1024,
         tmp_size: int = 1 << 30,
+        pool_root: str = "",
     ):
         self.agent_id = agent_id
+        # Issue 30: where pooled kernels' /home/work lie on the host (agent/warmpool.py).
+        self.pool_root = pool.PoolRoot(pool_root) if pool_root else None
+        self._binding: set[str] = set()
         self.isolation_guard = isolation_guard
         self.pids_limit = pids_limit
         # Kernels in their startup burst now -> the NanoCpus they were given.
@@ -608,20 +613,10 @@ class DockerBackend(Backend):
             for name in ("sshd", "sftp"):
                 bound.append(ServicePort(name, "tcp", SSH_CONTAINER_PORT, ssh_port).to_json())
             published.append(ServicePort("sshd", "tcp", SSH_CONTAINER_PORT, ssh_port))
+        pooled = spec.get("pool")
         env = dict(spec.get("environ") or {})
         if kernel_type == INTERACTIVE:
-            main = ports[0]
-            prefix = spec["service_prefix"]
-            # The kernel's Jupyter server turns the image's service ports into its
-            # app proxy entries (images/kernel/backendai_kernel_services.py).
-            env["BACKENDAI_SERVICE_PORTS"] = image.labels.get(SERVICE_PORTS_LABEL, "")
-            if self.use_host_network:
-                env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{main.host_port}{prefix}"
-            else:
-                env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{main.container_port}{prefix}"
-                for key in ("JUPYTERHUB_API_URL", "JUPYTERHUB_ACTIVITY_URL"):
-                    if key in env:
-                        env[key] = _rewrite_host(env[key], self.gateway)
+            env = self._server_environ(env, image, ports[0], spec["service_prefix"])
         uuids = list(spec.get("cuda_uuids") or [])  # gpu-topology: devices by UUID
         if cuda_devices or uuids:
             visible = ",".join(str(i) for i in cuda_devices)
@@ -682,7 +677,14 @@ class DockerBackend(Backend):
                     "Capabilities": [["gpu"]],
                 }
             ]
-        if spec.get("mounts"):
+        if pooled:
+            # Issue 30: an empty directory of the host at /home/work, into which binding
+            # mounts the user's folders (propagation: agent/warmpool.py).
+            await asyncio.to_thread(self.pool_root.ensure)
+            slot = await asyncio.to_thread(self.pool_root.slot, spec["kernel_id"])
+            host_config["Mounts"] = [{"Type": "bind", "Source": slot, "Target": "/home/work",
+                                      "BindOptions": {"Propagation": "rslave"}}]
+        elif spec.get("mounts"):
             # vfolders: bind mounts of the storage's directories (the same paths on
             # every node); "ro" ones read-only in the kernel, whoever runs there.
             host_config["Mounts"] = [
@@ -709,6 +711,7 @@ class DockerBackend(Backend):
                 L_UUIDS: ",".join(uuids),
                 L_TYPE: kernel_type,
                 L_SLOTS: json.dumps(slots, separators=(",", ":")),
+                **({pool.POOL_LABEL: pooled} if pooled else {}),
             },
             "ExposedPorts": {f"{p.container_port}/tcp": {} for p in [*ports, *published]},
             "HostConfig": host_config,
@@ -719,11 +722,14 @@ class DockerBackend(Backend):
             config["Cmd"] = [image.shell, "-c", spec["command"]]
         elif kernel_type == IDLE:
             config["Cmd"] = ["sleep", "infinity"]
+        elif pooled:
+            config["Cmd"] = [pool.WAITER_PATH]
         name = f"backendai-{spec.get('owner', 'x')}-{spec['kernel_id'][:12]}"
         container = None
         # Taken as late as possible (the share of the cores other starts leave free), and
         # given back whatever happens next.
-        burst = self._take_burst(spec["kernel_id"], nano_cpus) if probe is not None else 0
+        burst = self._take_burst(spec["kernel_id"], nano_cpus) \
+            if probe is not None and not pooled else 0
         if burst:
             host_config["NanoCpus"] = burst
             config["Labels"][L_NANO_CPUS] = str(nano_cpus)
@@ -732,8 +738,12 @@ class DockerBackend(Backend):
             if spec.get("cluster_ssh") or user_key:
                 await container.put_archive(
                     "/", _cluster_ssh_archive(spec.get("cluster_ssh"), user_key))
+            if pooled:
+                await container.put_archive("/", pool.waiter_archive())
             await container.start()
-        except (DockerError, asyncio.CancelledError) as e:
+            if pooled:
+                await self._wait_pool_ready(container)
+        except (DockerError, AgentError, asyncio.CancelledError) as e:
             self._bursting.pop(spec["kernel_id"], None)
             if container is not None:
                 try:
@@ -742,7 +752,9 @@ class DockerBackend(Backend):
                     pass
             if network is not None:
                 await self._remove_session_network(spec["session_id"])
-            if isinstance(e, asyncio.CancelledError):
+            if pooled:
+                await asyncio.to_thread(self.pool_root.release, spec["kernel_id"])
+            if isinstance(e, (asyncio.CancelledError, AgentError)):
                 raise
             raise AgentError(f"docker could not start the kernel: {e.message}") from None
         if burst:
@@ -772,6 +784,109 @@ class DockerBackend(Backend):
             cuda_uuids=uuids,
             slots=dict(slots),
         )
+
+    def _server_environ(self, env: dict, image: ImageInfo, main: ServicePort, prefix: str) -> dict:
+        """An interactive kernel's environment for its Jupyter server: where it listens,
+        the image's apps, the hub's API at the agent network's gateway."""
+        env = dict(env)
+        # The kernel's Jupyter server turns the image's service ports into its
+        # app proxy entries (images/kernel/backendai_kernel_services.py).
+        env["BACKENDAI_SERVICE_PORTS"] = image.labels.get(SERVICE_PORTS_LABEL, "")
+        if self.use_host_network:
+            env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{main.host_port}{prefix}"
+        else:
+            env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{main.container_port}{prefix}"
+            for key in ("JUPYTERHUB_API_URL", "JUPYTERHUB_ACTIVITY_URL"):
+                if key in env:
+                    env[key] = _rewrite_host(env[key], self.gateway)
+        return env
+
+    # -- the warm pool (issue 30, agent/warmpool.py) ---------------------------------
+
+    @property
+    def pools(self) -> bool:
+        """Whether this backend can keep pooled kernels (a pool root, bridge networks)."""
+        return self.pool_root is not None and not self.use_host_network
+
+    async def _wait_pool_ready(self, container, timeout: float = 120.0) -> None:
+        """Until the pooled kernel's waiter has imported the server's modules."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            lines = await container.log(stdout=True, stderr=True, tail="20")
+            if any(pool.READY_LINE in line for line in lines):
+                return
+            info = await container.show()
+            if not info["State"].get("Running"):
+                raise AgentError("the pooled kernel ended before it was ready: "
+                                 + "".join(lines)[-500:])
+            await asyncio.sleep(0.1)
+        raise AgentError(f"the pooled kernel was not ready within {timeout:g} s")
+
+    async def bind_pooled(self, spec: dict, image: ImageInfo) -> KernelRecord:
+        """Bind the pooled kernel ``spec["kernel_id"]`` to the session of ``spec``: its
+        folders mounted, the server started with its environment (agent/warmpool.py).
+        Once: a kernel bound, or being bound, is refused; a failure removes it."""
+        kid = spec["kernel_id"]
+        found = [c for c in await self._containers(f"{L_KERNEL}={kid}", own=True)
+                 if (c.get("Labels") or {}).get(pool.POOL_LABEL) and c.get("State") == "running"]
+        if not found or kid in self._binding or self.pool_root.bound_mounts(kid) is not None:
+            raise NotFound(f"no unbound pooled kernel {kid} on this agent")
+        c = found[0]
+        labels = c.get("Labels") or {}
+        self._binding.add(kid)
+        container = self.docker.containers.container(c["Id"])
+        bound = json.loads(labels.get(L_PORTS) or "[]")
+        ports = [ServicePort(p["name"], p["protocol"], p["container_port"], p.get("host_port"))
+                 for p in bound]
+        main = ports[0]
+        nano_cpus = int(float(spec["slots"].get("cpu", 1)) * 1e9)
+        burst = 0
+        try:
+            await asyncio.to_thread(self.pool_root.bind, kid, list(spec["mounts"]))
+            env = self._server_environ(dict(spec.get("environ") or {}), image, main,
+                                       spec["service_prefix"])
+            try:
+                await container.rename(f"backendai-{spec.get('owner', 'x')}-{kid[:12]}")
+            except DockerError as e:
+                log.debug("pooled kernel %s keeps its name: %s", kid, e.message)
+            burst = self._take_burst(kid, nano_cpus) if main.host_port else 0
+            if burst:
+                await self._set_cpus(c["Id"], burst)
+            await container.put_archive("/", pool.bind_archive(env))
+            if burst:
+                await self._end_burst(c["Id"], nano_cpus, main.host_port, spec["service_prefix"])
+        except BaseException as e:
+            self._bursting.pop(kid, None)
+            try:
+                await container.delete(force=True)
+            except DockerError:
+                pass
+            await asyncio.to_thread(self.pool_root.release, kid)
+            await self._remove_session_network(labels.get(L_SESSION, ""))
+            if isinstance(e, (AgentError, asyncio.CancelledError)):
+                raise
+            if isinstance(e, DockerError):
+                raise AgentError(f"docker could not bind the pooled kernel: {e.message}") from None
+            if isinstance(e, OSError):
+                raise AgentError(f"the folders could not be mounted into the pooled kernel: "
+                                 f"{e.strerror}") from None
+            raise
+        finally:
+            self._bursting.pop(kid, None)
+            self._binding.discard(kid)
+        return KernelRecord(
+            kernel_id=kid, session_id=spec["session_id"], container_id=c["Id"],
+            host=self.bind_host, service_ports=bound, kernel_type=INTERACTIVE,
+            slots=dict(spec["slots"]),
+        )
+
+    def _real_mounts(self, c: dict) -> dict:
+        """A container's listing with a bound pooled kernel's folders as its mounts."""
+        if self.pool_root is None or not (c.get("Labels") or {}).get(pool.POOL_LABEL):
+            return c
+        bound = self.pool_root.bound_mounts((c.get("Labels") or {}).get(L_KERNEL, ""))
+        return dict(c, Mounts=bound) if bound is not None else c
 
     async def _answers(self, port: int, prefix: str) -> bool:
         """Whether the kernel's server answers HTTP on its published port (Docker's
@@ -1018,12 +1133,23 @@ class DockerBackend(Backend):
             sid = (c.get("Labels") or {}).get(L_SESSION)
             if sid and not self.use_host_network:
                 await self._remove_session_network(sid)
+            c = self._real_mounts(c)
             # Its folders' mount points in the home folder go with it (agent/mountpoints.py).
             if any(m.get("Destination") == mountpoints.MOUNT_ROOT for m in c.get("Mounts") or []):
                 others = await self.docker.containers.list(
                     all=True, filters={"label": [f"{L_AGENT}={self.agent_id}"]})
                 await asyncio.to_thread(mountpoints.remove_unused, c,
-                                        [o._container for o in others])
+                                        [self._real_mounts(o._container) for o in others])
+            if self.pool_root is not None and (c.get("Labels") or {}).get(pool.POOL_LABEL):
+                await asyncio.to_thread(self.pool_root.release, kernel_id)
+
+    def _pooled_key(self, labels: dict) -> str:
+        """The warm pool of an unbound pooled kernel, "" for any other kernel."""
+        key = labels.get(pool.POOL_LABEL) or ""
+        if key and self.pool_root is not None \
+                and self.pool_root.bound_mounts(labels.get(L_KERNEL, "")) is not None:
+            return ""
+        return key
 
     async def list_kernels(self) -> list[KernelRecord]:
         out = []
@@ -1044,6 +1170,7 @@ class DockerBackend(Backend):
                     exit_code=_exit_code(c),
                     slots=_json_dict(labels.get(L_SLOTS)),
                     own=self._ours(labels, own=True),
+                    pooled=self._pooled_key(labels),
                 )
             )
         return out

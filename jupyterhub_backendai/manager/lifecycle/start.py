@@ -121,12 +121,14 @@ class Starter:
                 ssh_key = await mgr.db_read(
                     sshkeys.session_public_key, sess, mgr.ssh_resource_groups)
             bounds = await mgr.db_read(kernel_bounds, sess.access_key)
+            # Issue 30: a warm pool's kernel, when one matches (its id becomes the kernel's).
+            pooled = await mgr.warmpool.take(sess, kernels, mounts, bounds, ssh_key)
             specs = self.kernel_specs(sess, kernels, agents, owner, mounts, ssh_key=ssh_key,
                                       bounds=bounds)
 
             async def create(k, spec):
-                rec = await clients[k.agent_id].create_kernel(spec.to_wire())
-                created[k.id] = k.agent_id
+                created[k.id] = k.agent_id  # a pooled kernel that fails to bind is removed
+                rec = await mgr.warmpool.create(clients[k.agent_id], spec, pooled)
                 return rec
 
             results = await asyncio.gather(

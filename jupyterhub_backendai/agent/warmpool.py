@@ -1,0 +1,257 @@
+"""The agent's half of the warm pool (issue 30): kernels started before anyone asks,
+bound to a user when a matching session starts (docs/architecture.md "Warm pool").
+
+A pooled kernel is a container of the image with the preset's limits, its own session
+network and one published host port, whose command is a *waiter*: Python that imports
+what ``jupyterhub-singleuser`` imports (the 2-3 s of a start) and then waits. Nothing of
+a user is in it: no folder, no token, no environment of theirs.
+
+Binding, done once (a pooled kernel serves one session, then goes with it):
+
+- **Folders.** A container's mounts are fixed at its creation, so the pooled container
+  gets one bind mount of an empty host directory of its own, ``<pool root>/<kernel
+  id>/work``, at ``/home/work``, with propagation ``rslave``; the pool root is a shared
+  mount of the host. Binding bind-mounts the user's home folder on that directory on
+  the host, then each other folder at ``work/<name>`` (read-only ones remounted
+  read-only); the mounts propagate into the running container. The agent must be able
+  to mount (root, in the engine's mount namespace): where it cannot, no pool fills, and
+  the console says why.
+- **Environment and token.** The waiter gets the session's environment (the token,
+  ``JUPYTERHUB_*``, the user's variables, ``BACKENDAI_*``) as a file the agent puts into
+  the container (``/home/config/pool-bind.json``, mode 0600, the kernel user's), reads
+  and deletes it, sets its environment, seeds a fresh home from ``/etc/skel`` as the
+  image's init does, changes into ``/home/work`` and runs ``jupyterhub-singleuser`` in
+  the same process. The container's own environment (what ``docker exec`` gets) stays
+  the pool's, with no user's token in it.
+- **Identity.** The pooled kernel's id becomes the session's kernel's id in the record
+  (manager/warmpool.py); the container is renamed after its owner. Its labels keep the
+  pool's session id (a container's labels cannot change): the agent finds it by kernel
+  id, as any other.
+
+What it cannot bind (the manager does not offer those to the pool): several kernels,
+GPUs, SSH from outside, batch sessions, a session without a home folder (the image's
+``/home/work`` cannot be shown under the pool's empty directory), kernel bounds other
+than the agent's defaults (a tmpfs size cannot change).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+
+POOL_LABEL = "ai.backend.pool"
+POOL_SESSION_PREFIX = "pool-"
+BIND_FILE = "home/config/pool-bind.json"
+WAITER_PATH = "/opt/backendai-pool/jupyterhub-singleuser"
+READY_LINE = "backendai-pool: ready"
+KERNEL_UID = 1000
+
+# The waiter's name ends in jupyterhub-singleuser, so that the image's init prepares its
+# environment as for the server itself (backendai-kernel-init: JUPYTER_CONFIG_DIR,
+# PYTHONNOUSERSITE, the lab's settings in the home), before Python starts.
+WAITER = r'''#!/usr/bin/env python3
+"""jupyterhub-backendai warm pool waiter (agent/warmpool.py): imports the server's
+modules, waits to be bound to a session, then runs jupyterhub-singleuser in this process."""
+import importlib, json, os, shutil, sys, time
+for mod in ("jupyter_server.serverapp", "jupyterhub.singleuser.mixins",
+            "jupyterhub.singleuser.extension", "jupyterlab", "jupyterlab.labapp",
+            "jupyter_server_proxy", "notebook_shim", "jupyter_server_terminals",
+            "ipykernel", "jupyter_client.manager"):
+    try:
+        importlib.import_module(mod)
+    except Exception:
+        pass
+print("backendai-pool: ready", flush=True)
+path = "/home/config/pool-bind.json"
+while not os.path.exists(path):
+    time.sleep(0.005)
+while True:  # a file the archive is still writing does not parse yet
+    try:
+        with open(path) as f:
+            bind = json.load(f)
+        break
+    except ValueError:
+        time.sleep(0.005)
+os.unlink(path)
+os.environ.update(bind["environ"])
+home = os.environ.get("HOME") or "/home/work"
+os.chdir("/home/work")
+if os.path.isdir(home) and os.access(home, os.W_OK):
+    skel = [n for n in os.listdir("/etc/skel")] if os.path.isdir("/etc/skel") else []
+    if skel and not any(os.path.lexists(os.path.join(home, n)) for n in skel):
+        for n in skel:
+            src, dst = os.path.join("/etc/skel", n), os.path.join(home, n)
+            try:
+                if os.path.isdir(src) and not os.path.islink(src):
+                    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(src, dst, follow_symlinks=False)
+            except OSError:
+                pass
+sys.argv = ["jupyterhub-singleuser"]
+from jupyterhub.singleuser import main
+sys.exit(main())
+'''
+
+
+class PoolUnavailable(Exception):
+    """This agent cannot keep a warm pool (it cannot mount); says why."""
+
+
+def waiter_archive() -> bytes:
+    """The waiter as a tar for the container's ``/`` (put before its start)."""
+    return _tar([("opt/backendai-pool", 0o755, None, 0),
+                 (WAITER_PATH.lstrip("/"), 0o755, WAITER.encode(), 0)])
+
+
+def bind_archive(environ: dict) -> bytes:
+    """The binding's environment as a tar for the container's ``/``: the kernel user's,
+    0600 (the token is in it); the waiter deletes it once read."""
+    data = json.dumps({"environ": environ}).encode()
+    return _tar([("home/config", 0o755, None, KERNEL_UID),
+                 (BIND_FILE, 0o600, data, KERNEL_UID)])
+
+
+def _tar(entries) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, mode, data, uid in entries:
+            info = tarfile.TarInfo(path)
+            info.uid = info.gid = uid
+            info.mode = mode
+            info.mtime = int(time.time())
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+# -- host mounts ---------------------------------------------------------------------
+
+_MS_RDONLY = 1
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_SHARED = 1 << 20
+_MNT_DETACH = 2
+_libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    rc = _c().mount(source.encode() if source else None, target.encode(), None,
+                    ctypes.c_ulong(flags), None)
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {source} on {target}: {os.strerror(e)}")
+
+
+def _umount(target: str) -> None:
+    if _c().umount2(target.encode(), _MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):
+            raise OSError(e, f"umount {target}: {os.strerror(e)}")
+
+
+def _mounted_at(path: str) -> list[str]:
+    """Mount points at or under ``path`` (deepest first), from /proc/self/mountinfo."""
+    path = os.path.realpath(path)
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == path or point.startswith(path + "/"):
+                out.append(point)
+    return sorted(set(out), key=len, reverse=True)
+
+
+class PoolRoot:
+    """The host directory under which pooled containers' ``/home/work`` lie: a shared
+    mount, so that what is mounted under it reaches the containers (``rslave``)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        self.ready = False
+
+    def ensure(self) -> None:
+        """Make the root a shared mount of itself (once); PoolUnavailable if it cannot."""
+        if self.ready:
+            return
+        os.makedirs(self.root, mode=0o711, exist_ok=True)
+        try:
+            if self.root not in _mounted_at(self.root):
+                _mount(self.root, self.root, _MS_BIND)
+            _mount(None, self.root, _MS_SHARED | _MS_REC)
+        except OSError as e:
+            raise PoolUnavailable(
+                f"this agent cannot mount folders into pooled kernels ({e.strerror}: it must "
+                "run as root in the Docker engine's mount namespace)") from None
+        self.ready = True
+
+    def slot(self, kernel_id: str) -> str:
+        """The empty directory a pooled kernel's /home/work is bound to (made here)."""
+        work = os.path.join(self.root, kernel_id, "work")
+        os.makedirs(work, mode=0o755, exist_ok=True)
+        return work
+
+    def bind(self, kernel_id: str, mounts: list[dict]) -> None:
+        """The session's folders into the pooled kernel: the home on the slot, each other
+        folder at ``<slot>/<name>`` (its mount point made in the home by the manager,
+        or here). Undone whole on failure."""
+        work = os.path.join(self.root, kernel_id, "work")
+        home = next(m for m in mounts if m["target"] == "/home/work")
+        try:
+            self._one(home["source"], work, home["mode"])
+            for m in mounts:
+                if m is home:
+                    continue
+                point = os.path.join(work, m["target"][len("/home/work") + 1:])
+                if not os.path.isdir(point):
+                    os.mkdir(point)
+                    os.chown(point, KERNEL_UID, KERNEL_UID)
+                self._one(m["source"], point, m["mode"])
+            with open(os.path.join(self.root, kernel_id, "bound.json"), "w") as f:
+                json.dump([{"Source": m["source"], "Destination": m["target"]} for m in mounts], f)
+        except OSError:
+            self.release(kernel_id)
+            raise
+
+    @staticmethod
+    def _one(source: str, target: str, mode: str) -> None:
+        _mount(source, target, _MS_BIND | _MS_REC)
+        if mode == "ro":
+            _mount(None, target, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
+
+    def bound_mounts(self, kernel_id: str) -> list[dict] | None:
+        """The folders a bound kernel has, as Docker lists mounts (Source, Destination)."""
+        try:
+            with open(os.path.join(self.root, kernel_id, "bound.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def release(self, kernel_id: str) -> None:
+        """Unmount everything under the kernel's slot and remove it (its container gone)."""
+        base = os.path.join(self.root, kernel_id)
+        if not os.path.isdir(base):
+            return
+        for point in _mounted_at(base):
+            _umount(point)
+        if not _mounted_at(base):
+            shutil.rmtree(base, ignore_errors=True)
