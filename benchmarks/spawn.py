@@ -2,6 +2,7 @@
 
     python benchmarks/spawn.py [--runs N] [--keep-logs DIR]
     python benchmarks/spawn.py --concurrent N [--runs R]    # the morning rush
+    python benchmarks/spawn.py --pool SIZE [--concurrent N]  # with a warm pool (issue 30)
 
 Three variants, all on the same kernel image (backendai/python-kernel:latest), the same
 Docker network ("backendai") and the same limits (0.5 CPU, 512 MiB):
@@ -28,6 +29,13 @@ and limits started at once, time until the last of the N answers; rounds alterna
 unmeasured warm-up round first. Last line:
 
     concurrent=<N> ours_p50_s=<f> docker_run_p50_s=<f> ratio_vs_docker_run=<f>
+
+With ``--pool SIZE`` (issue 30): our hub keeps a warm pool of SIZE kernels of the same
+image and limits (a resource preset of 0.5 CPU, 512 MiB; ``PUT /warm-pools``); before each
+round (untimed) it waits until the pool is full again, so every measured start can take a
+pooled kernel. Compared with bare ``docker run`` only (no DockerSpawner). Last line:
+
+    pool=<SIZE> concurrent=<N> ours_p50_s=<f> docker_run_p50_s=<f> hits=<n> misses=<n>
 
 Everything it starts (hubs, proxies, containers, temp dirs) is removed at the end, also on
 Ctrl-C or an error.
@@ -194,8 +202,9 @@ class HubVariant:
 class Ours(HubVariant):
     name = "ours"
 
-    def __init__(self, tmp: str):
+    def __init__(self, tmp: str, pool: int = 0):
         super().__init__()
+        self.pool = pool
         # Room for the morning rush on a small machine: N x 0.5 CPU may exceed the cores
         # (the bare docker runs over-commit the same way).
         self.hub = Hub(db_url=f"sqlite:///{tmp}/backendai.sqlite", backend="docker",
@@ -207,9 +216,42 @@ class Ours(HubVariant):
         self.base = self.hub.base
         self.token = self.hub.admin_token
         self.body = {"image": KERNEL_IMAGE, "cpu": CPU, "mem": MEM}
+        if self.pool:
+            r = self.api("POST", "/backendai/resource-presets", json={
+                "name": "bench-pool", "resource_slots": {"cpu": CPU, "mem": MEM}})
+            if r.status_code != 201:
+                raise RuntimeError(f"preset: {r.status_code} {r.text}")
+            self.pool_stats()  # the API answers
+            r = self.api("PUT", "/backendai/warm-pools", json={
+                "resource_group": "default", "image": KERNEL_IMAGE, "preset": "bench-pool",
+                "size": self.pool})
+            if r.status_code != 200:
+                raise RuntimeError(f"warm pool: {r.status_code} {r.text}")
+
+    def pool_stats(self) -> dict:
+        items = self.api("GET", "/backendai/warm-pools").json()["items"]
+        return items[0] if items else {"ready": 0, "hits": 0, "misses": 0}
+
+    def before_round(self) -> None:
+        """Untimed: until the warm pool is full again."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while self.pool and self.pool_stats()["ready"] < self.pool:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the warm pool did not fill: {self.pool_stats()}")
+            time.sleep(0.2)
 
     def containers(self) -> list[str]:
-        return docker("ps", "-aq", "--filter", f"label=ai.backend.agent-id={self.hub.agent_id}").split()
+        """The kernels of sessions (a warm pool's own kernels are not counted)."""
+        ids = docker("ps", "-aq", "--filter", f"label=ai.backend.agent-id={self.hub.agent_id}").split()
+        pooled = docker("ps", "-aq", "--filter", f"label=ai.backend.agent-id={self.hub.agent_id}",
+                        "--filter", "label=ai.backend.pool").split()
+        if not self.pool:
+            return ids
+        # A pooled kernel bound to a session keeps its label; only the pool's unbound ones
+        # (named backendai--<id>) are the pool's.
+        names = dict(zip(pooled, docker("inspect", "-f", "{{.Name}}", *pooled).split(), strict=True)) \
+            if pooled else {}
+        return [c for c in ids if not names.get(c, "").startswith("/backendai--")]
 
     def close(self) -> None:
         if self.hub.proc and self.hub.proc.poll() is None:
@@ -409,6 +451,8 @@ def main() -> int:
     ap.add_argument("--keep-logs", metavar="DIR", help="copy both hubs' logs here at the end")
     ap.add_argument("--concurrent", type=int, default=0, metavar="N",
                     help="N servers at once (ours) against N bare docker runs at once")
+    ap.add_argument("--pool", type=int, default=0, metavar="SIZE",
+                    help="our hub keeps a warm pool of SIZE kernels of the same limits")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -428,10 +472,10 @@ def main() -> int:
     try:
         os.makedirs(os.path.join(tmp, "a"))
         os.makedirs(os.path.join(tmp, "b"))
-        makers = (lambda: Ours(os.path.join(tmp, "a")),
+        makers = (lambda: Ours(os.path.join(tmp, "a"), args.pool),
                   lambda: DockerSpawnerHub(os.path.join(tmp, "b"), gateway),
                   DockerRun)
-        if args.concurrent:
+        if args.concurrent or args.pool:
             makers = (makers[0], makers[2])
         for make in makers:
             v = make()
@@ -444,12 +488,15 @@ def main() -> int:
             warm = rnd == 0
             this = {}
             for v in variants:
+                if hasattr(v, "before_round"):
+                    v.before_round()
                 this[v.name] = v.run_many(args.concurrent) if args.concurrent else v.run_once()
                 if not warm:
                     times[v.name].append(this[v.name])
             label = "warm-up (not counted)" if warm else f"round {rnd}/{args.runs}"
             log(f"{label}: " + "  ".join(f"{k}={t:.3f}s" for k, t in this.items()))
 
+        pool_stats = variants[0].pool_stats() if args.pool else {}
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # don't interrupt the cleanup
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -468,6 +515,18 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     # Printed after the cleanup, so that the summary line is the very last line of output.
+    if args.pool:
+        n = args.concurrent or 1
+        print(f"warm pool of {args.pool}, {n} at once, over {args.runs} rounds (s): p50 min max")
+        p50 = {name: statistics.median(ts) for name, ts in times.items()}
+        for name, ts in times.items():
+            print(f"{name:<15}{p50[name]:>8.3f}{min(ts):>8.3f}{max(ts):>8.3f}")
+        ok = p50["ours"] < 0.5
+        print(f"ours p50 {p50['ours']:.3f} s (target < 0.5 s: {'met' if ok else 'MISSED'})")
+        print(f"pool={args.pool} concurrent={n} ours_p50_s={p50['ours']:.3f} "
+              f"docker_run_p50_s={p50['docker_run']:.3f} hits={pool_stats.get('hits')} "
+              f"misses={pool_stats.get('misses')}", flush=True)
+        return 0
     if args.concurrent:
         n = args.concurrent
         print(f"{n} at once, time until the last answers, over {args.runs} rounds (s):")

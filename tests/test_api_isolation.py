@@ -376,6 +376,11 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
                                         ("sess:peer", E(403, 403, 404, 403), None),
                                         ("sess:other", E(403, 404, 404, 404), None)],
     ("get", "/scheduler"): [(None, E(200, 200, 403, 403), None)],
+    # Issue 30: superadmins only; size 0 of a pool that does not exist changes nothing.
+    ("get", "/warm-pools"): [(None, E(200, 403, 403, 403), None)],
+    ("put", "/warm-pools"): [(None, E(200, 403, 403, 403),
+                              {"resource_group": "default", "image": "x/none:1",
+                               "preset": "small", "size": 0})],
     # (a superadmin's call names nothing to clear here: 400; tests/test_login_guard.py
     # clears throttles for real)
     ("delete", "/login-throttles"): [(None, E(400, 403, 403, 403), None)],
