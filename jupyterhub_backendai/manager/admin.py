@@ -110,6 +110,68 @@ def _need(db: DBSession, model, key, field: str, label: str):
     return key
 
 
+# The shapes every kind of object shares: one each, so that a rule (what a hidden row
+# answers, what the default one refuses) is written once for all kinds.
+
+
+def _visible(db: DBSession, model, key, label: str, may_see):
+    """The row ``key`` of ``model`` if ``may_see(row)``; a hidden row is as absent (404)."""
+    row = db.get(model, key)
+    if row is None or not may_see(row):
+        raise access.not_found(label, key)
+    return row
+
+
+def _in_usable_group(db: DBSession, p: Principal, group_of):
+    """``may_see`` for rows that belong to a resource group (``group_of(row)``; None: to
+    every group): the caller may use that group."""
+    names = access.usable_group_names(db, p)
+    return lambda row: names is None or group_of(row) is None or group_of(row) in names
+
+
+def _filtered(stmt, filters: dict, columns: dict):
+    """``stmt`` narrowed to ``column == value`` for each filter given (filter -> column)."""
+    for key, col in columns.items():
+        if key in filters:
+            stmt = stmt.where(col == filters[key])
+    return stmt
+
+
+def _count(db: DBSession, column, value) -> int:
+    """How many rows of ``column``'s table have ``value`` there."""
+    return db.scalar(select(func.count()).select_from(column.class_).where(column == value))
+
+
+def _insert_named(db: DBSession, model, label: str, body: dict, fields):
+    """A new ``model`` row named ``body["name"]`` with ``fields`` of ``body``; 409 if the
+    name is taken."""
+    if db.get(model, body["name"]) is not None:
+        raise Conflict(f"{label} {body['name']!r} exists")
+    row = model(name=body["name"])
+    _apply(row, body, fields)
+    db.add(row)
+    db.flush()
+    return row
+
+
+def _updated(db: DBSession, row, body: dict, fields, view: type[responses.Response]) -> dict:
+    """``row`` with ``fields`` of ``body`` set, as ``view`` answers it."""
+    _apply(row, body, fields)
+    db.flush()
+    return view.body(row)
+
+
+def _delete_unused(db: DBSession, row, label: str, uses=(), in_use: str = "") -> None:
+    """Delete the named ``row`` unless it is the default one or a column in ``uses``
+    still names it (409, ``in_use`` says so)."""
+    if row.name == DEFAULT:
+        raise Conflict(f"the default {label} cannot be deleted")
+    if any(_count(db, col, row.name) for col in uses):
+        raise Conflict(in_use)
+    db.delete(row)
+    db.flush()
+
+
 # -- whoami --------------------------------------------------------------------
 
 
@@ -138,17 +200,13 @@ def _apply(obj, body: dict, fields, slot_fields=("total_resource_slots",)) -> No
 
 @reads
 def list_domains(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = select(Domain).where(access.domain_filter(p))
-    if "is_active" in filters:
-        stmt = stmt.where(Domain.is_active == filters["is_active"])
+    stmt = _filtered(select(Domain).where(access.domain_filter(p)), filters,
+                     {"is_active": Domain.is_active})
     return _page(db, stmt, [Domain.name], offset, limit, responses.Domain)
 
 
 def _get_domain(db, p: Principal, name: str) -> Domain:
-    d = db.get(Domain, name)
-    if d is None or not (p.is_superadmin or name == p.domain):
-        raise access.not_found("domain", name)
-    return d
+    return _visible(db, Domain, name, "domain", lambda d: p.is_superadmin or name == p.domain)
 
 
 @reads
@@ -160,13 +218,7 @@ def get_domain(db, p: Principal, name: str) -> dict:
 def create_domain(db, p: Principal, body: dict) -> dict:
     access.require(access.may_change_installation(p), "create domains")
     _check_name("name", body["name"])
-    if db.get(Domain, body["name"]) is not None:
-        raise Conflict(f"domain {body['name']!r} exists")
-    d = Domain(name=body["name"])
-    _apply(d, body, DOMAIN_FIELDS)
-    db.add(d)
-    db.flush()
-    return responses.Domain.body(d)
+    return responses.Domain.body(_insert_named(db, Domain, "domain", body, DOMAIN_FIELDS))
 
 
 def update_domain(db, p: Principal, name: str, body: dict) -> dict:
@@ -174,22 +226,15 @@ def update_domain(db, p: Principal, name: str, body: dict) -> dict:
     access.require(access.may_change_installation(p), "change domains")
     if name == p.domain and body.get("is_active") is False:
         raise Conflict("you cannot deactivate your own domain")
-    _apply(d, body, DOMAIN_FIELDS)
-    db.flush()
-    return responses.Domain.body(d)
+    return _updated(db, d, body, DOMAIN_FIELDS, responses.Domain)
 
 
 @writes
 def delete_domain(db, p: Principal, name: str) -> None:
     d = _get_domain(db, p, name)
     access.require(access.may_change_installation(p), "delete domains")
-    if name == DEFAULT:
-        raise Conflict("the default domain cannot be deleted")
-    if db.scalar(select(func.count()).select_from(User).where(User.domain_name == name)) or \
-            db.scalar(select(func.count()).select_from(Project).where(Project.domain_name == name)):
-        raise Conflict(f"domain {name!r} still has users or projects; delete them first")
-    db.delete(d)
-    db.flush()
+    _delete_unused(db, d, "domain", (User.domain_name, Project.domain_name),
+                   f"domain {name!r} still has users or projects; delete them first")
 
 
 # -- projects ------------------------------------------------------------------
@@ -200,21 +245,13 @@ PROJECT_FIELDS = ("name", "description", "is_active", "total_resource_slots",
 
 @reads
 def list_projects(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = select(Project).where(access.project_filter(p))
-    if "domain" in filters:
-        stmt = stmt.where(Project.domain_name == filters["domain"])
-    if "name" in filters:
-        stmt = stmt.where(Project.name == filters["name"])
-    if "is_active" in filters:
-        stmt = stmt.where(Project.is_active == filters["is_active"])
+    stmt = _filtered(select(Project).where(access.project_filter(p)), filters, {
+        "domain": Project.domain_name, "name": Project.name, "is_active": Project.is_active})
     return _page(db, stmt, [Project.domain_name, Project.name], offset, limit, responses.Project)
 
 
 def _get_project(db, p: Principal, pid: str) -> Project:
-    proj = db.get(Project, pid)
-    if proj is None or not access.can_see_project(p, proj):
-        raise access.not_found("project", pid)
-    return proj
+    return _visible(db, Project, pid, "project", lambda proj: access.can_see_project(p, proj))
 
 
 @reads
@@ -258,9 +295,7 @@ def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
     if "name" in body and body["name"] != proj.name and db.scalar(select(Project).where(
             Project.domain_name == proj.domain_name, Project.name == body["name"])):
         raise Conflict(f"project {body['name']!r} exists in domain {proj.domain_name!r}")
-    _apply(proj, body, PROJECT_FIELDS)
-    db.flush()
-    return responses.Project.body(proj), old_group
+    return _updated(db, proj, body, PROJECT_FIELDS, responses.Project), old_group
 
 
 def delete_project(db, p: Principal, pid: str) -> str:
@@ -268,9 +303,9 @@ def delete_project(db, p: Principal, pid: str) -> str:
     proj = _get_project(db, p, pid)
     access.require(access.can_manage_domain_objects(p, proj.domain_name),
                    f"delete project {proj.name!r}")
-    if db.scalar(select(func.count()).select_from(Session).where(Session.project_id == pid)):
+    if _count(db, Session.project_id, pid):
         raise Conflict(f"project {pid!r} has sessions; deactivate it instead")
-    if db.scalar(select(func.count()).select_from(VFolder).where(VFolder.project_id == pid)):
+    if _count(db, VFolder.project_id, pid):
         # (the rows would go with it, the directories on the storage would not)
         raise Conflict(f"project {pid!r} has vfolders; delete them first")
     group = hub_group(proj)
@@ -345,11 +380,8 @@ USER_FIELDS = ("email", "full_name", "status", "role", "domain_name", "resource_
 
 @reads
 def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = select(User).where(access.user_filter(p))
-    for key, col in (("domain", User.domain_name), ("role", User.role),
-                     ("status", User.status)):
-        if key in filters:
-            stmt = stmt.where(col == filters[key])
+    stmt = _filtered(select(User).where(access.user_filter(p)), filters, {
+        "domain": User.domain_name, "role": User.role, "status": User.status})
     if "email" in filters:
         stmt = stmt.where(tenancy.email_is(filters["email"]))
     if "project" in filters:
@@ -359,10 +391,7 @@ def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict
 
 
 def _get_user(db, p: Principal, uid: str) -> User:
-    user = db.get(User, uid)
-    if user is None or not access.can_see_user(p, user):
-        raise access.not_found("user", uid)
-    return user
+    return _visible(db, User, uid, "user", lambda user: access.can_see_user(p, user))
 
 
 @reads
@@ -474,7 +503,7 @@ def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
             Session.user_id == uid, Session.alive_marker.is_not(None))):
         raise Conflict(f"user {uid!r} has live sessions; stop them first (setting status "
                        "'inactive' ends them)")
-    if db.scalar(select(func.count()).select_from(VFolder).where(VFolder.user_id == uid)):
+    if _count(db, VFolder.user_id, uid):
         raise Conflict(f"user {uid!r} has vfolders; delete them first (or set status "
                        "'deleted' or 'inactive')")
     name = user.username
@@ -527,11 +556,8 @@ def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int, *,
                   newest_first: bool = False) -> dict:
     """``newest_first``: Backend.AI's order (its clients take the first row as the newest
     key); the admin API's is oldest first."""
-    stmt = select(Keypair).where(access.keypair_filter(p))
-    if "user_id" in filters:
-        stmt = stmt.where(Keypair.user_id == filters["user_id"])
-    if "is_active" in filters:
-        stmt = stmt.where(Keypair.is_active == filters["is_active"])
+    stmt = _filtered(select(Keypair).where(access.keypair_filter(p)), filters,
+                     {"user_id": Keypair.user_id, "is_active": Keypair.is_active})
     order = [Keypair.created_at, Keypair.access_key]
     if newest_first:
         order = [o.desc() for o in order]
@@ -539,10 +565,7 @@ def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int, *,
 
 
 def _get_keypair(db, p: Principal, ak: str) -> Keypair:
-    kp = db.get(Keypair, ak)
-    if kp is None or not access.can_see_keypair(p, kp):
-        raise access.not_found("keypair", ak)
-    return kp
+    return _visible(db, Keypair, ak, "keypair", lambda kp: access.can_see_keypair(p, kp))
 
 
 @reads
@@ -632,7 +655,7 @@ def delete_keypair(db, p: Principal, ak: str) -> None:
     if kp.is_default:
         raise Conflict(f"keypair {ak!r} is the user's main keypair; make another one the main "
                        "keypair (is_default) first")
-    if db.scalar(select(func.count()).select_from(Session).where(Session.access_key == ak)):
+    if _count(db, Session.access_key, ak):
         raise Conflict(f"keypair {ak!r} has sessions; deactivate it instead")
     db.delete(kp)
     db.flush()
@@ -670,10 +693,7 @@ def list_policies(db, p: Principal, kind: str, filters: dict, offset: int, limit
 def _get_policy(db, p: Principal, kind: str, name: str):
     model, _, label, *_ = POLICIES[kind]
     _policy_reader(p)
-    row = db.get(model, name)
-    if row is None:
-        raise access.not_found(label, name)
-    return row
+    return _visible(db, model, name, label, lambda _row: True)
 
 
 @reads
@@ -686,23 +706,14 @@ def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
     model, view, label, fields, _ = POLICIES[kind]
     access.require(access.may_change_installation(p), f"create {label.removesuffix('policy')}policies")
     _check_name("name", body["name"])
-    if db.get(model, body["name"]) is not None:
-        raise Conflict(f"{label} {body['name']!r} exists")
-    row = model(name=body["name"])
-    _apply(row, body, fields)
-    db.add(row)
-    db.flush()
-    return view.body(row)
+    return view.body(_insert_named(db, model, label, body, fields))
 
 
 @writes
 def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
     _, view, label, fields, _ = POLICIES[kind]
     access.require(access.may_change_installation(p), f"change the {label} {name!r}")
-    row = _get_policy(db, p, kind, name)
-    _apply(row, body, fields)
-    db.flush()
-    return view.body(row)
+    return _updated(db, _get_policy(db, p, kind, name), body, fields, view)
 
 
 @writes
@@ -710,12 +721,7 @@ def delete_policy(db, p: Principal, kind: str, name: str) -> None:
     _, _, label, _, ref = POLICIES[kind]
     access.require(access.may_change_installation(p), f"delete the {label} {name!r}")
     row = _get_policy(db, p, kind, name)
-    if name == DEFAULT:
-        raise Conflict(f"the default {label} cannot be deleted")
-    if db.scalar(select(func.count()).select_from(ref.class_).where(ref == name)):
-        raise Conflict(f"{label} {name!r} is in use")
-    db.delete(row)
-    db.flush()
+    _delete_unused(db, row, label, (ref,), f"{label} {name!r} is in use")
 
 
 # -- resource groups -------------------------------------------------------------
@@ -726,18 +732,14 @@ GROUP_FIELDS = ("description", "is_active", "is_public", "scheduler", "scheduler
 
 @reads
 def list_resource_groups(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = select(ResourceGroup).where(access.resource_group_filter(db, p))
-    if "is_active" in filters:
-        stmt = stmt.where(ResourceGroup.is_active == filters["is_active"])
+    stmt = _filtered(select(ResourceGroup).where(access.resource_group_filter(db, p)),
+                     filters, {"is_active": ResourceGroup.is_active})
     return _page(db, stmt, [ResourceGroup.name], offset, limit, responses.ResourceGroup)
 
 
 def _get_group(db, p: Principal, name: str) -> ResourceGroup:
-    g = db.get(ResourceGroup, name)
-    names = access.usable_group_names(db, p)
-    if g is None or (names is not None and name not in names):
-        raise access.not_found("resource group", name)
-    return g
+    return _visible(db, ResourceGroup, name, "resource group",
+                    _in_usable_group(db, p, lambda g: g.name))
 
 
 @reads
@@ -769,13 +771,8 @@ def create_resource_group(db, p: Principal, body: dict) -> dict:
     access.require(access.may_change_installation(p), "create resource groups")
     _check_name("name", body["name"])
     _check_group_body(db, body)
-    if db.get(ResourceGroup, body["name"]) is not None:
-        raise Conflict(f"resource group {body['name']!r} exists")
-    g = ResourceGroup(name=body["name"])
-    _apply(g, body, GROUP_FIELDS)
-    db.add(g)
-    db.flush()
-    return responses.ResourceGroup.body(g)
+    return responses.ResourceGroup.body(
+        _insert_named(db, ResourceGroup, "resource group", body, GROUP_FIELDS))
 
 
 @writes
@@ -783,22 +780,15 @@ def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
     g = _get_group(db, p, name)
     access.require(access.may_change_installation(p), "change resource groups")
     _check_group_body(db, body)
-    _apply(g, body, GROUP_FIELDS)
-    db.flush()
-    return responses.ResourceGroup.body(g)
+    return _updated(db, g, body, GROUP_FIELDS, responses.ResourceGroup)
 
 
 @writes
 def delete_resource_group(db, p: Principal, name: str) -> None:
     g = _get_group(db, p, name)
     access.require(access.may_change_installation(p), "delete resource groups")
-    if name == DEFAULT:
-        raise Conflict("the default resource group cannot be deleted")
-    if db.scalar(select(func.count()).select_from(Agent).where(Agent.resource_group == name)) or \
-            db.scalar(select(func.count()).select_from(Session).where(Session.resource_group == name)):
-        raise Conflict(f"resource group {name!r} has agents or sessions")
-    db.delete(g)
-    db.flush()
+    _delete_unused(db, g, "resource group", (Agent.resource_group, Session.resource_group),
+                   f"resource group {name!r} has agents or sessions")
 
 
 def usable_groups(db, p: Principal) -> set[str] | None:
@@ -832,12 +822,8 @@ def list_resource_presets(db, p: Principal, filters: dict, offset: int, limit: i
 
 
 def _get_preset(db, p: Principal, name: str) -> ResourcePreset:
-    row = db.get(ResourcePreset, name)
-    names = access.usable_group_names(db, p)
-    if row is None or (names is not None and row.resource_group is not None
-                       and row.resource_group not in names):
-        raise access.not_found("resource preset", name)
-    return row
+    return _visible(db, ResourcePreset, name, "resource preset",
+                    _in_usable_group(db, p, lambda row: row.resource_group))
 
 
 @reads
@@ -862,13 +848,8 @@ def _check_preset_body(db, body: dict, creating: bool) -> None:
 def create_resource_preset(db, p: Principal, body: dict) -> dict:
     access.require(access.may_change_installation(p), "create resource presets")
     _check_preset_body(db, body, creating=True)
-    if db.get(ResourcePreset, body["name"]) is not None:
-        raise Conflict(f"resource preset {body['name']!r} exists")
-    row = ResourcePreset(name=body["name"])
-    _apply(row, body, PRESET_FIELDS)
-    db.add(row)
-    db.flush()
-    return responses.ResourcePreset.body(row)
+    return responses.ResourcePreset.body(
+        _insert_named(db, ResourcePreset, "resource preset", body, PRESET_FIELDS))
 
 
 @writes
@@ -876,9 +857,7 @@ def update_resource_preset(db, p: Principal, name: str, body: dict) -> dict:
     row = _get_preset(db, p, name)
     access.require(access.may_change_installation(p), f"change the resource preset {name!r}")
     _check_preset_body(db, body, creating=False)
-    _apply(row, body, PRESET_FIELDS)
-    db.flush()
-    return responses.ResourcePreset.body(row)
+    return _updated(db, row, body, PRESET_FIELDS, responses.ResourcePreset)
 
 
 @writes
@@ -899,21 +878,14 @@ def _agent_reader(p: Principal) -> None:
 @reads
 def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     _agent_reader(p)
-    stmt = select(Agent).where(access.agent_filter(db, p))
-    if "resource_group" in filters:
-        stmt = stmt.where(Agent.resource_group == filters["resource_group"])
-    if "status" in filters:
-        stmt = stmt.where(Agent.status == filters["status"])
+    stmt = _filtered(select(Agent).where(access.agent_filter(db, p)), filters,
+                     {"resource_group": Agent.resource_group, "status": Agent.status})
     return _page(db, stmt, [Agent.id], offset, limit, responses.Agent)
 
 
 def _get_agent(db, p: Principal, aid: str) -> Agent:
     _agent_reader(p)
-    a = db.get(Agent, aid)
-    names = access.usable_group_names(db, p)
-    if a is None or (names is not None and a.resource_group not in names):
-        raise access.not_found("agent", aid)
-    return a
+    return _visible(db, Agent, aid, "agent", _in_usable_group(db, p, lambda a: a.resource_group))
 
 
 @reads
@@ -971,18 +943,14 @@ def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> d
         .where(access.session_filter(p))
         .options(selectinload(Session.kernels), selectinload(Session.dependencies))
     )
-    for key, col in (("status", Session.status), ("user_id", Session.user_id),
-                     ("project_id", Session.project_id), ("type", Session.session_type)):
-        if key in filters:
-            stmt = stmt.where(col == filters[key])
+    stmt = _filtered(stmt, filters, {
+        "status": Session.status, "user_id": Session.user_id,
+        "project_id": Session.project_id, "type": Session.session_type})
     return _page(db, stmt, [Session.created_at, Session.id], offset, limit, responses.Session)
 
 
 def _get_session(db, p: Principal, sid: str) -> Session:
-    s = db.get(Session, sid)
-    if s is None or not access.can_see_session(p, s):
-        raise access.not_found("session", sid)
-    return s
+    return _visible(db, Session, sid, "session", lambda s: access.can_see_session(p, s))
 
 
 @reads
