@@ -4,7 +4,7 @@ import datetime as dt
 import json
 from decimal import Decimal
 
-from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator
+from sqlalchemy import JSON, Column, DateTime, ForeignKey, MetaData, Table, TypeDecorator
 from sqlalchemy.orm import DeclarativeBase
 
 from ..common.slots import ResourceSlot
@@ -20,6 +20,14 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+def pair_table(name: str, *columns: tuple[str, str]) -> Table:
+    """A table of pairs: each ``(column, "table.key")`` a foreign key whose rows go with
+    the row they name, all of them the primary key."""
+    return Table(name, Base.metadata, *(
+        Column(col, ForeignKey(target, ondelete="CASCADE"), primary_key=True)
+        for col, target in columns))
 
 
 def utcnow() -> dt.datetime:

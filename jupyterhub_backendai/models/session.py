@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, Column, ForeignKey, Integer, String, Table, Text, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..common.ids import new_id
 from ..common.slots import ResourceSlot
-from .base import Base, SlotsType, UTCDateTime, utcnow
+from .base import Base, SlotsType, UTCDateTime, pair_table, utcnow
 
-session_dependencies = Table(
-    "session_dependencies",
-    Base.metadata,
-    Column("session_id", ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
-    Column("depends_on", ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
-)
+session_dependencies = pair_table(
+    "session_dependencies", ("session_id", "sessions.id"), ("depends_on", "sessions.id"))
 
 
 class Session(Base):

@@ -8,12 +8,10 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    Column,
     ForeignKey,
     Index,
     Integer,
     String,
-    Table,
     UniqueConstraint,
     func,
 )
@@ -21,17 +19,13 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..common.ids import new_id
 from ..common.slots import ResourceSlot
-from .base import Base, SlotsType, UTCDateTime, utcnow
+from .base import Base, SlotsType, UTCDateTime, pair_table, utcnow
 
 #: A new keypair resource policy's max_pending_session_count (per user, any keypair).
 DEFAULT_MAX_PENDING_SESSIONS = 30
 
-project_members = Table(
-    "project_members",
-    Base.metadata,
-    Column("project_id", ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True),
-    Column("user_id", ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
-)
+project_members = pair_table(
+    "project_members", ("project_id", "projects.id"), ("user_id", "users.id"))
 
 
 class Domain(Base):
@@ -76,22 +70,22 @@ class KeypairResourcePolicy(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-class UserResourcePolicy(Base):
+class _FolderPolicy:
+    """What a user's or a project's folders may take (the two policies have the same
+    columns, in two tables, as Backend.AI's)."""
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class UserResourcePolicy(_FolderPolicy, Base):
     __tablename__ = "user_resource_policies"
 
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)
-    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
-
-class ProjectResourcePolicy(Base):
+class ProjectResourcePolicy(_FolderPolicy, Base):
     __tablename__ = "project_resource_policies"
-
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)
-    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Project(Base):

@@ -8,38 +8,31 @@ config = context.config
 target_metadata = Base.metadata
 
 
+#: How every run is configured: our metadata, our own version table, batch mode (SQLite).
+OPTIONS = {"target_metadata": target_metadata, "version_table": VERSION_TABLE,
+           "render_as_batch": True}
+
+
 def run_migrations_offline() -> None:
-    context.configure(
-        url=config.get_main_option("sqlalchemy.url"),
-        target_metadata=target_metadata,
-        literal_binds=True,
-        version_table=VERSION_TABLE,
-        render_as_batch=True,
-    )
+    context.configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True,
+                      **OPTIONS)
     with context.begin_transaction():
         context.run_migrations()
+
+
+def _run_on(connection) -> None:
+    context.configure(connection=connection, **OPTIONS)
+    context.run_migrations()
 
 
 def run_migrations_online() -> None:
     conn = config.attributes.get("connection")
     if conn is not None:
-        context.configure(
-            connection=conn,
-            target_metadata=target_metadata,
-            version_table=VERSION_TABLE,
-            render_as_batch=True,
-        )
-        context.run_migrations()
+        _run_on(conn)
         return
     engine = make_engine(config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
     with engine.begin() as connection:
-        context.configure(
-            connection=connection,
-            target_metadata=target_metadata,
-            version_table=VERSION_TABLE,
-            render_as_batch=True,
-        )
-        context.run_migrations()
+        _run_on(connection)
     engine.dispose()
 
 
