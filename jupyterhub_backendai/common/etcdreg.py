@@ -26,6 +26,8 @@ import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
+from .tasks import stop_task
+
 log = logging.getLogger(__name__)
 
 AGENTS = "/nodes/agents/"
@@ -106,12 +108,7 @@ class AgentRegistration:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await stop_task(self._task)
         if self._client is not None:
             try:
                 if self._lease is not None:

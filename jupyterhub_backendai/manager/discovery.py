@@ -36,6 +36,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..common.etcdreg import AGENTS, SETTINGS, STORAGE_PROXIES, etcd_client
 from ..common.httpbase import TLSFiles
+from ..common.tasks import stop_task
 from ..common.types import AgentStatus
 from .reconcile import upsert_agent
 
@@ -181,13 +182,8 @@ class BackendAICluster(LoggingConfigurable):
         hb, self._heartbeats = self._heartbeats, None
         if hb is not None:
             await hb.close()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _follow(self) -> None:
         prefix = self.etcd_prefix.rstrip("/").encode()

@@ -1,0 +1,17 @@
+"""Background tasks of long-lived objects (registrations, watchers)."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def stop_task(task: asyncio.Task | None) -> None:
+    """Cancel ``task`` and wait until it has ended; how it ended (cancelled, or an
+    error it raised meanwhile) is of no more interest to a caller that is stopping."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
