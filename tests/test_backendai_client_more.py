@@ -450,7 +450,7 @@ def cli_run(bai: BAI, *args: str, timeout: float = 90) -> tuple[int, str]:
 
 
 def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
-    """What the clients call and this hub does not offer (the app proxy, ssh, a running
+    """What the clients call and this hub does not offer (ssh, a running
     session's files, commit, session templates, dotfiles, server and task logs, domain
     rename, scaling-group drivers, etcd, ...): a 4xx whose message names what to use
     instead, never a bare 404; nothing changes."""
@@ -459,9 +459,7 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     sid = _sid_of(alice("session", "create", "--type", "batch", "--name", name, *RES,
                         "--startup-command", "sleep 600", hub.image))
     cases = [
-        (alice, ("app", name, "jupyter"), "the local app proxy"),
-        (alice, ("apps", name), "the local app proxy"),
-        (bob26, ("app", name, "jupyter"), "the local app proxy"),
+        (alice, ("app", name, "jupyter"), "is a batch session: apps are forwarded in an interactive"),
         (alice, ("ssh", name), "`ssh`/`scp` through the app proxy are not offered"),
         (alice, ("session", "download", name, "a.txt"), "files of a running session"),
         (alice, ("session", "ls", name), "files of a running session"),
@@ -491,7 +489,7 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     assert not wrong, "\n\n".join(wrong)
     # every refused route answers 400 in Backend.AI's shape, for every method
     sa = superadmin(hub)
-    for method, path in (("GET", f"/stream/session/{name}/tcpproxy"),
+    for method, path in (("GET", f"/stream/session/{name}/httpproxy"),
                          ("GET", "/template/session"), ("POST", f"/session/{name}/commit"),
                          ("PUT", "/user-config/dotfiles"), ("GET", "/folders/_/mounts"),
                          ("PATCH", "/services/x"), ("POST", "/config/set")):

@@ -23,6 +23,7 @@ def routes() -> list[tuple]:
     from ...storageproxy import transfer
     from .. import spec
     from . import handlers as h
+    from .appproxy import AppsHandler, TCPProxyHandler
     from .execute import ExecuteHandler, SessionUploadHandler
     from .images import BackgroundTaskEventsHandler
 
@@ -71,11 +72,11 @@ def routes() -> list[tuple]:
         (f"/folders/{SEG}/request-upload", h.FolderRequestUploadHandler),
         (f"/folders/{SEG}/request-download", h.FolderRequestDownloadHandler),
         (f"/stream/session/{SEG}/execute", ExecuteHandler),
+        (f"/stream/session/{SEG}/apps", AppsHandler),
+        (f"/stream/session/{SEG}/tcpproxy", TCPProxyHandler),
     ]
     # What the clients call and this hub does not offer: a 400 naming what to use instead.
     refused = [
-        (f"/stream/session/{SEG}/apps", "app-proxy"),
-        (f"/stream/session/{SEG}/tcpproxy", "app-proxy"),
         (f"/stream/session/{SEG}/httpproxy", "app-proxy"),
         (f"/stream/session/{SEG}/pty", "pty"),
         (f"/session/{SEG}/download", "session-files"),

@@ -163,22 +163,47 @@ def _exit_code(reply: dict, error: dict | None) -> int:
     return 1
 
 
+
+async def access_ended(manager, p, sid: str) -> str:
+    """Returns (why) once the access a stream into session ``sid`` was opened with ends:
+    every ``ACCESS_CHECK`` seconds the session must still run, and the keypair that signed
+    the request (or the user, for a JupyterHub token) must still be active. Both reads are
+    shared: the session's state by every poll (manager/reflector.py), the keypair's by
+    every signed request (its lookup cache, emptied by this hub's changes)."""
+    auth = keypair_auth(manager)
+    while True:
+        await asyncio.sleep(ACCESS_CHECK)
+        state = await manager.reflector.state(sid)
+        if state is None or state.dead:
+            return "the session ended"
+        rec = (await auth.lookup(p.access_key) if p.access_key
+               else await auth.hub_user_record(p.username))
+        if rec is None or (p.access_key and not rec.keypair_active):
+            return "the keypair was deactivated or deleted"
+        if rec.user_status != UserStatus.ACTIVE or (p.access_key and not rec.domain_active):
+            return f"user {p.username!r} is no longer active"
+
+
 class _JupyterServer:
     """The caller's own running interactive session, reached as its Jupyter server: its
     URL (``_base``) and a short-lived API token of the owner for that one server."""
 
     _token: str | None = None
 
+    #: What needs the session (the refusals' words).
+    _needs = ("code runs", "its Jupyter kernel; run without --type batch")
+
     async def _check_session(self, ref: str) -> str:
         """The id of ``ref``, the caller's own RUNNING interactive session; else refused."""
         sid = await self.manager.ops.resolve_session(self.principal, ref)
         sess = await self.manager.ops.get_session(self.principal, sid)
+        what, why = self._needs
         if sess["user_id"] != self.principal.user_id:
-            raise NotFound(f"no session {ref!r} of yours (code runs only in your own sessions)")
+            raise NotFound(f"no session {ref!r} of yours ({what} only in your own sessions)")
         if sess["type"] != "interactive":
             raise InvalidRequest(
-                f"session {sess['name']!r} is a {sess['type']} session: code runs in an "
-                "interactive session (its Jupyter kernel); run without --type batch")
+                f"session {sess['name']!r} is a {sess['type']} session: {what} in an "
+                f"interactive session ({why})")
         if sess["status"] != SessionStatus.RUNNING:
             raise InvalidRequest(f"session {sess['name']!r} is {sess['status']}, not RUNNING")
         return sid
@@ -207,12 +232,12 @@ class _JupyterServer:
         raise InvalidRequest("this interactive session is not a running JupyterHub server "
                              "of yours, so it has no Jupyter kernel to run code in")
 
-    def _mint_token(self) -> None:
+    def _mint_token(self, what: str = "run") -> None:
         """A short-lived token of the owner for that one server (dropped by
         ``_drop_token``)."""
         self._token = self._user.new_api_token(
             scopes=[f"access:servers!server={self._user.name}/{self._server_name}"],
-            expires_in=3600, note=f"backend.ai run in {self._server_name}")
+            expires_in=3600, note=f"backend.ai {what} in {self._server_name}")
 
     def _auth(self) -> dict:
         return {"Authorization": f"token {self._token}"}
@@ -278,31 +303,9 @@ class ExecuteHandler(websocket.WebSocketHandler, CompatBase, _JupyterServer):
         self._watch = asyncio.ensure_future(self._watch_access())
 
     async def _watch_access(self) -> None:
-        """The stream lives only as long as the access it was opened with: every
-        ``ACCESS_CHECK`` seconds the session must still run, and the keypair that signed
-        the request (or the user, for a JupyterHub token) must still be active. Both
-        reads are shared: the session's state by every poll (manager/reflector.py), the
-        keypair's by every signed request (its lookup cache, emptied by this hub's
-        changes)."""
-        auth = keypair_auth(self.manager)
-        p = self.principal
-        while True:
-            await asyncio.sleep(ACCESS_CHECK)
-            state = await self.manager.reflector.state(self._sid)
-            why = None
-            if state is None or state.dead:
-                why = "the session ended"
-            else:
-                rec = (await auth.lookup(p.access_key) if p.access_key
-                       else await auth.hub_user_record(p.username))
-                if rec is None or (p.access_key and not rec.keypair_active):
-                    why = "the keypair was deactivated or deleted"
-                elif rec.user_status != UserStatus.ACTIVE or (p.access_key and not rec.domain_active):
-                    why = f"user {p.username!r} is no longer active"
-            if why is not None:
-                self._finish_failed(f"access ended: {why}")
-                self._cleanup()
-                return
+        why = await access_ended(self.manager, self.principal, self._sid)
+        self._finish_failed(f"access ended: {why}")
+        self._cleanup()
 
     async def _ensure_kernel(self) -> str:
         kid = _KERNELS.get(self._sid)

@@ -1108,9 +1108,10 @@ class NotOffered(BackendAIError):
 _HOME = "your home folder (.home, mounted at /home/work in every session)"
 REFUSALS = {
     "app-proxy": (
-        "the local app proxy (`app`, `apps`, the websocket TCP/HTTP proxy) is not offered "
-        "here: open a session's apps through the hub at /user/<you>/<session>/ (JupyterLab; "
-        "other service ports at /user/<you>/<session>/proxy/<port>/, docs/service-ports.md)"),
+        "Backend.AI's HTTP app proxy is not offered here: `backend.ai app SESSION APP` "
+        "forwards a local port through the TCP proxy (/stream/session/{id}/tcpproxy), or "
+        "open a session's apps through the hub at /user/<you>/<session>/ "
+        "(docs/service-ports.md)"),
     "ssh": (
         "`ssh`/`scp` through the app proxy are not offered here: use the SSH port of a "
         "session in a resource group with SSH (its address and key: the session's page in "
