@@ -208,6 +208,31 @@ def test_26_09_user_add_with_container_ids_and_purge(hub, root, alice, tmp_path)
     assert sa("GET", f"/users/{p['id']}").status_code == 404, out
 
 
+def test_26_09_container_ids_are_the_kernels_ids(hub, root, tmp_path):
+    """A user's container ids (26.09's `admin user add --cuid --cgid --cgids`) are the ids
+    their kernels run with (the Docker backend's container user and supplementary
+    groups); a user without them runs as the image's user; changed ids apply to the next
+    session."""
+    sa = superadmin(hub)
+    x = uuid.uuid4().hex[:6]
+    root26 = BAI(hub, root.user, str(tmp_path), cli=CLI26)
+    u = new_user(sa, name=f"ids-{x}")
+    root26("admin", "user", "update", u["email"], "--cuid", "2001", "--cgid", "2002",
+           "--cgids", "3001,3002")
+    cli = BAI(hub, u, str(tmp_path))
+    probe = "echo ids=$(id -u):$(id -g):$(id -G | tr ' ' ,)"
+    _, logs = batch(cli, f"ids-{x}", probe)
+    assert "ids=2001:2002:2002,3001,3002\n" in logs, logs
+    # only a uid: the image's group; no ids: the image's user (work, 1000)
+    sa.ok("PATCH", f"/users/{u['id']}", json={"container_main_gid": None,
+                                              "container_gids": None})
+    _, logs = batch(cli, f"ids2-{x}", probe)
+    assert "ids=2001:1000:1000\n" in logs, logs
+    plain = BAI(hub, new_user(sa, name=f"noids-{x}"), str(tmp_path))
+    _, logs = batch(plain, f"ids3-{x}", probe)
+    assert "ids=1000:1000:1000\n" in logs, logs
+
+
 def test_vfolder_list_own_invited_project(hub, alice, bob26):
     """`vfolder list-own`, `list-invited` (both clients) and `list-project` (GraphQL's
     vfolder_own_list, vfolder_invited_list, vfolder_project_list): each only its kind."""

@@ -654,6 +654,8 @@ class Agent(LoggingConfigurable):
         if spec["kernel_type"] != INTERACTIVE or spec.get("ssh_public_key") \
                 or spec.get("cluster_ssh") or int(spec.get("cluster_agents") or 1) != 1 \
                 or spec.get("pids_limit") or spec.get("tmp_size") \
+                or spec.get("container_uid") or spec.get("container_main_gid") \
+                or spec.get("container_gids") \
                 or not any(m["target"] == MOUNT_ROOT for m in spec["mounts"]):
             raise InvalidRequest("this kernel cannot be bound to a pooled one (several kernels, "
                                  "SSH, a batch command, kernel bounds of a policy, or no home "

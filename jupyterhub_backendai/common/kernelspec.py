@@ -60,6 +60,12 @@ class KernelSpec(BaseModel):
     # agent's own defaults, Agent.kernel_pids_limit / Agent.kernel_tmp_size).
     pids_limit: int | None = Field(None, ge=32)
     tmp_size: int | None = Field(None, ge=1 << 20)
+    # Issue 27: Backend.AI 26.09's container ids of the owner (None: the image's user);
+    # the Docker backend runs the kernel as container_uid:container_main_gid with
+    # container_gids as its supplementary groups.
+    container_uid: int | None = Field(None, ge=1)
+    container_main_gid: int | None = Field(None, ge=1)
+    container_gids: tuple[int, ...] = ()
     # Issue 30: a pooled kernel of this warm pool (its key), started with no user's
     # folder, environment or token, bound to a session later (agent/warmpool.py).
     pool: str | None = Field(None, max_length=400)

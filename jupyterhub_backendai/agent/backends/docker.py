@@ -717,6 +717,12 @@ class DockerBackend(Backend):
             "HostConfig": host_config,
             **config_extra,
         }
+        # Issue 27: the owner's container ids (Backend.AI 26.09), else the image's user.
+        uid, gid = spec.get("container_uid"), spec.get("container_main_gid")
+        if uid is not None or gid is not None:
+            config["User"] = f"{uid or KERNEL_UID}:{gid or KERNEL_UID}"
+        if spec.get("container_gids"):
+            host_config["GroupAdd"] = [str(g) for g in spec["container_gids"]]
         if kernel_type == BATCH:
             # Through the image's shell, as the image's (unprivileged) user, in /home/work.
             config["Cmd"] = [image.shell, "-c", spec["command"]]

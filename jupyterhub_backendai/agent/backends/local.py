@@ -112,6 +112,12 @@ class LocalBackend(Backend):
     async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
         owner = spec.get("owner") or "user"
         kernel_type = spec.get("kernel_type", INTERACTIVE)
+        if spec.get("container_uid") is not None or spec.get("container_main_gid") is not None \
+                or spec.get("container_gids"):
+            raise AgentError("local backend: kernels run as one local user "
+                             "(Agent.local_kernel_user); a user's container ids "
+                             "(container_uid, container_main_gid, container_gids) need the "
+                             "Docker backend")
         mounts = list(spec.get("mounts") or [])
         # A folder mounted at /home/work itself (the user's home folder) is the working
         # directory; the other folders are linked into it.

@@ -325,12 +325,20 @@ class Starter:
 
 def kernel_bounds(s, access_key: str) -> dict:
     """The kernel bounds of a keypair's resource policy (issue 24): ``pids_limit`` and
-    ``tmp_size`` where the policy sets them (else the agent's own defaults apply)."""
+    ``tmp_size`` where the policy sets them (else the agent's own defaults apply); and
+    the container ids of the keypair's user (issue 27, Backend.AI 26.09's
+    ``container_uid``, ``container_main_gid``, ``container_gids``) where set."""
     from ...models import Keypair, KeypairResourcePolicy
 
     kp = s.get(Keypair, access_key)
     policy = s.get(KeypairResourcePolicy, kp.resource_policy) if kp is not None else None
     out = {}
+    user = s.get(User, kp.user_id) if kp is not None else None
+    for field in ("container_uid", "container_main_gid"):
+        if user is not None and getattr(user, field) is not None:
+            out[field] = getattr(user, field)
+    if user is not None and user.container_gids:
+        out["container_gids"] = tuple(user.container_gids)
     if policy is not None and policy.max_pids_per_kernel:
         out["pids_limit"] = policy.max_pids_per_kernel
     if policy is not None and policy.max_tmp_size:
