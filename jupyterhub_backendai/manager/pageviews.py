@@ -20,7 +20,7 @@ from sqlalchemy import select
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
-from . import access, admin, images, tenancy, vfolders
+from . import access, admin, images, lifetimes, tenancy, vfolders
 from .ops import reads
 from .scheduler.snapshot import load_limits, load_policies, load_usage
 from .scheduler.state import slot_limit
@@ -55,17 +55,20 @@ def console_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_RO
     """The newest ``n`` sessions ``p`` may see (the API's list, newest first), with the
     idle time, service address and owner the API's rows do not carry, and for a running
     interactive session its apps (``service_ports``, each with the main kernel's
-    ``host``: what the API's ``GET /sessions/{id}/service-ports`` answers from)."""
+    ``host``: what the API's ``GET /sessions/{id}/service-ports`` answers from); when it
+    began to run (``running_since``) and, running, when it ends by itself (``ends``:
+    :func:`.lifetimes.ends_of`, what ``GET /sessions/{id}/lifetime`` answers)."""
     total = admin.list_sessions(db, p, filters, 0, 1)["total"]
     page = admin.list_sessions(db, p, filters, max(0, total - n), n)
     rows = list(reversed(page["items"]))
     ids = [r["id"] for r in rows]
     extra = {}
     if ids:
-        for sid, last, prefix, uid in db.execute(
-                select(Session.id, Session.last_activity, Session.service_prefix, Session.user_id)
+        for sid, last, prefix, uid, history in db.execute(
+                select(Session.id, Session.last_activity, Session.service_prefix, Session.user_id,
+                       Session.status_history)
                 .where(access.session_filter(p), Session.id.in_(ids))):
-            extra[sid] = (last, prefix, uid)
+            extra[sid] = (last, prefix, uid, (history or {}).get(SessionStatus.RUNNING))
         names = dict(db.execute(select(User.id, User.username).where(
             User.id.in_({e[2] for e in extra.values()}))).all())
     else:
@@ -73,13 +76,34 @@ def console_sessions(db, p: access.Principal, filters: dict, n: int = SESSION_RO
     apps = _main_kernel_ports(db, p, [r["id"] for r in rows
                                       if r["status"] == SessionStatus.RUNNING
                                       and r["type"] != "batch"])
+    ends = lifetimes.session_ends(db, p, [r["id"] for r in rows
+                                          if r["status"] == SessionStatus.RUNNING])
     for r in rows:
-        last, prefix, uid = extra.get(r["id"], (None, "/", r["user_id"]))
+        last, prefix, uid, since = extra.get(r["id"], (None, "/", r["user_id"], None))
         r["last_activity"] = last
         r["service_prefix"] = prefix or "/"
         r["username"] = names.get(uid, "")
         r["service_ports"] = apps.get(r["id"], [])
+        r["running_since"] = since
+        r["ends"] = ends.get(r["id"])
     return {"items": rows, "total": total}
+
+
+@reads
+def own_running_kernels(db, p: access.Principal) -> dict[str, list[dict]]:
+    """The caller's own RUNNING sessions' kernels (id, agent, the slots each asked for),
+    by session id: what "My sessions" looks up in the agents' live statistics. Only
+    the caller's own, whatever their role (an admin reads others' on the Agents page)."""
+    out: dict[str, list[dict]] = {}
+    for sid, kid, agent, slots in db.execute(
+            select(Session.id, Kernel.id, Kernel.agent_id, Kernel.requested_slots)
+            .join(Kernel, Kernel.session_id == Session.id)
+            .where(Session.user_id == p.user_id, Session.status == SessionStatus.RUNNING,
+                   Kernel.agent_id.is_not(None))
+            .order_by(Kernel.cluster_idx)):
+        out.setdefault(sid, []).append({"id": kid, "agent_id": agent,
+                                        "slots": dict(slots or {})})
+    return out
 
 
 def _main_kernel_ports(db, p: access.Principal, sids: list[str]) -> dict[str, list[dict]]:

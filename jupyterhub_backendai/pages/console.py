@@ -197,6 +197,42 @@ def service_links(ports: list[dict], server_url: str | None) -> list[dict]:
     return out
 
 
+def server_name(r: dict) -> str | None:
+    """The JupyterHub server a session is ('' the default one), from where it is served
+    (``/user/<name>/`` or ``/user/<name>/<server>/``); None: not a JupyterHub server."""
+    parts = (r.get("service_prefix") or "").strip("/").split("/")
+    if len(parts) < 2 or parts[0] != "user" or r.get("type") == "batch":
+        return None
+    return parts[2] if len(parts) > 2 else ""
+
+
+def ended_view(r: dict) -> dict | None:
+    """A finished session in words: when it ended, how long it ran (from RUNNING; it
+    may never have run), and why (the record's status_info, else its result)."""
+    if r["status"] in ALIVE_STATUSES:
+        return None
+    end, since = _utc(r.get("terminated_at")), _utc(r.get("running_since"))
+    ran = (end - since).total_seconds() if end and since else None
+    codes = [k.get("exit_code") for k in r.get("kernels") or [] if k.get("exit_code") is not None]
+    reason = r.get("status_info") or {"SUCCESS": "finished", "FAILURE": "failed"}.get(
+        r.get("result"), r["status"].lower())
+    if codes and r.get("type") == "batch":
+        reason += f" (exit code {', '.join(str(c) for c in codes)})"
+    return {"at": r.get("terminated_at"), "ran": human_duration(ran) if ran is not None
+            else "did not run", "reason": reason}
+
+
+def ends_view(r: dict, p: access.Principal) -> dict | None:
+    """A running session's ends (manager/lifetimes.py) for the countdowns, and whether
+    the caller may extend it (and by how much more)."""
+    e = r.get("ends")
+    if not e or not (e["lifetime_ends"] or e["idle_ends"]):
+        return None
+    return {**e, "extension_left_text": human_duration(e["extension_left"]),
+            "may_extend": bool(e["lifetime_ends"]) and e["extension_left"] > 0
+            and p.role != UserRole.MONITOR}
+
+
 def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime,
                   origin=lambda username: "") -> list[dict]:
     """Rows in human units; ``origin(username)`` is where that user's servers answer
@@ -207,6 +243,9 @@ def _session_view(rows: list[dict], p: access.Principal, now: dt.datetime,
         running_server = (r["status"] == SessionStatus.RUNNING
                           and r["service_prefix"].startswith("/user/"))
         out.append({
+            "server": server_name(r),
+            "ended": ended_view(r),
+            "countdowns": ends_view(r, p),
             **r,
             # JupyterHub's default server (its name is '', the session's "_default")
             "display_name": ("default server" if r["name"] == "_default"
@@ -231,9 +270,61 @@ class SessionsPage(PageBase):
     async def get(self):
         p = await self.load_principal()
         data = await self.read("console_sessions", p, {"user_id": p.user_id})
-        await self.page("backendai/sessions.html",
-                        sessions=_session_view(data["items"], p, _now(), self.server_origin),
+        sessions = _session_view(data["items"], p, _now(), self.server_origin)
+        kernels = await self.read("own_running_kernels", p)
+        stats = await live_stats(self.manager, sorted({k["agent_id"] for ks in kernels.values()
+                                                       for k in ks}))
+        t = time.time()
+        for s in sessions:
+            s["usage"] = own_usage(kernels[s["id"]], stats, t) if s["id"] in kernels else None
+            # Restart: the caller's own JupyterHub server, stopped and started again
+            # with the options it was started with (JupyterHub keeps them).
+            s["may_restart"] = (s["status"] == SessionStatus.RUNNING and s["server"] is not None
+                                and s["username"] == p.username)
+        await self.page("backendai/sessions.html", sessions=sessions,
                         total=data["total"], shown=SESSION_ROWS)
+
+
+def own_usage(kernels: list[dict], stats: dict[str, dict], now: float) -> dict:
+    """A session's own live use from its agents' statistics (agent/stats.py, as the
+    Agents page reads them): CPU (cores busy of the cores it asked for), memory in use
+    of its kernels' limits, and, where it holds GPUs, their utilisation and memory."""
+    cores = busy = 0.0
+    mem = limit = 0
+    cpu_known, samples, ts = False, 0, []
+    gpus = []
+    ids = {k["id"] for k in kernels}
+    for k in kernels:
+        st = stats.get(k["agent_id"]) or {}
+        cores += float(k["slots"].get("cpu") or 0)
+        for d in st.get("gpus") or []:
+            if isinstance(d, dict) and d.get("kernel_id") in ids and d not in gpus:
+                gpus.append(d)
+        ks = (st.get("kernels") or {}).get(k["id"])
+        if ks is None:
+            continue
+        samples += 1
+        ts.append(float(st.get("ts") or now))
+        if ks.get("cpu_pct") is not None:
+            cpu_known = True
+            busy += float(ks["cpu_pct"]) / 100
+        mem += int(ks.get("mem_bytes") or 0)
+        limit += int(ks.get("mem_limit_bytes") or k["slots"].get("mem") or 0)
+    out: dict = {"sampled": samples > 0, "kernels": len(kernels),
+                 "age": human_duration(now - min(ts)) if ts else None}
+    if samples:
+        out["cpu"] = (f"{busy:.2f} of {cores:g} core{'' if cores == 1 else 's'}" if cpu_known
+                      else "measuring")
+        out["cpu_percent"] = min(100, round(100 * busy / cores)) if cpu_known and cores else 0
+        out["mem"] = f"{format_bytes(mem)} of {format_bytes(limit)}" if limit else \
+            f"{format_bytes(mem)} (no limit)"
+        out["mem_percent"] = min(100, round(100 * mem / limit)) if limit else 0
+    out["gpus"] = gpu_rows(gpus, {})
+    for g, d in zip(out["gpus"], gpus, strict=True):
+        g["held"] = ""
+        used, total = d.get("mem_used_bytes"), d.get("mem_total_bytes")
+        g["mem_percent"] = round(100 * int(used) / int(total)) if used is not None and total else 0
+    return out
 
 
 class SessionLogsPage(PageBase):
