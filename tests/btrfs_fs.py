@@ -1,5 +1,6 @@
 """A btrfs file system made for a test or a benchmark (issue 26): an image file,
-``mkfs.btrfs``, a loop device, optionally ``btrfs quota enable``; as root. Removed
+``mkfs.btrfs``, a loop device, quotas (simple ones by default, as the btrfs volume
+backend wants them; ``quota="full"`` for full accounting, ``None`` for none); as root. Removed
 (unmounted, detached, deleted) on the way out, failure or not."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import os
 import subprocess
 import time
 
+from jupyterhub_backendai.storageproxy.btrfs import enable_simple_quotas
+
 
 def run(*args: str) -> str:
     r = subprocess.run(args, capture_output=True, text=True)
@@ -17,7 +20,7 @@ def run(*args: str) -> str:
 
 
 @contextlib.contextmanager
-def btrfs_fs(where: str, size: int, quota: bool = True):
+def btrfs_fs(where: str, size: int, quota: str | None = "simple"):
     """Mounted at ``where/mnt`` (yielded), over ``where/btrfs.img`` of ``size`` bytes."""
     img, mnt = os.path.join(where, "btrfs.img"), os.path.join(where, "mnt")
     os.makedirs(mnt, exist_ok=True)
@@ -29,8 +32,12 @@ def btrfs_fs(where: str, size: int, quota: bool = True):
         try:
             run("mount", loop, mnt)
             try:
-                if quota:
+                if quota == "simple":
+                    enable_simple_quotas(mnt)
+                elif quota == "full":
                     run("btrfs", "quota", "enable", mnt)
+                else:
+                    assert quota is None, quota
                 yield mnt
             finally:
                 for _ in range(20):

@@ -101,8 +101,14 @@ def _dd(hub, u, server, target: str, mib: int) -> str:
     return f"{r.returncode} {'Disk quota exceeded' in r.stderr}"
 
 
-def test_a_volume_without_quotas_is_refused_saying_so(tmp_path):
-    with btrfs_fs(str(tmp_path), 256 * MiB, quota=False) as mnt:
+def test_a_volume_without_simple_quotas_is_refused_saying_so(tmp_path):
+    with btrfs_fs(str(tmp_path), 256 * MiB, quota="full") as mnt:
+        # Full accounting: a subvolume made inside a folder would escape its limit.
+        with pytest.raises(ValueError, match="escapes the folder's limit"):
+            make_volumes({"v": {"backend": "btrfs", "path": os.path.join(mnt, "v")}})
+        assert make_volumes({"v": {"backend": "btrfs", "path": os.path.join(mnt, "v"),
+                                   "allow_full_qgroups": True}})["v"].backend == "btrfs"
+    with btrfs_fs(str(tmp_path), 256 * MiB, quota=None) as mnt:
         with pytest.raises(ValueError, match="quotas are not enabled"):
             make_volumes({"v": {"backend": "btrfs", "path": os.path.join(mnt, "v")}})
         conf = tmp_path / "storage.py"
@@ -136,6 +142,42 @@ def test_a_kernel_stops_at_the_quota_and_a_policy_change_applies_at_once(hub, vo
     assert _dd(hub, u, "q", "/home/work/data1/none", 1) == "1 True"
     assert volume.quota_scope(f["quota_scope_id"])["limit_bytes"] == 8 * MiB
     hub.stop_server(u["username"], "q", token=u["token"])
+
+
+# BTRFS_IOC_SUBVOL_CREATE = _IOW(0x94, 14, struct btrfs_ioctl_vol_args {s64 fd; char[4088]})
+_NEST = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.ioctl(fd, 0x5000940E, bytearray(struct.pack("=q4088s", 0, sys.argv[2].encode())))
+print("made")
+"""
+
+
+def test_a_subvolume_made_inside_a_folder_counts_against_its_scope(hub, volume):
+    """The escape full accounting leaves: the session's user makes a btrfs subvolume
+    inside a mounted folder (an ioctl any user may call on a directory they can write;
+    no privilege, no btrfs tools) and writes there. Under simple quotas it joins the
+    folder's scope by itself, so the write stops at the scope's limit like any other."""
+    sa = superadmin(hub)
+    u, _ = _user(sa, 32 * MiB)
+    f = u["client"].ok("POST", "/vfolders", json={"name": "nest"})
+    _start(hub, u, "n", ["nest"])
+    cid = subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"label=ai.backend.agent-id={hub.agent_id}",
+         "--filter", f"label=ai.backend.owner={u['username']}"],
+        capture_output=True, text=True, check=True).stdout.split()[0]
+    r = subprocess.run(["docker", "exec", cid, "python3", "-c", _NEST, "/home/work/nest",
+                        "inner"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "made", r.stderr
+    inner = os.path.join(_path(volume, f), "inner")
+    assert os.stat(inner).st_ino == 256  # a subvolume's root, made by the user
+    assert _dd(hub, u, "n", "/home/work/nest/inner/big", 100) == "1 True"
+    assert volume.quota_scope(f["quota_scope_id"])["used_bytes"] <= 32 * MiB
+    hub.stop_server(u["username"], "n", token=u["token"])
+    # Deleting the folder takes what the user nested in it (the subvolume delete alone
+    # refuses a subvolume that holds another).
+    volume.delete_folder(f["quota_scope_id"], f["id"])
+    assert not os.path.exists(_path(volume, f))
 
 
 def test_api_and_tus_uploads_stop_at_the_quota(hub, volume):

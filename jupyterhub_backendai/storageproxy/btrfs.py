@@ -13,6 +13,15 @@ operation inside a folder is vfs's (:class:`~.volumes.VFSVolume`); what changes:
   The scope directory's inode names the qgroup, so no table is kept; the numbers are
   unique within one subvolume of the file system (docs/storage.md: one volume per
   btrfs file system, or several volumes in the same subvolume);
+- quotas must be **simple quotas** (squota, Linux 6.7+): under them a subvolume made
+  inside a folder (``btrfs subvolume create``, an ioctl any user may call on a directory
+  they can write, from inside a kernel too) joins its parent folder's scope qgroup by
+  itself, so its bytes count against the same limit. Under full qgroup accounting it
+  would belong to no scope and escape every limit; a volume on such a file system is
+  refused unless its configuration says ``allow_full_qgroups`` (a trusted one). Under
+  simple quotas an extent counts where it was first written: a clone costs its scope
+  nothing until it is written to, and the bytes a clone shares stay charged to the
+  source's scope while the clone lives (docs/storage.md);
 - usage is the qgroups' ``referenced`` bytes (``btrfs qgroup show --raw --sync``): no
   walk of the tree, a transaction commit and one read of the quota tree. Bytes on
   disk as btrfs counts them (data extents and the folder's metadata blocks; blocks
@@ -52,6 +61,11 @@ from .volumes import (
 _IOC_INO_LOOKUP = 0xC0000000 | (4096 << 16) | (0x94 << 8) | 18
 # FICLONE = _IOW(0x94, 9, int)
 _FICLONE = 0x40049409
+# BTRFS_IOC_FS_INFO = _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args (1024 bytes))
+_IOC_FS_INFO = 0x80000000 | (1024 << 16) | (0x94 << 8) | 31
+# BTRFS_IOC_QUOTA_CTL = _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args {u64 cmd, status})
+_IOC_QUOTA_CTL = 0xC0000000 | (16 << 16) | (0x94 << 8) | 40
+_QUOTA_CTL_ENABLE_SIMPLE = 4  # BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA
 _SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
 _QGROUP_LINE = re.compile(r"^(\d+/\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)")
 
@@ -90,6 +104,36 @@ def subvolume_id(path: str) -> int | None:
         os.close(fd)
 
 
+def quota_mode(path: str) -> str | None:
+    """How the file system at ``path`` accounts quotas: ``"squota"`` (simple quotas),
+    ``"qgroup"`` (full accounting) or None (quotas off), from its sysfs entry."""
+    import uuid
+
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        buf = bytearray(1024)
+        fcntl.ioctl(fd, _IOC_FS_INFO, buf, True)
+    finally:
+        os.close(fd)
+    fsid = uuid.UUID(bytes=bytes(buf[16:32]))
+    try:
+        with open(f"/sys/fs/btrfs/{fsid}/qgroups/mode") as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def enable_simple_quotas(path: str) -> None:
+    """``btrfs quota enable --simple`` for btrfs-progs older than 6.7 (Debian 12 has
+    6.2): the quota-control ioctl with the simple-quota command; as root, on a file
+    system whose quotas are off (turn full accounting off first: ``btrfs quota disable``)."""
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        fcntl.ioctl(fd, _IOC_QUOTA_CTL, struct.pack("=QQ", _QUOTA_CTL_ENABLE_SIMPLE, 0))
+    finally:
+        os.close(fd)
+
+
 def qgroups(path: str, sync: bool = True) -> dict[str, dict]:
     """Every qgroup of the file system at ``path``: ``{"0/257": {"rfer", "excl",
     "max_rfer"}}`` (``max_rfer`` None without a limit). ``sync`` commits the running
@@ -112,7 +156,8 @@ class BtrfsVolume(VFSVolume):
 
     backend = "btrfs"
 
-    def __init__(self, name: str, path: str, folder_uid: int = 1000, folder_gid: int = 1000):
+    def __init__(self, name: str, path: str, folder_uid: int = 1000, folder_gid: int = 1000,
+                 allow_full_qgroups: bool = False):
         super().__init__(name, path, folder_uid, folder_gid)
         self._lock = threading.Lock()
         self._scopes: set[str] = set()  # level-1 qgroups known to exist
@@ -134,6 +179,17 @@ class BtrfsVolume(VFSVolume):
                     f"'btrfs quota enable <its mount point>' first (docs/storage.md). "
                     f"btrfs said: {e.detail}") from None
             raise ValueError(f"volume {name!r}: {e.detail}") from None
+        mode = quota_mode(self.path)
+        if mode != "squota" and not allow_full_qgroups:
+            raise ValueError(
+                f"volume {name!r}: the btrfs file system at {self.path} accounts quotas "
+                f"in full ({mode or 'unknown'}) mode, where a subvolume a user makes inside "
+                "a folder escapes the folder's limit; enable simple quotas before making "
+                "folders ('btrfs quota disable <mount>', then 'btrfs quota enable --simple "
+                "<mount>' with btrfs-progs 6.7 or later, or 'python -m "
+                "jupyterhub_backendai.storageproxy.btrfs enable-simple-quotas <mount>'), "
+                "or set allow_full_qgroups for a volume whose users you trust "
+                "(docs/storage.md)")
 
     # -- quota scopes as level-1 qgroups ----------------------------------------
 
@@ -219,11 +275,28 @@ class BtrfsVolume(VFSVolume):
             return
         if sid is None:
             return super().delete_folder(quota_scope_id, folder_id)
-        self._delete_subvolume(path, sid)
+        try:
+            self._delete_subvolume(path, sid)
+        except StorageQuotaExceeded:
+            # A delete writes metadata too, and a scope at its limit refuses that (a
+            # nested subvolume's delete does, when the user filled the scope through it):
+            # lifted for the delete only, then put back.
+            qid = self._scope_qgroup(quota_scope_id, create=False)
+            if qid is None:
+                raise
+            limit = qgroups(self.path, sync=False).get(qid, {}).get("max_rfer")
+            btrfs("qgroup", "limit", "none", qid, self.path)
+            try:
+                self._delete_subvolume(path, sid)
+            finally:
+                btrfs("qgroup", "limit", "none" if limit is None else str(limit), qid,
+                      self.path)
 
     def _delete_subvolume(self, path: str, sid: int) -> None:
         try:
             btrfs("subvolume", "delete", path)
+        except StorageQuotaExceeded:
+            raise
         except BtrfsError:
             # subvolumes made inside it (a session may): deepest first, then it
             nested = []
@@ -321,3 +394,25 @@ class BtrfsVolume(VFSVolume):
             raise
         os.unlink(staged)
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jupyterhub_backendai.storageproxy.btrfs enable-simple-quotas <mount>``."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "enable-simple-quotas":
+        print("usage: python -m jupyterhub_backendai.storageproxy.btrfs "
+              "enable-simple-quotas <mount point>", file=sys.stderr)
+        return 2
+    try:
+        enable_simple_quotas(args[1])
+    except OSError as e:
+        print(f"enabling simple quotas on {args[1]} failed: {e} (as root, on btrfs, on "
+              "Linux 6.7 or later, with quotas off)", file=sys.stderr)
+        return 1
+    print(f"simple quotas enabled on {args[1]} (mode: {quota_mode(args[1])})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
