@@ -205,7 +205,7 @@ def test_backendai_client_resources_name_mig_slots():
     """`backend.ai session create -r cuda.mig-1g.10gb=1` sends Backend.AI's resources;
     the compat layer passes MIG slots on to the one request parser, and still refuses
     what is not offered."""
-    from jupyterhub_backendai.api.compat.handlers import BackendAISessionCreate, _resources
+    from jupyterhub_backendai.api.compat.sessions import BackendAISessionCreate, _resources
 
     req = BackendAISessionCreate.parse(
         {"name": "m", "image": "x", "config": {"resources": {"cpu": 1, "mem": "1g", MIG: 1}}})

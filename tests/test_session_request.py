@@ -154,7 +154,7 @@ def _rest(body):
 
 
 def _bai(body):
-    from jupyterhub_backendai.api.compat.handlers import BackendAISessionCreate
+    from jupyterhub_backendai.api.compat.sessions import BackendAISessionCreate
     return BackendAISessionCreate.parse(body)
 
 

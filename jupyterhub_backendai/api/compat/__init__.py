@@ -22,7 +22,9 @@ def routes() -> list[tuple]:
     The one table of Backend.AI's routes: it imports the handlers (they do not import it)."""
     from ...storageproxy import transfer
     from .. import spec
+    from . import folders as f
     from . import handlers as h
+    from . import sessions as s
     from .appproxy import AppsHandler, TCPProxyHandler
     from .execute import ExecuteHandler, SessionUploadHandler
     from .images import BackgroundTaskEventsHandler
@@ -32,45 +34,45 @@ def routes() -> list[tuple]:
         ("/?", h.RootHandler),
         ("/manager/announcement", h.AnnouncementHandler),
         ("/admin/gql", h.GQLHandler),
-        ("/session", h.SessionCreateHandler),
+        ("/session", s.SessionCreateHandler),
         # (before /session/{SEG}/...: "_" is no session)
         ("/session/_/logs", h.RefusedHandler, {"what": "task-logs"}),
         ("/session/_/create-from-template", h.RefusedHandler, {"what": "template"}),
-        (f"/session/{SEG}", h.SessionHandler),
-        (f"/session/{SEG}/logs", h.SessionLogsHandler),
-        (f"/session/{SEG}/status-history", h.SessionStatusHistoryHandler),
-        (f"/session/{SEG}/rename", h.SessionRenameHandler),
-        ("/events/session", h.SessionEventsHandler),
+        (f"/session/{SEG}", s.SessionHandler),
+        (f"/session/{SEG}/logs", s.SessionLogsHandler),
+        (f"/session/{SEG}/status-history", s.SessionStatusHistoryHandler),
+        (f"/session/{SEG}/rename", s.SessionRenameHandler),
+        ("/events/session", s.SessionEventsHandler),
         ("/events/background-task", BackgroundTaskEventsHandler),  # issue 25: rescans
         (f"/session/{SEG}/upload", SessionUploadHandler),
         ("/config/resource-slots", h.ResourceSlotsHandler),
         ("/config/vfolder-types", h.VFolderTypesHandler),
         ("/scaling-groups", h.ScalingGroupsHandler),
-        ("/folders", h.FoldersHandler),
+        ("/folders", f.FoldersHandler),
         ("/folders/_/allowed_types", h.VFolderTypesHandler),
-        ("/folders/_/hosts", h.FolderHostsHandler),
-        ("/folders/_/id", h.FolderIdHandler),
-        ("/folders/invitations/list", h.InvitationsHandler, {"action": "list"}),
-        ("/folders/invitations/accept", h.InvitationsHandler, {"action": "accept"}),
-        ("/folders/invitations/delete", h.InvitationsHandler, {"action": "delete"}),
-        ("/folders/restore-from-trash-bin", h.FolderTrashHandler, {"action": "restore"}),
-        ("/folders/purge", h.FolderTrashHandler, {"action": "purge"}),
-        ("/folders/delete-from-trash-bin", h.FolderTrashHandler, {"action": "purge"}),
-        (f"/folders/{SEG}", h.FolderHandler),
-        (f"/folders/{SEG}/files", h.FolderFilesHandler),
-        (f"/folders/{SEG}/mkdir", h.FolderMkdirHandler),
-        (f"/folders/{SEG}/rename", h.FolderRenameHandler),
-        (f"/folders/{SEG}/clone", h.FolderCloneHandler),
-        (f"/folders/{SEG}/rename-file", h.FolderRenameFileHandler),
-        (f"/folders/{SEG}/move-file", h.FolderMoveFileHandler),
-        (f"/folders/{SEG}/update-options", h.FolderUpdateOptionsHandler),
-        (f"/folders/{SEG}/invite", h.FolderInviteHandler),
-        (f"/folders/{SEG}/share", h.FolderShareHandler),
-        (f"/folders/{SEG}/unshare", h.FolderUnshareHandler),
-        (f"/folders/{SEG}/leave", h.FolderLeaveHandler),
-        (f"/folders/{SEG}/delete-files", h.FolderDeleteFilesHandler),
-        (f"/folders/{SEG}/request-upload", h.FolderRequestUploadHandler),
-        (f"/folders/{SEG}/request-download", h.FolderRequestDownloadHandler),
+        ("/folders/_/hosts", f.FolderHostsHandler),
+        ("/folders/_/id", f.FolderIdHandler),
+        ("/folders/invitations/list", f.InvitationsHandler, {"action": "list"}),
+        ("/folders/invitations/accept", f.InvitationsHandler, {"action": "accept"}),
+        ("/folders/invitations/delete", f.InvitationsHandler, {"action": "delete"}),
+        ("/folders/restore-from-trash-bin", f.FolderTrashHandler, {"action": "restore"}),
+        ("/folders/purge", f.FolderTrashHandler, {"action": "purge"}),
+        ("/folders/delete-from-trash-bin", f.FolderTrashHandler, {"action": "purge"}),
+        (f"/folders/{SEG}", f.FolderHandler),
+        (f"/folders/{SEG}/files", f.FolderFilesHandler),
+        (f"/folders/{SEG}/mkdir", f.FolderMkdirHandler),
+        (f"/folders/{SEG}/rename", f.FolderRenameHandler),
+        (f"/folders/{SEG}/clone", f.FolderCloneHandler),
+        (f"/folders/{SEG}/rename-file", f.FolderRenameFileHandler),
+        (f"/folders/{SEG}/move-file", f.FolderMoveFileHandler),
+        (f"/folders/{SEG}/update-options", f.FolderUpdateOptionsHandler),
+        (f"/folders/{SEG}/invite", f.FolderInviteHandler),
+        (f"/folders/{SEG}/share", f.FolderShareHandler),
+        (f"/folders/{SEG}/unshare", f.FolderUnshareHandler),
+        (f"/folders/{SEG}/leave", f.FolderLeaveHandler),
+        (f"/folders/{SEG}/delete-files", f.FolderDeleteFilesHandler),
+        (f"/folders/{SEG}/request-upload", f.FolderRequestUploadHandler),
+        (f"/folders/{SEG}/request-download", f.FolderRequestDownloadHandler),
         (f"/stream/session/{SEG}/execute", ExecuteHandler),
         (f"/stream/session/{SEG}/apps", AppsHandler),
         (f"/stream/session/{SEG}/tcpproxy", TCPProxyHandler),
@@ -117,6 +119,6 @@ def routes() -> list[tuple]:
     ]
     # (first: "/folders/_/mounts" is no folder "_")
     table = [(path, h.RefusedHandler, {"what": what}) for path, what in refused] + table
-    table += transfer.routes("/storage", h._local_volume, h._local_grants)
-    table.append(("/storage/grant", h.TransferGrantHandler))
+    table += transfer.routes("/storage", f._local_volume, f._local_grants)
+    table.append(("/storage/grant", f.TransferGrantHandler))
     return [(base + row[0], *row[1:]) for row in table]
