@@ -5,6 +5,7 @@ from .cluster import Agent, ResourceGroup
 from .images import ContainerRegistry, Image, ImageAlias
 from .presets import ResourcePreset
 from .session import Kernel, Session, session_dependencies
+from .templates import Dotfile, SessionTemplate
 from .tenancy import (
     Domain,
     Keypair,
@@ -23,6 +24,7 @@ __all__ = [
     "Base",
     "ContainerRegistry",
     "Domain",
+    "Dotfile",
     "Image",
     "ImageAlias",
     "Kernel",
@@ -33,6 +35,7 @@ __all__ = [
     "ResourceGroup",
     "ResourcePreset",
     "Session",
+    "SessionTemplate",
     "User",
     "UserResourcePolicy",
     "VFolder",
