@@ -375,13 +375,50 @@ class FolderPage(PageBase):
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, "%s", e.detail) from None
         items = sorted(listing["items"], key=lambda e: (e.get("type") != "dir", e["name"]))
+        in_trash = path == TRASH or path.startswith(TRASH + "/")
+        trash_count = None
         for e in items:
             e["full"] = f"{path}/{e['name']}" if path else e["name"]
             e["size_text"] = format_bytes(e["size"]) if e.get("type") == "file" else ""
+            e["modified"] = (dt.datetime.fromtimestamp(float(e["mtime"]), dt.UTC)
+                             if e.get("mtime") else None)
+            # In the trash: where it came from (the name is that path, encoded).
+            e["origin"] = trash_origin(e["name"]) if path == TRASH else None
+        if not path and any(e["name"] == TRASH for e in items):
+            trash = await vfolders.list_files(self.manager, where, TRASH)
+            trash_count = len(trash["items"])
+            items = [e for e in items if e["name"] != TRASH]
+        try:
+            usage = await self.manager.storage.folder_usage(where["host"],
+                                                            where["quota_scope_id"], where["id"])
+            size = (f"{format_bytes(int(usage['used_bytes']))} in "
+                    f"{int(usage['file_count'])} file{'' if usage['file_count'] == 1 else 's'}")
+        except Exception:  # the storage cannot tell now: the page still lists the files
+            size = None
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
         writable = folder["my_permission"] in ("rw", "wd") and p.role != UserRole.MONITOR
+        deletes = p.role != UserRole.MONITOR and (
+            folder["my_permission"] == "wd" or (folder["ownership_type"] == "user"
+                                                and folder["manage"]))
         await self.page("backendai/folder.html", folder=folder, path=path, parent=parent,
-                        items=items, writable=writable)
+                        items=items, writable=writable, deletes=deletes, in_trash=in_trash,
+                        trash=TRASH, trash_count=trash_count, size=size)
+
+
+#: Where "Move to trash" puts a file on the folder page: a directory of the folder, each
+#: entry named after the path it came from (encoded, with when it was moved), so that
+#: "Restore" puts it back; kernels see it as any directory.
+TRASH = ".trash"
+
+
+def trash_origin(name: str) -> str | None:
+    """The path a trash entry came from: ``<encoded path>~<ms>`` (folder.html's script)."""
+    from urllib.parse import unquote
+
+    encoded, sep, stamp = name.rpartition("~")
+    if not sep or not stamp.isdigit() or not encoded:
+        return None
+    return unquote(encoded)
 
 
 # -- My keys ----------------------------------------------------------------------------
