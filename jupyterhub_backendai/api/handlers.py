@@ -31,6 +31,48 @@ def _filters(path: str) -> dict:
     return spec.find(ROUTES, "get", path).filters
 
 
+class _Items(APIBase):
+    """A kind's collection: GET lists it (with the filters its route declares), POST
+    creates one (201). The operations are ``ops.list_<items>`` and ``ops.create_<item>``,
+    the body ``<model>Create``; a subclass names them."""
+
+    path = items = item = model = ""
+
+    async def get(self):
+        f, o, n = self.query(_filters(self.path))
+        self.reply(await getattr(self.manager.ops, f"list_{self.items}")(self.principal, f, o, n))
+
+    async def post(self):
+        self.query()
+        body = self.body(f"{self.model}Create")
+        self.reply(await getattr(self.manager.ops, f"create_{self.item}")(self.principal, body),
+                   201)
+
+
+class _Item(APIBase):
+    """One of a kind, by its key: GET, PATCH (``<model>Update``), DELETE (204), through
+    ``ops.get_<item>``, ``ops.update_<item>``, ``ops.delete_<item>``."""
+
+    item = model = ""
+
+    def _op(self, verb: str):
+        return getattr(self.manager.ops, f"{verb}_{self.item}")
+
+    async def get(self, key):
+        self.query()
+        self.reply(await self._op("get")(self.principal, key))
+
+    async def patch(self, key):
+        self.query()
+        body = self.body(f"{self.model}Update")
+        self.reply(await self._op("update")(self.principal, key, body))
+
+    async def delete(self, key):
+        self.query()
+        await self._op("delete")(self.principal, key)
+        self.reply(None, 204)
+
+
 class WhoamiHandler(APIBase):
     async def get(self):
         self.query()
@@ -72,21 +114,12 @@ class OpenAPIHandler(APIBase):
 # -- domains -------------------------------------------------------------------
 
 
-class DomainsHandler(APIBase):
-    async def get(self):
-        f, o, n = self.query(_filters("/domains"))
-        self.reply(await self.manager.ops.list_domains(self.principal, f, o, n))
-
-    async def post(self):
-        self.query()
-        body = self.body("DomainCreate")
-        self.reply(await self.manager.ops.create_domain(self.principal, body), 201)
+class DomainsHandler(_Items):
+    path, items, item, model = "/domains", "domains", "domain", "Domain"
 
 
-class DomainHandler(APIBase):
-    async def get(self, name):
-        self.query()
-        self.reply(await self.manager.ops.get_domain(self.principal, name))
+class DomainHandler(_Item):
+    item, model = "domain", "Domain"
 
     async def patch(self, name):
         self.query()
@@ -94,11 +127,6 @@ class DomainHandler(APIBase):
         out, change = await self.manager.ops.update_domain(self.principal, name, body)
         await hubsync.apply(self, change)
         self.reply(out)
-
-    async def delete(self, name):
-        self.query()
-        await self.manager.ops.delete_domain(self.principal, name)
-        self.reply(None, 204)
 
 
 # -- projects ------------------------------------------------------------------
@@ -195,31 +223,12 @@ class UserHandler(APIBase):
 # -- keypairs ------------------------------------------------------------------
 
 
-class KeypairsHandler(APIBase):
-    async def get(self):
-        f, o, n = self.query(_filters("/keypairs"))
-        self.reply(await self.manager.ops.list_keypairs(self.principal, f, o, n))
-
-    async def post(self):
-        self.query()
-        body = self.body("KeypairCreate")
-        self.reply(await self.manager.ops.create_keypair(self.principal, body), 201)
+class KeypairsHandler(_Items):
+    path, items, item, model = "/keypairs", "keypairs", "keypair", "Keypair"
 
 
-class KeypairHandler(APIBase):
-    async def get(self, ak):
-        self.query()
-        self.reply(await self.manager.ops.get_keypair(self.principal, ak))
-
-    async def patch(self, ak):
-        self.query()
-        body = self.body("KeypairUpdate")
-        self.reply(await self.manager.ops.update_keypair(self.principal, ak, body))
-
-    async def delete(self, ak):
-        self.query()
-        await self.manager.ops.delete_keypair(self.principal, ak)
-        self.reply(None, 204)
+class KeypairHandler(_Item):
+    item, model = "keypair", "Keypair"
 
 
 # -- resource policies -----------------------------------------------------------
@@ -266,58 +275,22 @@ class PolicyHandler(APIBase):
 # -- resource groups, agents, scheduler ----------------------------------------------
 
 
-class ResourceGroupsHandler(APIBase):
-    async def get(self):
-        f, o, n = self.query(_filters("/resource-groups"))
-        self.reply(await self.manager.ops.list_resource_groups(self.principal, f, o, n))
-
-    async def post(self):
-        self.query()
-        body = self.body("ResourceGroupCreate")
-        self.reply(await self.manager.ops.create_resource_group(self.principal, body), 201)
+class ResourceGroupsHandler(_Items):
+    path, items, item = "/resource-groups", "resource_groups", "resource_group"
+    model = "ResourceGroup"
 
 
-class ResourceGroupHandler(APIBase):
-    async def get(self, name):
-        self.query()
-        self.reply(await self.manager.ops.get_resource_group(self.principal, name))
-
-    async def patch(self, name):
-        self.query()
-        body = self.body("ResourceGroupUpdate")
-        self.reply(await self.manager.ops.update_resource_group(self.principal, name, body))
-
-    async def delete(self, name):
-        self.query()
-        await self.manager.ops.delete_resource_group(self.principal, name)
-        self.reply(None, 204)
+class ResourceGroupHandler(_Item):
+    item, model = "resource_group", "ResourceGroup"
 
 
-class ResourcePresetsHandler(APIBase):
-    async def get(self):
-        f, o, n = self.query(_filters("/resource-presets"))
-        self.reply(await self.manager.ops.list_resource_presets(self.principal, f, o, n))
-
-    async def post(self):
-        self.query()
-        body = self.body("ResourcePresetCreate")
-        self.reply(await self.manager.ops.create_resource_preset(self.principal, body), 201)
+class ResourcePresetsHandler(_Items):
+    path, items, item = "/resource-presets", "resource_presets", "resource_preset"
+    model = "ResourcePreset"
 
 
-class ResourcePresetHandler(APIBase):
-    async def get(self, name):
-        self.query()
-        self.reply(await self.manager.ops.get_resource_preset(self.principal, name))
-
-    async def patch(self, name):
-        self.query()
-        body = self.body("ResourcePresetUpdate")
-        self.reply(await self.manager.ops.update_resource_preset(self.principal, name, body))
-
-    async def delete(self, name):
-        self.query()
-        await self.manager.ops.delete_resource_preset(self.principal, name)
-        self.reply(None, 204)
+class ResourcePresetHandler(_Item):
+    item, model = "resource_preset", "ResourcePreset"
 
 
 class UsageHandler(APIBase):
@@ -386,20 +359,8 @@ class RegistriesHandler(APIBase):
         self.reply(await self.manager.ops.create_registry(self.principal, body), 201)
 
 
-class RegistryHandler(APIBase):
-    async def get(self, name):
-        self.query()
-        self.reply(await self.manager.ops.get_registry(self.principal, name))
-
-    async def patch(self, name):
-        self.query()
-        body = self.body("ContainerRegistryUpdate")
-        self.reply(await self.manager.ops.update_registry(self.principal, name, body))
-
-    async def delete(self, name):
-        self.query()
-        await self.manager.ops.delete_registry(self.principal, name)
-        self.reply(None, 204)
+class RegistryHandler(_Item):
+    item, model = "registry", "ContainerRegistry"
 
 
 class RegistryRescanHandler(APIBase):

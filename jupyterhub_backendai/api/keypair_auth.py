@@ -129,17 +129,21 @@ class KeypairAuth(LoggingConfigurable):
         self._generation += 1
 
     async def lookup(self, access_key: str) -> _KeypairRecord | None:
+        return await self._cached(access_key, self.manager.ops.keypair_record, access_key)
+
+    async def _cached(self, key: str, read, *args) -> _KeypairRecord | None:
+        """``await read(*args)``, kept under ``key`` for ``lookup_cache_ttl`` seconds."""
         now = time.monotonic()
-        hit = self._cache.get(access_key)
+        hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
         generation = self._generation
-        record = await self.manager.ops.keypair_record(access_key)
+        record = await read(*args)
         # Keep it only if nothing changed while we read (a change empties the cache).
         if self.lookup_cache_ttl > 0 and generation == self._generation:
             if len(self._cache) >= self.lookup_cache_size:
                 self._cache.clear()
-            self._cache[access_key] = (now + self.lookup_cache_ttl, record)
+            self._cache[key] = (now + self.lookup_cache_ttl, record)
         return record
 
     # -- usage (last_used, num_queries) ------------------------------------------
@@ -249,18 +253,8 @@ class KeypairAuth(LoggingConfigurable):
     async def hub_user_record(self, username: str) -> _KeypairRecord | None:
         """The record of JupyterHub user ``username`` (client addresses, main keypair),
         cached like keypair lookups (``lookup_cache_ttl``; this hub's changes empty it)."""
-        key = _USER_KEY + username
-        now = time.monotonic()
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        generation = self._generation
-        record = await self.manager.ops.hub_user_keypair(username)
-        if self.lookup_cache_ttl > 0 and generation == self._generation:
-            if len(self._cache) >= self.lookup_cache_size:
-                self._cache.clear()
-            self._cache[key] = (now + self.lookup_cache_ttl, record)
-        return record
+        return await self._cached(_USER_KEY + username, self.manager.ops.hub_user_keypair,
+                                  username)
 
     async def authenticate_hub_user(self, handler: Any, username: str) -> None:
         """For a request JupyterHub authenticated (token or cookie) as ``username``: refuse
