@@ -483,14 +483,22 @@ def _run_api(args: argparse.Namespace) -> Any:
     raise AssertionError(action)
 
 
+# A folder's actions that are one call: action -> (method, path under the folder,
+# "query" or "body", {field: the argument that gives it}).
+_FOLDER_CALLS = {
+    "shares": ("GET", "shares", "query", {"offset": "offset", "limit": "limit"}),
+    "share": ("POST", "shares", "body", {"email": "email", "permission": "permission"}),
+    "mkdir": ("POST", "mkdir", "body", {"path": "remote", "parents": "parents"}),
+    "rename": ("POST", "rename", "body", {"path": "remote", "new_path": "new_path"}),
+}
+
+
 def _vfolder_action(client: ApiClient, args: argparse.Namespace, base: str) -> Any:
     action = args.action
-    if action == "shares":
-        return client.request("GET", f"{base}/shares",
-                              query={"offset": args.offset, "limit": args.limit})
-    if action == "share":
-        return client.request("POST", f"{base}/shares",
-                              body={"email": args.email, "permission": args.permission})
+    if action in _FOLDER_CALLS:
+        method, sub, where, fields = _FOLDER_CALLS[action]
+        values = {k: getattr(args, a) for k, a in fields.items()}
+        return client.request(method, f"{base}/{sub}", **{where: values})
     if action == "unshare":
         client.request("DELETE", f"{base}/shares/{_quote(args.user)}")
         return {"vfolder": args.id, "unshared": args.user}
@@ -519,12 +527,6 @@ def _vfolder_action(client: ApiClient, args: argparse.Namespace, base: str) -> A
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return {"path": args.remote, "saved_to": out, "size": os.path.getsize(out)}
-    if action == "mkdir":
-        return client.request("POST", f"{base}/mkdir",
-                              body={"path": args.remote, "parents": args.parents})
-    if action == "rename":
-        return client.request("POST", f"{base}/rename",
-                              body={"path": args.remote, "new_path": args.new_path})
     if action == "rm":
         client.request("DELETE", f"{base}/files",
                        query={"path": args.remote, "recursive": args.recursive})

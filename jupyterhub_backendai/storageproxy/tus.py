@@ -262,6 +262,13 @@ class TusUploadHandler(TransferHandler):
         self.set_header("Tus-Resumable", TUS_VERSION)
         self.set_header("Cache-Control", "no-store")
 
+    def _end(self, status: int, headers: dict) -> None:
+        """End the request with ``status`` and ``headers`` (no body)."""
+        for k, v in headers.items():
+            self.set_header(k, v)
+        self.set_status(status)
+        self.finish()
+
     async def _staged(self) -> _Staged:
         claims = await self.claims("upload")
         if not isinstance(claims.get("size"), int) or claims["size"] < 0:
@@ -280,10 +287,7 @@ class TusUploadHandler(TransferHandler):
         return await asyncio.to_thread(st.live)
 
     def options(self):
-        self.set_header("Tus-Version", TUS_VERSION)
-        self.set_header("Tus-Extension", "creation")
-        self.set_status(204)
-        self.finish()
+        self._end(204, {"Tus-Version": TUS_VERSION, "Tus-Extension": "creation"})
 
     async def post(self):
         try:
@@ -298,10 +302,7 @@ class TusUploadHandler(TransferHandler):
             await asyncio.to_thread(st.create)
         except BackendAIError as e:
             return self.problem(e)
-        self.set_header("Location", self.request.full_url())
-        self.set_header("Upload-Offset", "0")
-        self.set_status(201)
-        self.finish()
+        self._end(201, {"Location": self.request.full_url(), "Upload-Offset": "0"})
 
     async def head(self):
         try:
@@ -314,10 +315,7 @@ class TusUploadHandler(TransferHandler):
             self.set_status(e.status_code)
             self.set_header("Tus-Resumable", TUS_VERSION)
             return self.finish()
-        self.set_header("Upload-Offset", str(off))
-        self.set_header("Upload-Length", str(st.length))
-        self.set_status(200)
-        self.finish()
+        self._end(200, {"Upload-Offset": str(off), "Upload-Length": str(st.length)})
 
     async def prepare(self):
         if self.request.method != "PATCH":
@@ -462,9 +460,7 @@ class TusUploadHandler(TransferHandler):
             offset = self._offset + self._written
             if offset == st.length:
                 await asyncio.to_thread(st.commit)
-            self.set_header("Upload-Offset", str(offset))
-            self.set_status(204)
-            self.finish()
+            self._end(204, {"Upload-Offset": str(offset)})
         except BackendAIError as e:
             self.problem(e)
         finally:
@@ -480,9 +476,7 @@ class TusUploadHandler(TransferHandler):
                                          b"".join(self._buf))
             finally:
                 self._busy = False
-            self.set_header("Upload-Offset", str(offset))
-            self.set_status(204)
-            self.finish()
+            self._end(204, {"Upload-Offset": str(offset)})
         except BackendAIError as e:
             self.problem(e)
         finally:

@@ -183,31 +183,26 @@ def _unlink_gone_ok(name: str, dir_fd: int) -> None:
         pass
 
 
+#: errno -> (the 4xx it means on a user's path, what it says; ``{0}``: the OS's words)
+_OS_ERRORS = {
+    errno.ENOENT: (NotFound, "no such file or directory"),
+    errno.EEXIST: (Conflict, "already exists"),
+    errno.ENOTEMPTY: (Conflict, "directory not empty (delete it recursively)"),
+    errno.ENOTDIR: (InvalidRequest, "a component of the path is not a directory"),
+    errno.EISDIR: (Conflict, "is a directory"),
+    errno.ELOOP: (InvalidRequest, "is a symbolic link (links are not followed)"),
+    errno.ENAMETOOLONG: (InvalidRequest, "name too long"),
+    errno.EINVAL: (InvalidRequest, "invalid operation ({0})"),
+    errno.EDQUOT: (StorageQuotaExceeded, "quota exceeded (the file system refused the "
+                   "write: the folder's quota scope is full)"),
+    errno.ENOSPC: (StorageQuotaExceeded, "no space left on the volume"),
+}
+
+
 def _os_error(e: OSError, what: str) -> BackendAIError:
     """An OS error on a user's path -> the 4xx that says what is wrong with it."""
-    if e.errno == errno.ENOENT:
-        return NotFound(f"{what}: no such file or directory")
-    if e.errno == errno.EEXIST:
-        return Conflict(f"{what}: already exists")
-    if e.errno == errno.ENOTEMPTY:
-        return Conflict(f"{what}: directory not empty (delete it recursively)")
-    if e.errno == errno.ENOTDIR:
-        return InvalidRequest(f"{what}: a component of the path is not a directory")
-    if e.errno == errno.EISDIR:
-        return Conflict(f"{what}: is a directory")
-    if e.errno == errno.ELOOP:
-        return InvalidRequest(f"{what}: is a symbolic link (links are not followed)")
-    if e.errno == errno.ENAMETOOLONG:
-        return InvalidRequest(f"{what}: name too long")
-    if e.errno == errno.EINVAL:
-        return InvalidRequest(f"{what}: invalid operation ({e.strerror})")
-    if e.errno == errno.EDQUOT:
-        return StorageQuotaExceeded(
-            f"{what}: quota exceeded (the file system refused the write: the folder's quota "
-            "scope is full)")
-    if e.errno == errno.ENOSPC:
-        return StorageQuotaExceeded(f"{what}: no space left on the volume")
-    return BackendAIError(f"{what}: {e.strerror}")
+    kind, text = _OS_ERRORS.get(e.errno, (BackendAIError, "{0}"))
+    return kind(f"{what}: {text.format(e.strerror)}")
 
 
 class Upload:
