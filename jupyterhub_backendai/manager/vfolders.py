@@ -458,20 +458,17 @@ def policy_scopes(db: DBSession, kind: str, name: str) -> list[dict]:
     """(host, quota scope, limit) of every folder's scope whose owner has the user or
     project resource policy ``name``: what a change of its max_quota_scope_size must
     reach on the storage."""
-    if kind == "user":
-        owners = select(User.id).where(User.resource_policy == name)
-        rows = db.execute(select(VFolder.host, VFolder.quota_scope_id).where(
-            VFolder.ownership_type == VFolderOwnership.USER, VFolder.user_id.in_(owners))
-            .distinct())
-        limit = _limits(db, UserResourcePolicy, name)[1]
-    elif kind == "project":
-        owners = select(Project.id).where(Project.resource_policy == name)
-        rows = db.execute(select(VFolder.host, VFolder.quota_scope_id).where(
-            VFolder.ownership_type == VFolderOwnership.PROJECT, VFolder.project_id.in_(owners))
-            .distinct())
-        limit = _limits(db, ProjectResourcePolicy, name)[1]
-    else:
+    owner, ownership, owner_col, policy = {
+        "user": (User, VFolderOwnership.USER, VFolder.user_id, UserResourcePolicy),
+        "project": (Project, VFolderOwnership.PROJECT, VFolder.project_id,
+                    ProjectResourcePolicy),
+    }.get(kind, (None,) * 4)
+    if owner is None:
         return []
+    owners = select(owner.id).where(owner.resource_policy == name)
+    rows = db.execute(select(VFolder.host, VFolder.quota_scope_id).where(
+        VFolder.ownership_type == ownership, owner_col.in_(owners)).distinct())
+    limit = _limits(db, policy, name)[1]
     return [{"host": h, "quota_scope_id": q, "limit": limit or None} for h, q in rows]
 
 
