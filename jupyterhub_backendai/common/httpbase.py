@@ -199,6 +199,16 @@ class NodeHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data))
 
+    def body(self) -> dict:
+        """The request's JSON object (400 with the reason for anything else)."""
+        try:
+            data = json.loads(self.request.body or b"{}")
+        except ValueError as e:
+            raise errors.InvalidRequest(f"the body is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise errors.InvalidRequest("the body must be a JSON object")
+        return data
+
 
 class NotFoundHandler(NodeHandler):
     async def prepare(self):

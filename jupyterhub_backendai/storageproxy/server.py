@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
-import logging
-import signal
 
 from tornado import web
 from traitlets import Bool, Dict, Integer, Unicode, default
-from traitlets.config import Application
 
 from ..common import bodylimit
+from ..common.daemon import NodeDaemon
 from ..common.errors import BackendAIError, InvalidRequest
-from ..common.httpbase import NodeAuth, NodeAuthConfig, NodeHandler, NotFoundHandler, listen
+from ..common.httpbase import NodeAuth, NodeHandler, NotFoundHandler, listen
 from . import transfer
 from .backends import make_volumes
 from .client import InProcessStorageClient
@@ -47,15 +44,6 @@ class _Handler(NodeHandler):
     @property
     def storage(self) -> InProcessStorageClient:
         return self.settings["storage"]
-
-    def body(self) -> dict:
-        try:
-            data = json.loads(self.request.body or b"{}")
-        except ValueError as e:
-            raise InvalidRequest(f"the body is not JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise InvalidRequest("the body must be a JSON object")
-        return data
 
     def query(self, name: str, default: str = "") -> str:
         """A query argument exactly as sent (tornado's ``get_argument`` would strip
@@ -296,11 +284,10 @@ def make_app(storage: InProcessStorageClient, auth: NodeAuth | str, max_upload_b
     )
 
 
-class StorageProxyApp(NodeAuthConfig, Application):
+class StorageProxyApp(NodeDaemon):
     name = "backendai-storage-proxy"
     token_env = "BACKENDAI_STORAGE_TOKEN"
     description = "Serve vfolders on this node's volumes to jupyterhub-backendai managers."
-    config_file = Unicode("", help="Config file to load (Python, traitlets).").tag(config=True)
     listen_host = Unicode("127.0.0.1", help="Address the storage API listens on.").tag(config=True)
     listen_port = Integer(6021, help="Port the storage API listens on.").tag(config=True)
     volumes = Dict(
@@ -361,11 +348,6 @@ class StorageProxyApp(NodeAuthConfig, Application):
         "host": "StorageProxyApp.listen_host",
     }
 
-    def initialize(self, argv=None):
-        super().initialize(argv)
-        if self.config_file:
-            self.load_config_file(self.config_file)
-
     async def run(self):
         try:
             auth = self.node_auth()
@@ -381,11 +363,7 @@ class StorageProxyApp(NodeAuthConfig, Application):
             "storage proxy on %s:%s serving %s", self.listen_host, self.listen_port,
             ", ".join(f"{n} ({c['path']})" for n, c in self.volumes.items()),
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await self.until_stopped()
         server.stop()
         if client_server is not None:
             client_server.stop()
@@ -421,7 +399,4 @@ class StorageProxyApp(NodeAuthConfig, Application):
 
 
 def main(argv=None):
-    logging.basicConfig(level=logging.INFO)
-    app = StorageProxyApp()
-    app.initialize(argv)
-    asyncio.run(app.run())
+    StorageProxyApp.main(argv)
