@@ -48,3 +48,8 @@ class Agent(Base):
     version: Mapped[str] = mapped_column(String(32), default="")
     first_contact: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # What the agent holds, as its last heartbeat said (issues 25 and 30; the scheduler
+    # prefers such agents): the labelled images on its engine (None: it did not say), and
+    # its ready pooled kernels per warm pool ({pool key: count}).
+    images: Mapped[list | None] = mapped_column(JSON, nullable=True, default=None)
+    pool_ready: Mapped[dict | None] = mapped_column(JSON, nullable=True, default=None)
