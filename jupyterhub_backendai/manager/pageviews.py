@@ -237,11 +237,25 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
                 r["may_edit"] = installation
                 r["may_delete"] = installation and r["name"] != admin.DEFAULT
     elif section == "resource-groups":
+        from .scheduler.options import AGENT_SELECTORS, SchedulerOptions
+
         out["groups"] = _all(admin.list_resource_groups, db, p)["items"]
+        agents = _all(admin.list_agents, db, p)["items"] if (
+            p.is_superadmin or p.reads_domain) else []
+        defaults = SchedulerOptions()
         for g in out["groups"]:
             g["may_edit"] = installation
             g["may_delete"] = installation and g["name"] != admin.DEFAULT
+            g["agents"] = [a for a in agents if a["resource_group"] == g["name"]]
+            opts = SchedulerOptions.lenient(g["scheduler_opts"])
+            g["opts_text"] = "; ".join(
+                f"{k.replace('_', ' ')} {', '.join(v) if isinstance(v, tuple) else v}"
+                for k, v in ((k, getattr(opts, k)) for k in (
+                    "agent_selector", "pending_timeout", "starvation_threshold",
+                    "max_reservations", "resource_priority", "retry_backoff"))
+                if v != getattr(defaults, k))
         out["schedulers"] = sorted(admin.KNOWN_SCHEDULERS)
+        out["selectors"] = list(AGENT_SELECTORS)
     elif section == "presets":
         out["presets"] = _all(admin.list_resource_presets, db, p)["items"]
         for r in out["presets"]:
