@@ -138,3 +138,51 @@ def test_domain_admin_sees_groups_and_their_agents_without_the_forms(world, brow
         assert errors == []
     finally:
         ctx.close()
+
+
+def test_domain_admin_edits_a_project_and_its_members(world, browser):
+    hub, sa = world["hub"], world["sa"]
+    proj = sa.ok("POST", "/projects", json={"name": "vision", "domain_name": "default"})
+    alice = _user(sa, "projalice", "user", "default", [proj["id"]])
+    _user(sa, "projbob", "user", "default")
+    ctx, page, errors = _tab(browser, hub, world["dadmin"]["email"], PASSWORD)
+    try:
+        page.goto(hub.base + "/hub/backendai/admin/projects")
+        row = page.locator('#backendai-projects tr[data-name="vision"]')
+        assert row.locator("[data-member]").all_inner_texts()[0].startswith("projalice")
+        # Add a member: confirmed after the reload, in the record.
+        row.get_by_label("Add a member to vision").select_option(label="projbob")
+        row.get_by_role("button", name="Add", exact=True).click()
+        page.locator("#backendai-message.alert-success").wait_for()
+        assert page.locator("#backendai-message").inner_text() == "Added projbob to vision."
+        members = lambda: sorted(m["username"] for m in  # noqa: E731
+                                 sa.ok("GET", f"/projects/{proj['id']}/members")["items"])
+        assert members() == ["projalice", "projbob"]
+        # Remove one (asked first).
+        row = page.locator('#backendai-projects tr[data-name="vision"]')
+        row.get_by_role("button", name="Remove projalice from vision").click()
+        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+                               " === 'Removed projalice from vision.'")
+        assert members() == ["projbob"]
+        # A bad new name: the API's words in the form, nothing changed.
+        row = page.locator('#backendai-projects tr[data-name="vision"]')
+        page.locator(f"#edit-project-{proj['id']}-open").click()
+        box = row.locator("form.backendai-edit")
+        box.get_by_label("Name").fill("vision lab!")
+        box.get_by_role("button", name="Save").click()
+        inplace = box.locator(".backendai-edit-error")
+        inplace.wait_for(state="visible")
+        assert inplace.inner_text() == ("name: must be 1 to 64 letters, digits, '.', '_' or '-', "
+                                        "beginning with a letter or digit")
+        assert sa.ok("GET", f"/projects/{proj['id']}")["name"] == "vision"
+        box.get_by_label("Name").fill("vision-lab")
+        box.get_by_role("button", name="Save").click()
+        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+                               " === 'Saved project vision.'")
+        assert sa.ok("GET", f"/projects/{proj['id']}")["name"] == "vision-lab"
+        assert alice["id"] not in [m["id"] for m in
+                                   sa.ok("GET", f"/projects/{proj['id']}/members")["items"]]
+        screenshot(page, "projects-members-edited.png", full_page=True)
+        assert [e for e in errors if "status of 400" not in e] == [], errors
+    finally:
+        ctx.close()
