@@ -31,12 +31,27 @@ def _filters(path: str) -> dict:
     return spec.find(ROUTES, "get", path).filters
 
 
-class _Items(APIBase):
-    """A kind's collection: GET lists it (with the filters its route declares), POST
-    creates one (201). The operations are ``ops.list_<items>`` and ``ops.create_<item>``,
-    the body ``<model>Create``; a subclass names them."""
+class _Kind(APIBase):
+    """The operations of one kind of object: ``ops.<verb>_<item>``. Those named in
+    ``synced`` answer (result, change) and the change is mirrored in JupyterHub
+    (:mod:`.hubsync`) after their commit."""
 
-    path = items = item = model = ""
+    item = model = ""
+    synced: frozenset[str] = frozenset()
+
+    async def run(self, verb: str, *args):
+        out = await getattr(self.manager.ops, f"{verb}_{self.item}")(self.principal, *args)
+        if verb in self.synced:
+            out, change = out
+            await hubsync.apply(self, change)
+        return out
+
+
+class _Items(_Kind):
+    """A kind's collection: GET lists it (``ops.list_<items>``, with the filters its route
+    declares), POST creates one (201, the body ``<model>Create``)."""
+
+    path = items = ""
 
     async def get(self):
         f, o, n = self.query(_filters(self.path))
@@ -44,32 +59,23 @@ class _Items(APIBase):
 
     async def post(self):
         self.query()
-        body = self.body(f"{self.model}Create")
-        self.reply(await getattr(self.manager.ops, f"create_{self.item}")(self.principal, body),
-                   201)
+        self.reply(await self.run("create", self.body(f"{self.model}Create")), 201)
 
 
-class _Item(APIBase):
-    """One of a kind, by its key: GET, PATCH (``<model>Update``), DELETE (204), through
-    ``ops.get_<item>``, ``ops.update_<item>``, ``ops.delete_<item>``."""
-
-    item = model = ""
-
-    def _op(self, verb: str):
-        return getattr(self.manager.ops, f"{verb}_{self.item}")
+class _Item(_Kind):
+    """One of a kind, by its key: GET, PATCH (``<model>Update``), DELETE (204)."""
 
     async def get(self, key):
         self.query()
-        self.reply(await self._op("get")(self.principal, key))
+        self.reply(await self.run("get", key))
 
     async def patch(self, key):
         self.query()
-        body = self.body(f"{self.model}Update")
-        self.reply(await self._op("update")(self.principal, key, body))
+        self.reply(await self.run("update", key, self.body(f"{self.model}Update")))
 
     async def delete(self, key):
         self.query()
-        await self._op("delete")(self.principal, key)
+        await self.run("delete", key)
         self.reply(None, 204)
 
 
@@ -119,49 +125,19 @@ class DomainsHandler(_Items):
 
 
 class DomainHandler(_Item):
-    item, model = "domain", "Domain"
-
-    async def patch(self, name):
-        self.query()
-        body = self.body("DomainUpdate")
-        out, change = await self.manager.ops.update_domain(self.principal, name, body)
-        await hubsync.apply(self, change)
-        self.reply(out)
+    item, model, synced = "domain", "Domain", frozenset({"update"})
 
 
 # -- projects ------------------------------------------------------------------
 
 
-class ProjectsHandler(APIBase):
-    async def get(self):
-        f, o, n = self.query(_filters("/projects"))
-        self.reply(await self.manager.ops.list_projects(self.principal, f, o, n))
-
-    async def post(self):
-        self.query()
-        body = self.body("ProjectCreate")
-        out, change = await self.manager.ops.create_project(self.principal, body)
-        await hubsync.apply(self, change)
-        self.reply(out, 201)
+class ProjectsHandler(_Items):
+    path, items, item, model = "/projects", "projects", "project", "Project"
+    synced = frozenset({"create"})
 
 
-class ProjectHandler(APIBase):
-    async def get(self, pid):
-        self.query()
-        self.reply(await self.manager.ops.get_project(self.principal, pid))
-
-    async def patch(self, pid):
-        self.query()
-        body = self.body("ProjectUpdate")
-        out, change = await self.manager.ops.update_project(self.principal, pid, body)
-        await hubsync.apply(self, change)
-        self.reply(out)
-
-    async def delete(self, pid):
-        self.query()
-        _, change = await self.manager.ops.delete_project(self.principal, pid)
-        await hubsync.apply(self, change)
-        self.reply(None, 204)
+class ProjectHandler(_Item):
+    item, model, synced = "project", "Project", frozenset({"update", "delete"})
 
 
 class MembersHandler(APIBase):
@@ -188,36 +164,13 @@ class MemberHandler(APIBase):
 # -- users ---------------------------------------------------------------------
 
 
-class UsersHandler(APIBase):
-    async def get(self):
-        f, o, n = self.query(_filters("/users"))
-        self.reply(await self.manager.ops.list_users(self.principal, f, o, n))
-
-    async def post(self):
-        self.query()
-        body = self.body("UserCreate")
-        out = await self.manager.ops.create_user(self.principal, body)
-        self.reply(out, 201)
+class UsersHandler(_Items):
+    path, items, item, model = "/users", "users", "user", "User"
 
 
-class UserHandler(APIBase):
-    async def get(self, uid):
-        self.query()
-        self.reply(await self.manager.ops.get_user(self.principal, uid))
-
-    async def patch(self, uid):
-        self.query()
-        body = self.body("UserUpdate")
-        out, change = await self.manager.ops.update_user(self.principal, uid, body)
-        await hubsync.apply(self, change)
-        self.reply(out)
-
-    async def delete(self, uid):
-        self.query()
-        # (the hub's account goes too: hubsync.delete_user)
-        _, change = await self.manager.ops.delete_user(self.principal, uid)
-        await hubsync.apply(self, change)
-        self.reply(None, 204)
+class UserHandler(_Item):
+    # (a deletion takes the hub's account too: hubsync.delete_user)
+    item, model, synced = "user", "User", frozenset({"update", "delete"})
 
 
 # -- keypairs ------------------------------------------------------------------
