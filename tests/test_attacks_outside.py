@@ -106,6 +106,14 @@ class World:
         assert r.status_code == 201, r.text
         r = self.bob2("GET", "/folders/invitations/list")
         self.invitation = r.json()["invitations"][0]["id"]
+        r = self.bob("POST", "/template/session", {"payload": json.dumps({
+            "name": "bobtpl", "template": {"kind": "taskTemplate", "spec": {
+                "session_type": "batch", "kernel": {"image": "local/python"}}}})})
+        assert r.status_code == 200, r.text
+        self.template = r.json()[0]["id"]
+        r = self.bob("POST", "/user-config/dotfiles",
+                     {"path": ".bobrc", "data": "bob's", "permission": "644"})
+        assert r.status_code == 200, r.text
 
     @staticmethod
     def _user(sa, domain: str, name: str) -> dict:
@@ -150,6 +158,25 @@ CROSS = {
     "/session/([^/]+)/upload": [("POST", "/session/{sid}/upload", "files")],
     "/folders/_/id": [("GET", "/folders/_/id", {"name": "bobdata"})],
     "/stream/session/([^/]+)/apps": [("GET", "/stream/session/{sid}/apps", None)],
+    "/template/session/([^/]+)": [("GET", "/template/session/{tpl}", None),
+                                  ("GET", "/template/session/{tpl}?format=json", None),
+                                  ("PUT", "/template/session/{tpl}", {"payload": "{}"}),
+                                  ("DELETE", "/template/session/{tpl}", None)],
+    "/session/_/create-from-template": [("POST", "/session/_/create-from-template",
+                                         {"template_id": "{tpl}", "name": "stolen",
+                                          "type": "batch"})],
+    "/user-config/dotfiles": [("GET", "/user-config/dotfiles?owner_access_key={bobkey}", None),
+                              ("GET", "/user-config/dotfiles?path=.bobrc&owner_access_key="
+                               "{bobkey}", None),
+                              ("DELETE", "/user-config/dotfiles?path=.bobrc&owner_access_key="
+                               "{bobkey}", None),
+                              ("POST", "/user-config/dotfiles",
+                               {"path": ".x", "data": "x", "permission": "644",
+                                "owner_access_key": "{bobkey}"})],
+    "/domain-config/dotfiles": [("GET", "/domain-config/dotfiles?domain=db", None),
+                                ("POST", "/domain-config/dotfiles",
+                                 {"domain": "db", "path": ".x", "data": "x",
+                                  "permission": "644"})],
     "/stream/session/([^/]+)/tcpproxy": [("GET", "/stream/session/{sid}/tcpproxy?app=jupyter",
                                           None)],
     "/folders/invitations/accept": [("POST", "/folders/invitations/accept", {"inv_id": "{inv}"})],
@@ -202,6 +229,12 @@ NOT_CROSSED = {
     "/config/resource-slots": "the installation's slot names, the same for everyone",
     "/config/vfolder-types": "the same for everyone",
     "/folders/_/allowed_types": "the same for everyone",
+    "/template/session": "lists the caller's own and their projects' templates; "
+                         "test_backendai_client_templates.py (a user outside the project "
+                         "sees none)",
+    "/group-config/dotfiles": "names a project: one the caller cannot see is 404 "
+                              "(test_backendai_client_templates.py::test_dotfiles_are_"
+                              "written_into_new_sessions)",
     "/scaling-groups": "names a project: one the caller cannot see is refused "
                        "(test_backendai_client_more.py::test_admin_agent_list_query_slots_and_"
                        "usable_scaling_groups)",
@@ -234,7 +267,8 @@ def test_every_backendai_route_has_a_cross_domain_row():
 def _fill(value, world: World):
     subs = {"{sid}": world.session, "{sid_dashed}": _dashed(world.session),
             "{fid}": world.folder, "{fid_dashed}": _dashed(world.folder),
-            "{inv}": world.invitation, "{bob2}": world.bob2.user["id"]}
+            "{inv}": world.invitation, "{bob2}": world.bob2.user["id"],
+            "{tpl}": world.template, "{bobkey}": world.bob.keys[0]}
     if isinstance(value, str):
         for k, v in subs.items():
             value = value.replace(k, v)

@@ -476,7 +476,7 @@ def cli_run(bai: BAI, *args: str, timeout: float = 90) -> tuple[int, str]:
 
 def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     """What the clients call and this hub does not offer (ssh, a running
-    session's files, commit, session templates, dotfiles, server and task logs, domain
+    session's files, commit, server and task logs, domain
     rename, scaling-group drivers, etcd, ...): a 4xx whose message names what to use
     instead, never a bare 404; nothing changes."""
     x = uuid.uuid4().hex[:6]
@@ -490,9 +490,6 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
         (alice, ("session", "ls", name), "files of a running session"),
         (bob26, ("session", "ls", name), "files of a running session"),
         (alice, ("session", "commit", name), "`session commit` is not offered here"),
-        (alice, ("session-template", "list"), "session templates are not offered"),
-        (bob26, ("session-template", "list"), "session templates are not offered"),
-        (alice, ("dotfile", "list"), "dotfiles are not offered here"),
         (alice, ("server-logs", "list"), "the server's error log is the hub's own log"),
         (alice, ("task-logs", str(uuid.uuid4())), "background task logs are not kept"),
         (root, ("admin", "etcd", "get", "x"), "the managers' shared settings"),
@@ -515,8 +512,8 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     # every refused route answers 400 in Backend.AI's shape, for every method
     sa = superadmin(hub)
     for method, path in (("GET", f"/stream/session/{name}/httpproxy"),
-                         ("GET", "/template/session"), ("POST", f"/session/{name}/commit"),
-                         ("PUT", "/user-config/dotfiles"), ("GET", "/folders/_/mounts"),
+                         ("POST", f"/session/{name}/commit"),
+                         ("GET", "/folders/_/mounts"),
                          ("PATCH", "/services/x"), ("POST", "/config/set")):
         r = alice.user["client"](method, path)
         assert r.status_code == 400 and " not " in r.json()["title"], (method, path, r.text)

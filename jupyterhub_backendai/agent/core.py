@@ -281,6 +281,10 @@ class Agent(LoggingConfigurable):
         # Events the bus could not take yet (publish), oldest first.
         self._outbox: collections.deque = collections.deque(maxlen=10_000)
         self._outbox_task: asyncio.Task | None = None
+        # Issues 25 and 30: pooled kernels not ready yet (being started) or being bound,
+        # which the heartbeat does not count as ready; a heartbeat asked for soon.
+        self._pool_busy: set[str] = set()
+        self._report_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -312,6 +316,8 @@ class Agent(LoggingConfigurable):
             self._hb_task.cancel()
         if self._outbox_task:
             self._outbox_task.cancel()
+        if self._report_task:
+            self._report_task.cancel()
         redis = getattr(self.event_bus, "redis", None)
         if redis is not None:
             try:  # a stopped agent has no live statistics
@@ -463,8 +469,39 @@ class Agent(LoggingConfigurable):
             self._outbox.popleft()
         self.log.info("event outbox sent: the bus is back")
 
+    async def holdings(self) -> dict:
+        """What this agent holds, for the scheduler's preference (issues 25 and 30):
+        ``images``, the labelled images on its engine, and ``pool``, its ready pooled
+        kernels per warm pool key (unbound, running, not being started or bound)."""
+        images = sorted({i.name for i in await self.impl.list_images()})
+        pool: dict[str, int] = {}
+        if getattr(self.impl, "pools", False):
+            for r in await self.impl.list_kernels():
+                if r.pooled and r.alive and r.kernel_id not in self._pool_busy:
+                    pool[r.pooled] = pool.get(r.pooled, 0) + 1
+        return {"images": images, "pool": pool}
+
+    async def _announce(self) -> None:
+        await self.event_bus.publish(
+            "agent_heartbeat", dict(self.info(), ts=time.time(), **await self.holdings()))
+
+    def report_soon(self) -> None:
+        """A heartbeat now (without statistics): what the agent holds changed (a pooled
+        kernel became ready or was taken, an image arrived). Coalesced."""
+        if self._report_task is not None and not self._report_task.done():
+            return
+
+        async def report():
+            await asyncio.sleep(0)
+            try:
+                await self._announce()
+            except Exception as e:  # the periodic heartbeat says it later
+                self.log.debug("heartbeat not sent: %s", e)
+
+        self._report_task = asyncio.create_task(report())
+
     async def heartbeat(self) -> None:
-        await self.event_bus.publish("agent_heartbeat", dict(self.info(), ts=time.time()))
+        await self._announce()
         try:
             stats = await self.collect_stats()
             redis = getattr(self.event_bus, "redis", None)
@@ -572,7 +609,10 @@ class Agent(LoggingConfigurable):
     async def pull_image(self, ref: str, auth: dict | None = None, policy: str = "tag",
                          on_progress=None) -> bool:
         """Issue 25: make ``ref`` present, pulling it (shared) when missing (backends/pull.py)."""
-        return await self.puller.ensure(ref, auth, policy, on_progress)
+        pulled = await self.puller.ensure(ref, auth, policy, on_progress)
+        if pulled:
+            self.report_soon()  # the image is here now
+        return pulled
 
     async def create_kernel(self, spec: dict | KernelSpec) -> dict:
         """Start one kernel. ``spec``: a :class:`KernelSpec` or its wire form: kernel_id, session_id, owner, image, slots, environ,
@@ -615,6 +655,8 @@ class Agent(LoggingConfigurable):
             self._kernel_slots[spec["kernel_id"]] = slots
         # Backends hand devices to the kernel by UUID; cpuset: the CPUs next to them.
         spec = dict(spec, cuda_uuids=gpu.uuids, cpuset=gpu.cpuset)
+        if spec.get("pool"):
+            self._pool_busy.add(spec["kernel_id"])  # ready once create_kernel returns
         try:
             rec = await self.impl.create_kernel(
                 spec, image, ports, devices, fake_devices=self.device_source.fake
@@ -622,6 +664,10 @@ class Agent(LoggingConfigurable):
         except BaseException:
             self._release(spec["kernel_id"])
             raise
+        finally:
+            if spec.get("pool"):
+                self._pool_busy.discard(spec["kernel_id"])
+                self.report_soon()
         if not spec.get("pool"):  # a pooled kernel is nobody's until it is bound
             await self.publish(
                 "kernel_started",
@@ -655,7 +701,7 @@ class Agent(LoggingConfigurable):
                 or spec.get("cluster_ssh") or int(spec.get("cluster_agents") or 1) != 1 \
                 or spec.get("pids_limit") or spec.get("tmp_size") \
                 or spec.get("container_uid") or spec.get("container_main_gid") \
-                or spec.get("container_gids") \
+                or spec.get("container_gids") or spec.get("dotfiles") \
                 or not any(m["target"] == MOUNT_ROOT for m in spec["mounts"]):
             raise InvalidRequest("this kernel cannot be bound to a pooled one (several kernels, "
                                  "SSH, a batch command, kernel bounds of a policy, or no home "
@@ -667,11 +713,15 @@ class Agent(LoggingConfigurable):
                 ResourceSlot.from_json(mine[0].slots or {}) != ResourceSlot.from_json(spec["slots"]):
             raise InvalidRequest(f"pooled kernel {kid} is of another image or other resources than asked for")
         image = await self.impl.inspect_image(spec["image"])
+        self._pool_busy.add(kid)  # no longer ready for anyone else
+        self.report_soon()
         try:
             rec = await self.impl.bind_pooled(spec, image)
         except BaseException:
             self._release(kid)
             raise
+        finally:
+            self._pool_busy.discard(kid)
         await self.publish(
             "kernel_started",
             {"agent_id": self.agent_id, "kernel_id": rec.kernel_id, "session_id": rec.session_id},
@@ -681,6 +731,8 @@ class Agent(LoggingConfigurable):
     async def destroy_kernel(self, kernel_id: str) -> None:
         await self.impl.destroy_kernel(kernel_id)
         self._release(kernel_id)
+        if getattr(self.impl, "pools", False):
+            self.report_soon()  # it may have been a ready pooled kernel
 
     async def list_kernels(self) -> list[dict]:
         return [r.to_json() for r in await self.impl.list_kernels()]

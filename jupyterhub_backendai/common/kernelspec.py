@@ -66,6 +66,10 @@ class KernelSpec(BaseModel):
     container_uid: int | None = Field(None, ge=1)
     container_main_gid: int | None = Field(None, ge=1)
     container_gids: tuple[int, ...] = ()
+    # Issue 27: Backend.AI's dotfiles of the owner, their project and domain
+    # ({"path" under /home/work, "permission" in octal, "data"}), written into the
+    # kernel's home folder before it starts (manager/templates.py session_dotfiles).
+    dotfiles: tuple[dict, ...] = ()
     # Issue 30: a pooled kernel of this warm pool (its key), started with no user's
     # folder, environment or token, bound to a session later (agent/warmpool.py).
     pool: str | None = Field(None, max_length=400)

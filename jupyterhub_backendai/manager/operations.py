@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     lifetimes,
     pageviews,
     spawnviews,
+    templates,
     tenancy,
     usage,
     vfolders,

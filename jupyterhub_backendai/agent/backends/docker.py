@@ -141,6 +141,29 @@ def _kernels_on(network: dict) -> list[str]:
     return [k for k in network.get("Containers") or {} if not k.startswith("lb-")]
 
 
+def _dotfiles_archive(dotfiles, uid: int, gid: int) -> bytes:
+    """Issue 27: a tar of Backend.AI's dotfiles (paths under /home/work, checked by the
+    manager), owned by the kernel's user, with their permissions."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dirs: set[str] = set()
+        for d in dotfiles:
+            parts = d["path"].split("/")
+            for i in range(1, len(parts)):
+                sub = "/".join(parts[:i])
+                if sub not in dirs:
+                    dirs.add(sub)
+                    info = tarfile.TarInfo(sub)
+                    info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                    tar.addfile(info)
+            data = d["data"].encode()
+            info = tarfile.TarInfo(d["path"])
+            info.size, info.mode, info.uid, info.gid = len(data), int(d["permission"], 8), uid, gid
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _cluster_ssh_archive(keys: dict | None, user_key: str | None = None) -> bytes:
     """multinode: a tar of /home/config/ssh for a cluster session's kernel: the session's
     private key (id_cluster), its public key (id_cluster.pub) and authorized_keys, owned
@@ -746,6 +769,9 @@ class DockerBackend(Backend):
                     "/", _cluster_ssh_archive(spec.get("cluster_ssh"), user_key))
             if pooled:
                 await container.put_archive("/", pool.waiter_archive())
+            if spec.get("dotfiles"):  # issue 27: into the home folder, as its user's
+                await container.put_archive("/home/work", _dotfiles_archive(
+                    spec["dotfiles"], uid or KERNEL_UID, gid or KERNEL_UID))
             await container.start()
             if pooled:
                 await self._wait_pool_ready(container)

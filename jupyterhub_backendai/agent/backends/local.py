@@ -138,6 +138,14 @@ class LocalBackend(Backend):
                         f"to {path}. Let it search that directory (chmod o+x, or group "
                         f"{self.run_as[1]}), or keep the working folders "
                         f"(Agent.local_work_root) and volumes where it can.")
+        for d in spec.get("dotfiles") or ():  # issue 27 (paths checked by the manager)
+            target = os.path.join(workdir, *d["path"].split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w") as fh:
+                fh.write(d["data"])
+            os.chmod(target, int(d["permission"], 8))
+            if self.run_as:
+                os.chown(target, *self.run_as)
         made = self._link_mounts(spec["kernel_id"], owner, workdir, mounts)
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
         env.update(spec.get("environ") or {})

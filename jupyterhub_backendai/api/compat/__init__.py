@@ -25,6 +25,7 @@ def routes() -> list[tuple]:
     from . import folders as f
     from . import handlers as h
     from . import sessions as s
+    from . import templates as t
     from .appproxy import AppsHandler, TCPProxyHandler
     from .execute import ExecuteHandler, SessionUploadHandler
     from .images import BackgroundTaskEventsHandler
@@ -37,7 +38,12 @@ def routes() -> list[tuple]:
         ("/session", s.SessionCreateHandler),
         # (before /session/{SEG}/...: "_" is no session)
         ("/session/_/logs", h.RefusedHandler, {"what": "task-logs"}),
-        ("/session/_/create-from-template", h.RefusedHandler, {"what": "template"}),
+        ("/session/_/create-from-template", t.CreateFromTemplateHandler),
+        ("/template/session", t.TemplatesHandler),
+        (f"/template/session/{SEG}", t.TemplateHandler),
+        ("/user-config/dotfiles", t.DotfilesHandler, {"scope": "user"}),
+        ("/group-config/dotfiles", t.DotfilesHandler, {"scope": "group"}),
+        ("/domain-config/dotfiles", t.DotfilesHandler, {"scope": "domain"}),
         (f"/session/{SEG}", s.SessionHandler),
         (f"/session/{SEG}/logs", s.SessionLogsHandler),
         (f"/session/{SEG}/status-history", s.SessionStatusHistoryHandler),
@@ -90,11 +96,6 @@ def routes() -> list[tuple]:
         (f"/session/{SEG}/start-service", "start-service"),
         (f"/session/{SEG}/abusing-report", "abusing-report"),
         (f"/session/{SEG}/dependency-graph", "dependency-graph"),
-        ("/template/session", "template"),
-        (f"/template/session/{SEG}", "template"),
-        ("/user-config/dotfiles", "dotfile"),
-        ("/group-config/dotfiles", "dotfile"),
-        ("/domain-config/dotfiles", "dotfile"),
         ("/logs/error", "server-logs"),
         ("/config/get", "etcd"), ("/config/set", "etcd"), ("/config/delete", "etcd"),
         ("/manager/status", "manager"), ("/manager/scheduler/operation", "manager"),

@@ -116,10 +116,6 @@ REFUSALS = {
     "commit": ("`session commit` is not offered here yet: build the image, push it to a "
                "configured registry and rescan it (`backend.ai admin image rescan`, "
                "docs/images.md)"),
-    "template": ("session templates are not offered here: use the hub's presets (the spawn "
-                 "form) or `session create` with the options"),
-    "dotfile": (f"dotfiles are not offered here: put them in {_HOME}, which every session "
-                "of yours mounts"),
     "server-logs": ("the server's error log is the hub's own log (its operator's), not "
                     "served through the API: a session's output is `session logs`"),
     "task-logs": ("background task logs are not kept here (no task runs in the background): "

@@ -248,7 +248,9 @@ _BACKENDAI_KEYS = frozenset(
 
 class SessionCreateHandler(CompatBase):
     async def post(self):
-        body = self.json_body()
+        await self.create(self.json_body())
+
+    async def create(self, body: dict) -> None:
         # The one request, parsed once from Backend.AI's names (BackendAISessionCreate).
         request = BackendAISessionCreate.parse(body)
         # `run -e`/`session create -e`: the session's own variables (the platform's win)

@@ -120,7 +120,7 @@ class Starter:
             if sess.resource_group in mgr.ssh_resource_groups:  # issue 12: opted in
                 ssh_key = await mgr.db_read(
                     sshkeys.session_public_key, sess, mgr.ssh_resource_groups)
-            bounds = await mgr.db_read(kernel_bounds, sess.access_key)
+            bounds = await mgr.db_read(kernel_bounds, sess.access_key, sess.project_id)
             # Issue 30: a warm pool's kernel, when one matches (its id becomes the kernel's).
             pooled = await mgr.warmpool.take(sess, kernels, mounts, bounds, ssh_key)
             specs = self.kernel_specs(sess, kernels, agents, owner, mounts, ssh_key=ssh_key,
@@ -323,12 +323,14 @@ class Starter:
         return specs
 
 
-def kernel_bounds(s, access_key: str) -> dict:
+def kernel_bounds(s, access_key: str, project_id: str | None = None) -> dict:
     """The kernel bounds of a keypair's resource policy (issue 24): ``pids_limit`` and
     ``tmp_size`` where the policy sets them (else the agent's own defaults apply); and
     the container ids of the keypair's user (issue 27, Backend.AI 26.09's
-    ``container_uid``, ``container_main_gid``, ``container_gids``) where set."""
+    ``container_uid``, ``container_main_gid``, ``container_gids``) where set, and the
+    dotfiles of that user, the session's project and the user's domain (issue 27)."""
     from ...models import Keypair, KeypairResourcePolicy
+    from ..templates import session_dotfiles
 
     kp = s.get(Keypair, access_key)
     policy = s.get(KeypairResourcePolicy, kp.resource_policy) if kp is not None else None
@@ -339,6 +341,9 @@ def kernel_bounds(s, access_key: str) -> dict:
             out[field] = getattr(user, field)
     if user is not None and user.container_gids:
         out["container_gids"] = tuple(user.container_gids)
+    dotfiles = session_dotfiles(s, user.id, project_id) if user is not None else []
+    if dotfiles:
+        out["dotfiles"] = tuple(dotfiles)
     if policy is not None and policy.max_pids_per_kernel:
         out["pids_limit"] = policy.max_pids_per_kernel
     if policy is not None and policy.max_tmp_size:
