@@ -23,6 +23,7 @@ from .common.errors import BackendAIError
 from .common.session_request import SessionRequest, SessionRequestError, check_environ
 from .common.slots import CPU, CUDA, MEM
 from .common.types import DEAD_STATUSES, PROGRESS, SessionStatus
+from .manager import images as _images
 from .manager.core import BackendAIManager
 from .pages import presets as _presets
 
@@ -147,17 +148,22 @@ class BackendAISpawner(Spawner):
 
     async def _image_choices(self, resource_group: str | None = None) -> list[str]:
         """The images offered: ``images`` if configured; else the catalogue's visible
-        images (issue 25; the default first), and, unless ``image_catalogue`` restricts
-        starts to the catalogue, the labelled images the group's agents hold that are
-        not hidden."""
+        images (issue 25; the default first; GPU images only where the group has GPUs),
+        and, unless ``image_catalogue`` restricts starts to the catalogue, the labelled
+        images the group's agents hold that are not hidden."""
         if self.images:
             return list(self.images)
-        catalogue = [i["name"] for i in await self.manager.ops.list_catalogue(None)]
+        group = resource_group or self.resource_group
+        entries = await self.manager.ops.list_catalogue(None)
+        if not (await self.manager.ops.group_facts(group))["gpu"]:
+            # GPU images only where the group has GPUs to give them.
+            entries = [i for i in entries if not _images.needs_gpu(i["labels"])]
+        catalogue = [i["name"] for i in entries]
         if self.manager.image_catalogue:
             return catalogue
         hidden = {i["name"] for i in await self.manager.ops.list_catalogue(None, True)
                   if i["hidden"]}
-        held = await self.manager.list_images(resource_group or self.resource_group)
+        held = await self.manager.list_images(group)
         default = await self.manager.ops.default_image()
         return sorted((n for n in dict.fromkeys(catalogue + held) if n not in hidden),
                       key=lambda n: n != default)

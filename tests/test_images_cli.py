@@ -190,3 +190,53 @@ def test_console_environments_page(hub, reg):
     us = hub.login(u["email"], PASSWORD)
     r = us.get(hub.base + "/hub/backendai/admin/environments")
     assert r.status_code in (403, 404) and tiny not in r.text
+
+
+def test_gpu_images_only_where_the_group_has_gpus(hub, reg, tmp_path):
+    """A GPU image (``ai.backend.accelerators=cuda``, at least one GPU) is not offered in
+    the form of a group without GPUs (this hub's local agent has none), while the other
+    images are; a hub whose agent has GPUs (an NVML stand-in: no GPU on CI) offers it."""
+    import html
+    import re
+
+    from .api_world import PASSWORD
+
+    d = tmp_path / "cuda"
+    d.mkdir()
+    (d / "hello").write_text("hello\n")
+    (d / "Dockerfile").write_text(
+        'FROM scratch\nCOPY hello /hello\nLABEL "ai.backend.kernelspec"="1" '
+        '"ai.backend.accelerators"="cuda" "ai.backend.resource.min.cuda.device"="1"\n')
+    tag = image_tag("cli-cuda")
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True,
+                   capture_output=True)
+    try:
+        reg.push(tag, "lab/cuda", "1")
+    finally:
+        remove_images(tag)
+    cuda, tiny = f"{reg.host}/lab/cuda:1", f"{reg.host}/lab/tiny:1"
+
+    def offered(h) -> list[str]:
+        sa = superadmin(h)
+        sa.ok("POST", "/container-registries/lab/rescan", status=200)
+        assert {cuda, tiny} <= {i["name"] for i in sa.ok("GET", "/images")["items"]}
+        u = new_user(sa, name=f"gpu-{uuid.uuid4().hex[:6]}")
+        page = html.unescape(h.login(u["email"], PASSWORD).get(h.base + "/hub/spawn").text)
+        return re.findall(r'<option value="([^"]+)"', page)
+
+    names = offered(hub)
+    assert tiny in names and cuda not in names, names
+
+    url = f"sqlite:///{tmp_path}/gpu.sqlite"
+    gpu_hub = Hub(db_url=url, backend="local",
+                  extra_args=["--Agent.nvml_stand_in=a100-mig"]).start()
+    try:
+        with make_sessionmaker(make_engine(url)).begin() as s:
+            s.add(ContainerRegistry(name="lab", url=reg.url, project="lab",
+                                    username=reg.username, password=reg.password,
+                                    ca_cert=reg.ca_pem.decode(), pull_policy="tag"))
+        names = offered(gpu_hub)
+        assert tiny in names and cuda in names, names
+    finally:
+        shutdown_hub(gpu_hub)
+

@@ -64,6 +64,24 @@ def min_slots(labels: dict) -> dict[str, str]:
     return {k[len(prefix):]: str(v) for k, v in labels.items() if k.startswith(prefix)}
 
 
+GPU_SLOT_PREFIXES = ("cuda.", "rocm.")
+
+
+def needs_gpu(labels: dict) -> bool:
+    """Whether an image is a GPU image: it names accelerators (Backend.AI's
+    ``ai.backend.accelerators``, e.g. ``cuda``) or a minimum of a GPU slot above zero."""
+    if str(labels.get("ai.backend.accelerators") or "").strip():
+        return True
+    for slot, amount in min_slots(labels).items():
+        if slot.startswith(GPU_SLOT_PREFIXES):
+            try:
+                if float(amount) > 0:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
 def _image_body(img: Image, aliases: list[str]) -> dict:
     return responses.Image.body({
         "name": img.name, "source": img.source, "repo": img.repo, "tag": img.tag,
