@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..common.ids import new_id
@@ -36,6 +36,9 @@ class VFolder(Base):
     # The owner's permission (user folders) or every member's (project folders).
     permission: Mapped[str] = mapped_column(String(4), default="rw")
     status: Mapped[str] = mapped_column(String(16), default="provisioning")
+    # The folder's own size limit in bytes (None: only its quota scope's applies); never
+    # above the scope's limit when set. Backend.AI's ``max_size`` (there in MiB).
+    max_size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     shares: Mapped[list[VFolderPermissionRow]] = relationship(
