@@ -16,6 +16,7 @@ from .tenancy import (
     UserResourcePolicy,
     project_members,
 )
+from .usage import KernelUsage
 from .vfolder import VFolder, VFolderPermissionRow
 from .warmpool import WarmPool
 
@@ -28,6 +29,7 @@ __all__ = [
     "Image",
     "ImageAlias",
     "Kernel",
+    "KernelUsage",
     "Keypair",
     "KeypairResourcePolicy",
     "Project",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from ..common.ids import new_id
@@ -108,5 +108,7 @@ class Kernel(Base):
     logs: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     terminated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The agent's time (Unix seconds) of the last live sample counted in kernel_usage.
+    usage_sampled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     session: Mapped[Session] = relationship(back_populates="kernels")
