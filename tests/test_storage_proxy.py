@@ -220,6 +220,50 @@ async def test_quota_counts_every_folder_of_the_scope(env):
     assert os.listdir(env.path) == []
 
 
+async def test_a_folders_own_limit_bounds_its_uploads_below_the_scopes(env):
+    """Backend.AI's per-folder ``max_size``: a limit of one folder, tighter than its
+    scope's, stops uploads into that folder only; a clone keeps it; deleting the folder
+    drops it."""
+    await env.client.set_quota_scope("volume1", env.scope, 10_000)
+    await env.client.set_folder_quota("volume1", env.scope, env.folder, 1000)
+    assert await env.client.folder_quota("volume1", env.scope, env.folder) == {
+        "limit_bytes": 1000, "used_bytes": 0}
+    await env.upload("a", stream(b"a" * 600))
+    with pytest.raises(StorageQuotaExceeded) as e:
+        await env.upload("b", stream(b"b" * 401, size=100))
+    assert e.value.status_code == 413
+    assert f"folder {env.folder}" in e.value.detail and "limited to 1000 bytes" in e.value.detail
+    assert sorted(os.listdir(env.path)) == ["a"] and env.leftovers() == []
+    assert await env.upload("b", stream(b"b" * 400)) == {"path": "b", "size": 400}
+    # another folder of the scope has the scope's room, not this folder's
+    other = uuid.uuid4().hex
+    await env.client.create_folder("volume1", env.scope, other)
+    await env.client.upload("volume1", env.scope, other, "x", stream(b"x" * 5000))
+    # the limit file lies beside the folders and counts for nothing
+    scope_dir = os.path.dirname(env.path)
+    assert ".folder-quotas.json" in os.listdir(scope_dir)
+    assert (await env.client.scope_usage("volume1", env.scope))["used_bytes"] == 6000
+    # a clone keeps its source's limit
+    clone = uuid.uuid4().hex
+    await env.client.clone_folder("volume1", env.scope, env.folder, env.scope, clone)
+    assert await env.client.folder_quota("volume1", env.scope, clone) == {
+        "limit_bytes": 1000, "used_bytes": 1000}
+    with pytest.raises(StorageQuotaExceeded):
+        await env.client.upload("volume1", env.scope, clone, "c", stream(b"c"))
+    # bad limits and missing folders
+    for bad in (-1, "100", True, 1.5):
+        with pytest.raises(InvalidRequest) as e:
+            await env.client.set_folder_quota("volume1", env.scope, env.folder, bad)
+        assert e.value.status_code == 400 and "limit_bytes" in e.value.detail
+    with pytest.raises(NotFound):
+        await env.client.set_folder_quota("volume1", env.scope, uuid.uuid4().hex, 10)
+    # without it only the scope bounds the folder; a deleted folder's limit goes with it
+    await env.client.set_folder_quota("volume1", env.scope, env.folder, None)
+    assert await env.upload("c", stream(b"c" * 2000)) == {"path": "c", "size": 2000}
+    await env.client.delete_folder("volume1", env.scope, clone)
+    assert ".folder-quotas.json" not in os.listdir(scope_dir)
+
+
 async def test_clone_copies_a_folder_whole_and_independent(env):
     await env.mkdir("d/e", parents=True)
     await env.upload("d/e/f", stream(b"f" * 3000))

@@ -10,6 +10,8 @@ operation inside a folder is vfs's (:class:`~.volumes.VFSVolume`); what changes:
   every folder of the scope belongs to from its creation (``subvolume create -i``,
   ``snapshot -i``), limited (``max_rfer``) to the scope's quota. The kernel refuses a
   write past it with EDQUOT, whoever writes: a kernel through its mount, the API, tus.
+  A folder with a limit of its own (Backend.AI's ``max_size``) has it on its qgroup
+  ``0/<subvolume id>`` too, enforced the same way (a clone gets its source's).
   The scope directory's inode names the qgroup, so no table is kept; the numbers are
   unique within one subvolume of the file system (docs/storage.md: one volume per
   btrfs file system, or several volumes in the same subvolume);
@@ -151,6 +153,17 @@ def qgroups(path: str, sync: bool = True) -> dict[str, dict]:
     return out
 
 
+def _copy_data(src: int, dst: int, size: int) -> None:
+    """Write ``size`` bytes of ``src`` into ``dst`` as new extents (``sendfile``: no
+    reflink, which ``copy_file_range`` may make on btrfs)."""
+    offset = 0
+    while offset < size:
+        n = os.sendfile(dst, src, offset, min(size - offset, 1 << 30))
+        if n == 0:
+            break
+        offset += n
+
+
 class BtrfsVolume(VFSVolume):
     """A volume on a btrfs file system with quotas enabled (``btrfs quota enable``)."""
 
@@ -272,6 +285,7 @@ class BtrfsVolume(VFSVolume):
         try:
             sid = subvolume_id(path)
         except (FileNotFoundError, NotADirectoryError):
+            self._write_folder_limit(quota_scope_id, folder_id, None)
             return
         if sid is None:
             return super().delete_folder(quota_scope_id, folder_id)
@@ -280,17 +294,20 @@ class BtrfsVolume(VFSVolume):
         except StorageQuotaExceeded:
             # A delete writes metadata too, and a scope at its limit refuses that (a
             # nested subvolume's delete does, when the user filled the scope through it):
-            # lifted for the delete only, then put back.
+            # lifted for the delete only, then put back. (The folder's own limit goes
+            # with it.)
             qid = self._scope_qgroup(quota_scope_id, create=False)
             if qid is None:
                 raise
             limit = qgroups(self.path, sync=False).get(qid, {}).get("max_rfer")
+            btrfs("qgroup", "limit", "none", f"0/{sid}", self.path)
             btrfs("qgroup", "limit", "none", qid, self.path)
             try:
                 self._delete_subvolume(path, sid)
             finally:
                 btrfs("qgroup", "limit", "none" if limit is None else str(limit), qid,
                       self.path)
+        self._write_folder_limit(quota_scope_id, folder_id, None)
 
     def _delete_subvolume(self, path: str, sid: int) -> None:
         try:
@@ -329,6 +346,26 @@ class BtrfsVolume(VFSVolume):
         q = qgroups(self.path).get(f"0/{sid}")
         return {"used_bytes": q["rfer"] if q else 0, "file_count": None}
 
+    def set_folder_quota(self, quota_scope_id: str, folder_id: str,
+                         limit_bytes: int | None) -> None:
+        """The folder's own qgroup limit (``0/<subvolume id>``), in force at once for
+        every writer, kept in the scope's folder-limit file too (which uploads read
+        without running the btrfs command). A plain directory (moved from vfs) is in no
+        qgroup: its limit is checked by uploads only, as on vfs."""
+        _, sid = self._subvolume(quota_scope_id, folder_id)
+        super().set_folder_quota(quota_scope_id, folder_id, limit_bytes)
+        if sid is not None:
+            btrfs("qgroup", "limit", "none" if limit_bytes is None else str(limit_bytes),
+                  f"0/{sid}", self.path)
+
+    def folder_quota(self, quota_scope_id: str, folder_id: str) -> dict:
+        """The folder's qgroup's limit and referenced bytes (one read of the quota tree)."""
+        _, sid = self._subvolume(quota_scope_id, folder_id)
+        if sid is None:
+            return super().folder_quota(quota_scope_id, folder_id)
+        q = qgroups(self.path).get(f"0/{sid}") or {}
+        return {"limit_bytes": q.get("max_rfer"), "used_bytes": q.get("rfer", 0)}
+
     def clone_folder(self, src_scope: str, src_id: str, dst_scope: str, dst_id: str) -> None:
         """A writable snapshot in the target scope's qgroup: instant, whatever the size
         (blocks shared until either side writes). A source that is a plain directory
@@ -345,6 +382,14 @@ class BtrfsVolume(VFSVolume):
             self._check_clone_room(src_scope, src_id, dst_scope)
         qid = self._scope_qgroup(dst_scope)
         btrfs("subvolume", "snapshot", "-i", qid, src, dst)
+        # A snapshot's qgroup starts without a limit: the clone keeps its source's.
+        limit = self._read_folder_limit(src_scope, src_id)
+        if limit is not None:
+            try:
+                self.set_folder_quota(dst_scope, dst_id, limit)
+            except BaseException:
+                self.delete_folder(dst_scope, dst_id)
+                raise
 
     # -- tus staging ---------------------------------------------------------------
 
@@ -361,15 +406,21 @@ class BtrfsVolume(VFSVolume):
                 os.chmod(path, 0o700)
         return path
 
-    def place_staged(self, staged: str, dir_fd: int, name: str) -> None:
+    def place_staged(self, staged: str, dir_fd: int, name: str, owned: bool = False) -> None:
         """Reflink the staged file into the folder under a hidden name, rename it over
-        ``name``, then drop the staged file (a rename cannot cross subvolumes)."""
-        try:
-            os.rename(staged, name, dst_dir_fd=dir_fd)
-            return
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
+        ``name``, then drop the staged file (a rename cannot cross subvolumes).
+
+        ``owned``: the folder has a limit of its own. Under simple quotas an extent stays
+        charged where it was first written (the staging subvolume, in the scope's
+        qgroup, not the folder's), so for such a folder the bytes are copied instead of
+        shared: the folder's qgroup counts them, and refuses them past its limit."""
+        if not owned:
+            try:
+                os.rename(staged, name, dst_dir_fd=dir_fd)
+                return
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
         tmp = f".upload-{secrets.token_hex(8)}.tmp"
         src = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -377,7 +428,10 @@ class BtrfsVolume(VFSVolume):
             dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                           st.st_mode & 0o777, dir_fd=dir_fd)
             try:
-                fcntl.ioctl(dst, _FICLONE, src)
+                if owned:
+                    _copy_data(src, dst, st.st_size)
+                else:
+                    fcntl.ioctl(dst, _FICLONE, src)
                 if os.geteuid() == 0:
                     os.fchown(dst, st.st_uid, st.st_gid)
             except BaseException:

@@ -64,10 +64,21 @@ class StorageClient:
         """``{"limit_bytes", "used_bytes"}``."""
         raise NotImplementedError
 
+    async def set_folder_quota(self, volume: str, quota_scope_id: str, folder_id: str,
+                               limit_bytes: int | None) -> None:
+        """Bound the bytes of one folder (None: only its scope's limit); btrfs sets its
+        qgroup's limit, vfs checks uploads. 404 no such folder."""
+        raise NotImplementedError
+
+    async def folder_quota(self, volume: str, quota_scope_id: str, folder_id: str) -> dict:
+        """``{"limit_bytes", "used_bytes"}`` of one folder."""
+        raise NotImplementedError
+
     async def clone_folder(self, volume: str, quota_scope_id: str, folder_id: str,
                            target_scope_id: str, target_folder_id: str) -> None:
         """Make a new folder a copy of a folder of the same volume (vfs: a copy; btrfs:
-        a snapshot). 404 no source, 409 the target exists, 413 the target scope's quota."""
+        a snapshot), with the source's own limit. 404 no source, 409 the target exists,
+        413 the target scope's quota."""
         raise NotImplementedError
 
     async def list_files(self, volume: str, quota_scope_id: str, folder_id: str, path: str = "") -> list[dict]:
@@ -134,6 +145,14 @@ class InProcessStorageClient(StorageClient):
 
     async def quota_scope(self, volume, quota_scope_id):
         return await asyncio.to_thread(self.volume(volume).quota_scope, quota_scope_id)
+
+    async def set_folder_quota(self, volume, quota_scope_id, folder_id, limit_bytes):
+        await asyncio.to_thread(self.volume(volume).set_folder_quota, quota_scope_id,
+                                folder_id, limit_bytes)
+
+    async def folder_quota(self, volume, quota_scope_id, folder_id):
+        return await asyncio.to_thread(self.volume(volume).folder_quota, quota_scope_id,
+                                       folder_id)
 
     async def clone_folder(self, volume, quota_scope_id, folder_id, target_scope_id,
                            target_folder_id):
@@ -262,6 +281,13 @@ class HTTPStorageClient(StorageClient):
     async def quota_scope(self, volume, quota_scope_id):
         return await self._call("GET", self._scope(volume, quota_scope_id))
 
+    async def set_folder_quota(self, volume, quota_scope_id, folder_id, limit_bytes):
+        await self._call("PUT", self._folder(volume, quota_scope_id, folder_id) + "/quota",
+                         body={"limit_bytes": limit_bytes})
+
+    async def folder_quota(self, volume, quota_scope_id, folder_id):
+        return await self._call("GET", self._folder(volume, quota_scope_id, folder_id) + "/quota")
+
     async def list_files(self, volume, quota_scope_id, folder_id, path=""):
         base = self._folder(volume, quota_scope_id, folder_id)
         return (await self._call("GET", base + "/files", params={"path": path}))["entries"]
@@ -383,6 +409,15 @@ class StorageRegistry:
     async def folder_usage(self, host: str, quota_scope_id: str, folder_id: str) -> dict:
         client, volume = self.resolve(host)
         return await client.folder_usage(volume, quota_scope_id, folder_id)
+
+    async def set_folder_quota(self, host: str, quota_scope_id: str, folder_id: str,
+                               limit_bytes: int | None) -> None:
+        client, volume = self.resolve(host)
+        await client.set_folder_quota(volume, quota_scope_id, folder_id, limit_bytes)
+
+    async def folder_quota(self, host: str, quota_scope_id: str, folder_id: str) -> dict:
+        client, volume = self.resolve(host)
+        return await client.folder_quota(volume, quota_scope_id, folder_id)
 
     async def scope_usage(self, host: str, quota_scope_id: str) -> dict:
         client, volume = self.resolve(host)

@@ -109,6 +109,22 @@ class FolderUsageHandler(_Handler):
         self.write_json(await self.storage.folder_usage(volume, scope, folder))
 
 
+class FolderQuotaHandler(_Handler):
+    """A folder's own limit: ``GET``/``PUT .../folders/{scope}/{folder}/quota``."""
+
+    @problems
+    async def get(self, volume, scope, folder):
+        self.write_json(await self.storage.folder_quota(volume, scope, folder))
+
+    @problems
+    async def put(self, volume, scope, folder):
+        body = self.body()
+        if "limit_bytes" not in body:
+            raise InvalidRequest("the body needs limit_bytes (an integer, or null for no limit)")
+        await self.storage.set_folder_quota(volume, scope, folder, body["limit_bytes"])
+        self.write_json(await self.storage.folder_quota(volume, scope, folder))
+
+
 class FilesHandler(_Handler):
     @problems
     async def get(self, volume, scope, folder):
@@ -271,6 +287,7 @@ def make_app(storage: InProcessStorageClient, auth: NodeAuth | str, max_upload_b
             (scope + "/usage", ScopeUsageHandler),
             (folder, FolderHandler),
             (folder + "/usage", FolderUsageHandler),
+            (folder + "/quota", FolderQuotaHandler),
             (folder + "/files", FilesHandler),
             (folder + "/mkdir", MkdirHandler),
             (folder + "/rename", RenameHandler),

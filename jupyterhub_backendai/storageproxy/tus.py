@@ -54,6 +54,7 @@ class _Staged:
         self.dir = os.path.join(vol.scope_path(claims["scope"]), STAGING)
         self.path = os.path.join(self.dir, self.id)
         self.done_path = self.path + ".done"
+        self.bounded = f"quota scope {claims['scope']}"  # what room() found tightest
 
     def lock(self) -> asyncio.Lock:
         return self.locks.setdefault(self.id, asyncio.Lock())
@@ -145,22 +146,29 @@ class _Staged:
             raise Conflict(f"{shown!r}: is a directory")
 
     def room(self) -> int | None:
-        """Bytes the quota scope may still take (the staged bytes already count), or
-        None without a limit."""
-        limit = self.vol._read_limit(self.claims["scope"])
-        if limit is None:
-            return None
-        used = self.vol.scope_usage(self.claims["scope"])["used_bytes"]
+        """Bytes the upload may still take: what its quota scope has left (the staged
+        bytes already count there) or, where the folder's own limit leaves less, the
+        folder's (less what is staged); None where neither has a limit."""
+        replaced = 0
         fd, name, _ = self.vol._parent(self.claims["scope"], self.claims["folder"],
                                        self.claims["path"])
         try:
             st = os.lstat(name, dir_fd=fd)
             if stat.S_ISREG(st.st_mode):
-                used -= st.st_size  # the file it replaces is freed
+                replaced = st.st_size  # the file it replaces is freed
         except FileNotFoundError:
             pass
         finally:
             os.close(fd)
+        try:
+            staged = os.stat(self.path).st_size
+        except FileNotFoundError:
+            staged = 0
+        bound = self.vol.upload_bound(self.claims["scope"], self.claims["folder"], replaced,
+                                      staged)
+        if bound is None:
+            return None
+        self.bounded, limit, used = bound
         return limit - used
 
     def discard(self) -> None:
@@ -186,7 +194,8 @@ class _Staged:
                     raise Conflict(f"{shown!r}: is a directory")
             except FileNotFoundError:
                 pass
-            self.vol.place_staged(self.path, fd, name)
+            self.vol.place_staged(self.path, fd, name, owned=self.vol._read_folder_limit(
+                self.claims["scope"], self.claims["folder"]) is not None)
         except OSError as e:
             self.discard()
             raise _os_error(e, shown) from None
@@ -577,6 +586,6 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _quota(st: _Staged, room: int) -> StorageQuotaExceeded:
     return StorageQuotaExceeded(
-        f"quota scope {st.claims['scope']} on volume {st.vol.name} has {max(room, 0)} bytes "
+        f"{st.bounded} on volume {st.vol.name} has {max(room, 0)} bytes "
         f"left; {st.claims['path']!r} needs {st.length}")
 

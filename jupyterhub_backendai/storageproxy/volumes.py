@@ -3,8 +3,9 @@
 Layout (as Backend.AI's): ``<root>/<scope type>/<scope id>/<folder id>``, so that
 everything of one quota scope (a user's or a project's folders) lies under one
 directory that the volume can measure and bound. A scope's limit, when it has one,
-is ``<root>/<scope type>/<scope id>/.quota.json`` (never inside a folder, so no
-session can see or change it).
+is ``<root>/<scope type>/<scope id>/.quota.json``, and the folders' own limits (those
+that have one) ``<root>/<scope type>/<scope id>/.folder-quotas.json`` (never inside a
+folder, so no session can see or change them).
 
 File operations take a path relative to the folder. Running sessions write in the
 same folders (as the kernel's user, while this process may be root), so a path is
@@ -38,6 +39,7 @@ from ..common.errors import (
 FOLDER_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 QUOTA_SCOPE_RE = re.compile(r"^(user|project):[0-9a-f]{32}$")
 QUOTA_FILE = ".quota.json"
+FOLDER_QUOTA_FILE = ".folder-quotas.json"  # {folder id: limit in bytes}, beside QUOTA_FILE
 STAGING = ".tus"  # a scope's tus uploads while their bytes arrive
 CHUNK_SIZE = 1 << 20
 # Folders and the directories made in them through the API: only their owner (the
@@ -80,7 +82,7 @@ class TreeChanged(OSError):
     """A directory being walked was moved away while the walk was inside it."""
 
 
-def _walk_fd(top_fd: int, on_entry, on_dir_left=None, skip: str | None = None) -> None:
+def _walk_fd(top_fd: int, on_entry, on_dir_left=None, skip: tuple[str, ...] = ()) -> None:
     """Walk the tree under the open directory ``top_fd`` depth first, without
     recursion and holding one directory open at a time, so that no depth of tree
     (a kernel can make one 100,000 levels deep) exhausts the stack or the open files.
@@ -88,7 +90,7 @@ def _walk_fd(top_fd: int, on_entry, on_dir_left=None, skip: str | None = None) -
     ``on_entry(dir_fd, name, st)`` is called for every entry that is not a
     directory (``st`` from lstat: links are never followed), ``on_dir_left(dir_fd,
     name)`` after the content of the subdirectory ``name`` of ``dir_fd`` has been
-    walked. ``skip`` is a name left out at the top. Entries that vanish during the
+    walked. ``skip``: names left out at the top. Entries that vanish during the
     walk are skipped. The walk climbs back through ``..`` and checks that it arrives
     where it came from: a directory moved away under it raises :class:`TreeChanged`
     rather than walking somewhere else. ``top_fd`` stays open."""
@@ -97,7 +99,7 @@ def _walk_fd(top_fd: int, on_entry, on_dir_left=None, skip: str | None = None) -
         st = os.fstat(fd)
         idents = [(st.st_dev, st.st_ino)]  # the directories from the top to ``fd``
         names: list[str] = []  # the name of each of them but the top in its parent
-        pending = [[n for n in os.listdir(fd) if n != skip]]  # names left to visit, per level
+        pending = [[n for n in os.listdir(fd) if n not in skip]]  # names left to visit, per level
         while True:
             if not pending[-1]:
                 if not names:
@@ -148,7 +150,7 @@ def _walk_fd(top_fd: int, on_entry, on_dir_left=None, skip: str | None = None) -
         os.close(fd)
 
 
-def _usage_fd(dir_fd: int, skip: str | None = None) -> tuple[int, int]:
+def _usage_fd(dir_fd: int, skip: tuple[str, ...] = ()) -> tuple[int, int]:
     """(bytes, entries that are not directories) under an open directory, without
     following symbolic links; entries that vanish during the walk are skipped."""
     total = [0, 0]
@@ -194,7 +196,7 @@ _OS_ERRORS = {
     errno.ENAMETOOLONG: (InvalidRequest, "name too long"),
     errno.EINVAL: (InvalidRequest, "invalid operation ({0})"),
     errno.EDQUOT: (StorageQuotaExceeded, "quota exceeded (the file system refused the "
-                   "write: the folder's quota scope is full)"),
+                   "write: the folder's own limit or its quota scope's is reached)"),
     errno.ENOSPC: (StorageQuotaExceeded, "no space left on the volume"),
 }
 
@@ -205,15 +207,48 @@ def _os_error(e: OSError, what: str) -> BackendAIError:
     return kind(f"{what}: {text.format(e.strerror)}")
 
 
+def _check_limit(limit_bytes) -> None:
+    if limit_bytes is not None and (
+        not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < 0
+    ):
+        raise InvalidRequest(
+            f"limit_bytes must be a non-negative integer or null, not {limit_bytes!r}"
+        )
+
+
+def _write_json(path: str, obj) -> None:
+    """Replace a small file atomically (a temp file, fsync, rename)."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# One process changes the folder-limit files of its volumes; a read-modify-write of one
+# must not lose another's change.
+_folder_limits_lock = threading.Lock()
+
+
 class Upload:
     """One file being written: a hidden temporary file beside the target, renamed
     over it on :meth:`commit`, removed on :meth:`abort` (or any error). Every write
     first checks the quota scope's limit, so the temporary file never exceeds it."""
 
     def __init__(self, volume: VFSVolume, quota_scope_id: str, parent_fd: int, name: str,
-                 path: str, limit: int | None, used: int):
+                 path: str, limit: int | None, used: int, bounded: str = ""):
         self.volume = volume
         self.quota_scope_id = quota_scope_id
+        # what ``limit`` bounds: the quota scope, or the folder where its own limit is tighter
+        self.bounded = bounded or f"quota scope {quota_scope_id}"
         self.path = path
         self.limit = limit
         self.used = used
@@ -248,7 +283,7 @@ class Upload:
         if self.limit is not None and self.used + self.written + len(data) > self.limit:
             self._abort()
             raise StorageQuotaExceeded(
-                f"quota scope {self.quota_scope_id} on volume {self.volume.name} is limited "
+                f"{self.bounded} on volume {self.volume.name} is limited "
                 f"to {self.limit} bytes and {self.used} are used; the upload of {self.path!r} "
                 f"would need more than the {max(self.limit - self.used, 0)} bytes left"
             )
@@ -407,6 +442,7 @@ class VFSVolume:
             ) from None
         finally:
             os.close(sfd)
+        self._write_folder_limit(quota_scope_id, folder_id, None)
 
     def info(self) -> dict:
         return {"name": self.name, "backend": self.backend, "path": self.path}
@@ -438,6 +474,7 @@ class VFSVolume:
                 raise BackendAIError(f"clone of folder {src_id} failed: {err}")
             os.chmod(tmp, FOLDER_MODE)
             self._chown(tmp)
+            self._keep_folder_limit(src_scope, src_id, dst_scope, dst_id)
             os.rename(tmp, dst)
         except BaseException:
             if os.path.lexists(tmp):
@@ -468,9 +505,10 @@ class VFSVolume:
         os.makedirs(path, mode=0o700, exist_ok=True)
         return path
 
-    def place_staged(self, staged: str, dir_fd: int, name: str) -> None:
+    def place_staged(self, staged: str, dir_fd: int, name: str, owned: bool = False) -> None:
         """Move a finished staged file to ``name`` in the open directory ``dir_fd``
-        (one rename: whole, or not there)."""
+        (one rename: whole, or not there). ``owned``: the folder has a limit of its
+        own, whose accounting must see the bytes (btrfs)."""
         os.rename(staged, name, dst_dir_fd=dir_fd)
 
     # -- usage and quota scopes ------------------------------------------------
@@ -500,7 +538,7 @@ class VFSVolume:
         except FileNotFoundError:
             return {"used_bytes": 0, "file_count": 0}
         try:
-            used, count = _usage_fd(fd, skip=QUOTA_FILE)
+            used, count = _usage_fd(fd, skip=(QUOTA_FILE, FOLDER_QUOTA_FILE))
         finally:
             os.close(fd)
         return {"used_bytes": used, "file_count": count}
@@ -518,12 +556,7 @@ class VFSVolume:
     def set_quota_scope(self, quota_scope_id: str, limit_bytes: int | None) -> None:
         """Bound a scope's bytes (None: no limit). A limit below the current usage is
         accepted: it refuses further uploads until enough is deleted."""
-        if limit_bytes is not None and (
-            not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes < 0
-        ):
-            raise InvalidRequest(
-                f"limit_bytes must be a non-negative integer or null, not {limit_bytes!r}"
-            )
+        _check_limit(limit_bytes)
         scope = self.scope_path(quota_scope_id)
         qfile = os.path.join(scope, QUOTA_FILE)
         if limit_bytes is None:
@@ -533,25 +566,97 @@ class VFSVolume:
                 pass
             return
         os.makedirs(scope, exist_ok=True)
-        tmp = f"{qfile}.{secrets.token_hex(4)}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump({"limit_bytes": limit_bytes}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, qfile)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        _write_json(qfile, {"limit_bytes": limit_bytes})
 
     def quota_scope(self, quota_scope_id: str) -> dict:
         return {
             "limit_bytes": self._read_limit(quota_scope_id),
             "used_bytes": self.scope_usage(quota_scope_id)["used_bytes"],
         }
+
+    # -- a folder's own limit ----------------------------------------------------
+    #
+    # A folder may have a limit of its own, below its scope's (the hub checks that):
+    # Backend.AI's ``max_size``. vfs keeps the limits of a scope's folders in one file
+    # beside the folders and checks uploads against them as against the scope's; btrfs
+    # also sets the folder's qgroup limit, which the kernel enforces.
+
+    def _folder_limits(self, quota_scope_id: str) -> dict[str, int]:
+        try:
+            with open(os.path.join(self.scope_path(quota_scope_id), FOLDER_QUOTA_FILE)) as f:
+                limits = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except ValueError as e:
+            raise BackendAIError(
+                f"folder quota file of {quota_scope_id} is unreadable: {e}") from None
+        return limits if isinstance(limits, dict) else {}
+
+    def _read_folder_limit(self, quota_scope_id: str, folder_id: str) -> int | None:
+        return self._folder_limits(quota_scope_id).get(folder_id)
+
+    def _write_folder_limit(self, quota_scope_id: str, folder_id: str,
+                            limit_bytes: int | None) -> None:
+        """Record (or with None drop) a folder's limit in its scope's file: read, changed
+        and replaced whole under the volume's lock (a temp file, fsync, rename)."""
+        path = os.path.join(self.scope_path(quota_scope_id), FOLDER_QUOTA_FILE)
+        with _folder_limits_lock:
+            limits = self._folder_limits(quota_scope_id)
+            if limit_bytes is None:
+                if limits.pop(folder_id, None) is None:
+                    return
+            else:
+                limits[folder_id] = limit_bytes
+            if not limits:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                return
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _write_json(path, limits)
+
+    def set_folder_quota(self, quota_scope_id: str, folder_id: str,
+                         limit_bytes: int | None) -> None:
+        """Bound one folder's bytes (None: only its scope's limit). Like a scope's, a
+        limit below the folder's usage is accepted and refuses every further upload
+        into the folder until files are deleted."""
+        _check_limit(limit_bytes)
+        fd = self._open_folder(quota_scope_id, folder_id)  # 404 for a folder not there
+        os.close(fd)
+        self._write_folder_limit(quota_scope_id, folder_id, limit_bytes)
+
+    def folder_quota(self, quota_scope_id: str, folder_id: str) -> dict:
+        """``{"limit_bytes", "used_bytes"}`` of a folder (limit None: it has none)."""
+        return {
+            "limit_bytes": self._read_folder_limit(quota_scope_id, folder_id),
+            "used_bytes": self.folder_usage(quota_scope_id, folder_id)["used_bytes"],
+        }
+
+    def _keep_folder_limit(self, src_scope: str, src_id: str, dst_scope: str,
+                           dst_id: str) -> None:
+        """A clone keeps its source's limit."""
+        limit = self._read_folder_limit(src_scope, src_id)
+        if limit is not None:
+            self._write_folder_limit(dst_scope, dst_id, limit)
+
+    def upload_bound(self, quota_scope_id: str, folder_id: str, replaced: int = 0,
+                     staged: int = 0) -> tuple[str, int, int] | None:
+        """The limit an upload into the folder must keep: ``(what it bounds, limit, bytes
+        used)`` of the scope or of the folder, whichever leaves less room; None where
+        neither has a limit. ``replaced``: the size of the file the upload replaces
+        (freed when it succeeds); ``staged``: bytes of the upload already written
+        outside the folder (tus; they count in the scope's usage, not the folder's)."""
+        bounds = []
+        limit = self._read_limit(quota_scope_id)
+        if limit is not None:
+            used = max(self.scope_usage(quota_scope_id)["used_bytes"] - replaced, 0)
+            bounds.append((f"quota scope {quota_scope_id}", limit, used))
+        limit = self._read_folder_limit(quota_scope_id, folder_id)
+        if limit is not None:
+            used = max(self.folder_usage(quota_scope_id, folder_id)["used_bytes"] - replaced, 0)
+            bounds.append((f"folder {folder_id}", limit, used + staged))
+        return min(bounds, key=lambda b: b[1] - b[2], default=None)
 
     # -- files inside a folder -------------------------------------------------
 
@@ -716,16 +821,14 @@ class VFSVolume:
                     replaced = st.st_size
             except FileNotFoundError:
                 pass
-            limit = self._read_limit(quota_scope_id)
-            used = 0
-            if limit is not None:
-                used = max(self.scope_usage(quota_scope_id)["used_bytes"] - replaced, 0)
-                if used > limit:
-                    raise StorageQuotaExceeded(
-                        f"quota scope {quota_scope_id} on volume {self.name} is limited to "
-                        f"{limit} bytes and {used} are used; delete files before uploading"
-                    )
-            return Upload(self, quota_scope_id, fd, name, shown, limit, used)
+            bound = self.upload_bound(quota_scope_id, folder_id, replaced)
+            bounded, limit, used = bound or ("", None, 0)
+            if bound is not None and used > limit:
+                raise StorageQuotaExceeded(
+                    f"{bounded} on volume {self.name} is limited to "
+                    f"{limit} bytes and {used} are used; delete files before uploading"
+                )
+            return Upload(self, quota_scope_id, fd, name, shown, limit, used, bounded)
         except OSError as e:
             os.close(fd)
             raise _os_error(e, shown) from None
