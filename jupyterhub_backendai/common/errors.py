@@ -62,6 +62,12 @@ class AgentError(BackendAIError, status=500, title="Agent error"):
     """The agent could not do what the manager asked (its message says why)."""
 
 
+class KernelCannotStart(AgentError, status=500, title="Kernel cannot start"):
+    """The agent cannot start this kernel however often it is asked: its own setup is in
+    the way (a local kernel user who cannot reach the Python environment or the working
+    folder). The message says what to change; the start is not retried."""
+
+
 class ImageNotFound(AgentError, status=400, title="Unknown image"):
     """No agent of the group has the image the request names."""
 

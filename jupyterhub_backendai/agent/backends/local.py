@@ -30,7 +30,7 @@ import signal
 import stat
 import sys
 
-from ...common.errors import AgentError, ImageNotFound, InvalidRequest
+from ...common.errors import AgentError, ImageNotFound, InvalidRequest, KernelCannotStart
 from .base import BATCH, INTERACTIVE, Backend, ExitCallback, ImageInfo, KernelRecord, tail_text
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,9 @@ class LocalBackend(Backend):
         os.makedirs(self.state_dir, exist_ok=True)
         os.makedirs(self.work_root, exist_ok=True)
         self._on_exit = on_exit
+        problem = self.server_problem()
+        if problem:  # said once at start, and again with each refused kernel
+            log.warning("%s", problem)
         for rec in await self.list_kernels():
             if rec.alive:
                 self._recorded[rec.kernel_id] = asyncio.Event()
@@ -106,6 +109,23 @@ class LocalBackend(Backend):
             )
         return self.image
 
+    def server_problem(self) -> str | None:
+        """Why the kernel user cannot start a Jupyter server here (the command, or the
+        interpreter its script names, lies where that user cannot go: a hub installed
+        under /root, started as root), with what to do; None when it can."""
+        if not self.run_as:
+            return None
+        why = cannot_run(self.cmd[0], *self.run_as)
+        if not why:
+            return None
+        uid = self.run_as[0]
+        return (f"local backend: kernels run as uid {uid} (Agent.local_kernel_user), which "
+                f"cannot start {self.cmd[0]}: {why}. Install the platform into a Python "
+                f"environment uid {uid} can reach and run the hub from there (for example "
+                f"`/usr/bin/python3 -m venv /opt/backendai`, `/opt/backendai/bin/pip install "
+                f"'.[local]'` in the checkout, then `/opt/backendai/bin/backendai-hub`), or "
+                f"use the Docker backend")
+
     def _state_path(self, kernel_id: str) -> str:
         return os.path.join(self.state_dir, f"{kernel_id}.json")
 
@@ -114,7 +134,7 @@ class LocalBackend(Backend):
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         if spec.get("container_uid") is not None or spec.get("container_main_gid") is not None \
                 or spec.get("container_gids"):
-            raise AgentError("local backend: kernels run as one local user "
+            raise KernelCannotStart("local backend: kernels run as one local user "
                              "(Agent.local_kernel_user); a user's container ids "
                              "(container_uid, container_main_gid, container_gids) need the "
                              "Docker backend")
@@ -132,7 +152,7 @@ class LocalBackend(Backend):
             for path in [workdir, *(m["source"] for m in mounts)]:
                 blocked = unreachable(path, *self.run_as)
                 if blocked:
-                    raise AgentError(
+                    raise KernelCannotStart(
                         f"local backend: kernels run as uid {self.run_as[0]} "
                         f"(Agent.local_kernel_user), which cannot enter {blocked} on the way "
                         f"to {path}. Let it search that directory (chmod o+x, or group "
@@ -157,6 +177,9 @@ class LocalBackend(Backend):
             env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
             env["BACKENDAI_CUDA_DEVICES"] = ",".join(str(i) for i in cuda_devices)
         if kernel_type == INTERACTIVE:
+            problem = self.server_problem()
+            if problem:
+                raise KernelCannotStart(problem)
             port = host_ports[0]
             env["JUPYTERHUB_SERVICE_URL"] = f"http://{self.bind_host}:{port}{spec['service_prefix']}"
             cmd = list(self.cmd)
@@ -437,6 +460,72 @@ def unreachable(path: str, uid: int, gid: int) -> str | None:
             bit = stat.S_IXOTH
         if uid != 0 and not st.st_mode & bit:
             return cur
+    return None
+
+
+def _may(st: os.stat_result, uid: int, gid: int, bits: tuple[int, int, int]) -> bool:
+    """Whether ``uid:gid`` (no other groups) has the owner/group/other ``bits`` on ``st``."""
+    if uid == 0:
+        return True
+    bit = bits[0] if st.st_uid == uid else bits[1] if st.st_gid == gid else bits[2]
+    return bool(st.st_mode & bit)
+
+
+def _link_chain(path: str) -> list[str]:
+    """``path`` and each symbolic link's target after it, up to the file itself."""
+    chain = [os.path.abspath(path)]
+    while os.path.islink(chain[-1]) and len(chain) < 40:
+        target = os.readlink(chain[-1])
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), target)))
+    real = os.path.realpath(path)
+    return chain if real in chain else [*chain, real]
+
+
+def cannot_run(command: str, uid: int, gid: int) -> str | None:
+    """Why ``uid:gid`` could not execute ``command`` (found on PATH when it is a bare
+    name), following symbolic links and a script's ``#!`` interpreter; None when it
+    can. Checked before a kernel starts, because exec's own error names only the
+    script ("Permission denied: .../bin/jupyterhub-singleuser") when it is the
+    interpreter behind it that lies out of reach."""
+    path = command if os.sep in command else shutil.which(command)
+    if not path:
+        return f"{command} is not on PATH"
+    seen: list[str] = []
+    for _ in range(8):  # the command, then its interpreter (and that one's, if a script)
+        what = "it" if not seen else f"its interpreter {path}"
+        for p in _link_chain(path):  # exec resolves each link as that user
+            blocked = unreachable(os.path.dirname(p), uid, gid)
+            if blocked:
+                return (f"{what} lies under {blocked}, which that user cannot enter"
+                        + (f" ({p})" if p != path else ""))
+        real = os.path.realpath(path)
+        try:
+            st = os.stat(real)
+        except OSError as e:
+            return f"{what} cannot be read: {e.strerror}"
+        if not _may(st, uid, gid, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)):
+            return f"{what} ({real}) is not executable by that user"
+        seen.append(real)
+        try:
+            with open(real, "rb") as f:
+                head = f.read(256)
+        except OSError:
+            return None
+        if not head.startswith(b"#!"):
+            return None
+        if not _may(st, uid, gid, (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)):
+            return f"{what} ({real}) is a script that user cannot read"
+        words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+        if not words:
+            return None
+        path = words[0]
+        if os.path.basename(path) == "env" and len(words) > 1:
+            found = shutil.which(words[1])
+            if not found:
+                return None
+            path = found
+        if os.path.realpath(path) in seen:
+            return None
     return None
 
 

@@ -16,7 +16,7 @@ from prometheus_client import Counter
 from sqlalchemy import select
 
 from ...agent.backends.base import BATCH, IDLE, INTERACTIVE
-from ...common.errors import AgentError, BackendAIError, ImageNotFound
+from ...common.errors import AgentError, BackendAIError, ImageNotFound, KernelCannotStart
 from ...common.kernelspec import KernelSpec
 from ...common.types import SessionStatus, VFolderStatus
 from ...models import Agent, Kernel, Session, User, VFolder
@@ -157,7 +157,9 @@ class Starter:
             reason = e.detail if isinstance(e, BackendAIError) else f"{type(e).__name__}: {e}"
             mgr.log.error("session %s failed to start: %s", sid, reason)
             await self.destroy_kernels(created)
-            await self.failed(sid, reason, failure_reason(e))
+            # A failure the agent says would come again (its own setup) ends the start now.
+            await self.failed(sid, reason, failure_reason(e),
+                              retry=not isinstance(e, KernelCannotStart))
 
     async def recover(self, sid: str, dead_owner: str | None, reason: str) -> None:
         """A start nobody drives any more (or past its deadline): remove what it created,
@@ -174,10 +176,11 @@ class Starter:
         await self.destroy_kernels({k.id: k.agent_id for k in sess.kernels if k.agent_id})
         await self.failed(sid, reason, "interrupted")
 
-    async def failed(self, sid: str, reason: str, kind: str = "other") -> None:
-        """Release the slots; back to PENDING for another try, or ERROR once tries are used up."""
+    async def failed(self, sid: str, reason: str, kind: str = "other", retry: bool = True) -> None:
+        """Release the slots; back to PENDING for another try, or ERROR once tries are used
+        up (at once without ``retry``)."""
         mgr = self.mgr
-        done = await mgr.db(record.start_failed, sid, reason, mgr.start_retries)
+        done = await mgr.db(record.start_failed, sid, reason, mgr.start_retries if retry else 0)
         if done:
             rg, outcome = done
             START_FAILURES.labels(resource_group=rg, reason=kind).inc()
