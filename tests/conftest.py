@@ -66,6 +66,7 @@ WEIGHT = {
     "test_backendai_client_more": 165, "test_browser_rough": 45,
     "test_resource_presets": 25, "test_usage": 60, "test_images": 150, "test_images_cli": 30,
     "test_browser_sessions": 200, "test_browser_folders": 45, "test_browser_groups": 60,
+    "test_warm_pool": 180,
 }
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",

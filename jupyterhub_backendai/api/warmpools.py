@@ -12,8 +12,8 @@ from .spec import Op, route
 
 class WarmPoolsHandler(APIBase):
     async def get(self):
-        self.query({})
-        self.reply(await self.manager.ops.list_warm_pools(self.principal))
+        _, offset, limit = self.query({})
+        self.reply(await self.manager.ops.list_warm_pools(self.principal, offset, limit))
 
     async def put(self):
         self.query()

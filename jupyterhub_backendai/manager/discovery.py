@@ -388,7 +388,8 @@ class HeartbeatWriter:
 
     SQL = (
         "UPDATE agents SET addr = %s, architecture = %s, backend = %s, version = %s, "
-        "available_slots = %s::json, last_heartbeat = %s "
+        "available_slots = %s::json, last_heartbeat = %s, images = %s::json, "
+        "pool_ready = %s::json "
         "WHERE id = %s AND status = %s AND resource_group = %s"
     )
 
@@ -424,13 +425,16 @@ class HeartbeatWriter:
     def _write(self, info: dict) -> bool:
         from ..common.slots import ResourceSlot
         from ..models.base import utcnow
+        from .reconcile import _holdings
 
         if self._closed:
             return False
+        held = _holdings(info)  # an agent that does not say: NULL (unknown)
         params = (
             info.get("addr", ""), info.get("architecture", ""), info.get("backend", ""),
             info.get("version", ""), self._slots(ResourceSlot.from_json(info["available_slots"])),
-            utcnow(), info["id"], AgentStatus.ALIVE, info["resource_group"],
+            utcnow(), *(json.dumps(held.get(k)) for k in ("images", "pool_ready")),
+            info["id"], AgentStatus.ALIVE, info["resource_group"],
         )
         if self._conn is None:
             self._conn = self._connect()

@@ -88,7 +88,7 @@ class Agents:
 
     async def touch_local(self) -> None:
         """Agents in this process are alive while it runs (they send no heartbeats)."""
-        for agent_id in self.mgr.local_agents:
+        for agent_id in list(self.mgr.local_agents):  # one may be attached meanwhile
             await self.mgr.db(touch_agent, agent_id)
 
     # -- liveness: two witnesses --------------------------------------------------------
@@ -211,7 +211,10 @@ class Agents:
         except Exception as e:
             self._refuse(aid, f"a direct call to {addr or 'it'} failed ({e})")
             return None
-        info = dict(info, addr=addr, ts=payload.get("ts"))
+        # What it holds is no fact its /info gives (it changes between heartbeats): the
+        # heartbeat's word is taken (it only orders agents that fit, issues 25 and 30).
+        info = dict(info, addr=addr, ts=payload.get("ts"), images=payload.get("images"),
+                    pool=payload.get("pool"))
         self._verified[aid] = self._facts(info)
         return info
 
@@ -422,7 +425,7 @@ def upsert_agent(s, info: dict) -> str | None:
         .values(addr=info.get("addr", ""), architecture=info.get("architecture", ""),
                 backend=info.get("backend", ""), version=info.get("version", ""),
                 available_slots=ResourceSlot.from_json(info["available_slots"]),
-                last_heartbeat=utcnow())
+                last_heartbeat=utcnow(), **_holdings(info))
         .execution_options(synchronize_session=False)
     )
     if done.rowcount == 1:
@@ -444,7 +447,24 @@ def upsert_agent(s, info: dict) -> str | None:
     a.available_slots = ResourceSlot.from_json(info["available_slots"])
     a.version = info.get("version", "")
     a.last_heartbeat = utcnow()
+    for k, v in _holdings(info).items():
+        setattr(a, k, v)
     return before
+
+
+def _holdings(info: dict) -> dict:
+    """What a heartbeat says the agent holds (issues 25 and 30), as the agent row's
+    columns: the labelled images on its engine and its ready pooled kernels per warm
+    pool. Only what it says: a registration (``info()``) leaves the row's as they are."""
+    out = {}
+    if "images" in info:
+        images = info["images"]
+        out["images"] = sorted(str(i) for i in images)[:10_000] if isinstance(images, list) else None
+    if "pool" in info:
+        pool = info["pool"]
+        out["pool_ready"] = ({str(k): v for k, v in pool.items() if isinstance(v, int) and v > 0}
+                             if isinstance(pool, dict) else None)
+    return out
 
 
 def kernel_agent(s, kernel_id: str) -> tuple[str, str] | None:

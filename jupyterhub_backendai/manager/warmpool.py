@@ -94,12 +94,12 @@ def _pool_body(row: WarmPool, ready: int | None = None) -> dict:
 
 
 @reads
-def list_warm_pools(db, p) -> dict:
+def list_warm_pools(db, p, offset: int = 0, limit: int = 100) -> dict:
     access.require(p.is_superadmin, "read the warm pools")
     rows = db.scalars(select(WarmPool).order_by(WarmPool.resource_group, WarmPool.image,
                                                 WarmPool.preset)).all()
-    items = [_pool_body(r) for r in rows]
-    return {"items": items, "total": len(items), "offset": 0, "limit": len(items)}
+    items = [_pool_body(r) for r in rows[offset:offset + limit]]
+    return {"items": items, "total": len(rows), "offset": offset, "limit": limit}
 
 
 @writes

@@ -10,6 +10,13 @@ chooses; the allocator commits. Every selector honours the session's
 capacity in the group's ``resource_priority`` order (GPUs, then cores, then
 memory by default), so a CPU-only session packs onto agents without free GPUs
 before it touches a GPU node.
+
+Among the agents that fit, every selector first looks at those that hold what the
+session needs (:meth:`.pool.AgentPool.tiers`, from the agents' heartbeats): an agent
+with a ready pooled kernel of the session's warm pool (issue 30: the session binds it
+instead of starting a container), then one holding the session's image, then one that
+holds it or may pull it (issue 25); within a tier the selector's own rule decides, and
+when no agent of a tier fits, the next tier (at last every agent) is tried.
 """
 
 from __future__ import annotations
@@ -20,6 +27,32 @@ from ...common.slots import ResourceSlot
 from .options import AGENT_SELECTORS
 from .pool import AgentPool
 from .state import PassContext, PendingSession
+
+
+def _tiers(sess: PendingSession, pool: AgentPool) -> list[frozenset]:
+    """The session's preferred agents, best first, within its designated agents."""
+    tiers = pool.tiers(sess.image, sess.kernels)
+    if tiers and sess.designated_agents:
+        allowed = frozenset(sess.designated_agents)
+        tiers = [t & allowed for t in tiers]
+    return tiers
+
+
+def _by_rank(sess: PendingSession, pool: AgentPool, most: bool, pick_any):
+    """``pick(need, exclude)``: the best agent of the first preferred tier with one that
+    fits (least or ``most`` free capacity), else ``pick_any``'s."""
+    tiers = _tiers(sess, pool)
+    if not tiers:
+        return pick_any
+
+    def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+        for tier in tiers:
+            aid = pool.prefer(tier, need, sess.architecture, exclude, most)
+            if aid is not None:
+                return aid
+        return pick_any(need, exclude)
+
+    return pick
 
 
 def _plan(sess: PendingSession, pick) -> list[str] | None:
@@ -48,7 +81,7 @@ class ConcentratedSelector:
                 return min(c, key=pool.key) if c else None
             return pool.least_fitting(need, sess.architecture, exclude)
 
-        return _plan(sess, pick)
+        return _plan(sess, _by_rank(sess, pool, False, pick))
 
 
 class DispersedSelector:
@@ -63,7 +96,7 @@ class DispersedSelector:
                 return max(c, key=pool.key) if c else None
             return pool.most_fitting(need, sess.architecture, exclude)
 
-        return _plan(sess, pick)
+        return _plan(sess, _by_rank(sess, pool, True, pick))
 
 
 class RoundRobinSelector:
@@ -80,8 +113,9 @@ class RoundRobinSelector:
         if sess.designated_agents:
             ids = sorted(ids)
         cursor = state.get("rr_cursor", "")
+        tiers = _tiers(sess, pool)
 
-        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+        def turn(need: ResourceSlot, exclude: set[str], tier) -> str | None:
             nonlocal cursor
             start = bisect_right(ids, cursor)
             n = len(ids)
@@ -90,6 +124,7 @@ class RoundRobinSelector:
                 a = pool.agents.get(aid)
                 if (
                     a is not None
+                    and (tier is None or aid in tier)
                     and pool.indexed(aid)
                     and aid not in exclude
                     and (sess.architecture is None or a.architecture == sess.architecture)
@@ -98,6 +133,13 @@ class RoundRobinSelector:
                     cursor = aid
                     return aid
             return None
+
+        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+            for tier in tiers:  # the next in turn among the preferred agents first
+                aid = turn(need, exclude, tier)
+                if aid is not None:
+                    return aid
+            return turn(need, exclude, None)
 
         chosen = _plan(sess, pick)
         if chosen is not None:

@@ -50,6 +50,8 @@ class Allocation:
         for (_, slots), aid in zip(sess.kernels, agents, strict=True):
             pool.take(aid, slots)
             self.touched_agents.add(aid)
+        if pool.warm:
+            pool.took_pooled(sess.image, sess.kernels, agents[0])
         ctx.usage.charge(sess.access_key, sess.user_id, sess.project_id, sess.domain_name,
                          sess.need, in_group=True, new_session=True)
         self.placed.append((sess, agents))

@@ -81,6 +81,7 @@ from .snapshot import (
     load_policies,
     load_snapshot,
     load_usage,
+    load_warm,
     lock_pending,
     lock_scheduler,
     pending_keys,
@@ -474,6 +475,7 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt
             domain_limits=old_ctx.domain_limits)
         ctx.usage.unread = unread_levels(ctx)
         pool = AgentPool(agents, options.resource_priority)
+        load_warm(db, group.name, pool)
         t2 = time.perf_counter()
 
         alloc = Allocation()

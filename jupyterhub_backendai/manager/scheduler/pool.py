@@ -31,6 +31,13 @@ class PoolAgent:
     available: ResourceSlot
     occupied: ResourceSlot
     free: ResourceSlot
+    #: What the agent holds, from its heartbeat (issues 25 and 30): the labelled images
+    #: on its engine (None: it did not say) and its ready pooled kernels per warm pool
+    #: key, less those the sessions starting there will take.
+    images: frozenset | None = None
+    ready: dict | None = None
+    #: Its backend: a "docker" agent may pull an image it lacks.
+    backend: str = "docker"
 
 
 class AgentPool:
@@ -51,6 +58,10 @@ class AgentPool:
         #: id(request) -> (request, its vector or None if no agent has one of its slots):
         #: requests are slot objects shared by many sessions of a pass (never modified).
         self._requests: dict[int, tuple] = {}
+        #: The group's warm pools: (image, slots key) -> pool key (:func:`slots_key`).
+        self.warm: dict[tuple, str] = {}
+        #: image -> the agents holding it and those that may pull it (computed once).
+        self._holders: dict[str, tuple[frozenset, frozenset]] = {}
 
     # -- keys ---------------------------------------------------------------
 
@@ -158,6 +169,74 @@ class AgentPool:
 
     def indexed(self, agent_id: str) -> bool:
         return agent_id in self._keys
+
+    # -- what agents hold (issues 25 and 30) ----------------------------------
+
+    def pool_key(self, image: str, kernels: list) -> str | None:
+        """The warm pool a session of ``image`` and ``kernels`` matches (one kernel of
+        the pool's image and exactly its preset's slots), or None."""
+        if not self.warm or len(kernels) != 1:
+            return None
+        return self.warm.get((image, slots_key(kernels[0][1])))
+
+    def tiers(self, image: str, kernels: list) -> list[frozenset]:
+        """The agents a session prefers, best first: those with a ready pooled kernel of
+        its warm pool, those holding its image, those holding it or able to pull it. A
+        tier naming every agent of the pool is left out with the ones after it (no
+        preference then: the selector's own rule decides among all)."""
+        out: list[frozenset] = []
+        everyone = len(self.agents)
+        key = self.pool_key(image, kernels)
+        if key is not None:
+            ready = frozenset(a.id for a in self.agents.values() if a.ready and a.ready.get(key, 0) > 0)
+            if ready:
+                if len(ready) == everyone:
+                    return out
+                out.append(ready)
+        if not image:
+            return out
+        got = self._holders.get(image)
+        if got is None:
+            holders = frozenset(a.id for a in self.agents.values()
+                                if a.images is not None and image in a.images)
+            may_pull = holders | frozenset(a.id for a in self.agents.values()
+                                           if a.images is None or a.backend == "docker")
+            got = self._holders[image] = (holders, may_pull)
+        for tier in got:
+            if len(tier) == everyone:
+                return out
+            if tier and (not out or tier != out[-1]):
+                out.append(tier)
+        return out
+
+    def took_pooled(self, image: str, kernels: list, agent_id: str) -> None:
+        """A session of a warm pool was placed on ``agent_id``: it takes one of the
+        agent's ready pooled kernels (the next session of the pass looks elsewhere)."""
+        key = self.pool_key(image, kernels)
+        a = self.agents.get(agent_id)
+        if key is not None and a is not None and a.ready and a.ready.get(key, 0) > 0:
+            a.ready = dict(a.ready, **{key: a.ready[key] - 1})
+
+    def prefer(self, tier: frozenset, need: ResourceSlot, architecture: str | None,
+               exclude: set[str], most: bool) -> str | None:
+        """The agent of ``tier`` with the least (``most``: the most) free capacity that
+        holds ``need``. Costs O(min(tier, agents outside it)): a small tier is scanned,
+        a large one searched in the index with the others excluded."""
+        outside = len(self.agents) - len(tier)
+        if len(tier) <= outside:
+            c = self.candidates(tier, need, architecture, exclude)
+            if not c:
+                return None
+            return max(c, key=self.key) if most else min(c, key=self.key)
+        skip = set(exclude) | (self.agents.keys() - tier)
+        if most:
+            return self.most_fitting(need, architecture, skip)
+        return self.least_fitting(need, architecture, skip)
+
+
+def slots_key(slots: ResourceSlot) -> frozenset:
+    """A request's slots as a key (zeros left out), to match it with a preset's."""
+    return frozenset((k, v) for k, v in slots.items() if v)
 
 
 def _first_fit(keys: SortedList, vec: tuple, exclude) -> tuple | None:

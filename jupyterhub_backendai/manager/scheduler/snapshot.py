@@ -129,20 +129,21 @@ def load_pending(db: DBSession, group: str,
             S.c.id, S.c.name, S.c.user_id, S.c.access_key, S.c.domain_name, S.c.project_id,
             S.c.priority, S.c.created_at, S.c.status_info, _as_text(S.c.status_history),
             S.c.cluster_size, S.c.cluster_mode, S.c.starts_at, S.c.architecture,
-            _as_text(S.c.designated_agents), S.c.retries,
+            _as_text(S.c.designated_agents), S.c.retries, S.c.image,
         )
         .where(*pending_cond)
         .with_for_update(skip_locked=True)
     )
     sessions = {}
     for (sid, name, uid, ak, dom, pid, prio, created, info, hist, size, mode, starts, arch,
-         designated, retries) in rows:
+         designated, retries, image) in rows:
         sessions[sid] = PendingSession(
             id=sid, name=name, user_id=uid, access_key=ak, domain_name=dom, project_id=pid,
             priority=prio if prio is not None else 50, created_at=created,
             status_info=info or "", history_raw=hist, cluster_size=size or 1,
             cluster_mode=mode or "single-node", starts_at=starts, architecture=arch or None,
             designated_agents=_designated(designated), retries=retries or 0,
+            image=image or "",
         )
     if not sessions:
         return []
@@ -252,9 +253,11 @@ def _copy_slots(slots: ResourceSlot) -> ResourceSlot:
 def load_agents(db: DBSession, group: str) -> list[PoolAgent]:
     out = []
     parse = _FullSlotCache()
-    for aid, arch, avail, occ in db.execute(
+    held = _JSONCache()
+    for aid, arch, avail, occ, backend, images, ready in db.execute(
         select(A.c.id, A.c.architecture, _as_text(A.c.available_slots),
-               _as_text(A.c.occupied_slots))
+               _as_text(A.c.occupied_slots), A.c.backend, _as_text(A.c.images),
+               _as_text(A.c.pool_ready))
         .where(
             A.c.resource_group == group,
             A.c.status == AgentStatus.ALIVE,
@@ -266,8 +269,56 @@ def load_agents(db: DBSession, group: str) -> list[PoolAgent]:
         # Agents are mostly alike: each distinct text is parsed once; the pool changes
         # ``occupied`` and ``free`` in place, so those are the agent's own copies.
         avail, occ, free = parse(avail, occ)
-        out.append(PoolAgent(aid, arch or "", avail, _copy_slots(occ), _copy_slots(free)))
+        out.append(PoolAgent(aid, arch or "", avail, _copy_slots(occ), _copy_slots(free),
+                             held(images, frozenset), held(ready, dict), backend or ""))
     return out
+
+
+class _JSONCache:
+    """JSON text -> ``kind`` of its value (None for NULL or JSON null), each distinct text
+    decoded once (agents of a group mostly hold the same images)."""
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def __call__(self, text, kind):
+        if text is None:
+            return None
+        got = self._seen.get((text, kind))
+        if got is None and (text, kind) not in self._seen:
+            value = json.loads(text) if isinstance(text, str) else text
+            got = self._seen[(text, kind)] = kind(value) if isinstance(value, (list, dict)) else None
+        return got if kind is frozenset else (dict(got) if got is not None else None)
+
+
+def load_warm(db: DBSession, group: str, pool: AgentPool) -> None:
+    """The group's warm pools into ``pool.warm`` ((image, slots key) -> pool key), and
+    each agent's ready pooled kernels less those its starting sessions of the pool will
+    bind (placed, no container yet: the agent's next heartbeat has not counted them)."""
+    from ...models import ResourcePreset, WarmPool
+    from ..warmpool import pool_key
+    from .pool import slots_key
+
+    W, PR = WarmPool.__table__, ResourcePreset.__table__
+    rows = db.execute(select(W.c.image, W.c.preset, _as_text(PR.c.resource_slots))
+                      .select_from(W.join(PR, PR.c.name == W.c.preset))
+                      .where(W.c.resource_group == group, W.c.size > 0)).all()
+    pool.warm = {(image, slots_key(ResourceSlot.from_json(json.loads(slots)))):
+                 pool_key(group, image, preset) for image, preset, slots in rows}
+    if not pool.warm or not any(a.ready for a in pool.agents.values()):
+        return
+    for aid, image, slots in db.execute(
+        select(K.c.agent_id, S.c.image, _as_text(K.c.requested_slots))
+        .select_from(K.join(S, K.c.session_id == S.c.id))
+        .where(S.c.resource_group == group, S.c.cluster_size == 1,
+               S.c.status.in_((SessionStatus.SCHEDULED, SessionStatus.PREPARING,
+                               SessionStatus.CREATING)),
+               K.c.agent_id.is_not(None), K.c.container_id.is_(None))
+    ):
+        key = pool.warm.get((image, slots_key(ResourceSlot.from_json(json.loads(slots)))))
+        a = pool.agents.get(aid)
+        if key is not None and a is not None and a.ready and a.ready.get(key, 0) > 0:
+            a.ready[key] -= 1
 
 
 class _FullSlotCache:
@@ -414,5 +465,7 @@ def load_snapshot(db: DBSession, group: GroupInfo, options: SchedulerOptions,
     )
     usage.unread = unread_levels(ctx)
     pool = AgentPool(agents, options.resource_priority)
+    if pending:
+        load_warm(db, group.name, pool)
     return Snapshot(ctx=ctx, pending=pending, pool=pool,
                     state_before=dict(group.scheduler_state))

@@ -48,6 +48,8 @@ class PendingSession:
     kernels: list[tuple[str, ResourceSlot]] = field(default_factory=list)
     #: (id, name, status, result) of each session this one waits for.
     dependencies: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: Its image (agents holding it, or a pooled kernel of it, are preferred).
+    image: str = ""
     _need: ResourceSlot | None = None
     _history: dict | None = None
 
