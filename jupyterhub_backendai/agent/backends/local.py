@@ -425,6 +425,15 @@ class LocalBackend(Backend):
                 data = json.load(f)
         return data
 
+    async def kernel_stats(self) -> dict[str, dict]:
+        """Each live kernel's usage: the processes of its session (each kernel leads one:
+        ``start_new_session``) summed from /proc, CPU time and resident memory; no limit."""
+        leaders = {}
+        for kid, data in self._states().items():
+            if not data.get("exited"):
+                leaders[int(data["container_id"])] = kid
+        return await asyncio.to_thread(_session_usage, leaders) if leaders else {}
+
     async def list_kernels(self) -> list[KernelRecord]:
         out = []
         for fn in sorted(os.listdir(self.state_dir)):
@@ -527,6 +536,34 @@ def cannot_run(command: str, uid: int, gid: int) -> str | None:
         if os.path.realpath(path) in seen:
             return None
     return None
+
+
+_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _session_usage(leaders: dict[int, str]) -> dict[str, dict]:
+    """{kernel id: {"cpu_ns", "mem_bytes", "mem_limit_bytes": 0}} for the kernels whose
+    session leaders' pids are ``leaders`` (pid -> kernel id), over every process of
+    their sessions; a kernel whose processes are all gone is left out."""
+    out: dict[str, dict] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command: state, ppid, pgrp, session, ..., utime (12), stime (13),
+        # ..., rss in pages (22), counted from the state.
+        kid = leaders.get(int(fields[3]))
+        if kid is None or fields[0] == "Z":
+            continue
+        k = out.setdefault(kid, {"cpu_ns": 0, "mem_bytes": 0, "mem_limit_bytes": 0})
+        k["cpu_ns"] += int((int(fields[11]) + int(fields[12])) * _TICK_NS)
+        k["mem_bytes"] += int(fields[21]) * _PAGE
+    return out
 
 
 def _pid_alive(pid: int) -> bool:
