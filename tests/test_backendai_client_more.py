@@ -484,8 +484,8 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     sid = _sid_of(alice("session", "create", "--type", "batch", "--name", name, *RES,
                         "--startup-command", "sleep 600", hub.image))
     cases = [
-        (alice, ("app", name, "jupyter"), "is a batch session: apps are forwarded in an interactive"),
-        (alice, ("ssh", name), "`ssh`/`scp` through the app proxy are not offered"),
+        (alice, ("app", name, "jupyter"), "has no apps to forward: apps are forwarded from"),
+        (alice, ("ssh", name), "does not offer SSH"),
         (alice, ("session", "download", name, "a.txt"), "files of a running session"),
         (alice, ("session", "ls", name), "files of a running session"),
         (bob26, ("session", "ls", name), "files of a running session"),

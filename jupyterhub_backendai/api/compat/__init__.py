@@ -29,6 +29,7 @@ def routes() -> list[tuple]:
     from .appproxy import AppsHandler, TCPProxyHandler
     from .execute import ExecuteHandler, SessionUploadHandler
     from .images import BackgroundTaskEventsHandler
+    from .sessionfiles import SessionDownloadHandler
 
     base = spec.PREFIX.removeprefix("/hub")
     table = [
@@ -82,12 +83,12 @@ def routes() -> list[tuple]:
         (f"/stream/session/{SEG}/execute", ExecuteHandler),
         (f"/stream/session/{SEG}/apps", AppsHandler),
         (f"/stream/session/{SEG}/tcpproxy", TCPProxyHandler),
+        (f"/session/{SEG}/download", SessionDownloadHandler),
     ]
     # What the clients call and this hub does not offer: a 400 naming what to use instead.
     refused = [
         (f"/stream/session/{SEG}/httpproxy", "app-proxy"),
         (f"/stream/session/{SEG}/pty", "pty"),
-        (f"/session/{SEG}/download", "session-files"),
         (f"/session/{SEG}/download_single", "session-files"),
         (f"/session/{SEG}/files", "session-files"),
         (f"/session/{SEG}/commit", "commit"),

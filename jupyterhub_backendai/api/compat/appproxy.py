@@ -24,8 +24,9 @@ kernels and terminals), bytes go both ways as they come. A ``tcp`` app the agent
 published (the ``sshd`` of a resource group with SSH, issue 12) is bridged to its port
 on the agent as plain bytes.
 
-The session must be the caller's own running interactive session (another user's,
-admins' included: 404, as for ``run``). The websocket lives only as long as that access
+The session must be the caller's own running session (another user's, admins' included:
+404, as for ``run``); a batch session has no Jupyter server, so only its published
+``sshd``. The websocket lives only as long as that access
 (the session runs, the keypair and the user stay active: checked every
 :data:`.execute.ACCESS_CHECK` seconds) and a user has at most :data:`MAX_TUNNELS` open
 at once in this hub process (a browser opens several connections per page).
@@ -39,6 +40,7 @@ import urllib.parse
 from tornado import websocket
 
 from ...common.errors import InvalidRequest, NotFound
+from ...common.types import SessionStatus
 from .base import CompatBase
 from .execute import TooManyStreams, _JupyterServer, access_ended
 
@@ -186,12 +188,29 @@ def _apps(rec: dict) -> list[dict]:
 
 
 class _OwnSession(_JupyterServer):
-    _needs = ("apps are forwarded", "its Jupyter server serves them")
-
     async def _own_ports(self, ref: str) -> dict:
-        """The caller's own running interactive session ``ref`` and its service ports."""
-        self._sid = await self._check_session(ref)
-        return await self.manager.ops.session_service_ports(self.principal, self._sid)
+        """The caller's own running session ``ref`` and its service ports (a batch
+        session's: only a published ``sshd``; its HTTP apps need a Jupyter server)."""
+        ops = self.manager.ops
+        sid = await ops.resolve_session(self.principal, ref)
+        sess = await ops.get_session(self.principal, sid)
+        if sess["user_id"] != self.principal.user_id:
+            raise NotFound(f"no session {ref!r} of yours (apps are forwarded only from your "
+                           "own sessions)")
+        if sess["status"] != SessionStatus.RUNNING:
+            raise InvalidRequest(f"session {sess['name']!r} is {sess['status']}, not RUNNING")
+        self._sid = sid
+        rec = await ops.session_service_ports(self.principal, sid)
+        if rec["type"] != "interactive":
+            rec["ports"] = [sp for sp in rec["ports"] if sp.get("protocol") == "tcp"]
+        if not _apps(rec):
+            # (a 4xx, not an empty list: on an app it does not find in the list, the
+            # clients' `app` prints so and then waits forever, cli/app.py)
+            raise InvalidRequest(
+                f"session {sess['name']!r} has no apps to forward: apps are forwarded from "
+                "an interactive session (its Jupyter server serves them), or the sshd of a "
+                "session in a resource group with SSH")
+        return rec
 
 
 class AppsHandler(CompatBase, _OwnSession):

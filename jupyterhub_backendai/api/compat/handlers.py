@@ -103,10 +103,6 @@ REFUSALS = {
         "forwards a local port through the TCP proxy (/stream/session/{id}/tcpproxy), or "
         "open a session's apps through the hub at /user/<you>/<session>/ "
         "(docs/service-ports.md)"),
-    "ssh": (
-        "`ssh`/`scp` through the app proxy are not offered here: use the SSH port of a "
-        "session in a resource group with SSH (its address and key: the session's page in "
-        "the hub, docs/service-ports.md), or JupyterLab's terminal"),
     "pty": ("a terminal over the API (`run --terminal`) is not offered here: use "
             "JupyterLab's terminal at /user/<you>/<session>/"),
     "session-files": (
@@ -164,14 +160,6 @@ class RefusedHandler(CompatBase):
         self.what = what
 
     async def _refuse(self, *args):
-        what = self.what
-        if what == "session-files":
-            try:
-                files = self.json_body().get("files")
-            except BackendAIError:
-                files = None
-            if files == ["id_container"]:  # what `ssh`/`scp` fetch first
-                what = "ssh"
-        raise NotOffered(REFUSALS[what])
+        raise NotOffered(REFUSALS[self.what])
 
     get = post = put = patch = delete = head = _refuse

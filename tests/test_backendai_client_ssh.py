@@ -1,0 +1,93 @@
+"""``backend.ai ssh SESSION CMD`` and ``scp`` with the official CLIs (issue 27) against a hub whose
+"default" resource group offers SSH (issue 12): the CLI downloads the session's key
+(``session download SESSION id_container``), forwards a local port to the session's
+sshd through the hub's TCP proxy (``app SESSION sshd``) and runs the real ``ssh``
+through it. Another user gets neither the key nor the tunnel."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import uuid
+
+import pytest
+
+from .api_world import new_user, superadmin
+from .conftest import shutdown_hub
+from .hub import Hub
+from .test_backendai_client import BAI, CLI, CLI26, RES, wait_dead
+from .test_backendai_client_apps import _free_port, app_proxy
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, docker_image):
+    for tool in (CLI, CLI26):
+        assert os.access(tool, os.X_OK), f"{tool} is missing: scripts/install-backendai-clients.sh"
+    assert subprocess.run(["sh", "-c", "command -v ssh"], capture_output=True).stdout, (
+        "ssh missing: scripts/install-test-deps.sh installs openssh-client")
+    url = f"sqlite:///{tmp_path_factory.mktemp('baissh')}/backendai.sqlite"
+    hub = Hub(db_url=url, backend="docker",
+              extra_args=["--BackendAIManager.ssh_resource_groups=default"]).start()
+    yield hub
+    shutdown_hub(hub)
+
+
+def _home(tmp_path, name: str) -> str:
+    home = tmp_path / name
+    (home / ".ssh").mkdir(parents=True)  # (the CLI keeps the key there meanwhile)
+    return str(home)
+
+
+def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
+    sa = superadmin(hub)
+    x = uuid.uuid4().hex[:6]
+    alice = BAI(hub, new_user(sa, name=f"alice-{x}"), _home(tmp_path, "alice"))
+    bob = BAI(hub, new_user(sa, name=f"bob-{x}"), _home(tmp_path, "bob"), cli=CLI26)
+    name = f"ssh-{x}"
+    out = alice("session", "create", "--type", "batch", "--name", name, *RES,
+                "--startup-command", "sleep 600", hub.image)
+    m = re.search(r"Session ID ([0-9a-f-]{36}) is created and ready\.", out)
+    assert m, out
+    dashed = m.group(1)
+    out = alice("apps", name, "-l")
+    assert "This session provides the following app services: sshd, sftp" in out, out
+    # ssh with both clients: the command runs in the session's container
+    for bai in (alice, BAI(hub, alice.user, alice.env["HOME"], cli=CLI26)):
+        out = bai("ssh", "-p", str(_free_port()), name, "echo", "in-$(hostname)-as-$(id -un)",
+                  cwd=bai.env["HOME"])
+        assert re.search(r"in-\S+-as-work", out), out
+        assert "in-" + os.uname().nodename not in out, out
+        # the key went again: nothing left in the working directory or ~/.ssh
+        assert os.listdir(os.path.join(bai.env["HOME"], ".ssh")) == [], out
+        assert "id_container" not in os.listdir(bai.env["HOME"])
+    # scp there and back (23.09): the bytes arrive intact
+    data = os.urandom(300_000)
+    home = alice.env["HOME"]
+    with open(os.path.join(home, "up.bin"), "wb") as fh:
+        fh.write(data)
+    alice("scp", "-p", str(_free_port()), name, os.path.join(home, "up.bin"),
+          "work@localhost:up.bin", cwd=home)
+    alice("scp", "-p", str(_free_port()), name, "work@localhost:up.bin",
+          os.path.join(home, "back.bin"), cwd=home)
+    with open(os.path.join(home, "back.bin"), "rb") as fh:
+        assert fh.read() == data
+    # another user: no key, no tunnel
+    out = bob("session", "download", dashed, "id_container", rc=1, cwd=bob.env["HOME"])
+    assert "404" in out and f"no session {dashed!r}" in out, out
+    assert "id_container" not in os.listdir(bob.env["HOME"])
+    p = subprocess.run([bob.cli, "app", dashed, "sshd", "-b", f"127.0.0.1:{_free_port()}"],
+                       env=bob.env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "404" in p.stdout + p.stderr, p.stdout + p.stderr
+    # the raw tunnel is the sshd's own: its banner comes through the local port
+    with app_proxy(alice, name, "sshd") as (base, _):
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.settimeout(30)
+            assert sock.recv(64).startswith(b"SSH-2.0-")
+    # any other file of the running session: refused in words
+    out = alice("session", "download", name, "a.txt", rc=1, cwd=alice.env["HOME"])
+    assert "400" in out and "files of a running session" in out, out
+    alice("session", "rm", name)
+    assert wait_dead(hub, uuid.UUID(dashed).hex)["status"] == "TERMINATED"
