@@ -185,6 +185,7 @@ type KeyPairResourcePolicy {
   default_for_unspecified: String
   total_resource_slots: String
   max_session_lifetime: Int
+  max_lifetime_extension: Int
   max_concurrent_sessions: Int
   max_containers_per_session: Int
   idle_timeout: Int
@@ -360,6 +361,7 @@ input CreateKeyPairResourcePolicyInput {
   default_for_unspecified: String
   total_resource_slots: String
   max_session_lifetime: Int
+  max_lifetime_extension: Int
   max_concurrent_sessions: Int
   max_concurrent_sftp_sessions: Int
   max_containers_per_session: Int
@@ -376,6 +378,7 @@ input ModifyKeyPairResourcePolicyInput {
   default_for_unspecified: String
   total_resource_slots: String
   max_session_lifetime: Int
+  max_lifetime_extension: Int
   max_concurrent_sessions: Int
   max_concurrent_sftp_sessions: Int
   max_containers_per_session: Int
