@@ -483,7 +483,9 @@ class VFolderHostsHandler(APIBase):
 class VFoldersHandler(APIBase):
     async def get(self):
         f, o, n = self.query(_filters("/vfolders"))
-        self.reply(await self.manager.ops.list_folders(self.principal, f, o, n))
+        page = await self.manager.ops.list_folders(self.principal, f, o, n)
+        await vfolders.with_usage(self.manager, page["items"])
+        self.reply(page)
 
     async def post(self):
         self.query()
@@ -494,7 +496,8 @@ class VFoldersHandler(APIBase):
 class VFolderHandler(APIBase):
     async def get(self, fid):
         self.query()
-        self.reply(await self.manager.ops.get_folder(self.principal, fid))
+        folder = await self.manager.ops.get_folder(self.principal, fid)
+        self.reply((await vfolders.with_usage(self.manager, [folder]))[0])
 
     async def patch(self, fid):
         self.query()

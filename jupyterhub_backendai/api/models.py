@@ -550,6 +550,10 @@ class VFolderCreate(Request):
         description="what every member of a project folder may do, or what the owner "
         "of a user folder may do with its files (default rw)")] = None
     usage_mode: _enum(USAGE_MODES) = None
+    max_size_bytes: Annotated[int, Field(ge=1, le=2**63 - 1, description=(
+        "the folder's own size limit in bytes, at most its quota scope's (the owner's "
+        "resource policy's max_quota_scope_size); default: none, only the scope's "
+        "applies"))] = None
 
 
 class VFolderClone(Request):

@@ -111,6 +111,11 @@ def session_item(db, s: Session) -> dict:
     }
 
 
+def mib(size_bytes: int | None) -> int:
+    """Backend.AI's ``max_size``: MiB, rounded up (0: no limit of the folder's own)."""
+    return -(-size_bytes // 2**20) if size_bytes else 0
+
+
 def folder_item(db, p, f: VFolder) -> dict:
     """A folder in the shape of Backend.AI's ``VirtualFolder`` node."""
     out = vfolders.vfolder_out(db, f, p)
@@ -123,7 +128,7 @@ def folder_item(db, p, f: VFolder) -> dict:
         "creator": f.creator, "domain_name": f.domain_name, "unmanaged_path": None,
         "usage_mode": f.usage_mode, "permission": out["my_permission"] or f.permission,
         "ownership_type": "group" if f.ownership_type == "project" else f.ownership_type,
-        "max_files": 0, "max_size": 0,
+        "max_files": 0, "max_size": mib(f.max_size_bytes),
         "created_at": out["created_at"], "last_used": None, "num_files": None, "cur_size": None,
         "cloneable": True, "status": f.status,
     }
@@ -235,7 +240,7 @@ def folder_rest(db, p, fid: str) -> dict:
         # Backend.AI's words: a project folder is a "group" folder
         "type": "group" if f.ownership_type == "project" else f.ownership_type,
         "status": f.status,
-        "numFiles": 0, "cloneable": True, "max_files": 0, "max_size": 0,
+        "numFiles": 0, "cloneable": True, "max_files": 0, "max_size": mib(f.max_size_bytes),
     }
 
 

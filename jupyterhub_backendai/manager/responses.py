@@ -406,6 +406,11 @@ class VFolder(Response):
     status: literal_of((*VFolderStatus, TRASHED))
     my_permission: Annotated[Permission | None, Field(
         description="what the caller may do with the files (null: nothing)")]
+    max_size_bytes: Annotated[int | None, Field(
+        description="the folder's own size limit in bytes (null: only its quota scope's)")]
+    used_bytes: Annotated[int | None, Field(
+        description="bytes the storage counts in the folder (listing and get; null where "
+        "it did not answer)")] = None
     created_at: Time
 
 

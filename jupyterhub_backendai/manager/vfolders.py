@@ -22,6 +22,7 @@ the directory, then the row. Nothing half-made stays behind.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import posixpath
 import re
@@ -37,6 +38,7 @@ from ..common.errors import (
     InvalidRequest,
     NotFound,
     QuotaExceeded,
+    StorageQuotaExceeded,
 )
 from ..common.types import UserRole, VFolderOwnership, VFolderPermission, VFolderStatus
 from ..models import (
@@ -165,7 +167,28 @@ def vfolder_out(db: DBSession, f: VFolder, p: Principal | None = None) -> dict:
     its files (None: nothing, e.g. an admin looking at someone else's folder)."""
     user = db.get(User, p.user_id) if p is not None else None
     mine = mount_permission(db, user, f) if user is not None else None
-    return responses.VFolder.body(responses.With(f, my_permission=mine))
+    return responses.VFolder.body(responses.With(f, my_permission=mine, used_bytes=None))
+
+
+async def with_usage(manager, folders: list[dict], parallel: int = 8) -> list[dict]:
+    """Folders as the API lists them, each with ``used_bytes`` from its storage (btrfs:
+    its qgroup; vfs: a walk), ``parallel`` asked at once; None where the storage does
+    not answer (the listing still comes)."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(f):
+        if f.get("status") != VFolderStatus.READY:
+            return
+        async with gate:
+            try:
+                usage = await manager.storage.folder_usage(f["host"], f["quota_scope_id"],
+                                                           f["id"])
+                f["used_bytes"] = int(usage["used_bytes"])
+            except Exception:
+                f["used_bytes"] = None
+
+    await asyncio.gather(*(one(f) for f in folders))
+    return folders
 
 
 def share_out(db: DBSession, row: VFolderPermissionRow) -> dict:
@@ -296,14 +319,32 @@ def _limits(db: DBSession, policy_model, name: str | None) -> tuple[int, int]:
     return pol.max_vfolder_count or 0, pol.max_quota_scope_size or 0
 
 
+def check_max_size(value, scope_limit: int, where: str) -> int | None:
+    """A folder's own limit as asked (None: none): a positive number of bytes, at most
+    its quota scope's limit (``scope_limit``, 0: unlimited), or a 400 that says why."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"max_size_bytes: a folder's size limit is a positive number of "
+                             f"bytes, not {value!r}")
+    if scope_limit and value > scope_limit:
+        raise InvalidRequest(
+            f"max_size_bytes: {value} bytes is more than the folder's quota scope may hold, "
+            f"{scope_limit} bytes (max_quota_scope_size of the {where})")
+    return value
+
+
 def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
-                 known_hosts: list[str], *, home: bool = False) -> dict:
+                 known_hosts: list[str], *, home: bool = False,
+                 inherit_max_size: int | None = None) -> dict:
     """Check a folder creation and write its row as ``provisioning``.
 
     Returns what the storage step needs: the folder's view, and ``quota_bytes``
     (the size limit of its quota scope, 0 = none). ``home``: the user's home folder,
     made for them at a server's start (monitors get one too), under the same
-    rules otherwise (host permission, count limit).
+    rules otherwise (host permission, count limit). ``max_size_bytes`` in ``body``: the
+    folder's own limit, checked against the scope's; ``inherit_max_size``: a clone's
+    (its source's, taken as it is).
     """
     access.require(home or p.role != UserRole.MONITOR, "create vfolders")
     user, kp = _caller(db, p)
@@ -339,6 +380,9 @@ def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
         scope = quota_scope_of_project(project.id)
         max_count, max_size = _limits(db, ProjectResourcePolicy, project.resource_policy)
         where = f"project resource policy {project.resource_policy!r}"
+    own_limit = check_max_size(body.get("max_size_bytes"), max_size, where)
+    if inherit_max_size is not None:
+        own_limit = inherit_max_size
     if db.scalar(select(VFolder.id).where(VFolder.quota_scope_id == scope, VFolder.name == name)):
         owner = f"project {project.name!r} already has" if project is not None else "you already have"
         raise Conflict(f"{owner} a vfolder named {name!r}")
@@ -356,7 +400,7 @@ def begin_create(db: DBSession, p: Principal, body: dict, default_host: str,
         domain_name=project.domain_name if project is not None else user.domain_name,
         creator=user.email, usage_mode=body.get("usage_mode", "general"),
         permission=body.get("permission") or VFolderPermission.READ_WRITE,
-        status=VFolderStatus.PROVISIONING,
+        status=VFolderStatus.PROVISIONING, max_size_bytes=own_limit,
     )
     db.add(f)
     db.flush()
@@ -397,12 +441,13 @@ async def _volumes(manager) -> dict[str, dict]:
 
 
 async def _made(manager, p: Principal, body: dict, hosts: list[str], make, what,
-                *, home: bool = False) -> dict:
-    """A folder's row (``begin_create``), then ``make(folder)`` on its storage; nothing
-    stays when either fails. ``what(folder)``: the storage step, for the error."""
+                *, home: bool = False, inherit_max_size: int | None = None) -> dict:
+    """A folder's row (``begin_create``), then ``make(folder)`` on its storage and its own
+    limit there; nothing stays when a step fails. ``what(folder)``: the storage step,
+    for the error."""
     try:
         out = await manager.db(begin_create, p, body, manager.default_vfolder_host, hosts,
-                               home=home)
+                               home=home, inherit_max_size=inherit_max_size)
     except IntegrityError:
         # Two requests raced for the same name: the unique constraint decided.
         raise Conflict(f"a vfolder named {body.get('name')!r} exists in that scope") from None
@@ -411,6 +456,9 @@ async def _made(manager, p: Principal, body: dict, hosts: list[str], make, what,
         if out["quota_bytes"]:
             await manager.storage.set_quota_scope(f["host"], f["quota_scope_id"], out["quota_bytes"])
         await make(f)
+        if f["max_size_bytes"] is not None:
+            await manager.storage.set_folder_quota(f["host"], f["quota_scope_id"], f["id"],
+                                                   f["max_size_bytes"])
     except Exception as e:
         try:
             await manager.storage.delete_folder(f["host"], f["quota_scope_id"], f["id"])
@@ -450,7 +498,8 @@ async def clone(manager, p: Principal, fid: str, body: dict) -> dict:
                                            f["quota_scope_id"], f["id"])
 
     return await _made(manager, p, {**body, "host": src["host"]}, [src["host"]], make,
-                       lambda f: f"clone vfolder {src['name']!r}")
+                       lambda f: f"clone vfolder {src['name']!r}",
+                       inherit_max_size=src["max_size_bytes"])
 
 
 @reads
@@ -746,7 +795,8 @@ def file_access(db: DBSession, p: Principal, fid: str, op: str) -> dict:
             db, user, f.host, db.get(Project, f.project_id) if f.project_id else None, kp):
         raise Forbidden(f"you may not {op} files on host {f.host!r}: {host_perm!r} is not in the "
                         "allowed_vfolder_hosts of your domain, projects or keypair policy")
-    out = {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id, "name": f.name}
+    out = {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id, "name": f.name,
+           "max_size_bytes": f.max_size_bytes}
     if op == "upload":
         if f.ownership_type == VFolderOwnership.USER:
             owner_user = db.get(User, f.user_id)
@@ -804,6 +854,20 @@ async def upload(manager, where: dict, path: str, chunks) -> int:
     out = await manager.storage.upload(where["host"], where["quota_scope_id"], where["id"], path,
                                        chunks)
     return out["size"] if isinstance(out, dict) else int(out)
+
+
+async def check_folder_room(manager, where: dict, path: str, size: int) -> None:
+    """413 where ``size`` more bytes do not fit in the folder's own limit (``where`` from
+    :func:`file_access`): a tus grant's check before its bytes come, as the scope's."""
+    limit = where.get("max_size_bytes")
+    if limit is None:
+        return
+    used = (await manager.storage.folder_usage(where["host"], where["quota_scope_id"],
+                                               where["id"]))["used_bytes"]
+    if used + size > limit:
+        raise StorageQuotaExceeded(
+            f"vfolder {where['name']!r} is limited to {limit} bytes (its own limit) and "
+            f"{used} are used; {path!r} needs {size}")
 
 
 async def download(manager, where: dict, path: str):

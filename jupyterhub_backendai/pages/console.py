@@ -391,8 +391,11 @@ class FolderPage(PageBase):
         try:
             usage = await self.manager.storage.folder_usage(where["host"],
                                                             where["quota_scope_id"], where["id"])
-            size = (f"{format_bytes(int(usage['used_bytes']))} in "
-                    f"{int(usage['file_count'])} file{'' if usage['file_count'] == 1 else 's'}")
+            n = usage["file_count"]  # (None on btrfs: it counts no files)
+            size = (f"{format_bytes(int(usage['used_bytes']))}"
+                    + (f" in {int(n)} file{'' if n == 1 else 's'}" if n is not None else "")
+                    + (f" of its limit {format_bytes(folder['max_size_bytes'])}"
+                       if folder.get("max_size_bytes") else ""))
         except Exception:  # the storage cannot tell now: the page still lists the files
             size = None
         parent = path.rsplit("/", 1)[0] if "/" in path else ""

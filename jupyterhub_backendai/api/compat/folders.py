@@ -19,6 +19,7 @@ from ...common.errors import (
     StorageQuotaExceeded,
     Unauthorized,
 )
+from ...common.slots import parse_size
 from ...manager import vfolders
 from ...manager.compatviews import as_hex as _as_hex
 from ...storageproxy import transfer
@@ -47,10 +48,13 @@ class FoldersHandler(CompatBase):
         if body.get("unmanaged_path"):
             raise InvalidRequest("unmanaged folders are not supported by this server")
         # (every folder may be cloned by whoever may read it: `cloneable` is always true)
-        if str(body.get("quota") or "0") not in ("0", "0.0"):
-            raise InvalidRequest("per-folder quotas are not supported here; the quota scope's "
-                                 "limit (max_quota_scope_size) applies")
         create = {"name": body.get("name")}
+        # `vfolder create -q 10m`: the folder's own limit ("0": none), binary units
+        if str(body.get("quota") or "0") not in ("0", "0.0"):
+            try:
+                create["max_size_bytes"] = int(parse_size(body["quota"]))
+            except InvalidRequest as e:
+                raise InvalidRequest(f"quota: {e.detail}") from None
         if body.get("host"):
             create["host"] = body["host"]
         if body.get("usage_mode") and body["usage_mode"] != "general":
@@ -422,6 +426,7 @@ class FolderRequestUploadHandler(CompatBase):
                 raise StorageQuotaExceeded(
                     f"vfolder {where['name']!r}: its quota scope is limited to {limit} bytes "
                     f"and {used} are used; {path!r} needs {size}")
+        await vfolders.check_folder_room(self.manager, where, path, size)
         if size == 0:  # tus clients send no PATCH for an empty file
             async def nothing():
                 return
