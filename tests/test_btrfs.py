@@ -317,3 +317,55 @@ def test_a_mount_point_does_not_stay_in_the_home_folder(hub, volume):
         "import os; print(os.path.exists('/home/work/data1'), "
         "open('/home/work/data2/keep.txt').read())")) == "False mine"
     hub.stop_server(u["username"], "m3", token=u["token"])
+
+
+def test_a_folders_own_limit_stops_a_kernel_the_api_and_tus_below_its_scope(hub, volume):
+    """Backend.AI's per-folder max_size on btrfs: the folder's own qgroup ``0/<id>``
+    carries it, so a kernel's writes stop there with EDQUOT while the scope has room;
+    uploads through the API and tus past it are 413; a tus upload that fits is counted
+    by the folder's qgroup (copied, not shared with the staging area); a clone keeps it."""
+    sa = superadmin(hub)
+    u, _ = _user(sa, 256 * MiB)
+    c = u["client"]
+    f = c.ok("POST", "/vfolders", json={"name": "lim", "max_size_bytes": 24 * MiB})
+    other = c.ok("POST", "/vfolders", json={"name": "free"})
+    sid = _run("btrfs", "inspect-internal", "rootid", _path(volume, f)).strip()
+    qg = next(line.split() for line in _run("btrfs", "qgroup", "show", "--raw", "-re",
+                                            volume.path).splitlines()
+              if line.split()[:1] == [f"0/{sid}"])
+    assert qg[3] == str(24 * MiB)  # max_rfer of the folder's own qgroup
+    _start(hub, u, "l", ["lim", "free"])
+    assert _dd(hub, u, "l", "/home/work/lim/big", 40) == "1 True"
+    assert os.stat(os.path.join(_path(volume, f), "big")).st_size <= 24 * MiB
+    # the scope still has room: the other folder takes more than the first one's limit
+    assert _dd(hub, u, "l", "/home/work/free/big", 40) == "0 False"
+    hub.stop_server(u["username"], "l", token=u["token"])
+    listed = {x["name"]: x for x in c.ok("GET", "/vfolders")["items"]}
+    assert listed["lim"]["max_size_bytes"] == 24 * MiB
+    assert 20 * MiB < listed["lim"]["used_bytes"] <= 24 * MiB
+    assert listed["free"]["used_bytes"] >= 40 * MiB
+    # the API and tus past the folder's limit
+    c.ok("DELETE", f"/vfolders/{f['id']}/files", params={"path": "big"})
+    r = c("PUT", f"/vfolders/{f['id']}/upload", params={"path": "a.bin"},
+          data=os.urandom(30 * MiB), headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 413, r.text
+    assert os.listdir(_path(volume, f)) == []
+    r = c("POST", "/folders/lim/request-upload", json={"path": "t.bin", "size": 30 * MiB})
+    assert r.status_code == 413 and "lim" in r.json()["detail"], r.text
+    # a tus upload that fits lands in the folder and its qgroup counts it
+    body = os.urandom(10 * MiB)
+    r = c("POST", "/folders/lim/request-upload", json={"path": "t.bin", "size": len(body)})
+    url = f"{r.json()['url']}?token={r.json()['token']}"
+    r = requests.patch(url, data=body, timeout=60, headers={
+        "Tus-Resumable": "1.0.0", "Upload-Offset": "0",
+        "Content-Type": "application/offset+octet-stream"})
+    assert r.status_code == 204, r.text
+    with open(os.path.join(_path(volume, f), "t.bin"), "rb") as fh:
+        assert fh.read() == body
+    assert volume.folder_quota(f["quota_scope_id"], f["id"])["used_bytes"] >= 10 * MiB
+    # a clone keeps the limit on its own qgroup
+    clone = c.ok("POST", f"/vfolders/{f['id']}/clone", json={"name": "lim2"})
+    assert clone["max_size_bytes"] == 24 * MiB
+    assert volume.folder_quota(clone["quota_scope_id"], clone["id"])["limit_bytes"] == 24 * MiB
+    for x in (f, other, clone):
+        c.ok("DELETE", f"/vfolders/{x['id']}")
