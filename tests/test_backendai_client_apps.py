@@ -237,6 +237,22 @@ def test_app_forwards_a_sessions_jupyter_through_the_hub(hub, alice, bob26, tmp_
         assert time.monotonic() < deadline, _tokens(hub, alice)
         time.sleep(0.3)
 
+    # the session's files: `session ls` and `session download` (both clients)
+    out = alice("session", "ls", name)
+    assert re.search(r"via-app\.txt\s+29 Bytes\s.*file rw", out), out
+    for bai in (alice, BAI(hub, alice.user, str(tmp_path), cli=CLI26)):
+        dest = tmp_path / f"dl-{os.path.basename(bai.cli)}-{uuid.uuid4().hex[:4]}"
+        dest.mkdir()
+        bai("session", "download", name, "via-app.txt", "/home/work/via-app.txt", cwd=str(dest))
+        assert (dest / "via-app.txt").read_text() == "written through the app proxy"
+    for bad, words in (("../etc/passwd", "only paths under /home/work"),
+                       (".bashrc", "hidden files"), ("nothing-here.txt", "no file or directory")):
+        out = alice("session", "download", name, bad, rc=1, cwd=str(tmp_path))
+        assert words in out and "✘" in out, (bad, out)
+    out = bob26("session", "download", dashed, "via-app.txt", rc=1, cwd=str(tmp_path))
+    assert "404" in out, out
+    assert not (tmp_path / "via-app.txt").exists()
+
     # the 26.09 client, by the session's id; another app: TensorBoard behind the server
     alice26 = BAI(hub, alice.user, str(tmp_path), cli=CLI26)
     with app_proxy(alice26, dashed, "jupyter") as (base, _):

@@ -486,9 +486,9 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     cases = [
         (alice, ("app", name, "jupyter"), "has no apps to forward: apps are forwarded from"),
         (alice, ("ssh", name), "does not offer SSH"),
-        (alice, ("session", "download", name, "a.txt"), "files of a running session"),
-        (alice, ("session", "ls", name), "files of a running session"),
-        (bob26, ("session", "ls", name), "files of a running session"),
+        (alice, ("session", "download", name, "a.txt"),
+         "is a batch session: files are read in an interactive"),
+        (alice, ("session", "ls", name), "is a batch session: files are read in an interactive"),
         (alice, ("session", "commit", name), "`session commit` is not offered here"),
         (alice, ("server-logs", "list"), "the server's error log is the hub's own log"),
         (alice, ("task-logs", str(uuid.uuid4())), "background task logs are not kept"),

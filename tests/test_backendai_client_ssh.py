@@ -86,8 +86,8 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.settimeout(30)
             assert sock.recv(64).startswith(b"SSH-2.0-")
-    # any other file of the running session: refused in words
+    # another file of a batch session: refused in words (no Jupyter server to read it)
     out = alice("session", "download", name, "a.txt", rc=1, cwd=alice.env["HOME"])
-    assert "400" in out and "files of a running session" in out, out
+    assert "400" in out and "is a batch session: files are read in an interactive" in out, out
     alice("session", "rm", name)
     assert wait_dead(hub, uuid.UUID(dashed).hex)["status"] == "TERMINATED"

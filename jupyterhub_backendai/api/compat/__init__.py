@@ -29,7 +29,7 @@ def routes() -> list[tuple]:
     from .appproxy import AppsHandler, TCPProxyHandler
     from .execute import ExecuteHandler, SessionUploadHandler
     from .images import BackgroundTaskEventsHandler
-    from .sessionfiles import SessionDownloadHandler
+    from .sessionfiles import SessionDownloadHandler, SessionFilesHandler
 
     base = spec.PREFIX.removeprefix("/hub")
     table = [
@@ -84,13 +84,13 @@ def routes() -> list[tuple]:
         (f"/stream/session/{SEG}/apps", AppsHandler),
         (f"/stream/session/{SEG}/tcpproxy", TCPProxyHandler),
         (f"/session/{SEG}/download", SessionDownloadHandler),
+        (f"/session/{SEG}/files", SessionFilesHandler),
     ]
     # What the clients call and this hub does not offer: a 400 naming what to use instead.
     refused = [
         (f"/stream/session/{SEG}/httpproxy", "app-proxy"),
         (f"/stream/session/{SEG}/pty", "pty"),
         (f"/session/{SEG}/download_single", "session-files"),
-        (f"/session/{SEG}/files", "session-files"),
         (f"/session/{SEG}/commit", "commit"),
         (f"/session/{SEG}/interrupt", "interrupt"),
         (f"/session/{SEG}/complete", "complete"),

@@ -105,10 +105,9 @@ REFUSALS = {
         "(docs/service-ports.md)"),
     "pty": ("a terminal over the API (`run --terminal`) is not offered here: use "
             "JupyterLab's terminal at /user/<you>/<session>/"),
-    "session-files": (
-        "files of a running session are not listed or downloaded through the API here: "
-        "keep them in a vfolder mounted in the session and use `vfolder ls` / `vfolder "
-        "download`, or JupyterLab's file browser"),
+    "session-files": ("this route is not offered here: `session download SESSION FILE...` "
+                      "and `session ls SESSION [PATH]` read the files of your running "
+                      "interactive session (under /home/work)"),
     "commit": ("`session commit` is not offered here yet: build the image, push it to a "
                "configured registry and rescan it (`backend.ai admin image rescan`, "
                "docs/images.md)"),

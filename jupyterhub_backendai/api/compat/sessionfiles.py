@@ -9,21 +9,41 @@ and runs ``ssh -i KEY work@localhost -p PORT``. Here a session's sshd is publish
 resource groups that offer SSH (issue 12), and its key is derived from the session's
 keypair (:mod:`...manager.sshkeys`, the same key ``GET /sessions/{id}/ssh-key`` gives
 its owner): that key is the ``id_container`` answered, to the session's owner only.
-Other files of a running session are not downloaded through the API here (a folder
-mounted in it: ``vfolder download``).
+
+**Other files** (``session download SESSION FILE...``, ``session ls SESSION [PATH]``) of
+the caller's own running interactive session are read through its Jupyter server's
+contents API (as ``run`` uploads them, :mod:`.execute`): paths relative to ``/home/work``
+(``/home/work/...`` is taken as such), no hidden ones (the server does not serve them),
+files only for a download (each as a tar of the file under its own name, at most
+:data:`MAX_DOWNLOAD_BYTES` in all), a directory for ``ls``. ``ls``'s ``mode`` is the
+server's kind of entry (``file``, ``directory``, ``notebook``) followed by ``rw`` or
+``r-`` for what the server may do with it: the contents API says no more (no Unix mode).
+A batch session has no Jupyter server: a folder mounted in it (``vfolder download``).
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import io
+import json
+import posixpath
 import secrets
 import tarfile
 import time
+import urllib.parse
+
+import aiohttp
 
 from ...common.errors import InvalidRequest, NotFound
 from .base import CompatBase
+from .execute import ServerUnavailable, _fetch, _JupyterServer, _ServerError
 
 KEY_FILE = "id_container"
+#: The most one download request carries (larger data: a folder, ``vfolder download``).
+MAX_DOWNLOAD_BYTES = 64 * 2**20
+MAX_FILES = 100
+HOME = "/home/work"
 
 
 def _tar(name: str, data: bytes, mode: int) -> bytes:
@@ -35,9 +55,75 @@ def _tar(name: str, data: bytes, mode: int) -> bytes:
     return buf.getvalue()
 
 
-class SessionDownloadHandler(CompatBase):
-    """``GET /session/{id}/download`` (see the module's doc). It hands out a shell's key:
-    a JupyterHub token needs the write scope, though it is a GET."""
+def _relative(path, *, allow_root: bool) -> str:
+    """``path`` relative to the home folder, checked; "" for the home folder itself."""
+    if not isinstance(path, str) or "\0" in path or len(path) > 1024:
+        raise InvalidRequest("path: a path of at most 1024 characters is required")
+    if path == HOME or path.startswith(HOME + "/"):
+        path = path[len(HOME):].lstrip("/")
+    if path.startswith("/"):
+        raise InvalidRequest(f"{path!r}: only paths under {HOME}")
+    rel = posixpath.normpath(path) if path else "."
+    if rel == ".." or rel.startswith("../"):
+        raise InvalidRequest(f"{path!r}: only paths under {HOME}")
+    rel = "" if rel == "." else rel
+    if any(part.startswith(".") for part in rel.split("/") if part):
+        raise InvalidRequest(f"{path!r}: hidden files and directories are not served by the "
+                             "session's Jupyter server")
+    if not rel and not allow_root:
+        raise InvalidRequest(f"name a file under {HOME}")
+    return rel
+
+
+class _SessionFiles(_JupyterServer):
+    _needs = ("files are read", "its Jupyter server serves them; a batch session's files: a "
+              "folder mounted in it, `vfolder download`")
+
+    async def _contents(self, path: str, **query) -> dict:
+        url = f"{self._base}api/contents/{urllib.parse.quote(path)}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        try:
+            return json.loads(await _fetch(url, headers=self._auth(), timeout=120))
+        except _ServerError as e:
+            if e.code == 404:
+                raise NotFound(f"no file or directory {path or '.'!r} in the session's "
+                               f"{HOME}") from None
+            if e.code in (400, 403):
+                raise InvalidRequest(f"{path!r}: the session's Jupyter server refused it "
+                                     f"({e.code})") from None
+            raise ServerUnavailable(f"the session's Jupyter server answered {e.code}") from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise ServerUnavailable(f"the session's Jupyter server did not answer: {e}") \
+                from None
+
+
+class SessionFilesHandler(CompatBase, _SessionFiles):
+    """``GET /session/{id}/files`` (``session ls SESSION [PATH]``): ``{"files": JSON text
+    of [{filename, size, mtime, mode}], "errors": ""}``, as the clients read it."""
+
+    async def get(self, ref):
+        path = _relative(self.json_body().get("path", self.get_query_argument("path", ".")),
+                         allow_root=True)
+        await self._open_server(ref)
+        try:
+            model = await self._contents(path, content="1")
+        finally:
+            self._drop_token()
+        if model.get("type") != "directory":
+            model = {"content": [model]}
+        out = []
+        for entry in model.get("content") or []:
+            mtime = dt.datetime.fromisoformat(entry["last_modified"].replace("Z", "+00:00"))
+            out.append({"filename": entry["name"], "size": entry.get("size") or 0,
+                        "mtime": mtime.timestamp(),
+                        "mode": f"{entry['type']} {'rw' if entry.get('writable') else 'r-'}"})
+        self.reply({"files": json.dumps(out), "errors": "", "abspath": f"{HOME}/{path}"})
+
+
+class SessionDownloadHandler(CompatBase, _SessionFiles):
+    """``GET /session/{id}/download`` (see the module's doc). It may hand out a shell's
+    key: a JupyterHub token needs the write scope, though it is a GET."""
 
     grants_shell = True
 
@@ -48,9 +134,8 @@ class SessionDownloadHandler(CompatBase):
                 isinstance(f, str) for f in files):
             raise InvalidRequest("files: a list of paths is required")
         if files != [KEY_FILE]:
-            from .handlers import REFUSALS
-
-            raise InvalidRequest(REFUSALS["session-files"])
+            await self._download(ref, files)
+            return
         ops = self.manager.ops
         sid = await ops.resolve_session(self.principal, ref)
         sess = await ops.get_session(self.principal, sid)
@@ -61,15 +146,42 @@ class SessionDownloadHandler(CompatBase):
         except NotFound as e:  # (the session is the caller's: it has no sshd)
             raise InvalidRequest(f"{e.detail}: `ssh`/`scp` need a session in a resource "
                                  "group that offers SSH (docs/service-ports.md)") from None
-        boundary = secrets.token_hex(16)
-        part = _tar(KEY_FILE, key["private_key"].encode(), 0o600)
-        self.set_header("Content-Type", f"multipart/mixed; boundary={boundary}")
-        self.finish(b"".join([
-            f"--{boundary}\r\nContent-Type: application/x-tar\r\n"
-            f'Content-Disposition: attachment; filename="{KEY_FILE}"\r\n\r\n'.encode(),
-            part, f"\r\n--{boundary}--\r\n".encode()]))
+        self._send_tars([(KEY_FILE, _tar(KEY_FILE, key["private_key"].encode(), 0o600))])
 
     post = get
 
+    async def _download(self, ref: str, files: list[str]) -> None:
+        if len(files) > MAX_FILES:
+            raise InvalidRequest(f"files: at most {MAX_FILES} at a time")
+        paths = [_relative(f, allow_root=False) for f in files]
+        await self._open_server(ref)
+        parts, total = [], 0
+        try:
+            for path in paths:
+                model = await self._contents(path, content="1", format="base64", type="file")
+                data = base64.b64decode(model.get("content") or "")
+                total += len(data)
+                if total > MAX_DOWNLOAD_BYTES:
+                    raise InvalidRequest(
+                        f"at most {MAX_DOWNLOAD_BYTES >> 20} MiB per download (larger data: "
+                        "a folder mounted in the session, `vfolder download`)")
+                name = posixpath.basename(path)
+                parts.append((name, _tar(name, data, 0o644)))
+        finally:
+            self._drop_token()
+        self._send_tars(parts)
 
-__all__ = ["SessionDownloadHandler"]
+    def _send_tars(self, parts: list[tuple[str, bytes]]) -> None:
+        """Backend.AI's answer: multipart, one tar per file."""
+        boundary = secrets.token_hex(16)
+        self.set_header("Content-Type", f"multipart/mixed; boundary={boundary}")
+        body = []
+        for name, tar in parts:
+            body += [f"--{boundary}\r\nContent-Type: application/x-tar\r\n"
+                     f'Content-Disposition: attachment; filename="{name}"\r\n\r\n'.encode(),
+                     tar, b"\r\n"]
+        body.append(f"--{boundary}--\r\n".encode())
+        self.finish(b"".join(body))
+
+
+__all__ = ["SessionDownloadHandler", "SessionFilesHandler"]
