@@ -985,7 +985,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
                "occupied_slots", "last_heartbeat"),
     "sessions": ("id", "name", "type", "status", "image", "requested_slots", "created_at"),
     "vfolders": ("id", "name", "host", "ownership_type", "status"),
-    "usage": ("name", "sessions", "hours", "cpu_hours", "mem_gib_hours", "gpu_hours"),
+    "usage": ("name", "sessions", "hours", "cpu_hours", "mem_gib_hours", "gpu_hours",
+              "used_cpu_hours", "used_mem_gib_hours"),
 }
 _ISO_RE = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?(Z|[+-]00:?00)?$")
 

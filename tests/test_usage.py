@@ -118,8 +118,11 @@ def test_hours_per_user_project_domain_group_cut_at_the_periods_edges(world):
         "bob": (1, 1.0, 0.5, 2.0, 0.0),  # b2 never ran
     }
     assert [r["name"] for r in got["items"]] == ["ann", "carl", "bob"]  # most core-hours first
+    # (these sessions are written into the record, not run: nothing was sampled)
     assert got["total"] == {"sessions": 4, "hours": 16.0, "cpu_hours": 20.5,
-                            "mem_gib_hours": 26.0, "gpu_hours": 2.0}
+                            "mem_gib_hours": 26.0, "gpu_hours": 2.0, "sampled_hours": 0.0,
+                            "used_cpu_hours": 0.0, "used_mem_gib_hours": 0.0,
+                            "used_gpu_hours": 0.0}
     assert _rows(_usage(sa, group_by="project")) == {
         "default/vision": (1, 2.0, 4.0, 8.0, 2.0),
         "(no project)": (3, 14.0, 16.5, 18.0, 0.0)}
@@ -206,15 +209,17 @@ def test_console_usage_table_and_csv(world, browser):
         cells = page.locator('#backendai-usage tr[data-key] td').all_inner_texts()
         assert cells[:6] == ["(no project)", "3", "14", "16.5", "18", "0"], cells
         assert page.locator("#backendai-usage tfoot").inner_text().split() == [
-            "Total", "4", "16", "20.5", "26", "2"]
+            "Total", "4", "16", "20.5", "26", "2", "0", "0", "0", "0"]
         screenshot(page, "usage-console.png", full_page=True)
         with page.expect_download() as dl:
             page.click("#backendai-usage-csv")
         text = open(dl.value.path(), encoding="utf-8").read()
         rows = list(csv.reader(io.StringIO(text)))
         assert rows[0] == ["project", "key", "sessions", "hours", "cpu_hours",
-                           "mem_gib_hours", "gpu_hours"]
-        assert ["default/vision", world["proj"]["id"], "1", "2.0", "4.0", "8.0", "2.0"] in rows
+                           "mem_gib_hours", "gpu_hours", "sampled_hours", "used_cpu_hours",
+                           "used_mem_gib_hours", "used_gpu_hours"]
+        assert ["default/vision", world["proj"]["id"], "1", "2.0", "4.0", "8.0", "2.0",
+                "0.0", "0.0", "0.0", "0.0"] in rows
         # A bad date: the reason where it happened, no table.
         page.fill("#usage-start", "soon")
         with page.expect_navigation():

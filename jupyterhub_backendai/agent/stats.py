@@ -95,3 +95,23 @@ async def read_stats(redis, agent_ids: list[str] | None = None) -> dict[str, dic
         if d is not None:
             out[aid] = d
     return out
+
+
+async def live_stats(manager, agent_ids: list[str]) -> dict[str, dict]:
+    """The agents' live statistics as a hub sees them: from Redis where it has one (every
+    agent writes its hash there each heartbeat), else, and for agents running in the
+    hub's process, their last sample. Agents without fresh ones are left out. Used by
+    the console and the usage sampler (manager/usage.py)."""
+    out: dict[str, dict] = {}
+    redis = getattr(manager.bus, "redis", None)
+    if redis is not None and agent_ids:
+        try:
+            out.update(await read_stats(redis, agent_ids))
+        except Exception as e:  # Redis away: the page still shows the record
+            manager.log.warning("live statistics unreadable: %s", e)
+    for aid in agent_ids:
+        agent = manager.local_agents.get(aid)
+        if aid not in out and agent is not None and agent.last_stats:
+            out[aid] = agent.last_stats
+    return out
+

@@ -43,6 +43,7 @@ from .scheduler import check_consistency, schedule_pass, scheduler_stats
 from .scheduler.metrics import PLACEMENTS, REJECTIONS, counter_by, counter_value
 from .session_lists import SessionLists
 from .sessions import CheckedRequest, Sessions
+from .usage import UsageSampler
 from .warmpool import WarmPools
 
 __all__ = ["SESSION_CHANGED", "BackendAIManager", "CheckedRequest"]
@@ -172,6 +173,10 @@ class BackendAIManager(SingletonConfigurable):
         5.0, help="""Issue 30: seconds between the warm pools' rounds (manager/warmpool.py:
         what the agents hold, eviction, refill); a pooled kernel taken triggers one at once.""",
     ).tag(config=True, cluster=True)
+    usage_sample_interval = Float(
+        60.0, help="""Seconds between two samples of the kernels' live use for usage
+        accounting (manager/usage.py: what was used beside what was allocated); 0: none.""",
+    ).tag(config=True, cluster=True)
     session_list_ttl = Float(
         2.0,
         help="""Seconds at most that the API answers a user's GET /sessions from memory
@@ -246,6 +251,7 @@ class BackendAIManager(SingletonConfigurable):
         self.ops = Operations(self)
         self.session_lists.attach(self.sm)
         self.warmpool = WarmPools(self)  # issue 30: kernels started before they are asked for
+        self.usage_sampler = UsageSampler(self)  # what kernels used, for usage accounting
 
     @classmethod
     def of(cls, handler) -> BackendAIManager:
@@ -380,6 +386,7 @@ class BackendAIManager(SingletonConfigurable):
             self.lifecycle.begin_start(sid)
         await self.drive_lifecycle()
         self.warmpool.kick()
+        self.usage_sampler.kick()
         # A pass may have changed waiting sessions' reasons: their watchers re-read.
         self.events.changed_all()
         return placed

@@ -257,6 +257,14 @@ class UsageFigures(Response):
     mem_gib_hours: Annotated[float, Field(description="allocated GiB of memory x running hours")]
     gpu_hours: Annotated[float, Field(description="allocated GPUs (and MIG instances) x "
                                                   "running hours")]
+    sampled_hours: Annotated[float, Field(description="hours of the kernels' running time "
+                                                      "whose live use was sampled")]
+    used_cpu_hours: Annotated[float, Field(description="cores in use x sampled hours (the "
+                                                       "kernels' CPU time)")]
+    used_mem_gib_hours: Annotated[float, Field(description="GiB of memory in use x sampled "
+                                                           "hours")]
+    used_gpu_hours: Annotated[float, Field(description="GPUs busy (utilisation x GPUs held) "
+                                                       "x sampled hours")]
 
 
 class UsageRow(UsageFigures):

@@ -19,6 +19,7 @@ from jupyterhub.handlers import BaseHandler
 from markupsafe import Markup, escape
 from tornado import web
 
+from ..agent.stats import live_stats
 from ..api import spec
 from ..common.errors import BackendAIError
 from ..common.slots import format_bytes, format_slots, parse_size
@@ -26,7 +27,7 @@ from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
 from ..manager import access, vfolders
 from ..manager.core import BackendAIManager
 from ..manager.pageviews import SESSION_ROWS
-from ..manager.usage import GROUP_BY, parse_period
+from ..manager.usage import FIGURES, GROUP_BY, parse_period
 from . import nav, usage
 
 ADMIN_SECTIONS = (
@@ -438,26 +439,6 @@ class KeysPage(PageBase):
 # -- admin console --------------------------------------------------------------------
 
 
-async def live_stats(manager: BackendAIManager, agent_ids: list[str]) -> dict[str, dict]:
-    """The agents' live statistics (:mod:`..agent.stats`): from Redis where the hub has
-    one (every agent writes its hash there each heartbeat), else, and for agents
-    running in this process, their last sample. Agents without fresh ones are left out."""
-    from ..agent.stats import read_stats
-
-    out: dict[str, dict] = {}
-    redis = getattr(manager.bus, "redis", None)
-    if redis is not None and agent_ids:
-        try:
-            out.update(await read_stats(redis, agent_ids))
-        except Exception as e:  # Redis away: the page still shows the record
-            manager.log.warning("live statistics unreadable: %s", e)
-    for aid in agent_ids:
-        agent = manager.local_agents.get(aid)
-        if aid not in out and agent is not None and agent.last_stats:
-            out[aid] = agent.last_stats
-    return out
-
-
 def _percent(v) -> str:
     return "-" if v is None else f"{float(v):g}%"
 
@@ -644,11 +625,10 @@ class UsageCSV(PageBase):
         report = await self.read("usage_report", p, start, end, q["group_by"] or "user")
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow([report["group_by"], "key", "sessions", "hours", "cpu_hours",
-                    "mem_gib_hours", "gpu_hours"])
+        figures = list(FIGURES)
+        w.writerow([report["group_by"], "key", "sessions", *figures])
         for r in report["items"]:
-            w.writerow([r["name"], r["key"], r["sessions"], r["hours"], r["cpu_hours"],
-                        r["mem_gib_hours"], r["gpu_hours"]])
+            w.writerow([r["name"], r["key"], r["sessions"], *(r[f] for f in figures)])
         name = f"usage-{report['group_by']}-{start:%Y%m%d}-{end:%Y%m%d}.csv"
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", f'attachment; filename="{name}"')
