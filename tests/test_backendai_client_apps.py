@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from jupyterhub_backendai.api.compat.appproxy import HTTPRelay, _BadRequest
+from jupyterhub_backendai.api.compat.execute import ACCESS_CHECK
 
 from .api_world import PREFIX, new_user, superadmin
 from .conftest import shutdown_hub
@@ -292,6 +293,35 @@ def test_app_forwards_a_sessions_jupyter_through_the_hub(hub, alice, bob26, tmp_
                               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}, timeout=30)
     assert r.status_code == 404 and "offers: jupyter, tensorboard" in r.json()["title"], r.text
     assert handshake(alice.user["token"]) == 101
+
+    # what the relay cannot pass on: 400 on the local connection, which then closes; and
+    # an open tunnel ends when the keypair that opened it is deactivated
+    with app_proxy(alice, name, "jupyter") as (base, _):
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"GET /api HTTP/2\r\nHost: x\r\n\r\n")
+            answer = _read_all(sock)
+        assert answer.startswith(b"HTTP/1.1 400 Bad Request") and b"HTTP/1.x" in answer, answer
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "no answer"
+            sock.settimeout(3 * ACCESS_CHECK)  # kept open while the access holds
+            with pytest.raises(TimeoutError):
+                sock.recv(65536)
+            ak = alice.user["keypair"]["access_key"]
+            admin_api(hub, "PATCH", f"/keypairs/{ak}", json={"is_active": False})
+            try:
+                sock.settimeout(30)
+                assert _read_all(sock) == b""  # closed (the CLI closes its side too)
+            finally:
+                admin_api(hub, "PATCH", f"/keypairs/{ak}", json={"is_active": True})
     alice("session", "rm", name)
     assert wait_dead(hub, uuid.UUID(dashed).hex)["status"] == "TERMINATED"
-    assert admin_api(hub, "GET", f"/sessions/{uuid.UUID(dashed).hex}")["status"] == "TERMINATED"
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """What the peer sends until it closes (the socket's timeout bounds a hang)."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
