@@ -497,7 +497,7 @@ class VFolderHandler(APIBase):
     async def get(self, fid):
         self.query()
         folder = await self.manager.ops.get_folder(self.principal, fid)
-        self.reply((await vfolders.with_usage(self.manager, [folder]))[0])
+        self.reply((await vfolders.with_usage(self.manager, [folder], walk=True))[0])
 
     async def patch(self, fid):
         self.query()

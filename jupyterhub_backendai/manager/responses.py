@@ -417,8 +417,9 @@ class VFolder(Response):
     max_size_bytes: Annotated[int | None, Field(
         description="the folder's own size limit in bytes (null: only its quota scope's)")]
     used_bytes: Annotated[int | None, Field(
-        description="bytes the storage counts in the folder (listing and get; null where "
-        "it did not answer)")] = None
+        description="bytes the storage counts in the folder (a folder's own view; in a "
+        "listing only where it is cheap, on btrfs volumes; null where it was not read or "
+        "the storage did not answer)")] = None
     created_at: Time
 
 

@@ -170,14 +170,21 @@ def vfolder_out(db: DBSession, f: VFolder, p: Principal | None = None) -> dict:
     return responses.VFolder.body(responses.With(f, my_permission=mine, used_bytes=None))
 
 
-async def with_usage(manager, folders: list[dict], parallel: int = 8) -> list[dict]:
-    """Folders as the API lists them, each with ``used_bytes`` from its storage (btrfs:
-    its qgroup; vfs: a walk), ``parallel`` asked at once; None where the storage does
-    not answer (the listing still comes)."""
+async def with_usage(manager, folders: list[dict], parallel: int = 8,
+                     walk: bool = False) -> list[dict]:
+    """Folders as the API lists them, each with ``used_bytes`` from its storage,
+    ``parallel`` asked at once; None where the storage does not answer (the listing
+    still comes). Usage is read where it is cheap (btrfs: its qgroup); on a vfs volume
+    it is a walk of the whole folder, so only with ``walk`` (one folder's own view), and
+    a listing leaves it None there."""
     gate = asyncio.Semaphore(parallel)
+    cheap = set() if walk else {h for h, v in (await _volumes(manager)).items()
+                                if v.get("backend") == "btrfs"}
 
     async def one(f):
         if f.get("status") != VFolderStatus.READY:
+            return
+        if not walk and f["host"] not in cheap:
             return
         async with gate:
             try:
