@@ -101,6 +101,33 @@ def test_bad_limits_are_400_and_make_nothing(hub, user, bad, words):
     assert c.ok("GET", "/vfolders", params={"name": "nope"})["items"] == []
 
 
+def test_a_limit_changes_and_goes_on_the_storage_at_once(hub, user):
+    """PATCH max_size_bytes: lowered, the next upload past it is 413; removed (null),
+    only the scope's limit applies; above the scope's, or on another user's folder,
+    refused with nothing changed (record and storage)."""
+    c = user["client"]
+    f = c.ok("POST", "/vfolders", json={"name": f"ch-{uuid.uuid4().hex[:6]}"})
+    assert upload(c, f["id"], "a", b"a" * 200_000).status_code == 201
+    assert c.ok("PATCH", f"/vfolders/{f['id']}", json={"max_size_bytes": 250_000})[
+        "max_size_bytes"] == 250_000
+    r = upload(c, f["id"], "b", b"b" * 50_001)
+    assert r.status_code == 413 and "250000" in r.json()["detail"], r.text
+    # above the scope's limit: 400, the old limit still holds on the storage
+    r = c("PATCH", f"/vfolders/{f['id']}", json={"max_size_bytes": SCOPE_LIMIT + 1})
+    assert r.status_code == 400 and "quota scope" in r.json()["detail"], r.text
+    assert c.ok("GET", f"/vfolders/{f['id']}")["max_size_bytes"] == 250_000
+    assert upload(c, f["id"], "b", b"b" * 50_001).status_code == 413
+    # another user may not change it
+    other = new_user(superadmin(hub))
+    r = other["client"]("PATCH", f"/vfolders/{f['id']}", json={"max_size_bytes": 900_000})
+    assert r.status_code in (403, 404), r.text
+    assert c.ok("GET", f"/vfolders/{f['id']}")["max_size_bytes"] == 250_000
+    # null removes it: the scope's limit is what is left
+    assert c.ok("PATCH", f"/vfolders/{f['id']}", json={"max_size_bytes": None})[
+        "max_size_bytes"] is None
+    assert upload(c, f["id"], "b", b"b" * 300_000).status_code == 201
+
+
 def sdk(user: dict, cli: str, call: str, rc: int = 0) -> str:
     """``call`` on a session of an official client's SDK (the one beside ``cli``), as
     its CLI makes them; its output as JSON, or with rc=1 the error it raised."""

@@ -502,6 +502,9 @@ class VFolderHandler(APIBase):
     async def patch(self, fid):
         self.query()
         body = self.body("VFolderUpdate")
+        if "max_size_bytes" in body:  # on the storage first (vfolders.change_limit)
+            await vfolders.change_limit(self.manager, self.principal, fid,
+                                        body.pop("max_size_bytes"))
         self.reply(await self.manager.ops.update_folder(self.principal, fid, body))
 
     async def delete(self, fid):

@@ -570,6 +570,10 @@ class VFolderUpdate(Request):
     permission: Annotated[Permission, Field(
         description="a project folder's members', a user folder's owner's")] = None
     usage_mode: _enum(USAGE_MODES) = None
+    max_size_bytes: Annotated[int | None, Field(ge=1, le=2**63 - 1, description=(
+        "the folder's own size limit in bytes, at most its quota scope's; null removes "
+        "it (only the scope's applies). Applied on the storage at once; a limit below "
+        "what the folder holds stops further writes"))] = None
 
 
 VFolderShare = responses.VFolderShare

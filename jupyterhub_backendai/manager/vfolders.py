@@ -27,7 +27,7 @@ import datetime as dt
 import posixpath
 import re
 
-from sqlalchemy import and_, false, func, or_, select, true
+from sqlalchemy import and_, false, func, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DBSession
 
@@ -570,6 +570,50 @@ def update_folder(db: DBSession, p: Principal, fid: str, body: dict) -> dict:
         f.name = name
     db.flush()
     return vfolder_out(db, f, p)
+
+
+@reads
+def limit_change(db: DBSession, p: Principal, fid: str, value) -> dict:
+    """Check a change of folder ``fid``'s own size limit to ``value`` (None: none) by
+    ``p`` (who may change the folder): the folder's view and its current limit."""
+    f = _get_folder(db, p, fid)
+    access.require(can_manage_folder(p, f), "change this vfolder")
+    if f.status != VFolderStatus.READY:
+        raise Conflict(f"vfolder {f.name!r} is {f.status}")
+    if f.ownership_type == VFolderOwnership.PROJECT:
+        project = db.get(Project, f.project_id)
+        _, scope_limit = _limits(db, ProjectResourcePolicy, project.resource_policy)
+        where = f"project resource policy {project.resource_policy!r}"
+    else:
+        owner = db.get(User, f.user_id)
+        _, scope_limit = _limits(db, UserResourcePolicy, owner.resource_policy)
+        where = f"user resource policy {owner.resource_policy!r}"
+    check_max_size(value, scope_limit, where)
+    return {"host": f.host, "quota_scope_id": f.quota_scope_id, "id": f.id,
+            "old": f.max_size_bytes}
+
+
+@writes
+def record_folder_limit(db: DBSession, fid: str, old: int | None, new: int | None) -> bool:
+    return bool(db.execute(update(VFolder).where(
+        VFolder.id == fid, VFolder.status == VFolderStatus.READY,
+        VFolder.max_size_bytes.is_(None) if old is None else VFolder.max_size_bytes == old)
+        .values(max_size_bytes=new).execution_options(synchronize_session=False)).rowcount)
+
+
+async def change_limit(manager, p: Principal, fid: str, value: int | None) -> None:
+    """A folder's own size limit changed (None removes it): checked, set on the storage,
+    then in the record; the storage is put back if the record changed meanwhile."""
+    f = await manager.ops.limit_change(p, fid, value)
+    try:
+        await manager.storage.set_folder_quota(f["host"], f["quota_scope_id"], f["id"], value)
+    except Exception as e:
+        raise _storage_error(e, f"set the folder's size limit on {f['host']!r}") from e
+    if not await manager.ops.record_folder_limit(fid, f["old"], value):
+        await manager.storage.set_folder_quota(f["host"], f["quota_scope_id"], f["id"],
+                                               f["old"])
+        raise Conflict("the vfolder changed meanwhile (its limit, or it was deleted); "
+                       "look again and retry")
 
 
 def mounted_by(db: DBSession, fid: str) -> list[str]:
