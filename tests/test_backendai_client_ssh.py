@@ -13,6 +13,7 @@ import subprocess
 import uuid
 
 import pytest
+import requests
 
 from .api_world import new_user, superadmin
 from .conftest import shutdown_hub
@@ -91,3 +92,43 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
     assert "400" in out and "is a batch session: files are read in an interactive" in out, out
     alice("session", "rm", name)
     assert wait_dead(hub, uuid.UUID(dashed).hex)["status"] == "TERMINATED"
+
+
+def test_a_new_users_whole_day_with_the_26_09_cli(hub, tmp_path):
+    """Issue 27's day, all with the 26.09 CLI: a read-only folder, code run in a session,
+    JupyterLab through `app jupyter`, ssh into the session, the events of a batch session
+    as it starts and ends, a file downloaded from the running session. (`session commit`
+    is not offered yet: docs/backendai-compat.md.)"""
+    x = uuid.uuid4().hex[:6]
+    me = BAI(hub, new_user(superadmin(hub), name=f"day-{x}"), _home(tmp_path, "day"),
+             cli=CLI26)
+    home = me.env["HOME"]
+    # a folder, read-only for its owner too
+    out = me("vfolder", "create", f"ro-{x}", "local:volume1", "-p", "ro")
+    assert f'Virtual folder "ro-{x}" is created.' in out, out
+    assert "Permission: ro" in me("vfolder", "info", f"ro-{x}")
+    # code in a session (an interactive one, its Jupyter kernel), a file written there
+    name = f"work-{x}"
+    out = me("run", "--name", name, *RES, "-c",
+             "open('/home/work/report.txt', 'w').write('day report 42')\nprint(6 * 7)", hub.image)
+    assert "42" in out and "(exit code = 0)" in out, out
+    # JupyterLab through the local app proxy
+    with app_proxy(me, name, "jupyter") as (base, _):
+        r = requests.get(f"{base}/lab", timeout=60)
+        assert r.status_code == 200 and "JupyterLab" in r.text, r.text[:300]
+    # ssh into the same session: the file is there
+    out = me("ssh", "-p", str(_free_port()), name, "cat", "/home/work/report.txt", cwd=home)
+    assert "day report 42" in out, out
+    # download it from the running session
+    me("session", "download", name, "report.txt", cwd=home)
+    with open(os.path.join(home, "report.txt")) as fh:
+        assert fh.read() == "day report 42"
+    # the events of a batch session, followed from its start to its end
+    bname = f"job-{x}"
+    me("session", "create", "--type", "batch", "--name", bname, *RES, "--enqueue-only",
+       "--startup-command", "sleep 5", hub.image)
+    out = me("session", "events", bname)
+    names = [ln.split()[0] for ln in out.splitlines() if ln.startswith(("session_", "kernel_"))]
+    assert names[0] == "session_enqueued" and "session_started" in names, out
+    assert names[-2:] == ["session_success", "session_terminated"], out
+    me("session", "rm", name)
