@@ -59,14 +59,14 @@ WEIGHT = {
     "test_e2e": 68, "test_ssh_port": 67, "test_vfolders_api": 66, "test_spawn_ux": 64,
     "test_home": 63, "test_attack_browser": 62,
     # measured alone (-n 0) when they were written
-    "test_hub_host": 100, "test_execute_stream": 100, "test_attacks_agent": 120,
+    "test_hub_host": 100, "test_execute_stream": 200, "test_attacks_agent": 120,
     "test_client_address": 110, "test_ssh_revoke": 90, "test_tus": 150,
     "test_session_tokens": 35, "test_reflector": 15,
     "test_kernel_bounds": 60, "test_bus_outage": 25, "test_bus_auth": 10, "test_btrfs": 35,
     "test_backendai_client_more": 165, "test_browser_rough": 45,
     "test_resource_presets": 25, "test_usage": 60, "test_images": 150, "test_images_cli": 30,
     "test_browser_sessions": 200, "test_browser_folders": 45, "test_browser_groups": 60,
-    "test_warm_pool": 180,
+    "test_warm_pool": 180, "test_usage_sampled": 50, "test_vfolders_limit": 40,
 }
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
