@@ -238,7 +238,9 @@ def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path):
 
 def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
     """A wrong credential and a tag gone from the registry each end the session ERROR
-    with the registry's reason in plain words; no container, no image left."""
+    with the registry's reason in plain words at the first try (the registry would
+    answer the same: one pull each, though start_retries allows three tries); no
+    container, no image left."""
     from jupyterhub_backendai.manager import images
 
     v2, doomed = reg.refs["v2"], reg.refs["doomed"]
@@ -246,11 +248,12 @@ def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
     _no_image(doomed)
 
     async def run():
-        async with running_manager(db_url, tmp_path, "docker", retries=0,
+        async with running_manager(db_url, tmp_path, "docker", retries=2,
                                    configure=_config(reg)) as mgr:
             user = await make_user(mgr)
             await _add_registry(mgr, reg)
             await images.rescan(mgr, ROOT, "lab")
+            pulls = mgr.agent.puller.pulls_started
             # The tag goes from the registry after the rescan (registry API: DELETE by
             # digest). A second run of this test (the other database) finds it gone and
             # records the first run's scan of it again.
@@ -268,15 +271,57 @@ def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
             gone = await wait_status(mgr, await _batch(mgr, user, "gone", doomed), DEAD)
             assert gone.status == "ERROR"
             assert f"image {doomed} does not exist in its registry" in gone.status_info
+            assert "retry" not in gone.status_info and "attempts" not in gone.status_info
+            assert mgr.agent.puller.pulls_started == pulls + 1
 
             await mgr.ops.update_registry(ROOT, "lab", {"password": "not-the-password"})
             refused = await wait_status(mgr, await _batch(mgr, user, "refused", v2), DEAD)
             assert refused.status == "ERROR"
             assert "refused the credentials" in refused.status_info
             assert "not-the-password" not in refused.status_info
+            assert "attempts" not in refused.status_info
+            assert mgr.agent.puller.pulls_started == pulls + 2
 
             assert containers_of(mgr.agent.agent_id) == []
             assert not image_present(v2) and not image_present(doomed)
+            assert_consistent(mgr)
+
+    asyncio.run(run())
+
+
+def test_an_unreachable_registry_is_retried(reg, db_url, tmp_path):
+    """A registry that refuses connections (it may be restarting) is no answer about
+    the image: the start is retried start_retries times, one pull each, then ERROR with
+    the engine's words; nothing left."""
+    import socket
+
+    from jupyterhub_backendai.manager import images
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ref = f"127.0.0.1:{port}/{REPO}:v1"
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", retries=1,
+                                   configure=_config(reg)) as mgr:
+            user = await make_user(mgr)
+            await _add_registry(mgr, reg)
+            scan = await images.scan_registry(await mgr.ops.registry_secrets("lab"))
+            entry = next(f for f in scan if f["name"] == reg.refs["v1"])
+            await mgr.ops.create_registry(ROOT, {
+                "name": "away", "url": f"https://127.0.0.1:{port}", "project": "lab",
+                "username": reg.username, "password": reg.password})
+            await mgr.ops.record_scan("away", [dict(entry, name=ref,
+                                                    repo=f"127.0.0.1:{port}/{REPO}")])
+            pulls = mgr.agent.puller.pulls_started
+            sess = await wait_status(mgr, await _batch(mgr, user, "away", ref), DEAD)
+            assert sess.status == "ERROR"
+            assert "connection refused" in sess.status_info, sess.status_info
+            assert "(after 2 attempts)" in sess.status_info, sess.status_info
+            assert mgr.agent.puller.pulls_started == pulls + 2
+            assert containers_of(mgr.agent.agent_id) == []
+            assert not image_present(ref)
             assert_consistent(mgr)
 
     asyncio.run(run())

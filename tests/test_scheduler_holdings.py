@@ -305,8 +305,15 @@ def test_a_session_goes_to_the_agent_with_its_pooled_kernel_and_binds_it(db_url,
             await mgr.destroy_session(sid)
             await wait_status(mgr, sid, ("TERMINATED", "ERROR"))
             mgr.warmpool.kick(now=True)
-            await _poll(lambda: _nothing_left(mgr, mgr.agent.agent_id, other), "nothing left",
-                        180)
+
+            async def settled():
+                return mgr.warmpool.settled() and await _nothing_left(
+                    mgr, mgr.agent.agent_id, other) and mgr.warmpool.settled()
+
+            await _poll(settled, "the pool gone, nothing left", 180)
             assert_consistent(mgr)
 
     asyncio.run(run())
+    # The agents stopped with their pools empty: no mount of theirs stays on the host.
+    with open("/proc/self/mountinfo") as f:
+        assert not [line for line in f if str(tmp_path) in line]

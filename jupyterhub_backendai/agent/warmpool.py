@@ -246,6 +246,22 @@ class PoolRoot:
         except (OSError, ValueError):
             return None
 
+    def close(self) -> None:
+        """The agent stops: the root's own mount goes when no pooled kernel is left under
+        it (a kernel kept for the agent's restart keeps it, and its mounts)."""
+        if not self.ready:
+            return
+        self.ready = False
+        try:
+            if any(os.scandir(self.root)):
+                return
+        except OSError:
+            return
+        for _ in range(8):  # the root may have been bound more than once
+            if self.root not in _mounted_at(self.root):
+                break
+            _umount(self.root)
+
     def release(self, kernel_id: str) -> None:
         """Unmount everything under the kernel's slot and remove it (its container gone)."""
         base = os.path.join(self.root, kernel_id)

@@ -72,6 +72,16 @@ class ImageNotFound(AgentError, status=400, title="Unknown image"):
     """No agent of the group has the image the request names."""
 
 
+class PullRefused(KernelCannotStart, status=502, title="Image pull refused"):
+    """The registry refused an image's pull for good (wrong credentials, a certificate
+    the engine does not trust): asked again, it answers the same, so the start is not
+    retried (issue 25). A registry that cannot be reached is an :class:`AgentError`."""
+
+
+class ImageNotInRegistry(ImageNotFound, PullRefused, status=400, title="Unknown image"):
+    """The registry has no such repository or tag: not retried either."""
+
+
 class ServiceUnavailable(BackendAIError, status=503, title="Service unavailable"):
     """A part the hub needs (its database) does not answer now: try again later. Never
     a 401/403, so that clients keep credentials that are still good."""

@@ -9,8 +9,8 @@ import weakref
 
 import aiohttp
 
-from ..common.errors import AgentError, BackendAIError, ImageNotFound, InvalidRequest, NotFound
-from ..common.httpbase import NodeClient, TLSFiles
+from ..common.errors import AgentError, BackendAIError, InvalidRequest, NotFound
+from ..common.httpbase import ERRORS, NodeClient, TLSFiles
 
 
 class AgentClient:
@@ -183,7 +183,11 @@ class HTTPAgentClient(AgentClient):
                             on_progress(line["progress"])
                     elif "error" in line:
                         err = line["error"]
-                        cls = ImageNotFound if err.get("type") == "ImageNotFound" else AgentError
+                        # The agent's class by name (ImageNotInRegistry, PullRefused: the
+                        # start is not retried), any other as an AgentError.
+                        cls = ERRORS.get(err.get("type"), AgentError)
+                        if not issubclass(cls, AgentError):
+                            cls = AgentError
                         raise cls(err.get("detail") or f"pulling {name} failed")
                     elif "pulled" in line:
                         return bool(line["pulled"])

@@ -211,6 +211,16 @@ class WarmPools:
         if not now and time.monotonic() - self._last < self.mgr.warm_pool_interval:
             return
         self._task = asyncio.create_task(self._round())
+        # One of the manager's background tasks: cancelled when it stops, before its
+        # agents close (a round must not start or remove kernels on a closed engine).
+        bg = getattr(self.mgr, "_bg", None)
+        if bg is not None:
+            bg.add(self._task)
+            self._task.add_done_callback(bg.discard)
+
+    def settled(self) -> bool:
+        """No round running or asked for."""
+        return (self._task is None or self._task.done()) and not self._again
 
     async def _round(self) -> None:
         try:

@@ -297,6 +297,11 @@ class DockerBackend(Backend):
                 pass
         if self.docker:
             await self.docker.close()
+        if self.pool_root is not None:  # issue 30: no mount of ours outlives the pool
+            try:
+                await asyncio.to_thread(self.pool_root.close)
+            except OSError as e:
+                log.warning("the warm pool's root stays mounted: %s", e)
 
     async def _ensure_network(self) -> str:
         try:

@@ -5,9 +5,11 @@ agent's engine: present already (and the policy does not ask for a newer digest)
 nothing to do; else one pull through aiodocker with the registry's credentials, shared
 by every session of this agent that asks for the same image while it runs. Progress
 (bytes and percent, summed over the layers from the engine's pull stream) goes to
-every waiter's callback. A failed pull raises :class:`ImageNotFound` (the tag or
-repository does not exist) or :class:`AgentError` (refused credentials, an unreachable
-registry) with the registry's reason in plain words; the engine keeps no image then.
+every waiter's callback. A failed pull raises, with the registry's reason in plain
+words, :class:`ImageNotInRegistry` (the tag or repository does not exist) or
+:class:`PullRefused` (refused credentials, an untrusted certificate): answers that come
+again, so the session's start is not retried; or :class:`AgentError` (an unreachable
+registry, anything else): retried like any failed start. The engine keeps no image.
 
 Pull policies (Backend.AI's ``auto_pull``): ``tag`` pulls when the reference is
 missing; ``digest`` pulls every time (the engine fetches only what changed, so a newer
@@ -24,7 +26,13 @@ from dataclasses import dataclass, field
 
 from aiodocker.exceptions import DockerError
 
-from ...common.errors import AgentError, ImageNotFound, InvalidRequest
+from ...common.errors import (
+    AgentError,
+    ImageNotFound,
+    ImageNotInRegistry,
+    InvalidRequest,
+    PullRefused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +84,18 @@ class _Pull:
 
 
 def plain_reason(ref: str, message: str) -> tuple[type, str]:
-    """The exception class and the words for a pull of ``ref`` the engine refused."""
+    """The exception class and the words for a pull of ``ref`` the engine refused: the
+    registry's refusals that would come again are :class:`PullRefused` (not retried)."""
     m = " ".join(str(message).split())
     low = m.lower()
     if "unauthorized" in low or "authentication required" in low or "no basic auth" in low \
             or "denied" in low:
-        return AgentError, (f"the registry refused the credentials for {ref} ({m}): check the "
+        return PullRefused, (f"the registry refused the credentials for {ref} ({m}): check the "
                             "registry's username and password")
     if "manifest unknown" in low or "not found" in low or "name unknown" in low:
-        return ImageNotFound, f"image {ref} does not exist in its registry ({m})"
+        return ImageNotInRegistry, f"image {ref} does not exist in its registry ({m})"
     if "certificate" in low or "x509" in low:
-        return AgentError, f"the engine does not trust the registry of {ref} ({m})"
+        return PullRefused, f"the engine does not trust the registry of {ref} ({m})"
     return AgentError, f"pulling {ref} failed: {m}"
 
 

@@ -16,7 +16,13 @@ from prometheus_client import Counter
 from sqlalchemy import select
 
 from ...agent.backends.base import BATCH, IDLE, INTERACTIVE
-from ...common.errors import AgentError, BackendAIError, ImageNotFound, KernelCannotStart
+from ...common.errors import (
+    AgentError,
+    BackendAIError,
+    ImageNotFound,
+    KernelCannotStart,
+    PullRefused,
+)
 from ...common.kernelspec import KernelSpec
 from ...common.types import SessionStatus, VFolderStatus
 from ...models import Agent, Kernel, Session, User, VFolder
@@ -53,6 +59,8 @@ def failure_reason(e: BaseException) -> str:
     """A start failure's metric label: one of a few fixed words."""
     if isinstance(e, ImageNotFound):
         return "image_missing"
+    if isinstance(e, PullRefused):
+        return "pull_refused"
     if isinstance(e, KernelExitedWhileStarting):
         return "kernel_exited"
     if isinstance(e, AgentError):
