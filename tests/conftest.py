@@ -63,10 +63,12 @@ WEIGHT = {
     "test_client_address": 110, "test_ssh_revoke": 90, "test_tus": 150,
     "test_session_tokens": 35, "test_reflector": 15,
     "test_kernel_bounds": 60, "test_bus_outage": 25, "test_bus_auth": 10, "test_btrfs": 35,
-    "test_backendai_client_more": 165, "test_browser_rough": 45,
+    "test_backendai_client_more": 235, "test_browser_rough": 45,
     "test_resource_presets": 25, "test_usage": 60, "test_images": 150, "test_images_cli": 30,
     "test_browser_sessions": 200, "test_browser_folders": 45, "test_browser_groups": 60,
     "test_warm_pool": 180, "test_usage_sampled": 50, "test_vfolders_limit": 40,
+    "test_backendai_client_apps": 150, "test_backendai_client_templates": 180,
+    "test_backendai_client_ssh": 150, "test_dotfiles_local": 25,
 }
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
