@@ -20,7 +20,7 @@ from sqlalchemy import select
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
-from . import access, admin, images, lifetimes, tenancy, vfolders
+from . import access, admin, images, lifetimes, tenancy, vfolders, warmpool
 from .ops import reads
 from .scheduler.snapshot import load_limits, load_policies, load_usage
 from .scheduler.state import slot_limit
@@ -261,6 +261,12 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         for r in out["presets"]:
             r["may_edit"] = r["may_delete"] = installation
         out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
+    elif section == "warm-pools":  # issue 30: superadmins set them; other admins are told so
+        out["pools"] = (warmpool.list_warm_pools(db, p, 0, MAX_ROWS)["items"]
+                        if p.is_superadmin else [])
+        out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
+        out["preset_names"] = [r["name"] for r in _all(admin.list_resource_presets, db, p)["items"]]
+        out["image_names"] = [i["name"] for i in images.list_catalogue(db, p)]
     elif section == "agents":
         out["agents"] = _all(admin.list_agents, db, p)["items"]
     elif section == "environments":  # issue 25: registries (superadmins) and the catalogue

@@ -38,6 +38,7 @@ ADMIN_SECTIONS = (
     ("policies", "Resource policies"),
     ("resource-groups", "Resource groups"),
     ("presets", "Presets"),
+    ("warm-pools", "Warm pools"),
     ("agents", "Agents"),
     ("environments", "Environments"),
     ("sessions", "Sessions"),
