@@ -278,8 +278,8 @@ class TCPProxyHandler(websocket.WebSocketHandler, CompatBase, _OwnSession):
 
     async def open(self, ref):
         try:
-            reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(*self._target), 30)
+            async with asyncio.timeout(30):
+                reader, self._writer = await asyncio.open_connection(*self._target)
         except (OSError, TimeoutError) as e:
             self.close(1011, f"the app did not answer: {e}"[:120])
             self._cleanup()
