@@ -59,6 +59,9 @@ class Image(Base):
     # This image's pull policy ("digest", "tag", "none"); null: its registry's.
     pull_policy: Mapped[str | None] = mapped_column(String(16), nullable=True)
     scanned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # A session committed to an image (``session commit``): its owner's only (a user id);
+    # null: the installation's.
+    owner_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class ImageAlias(Base):
