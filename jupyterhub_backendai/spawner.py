@@ -154,15 +154,17 @@ class BackendAISpawner(Spawner):
         if self.images:
             return list(self.images)
         group = resource_group or self.resource_group
-        entries = await self.manager.ops.list_catalogue(None)
+        entries = await self.manager.ops.list_catalogue(None, username=self.user.name)
         if not (await self.manager.ops.group_facts(group))["gpu"]:
             # GPU images only where the group has GPUs to give them.
             entries = [i for i in entries if not _images.needs_gpu(i["labels"])]
         catalogue = [i["name"] for i in entries]
         if self.manager.image_catalogue:
             return catalogue
-        hidden = {i["name"] for i in await self.manager.ops.list_catalogue(None, True)
-                  if i["hidden"]}
+        # What the agents hold, less what the catalogue hides or keeps for another user.
+        index = await self.manager.ops.catalogue_index()
+        hidden = {n for n, i in index.items()
+                  if (i["hidden"] or i["owner_id"] is not None) and n not in catalogue}
         held = await self.manager.list_images(group)
         default = await self.manager.ops.default_image()
         return sorted((n for n in dict.fromkeys(catalogue + held) if n not in hidden),
@@ -171,7 +173,7 @@ class BackendAISpawner(Spawner):
     async def _image_labels(self) -> dict[str, str]:
         """What the form shows of each catalogued image: its aliases, description, name."""
         out = {}
-        for i in await self.manager.ops.list_catalogue(None):
+        for i in await self.manager.ops.list_catalogue(None, username=self.user.name):
             words = ", ".join(i["aliases"])
             if i["description"]:
                 words = f"{words} — {i['description']}" if words else i["description"]

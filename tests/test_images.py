@@ -461,3 +461,74 @@ def test_pull_policies(reg, db_url, tmp_path):
     finally:
         _no_image(moving)
         remove_images(*built)
+
+
+def test_a_session_committed_to_an_image_is_its_owners(reg, db_url, tmp_path):
+    """Issue 27's ``session commit``: alice's running session (a file written in the
+    container's own layer) is written to an image, pushed to the registry its image came
+    from and catalogued for her: listed and started for her only (bob is refused in
+    words); a new session of it, pulled back from the registry, has her file. Bob may
+    not commit her session; a session that is not running is refused; nothing is left."""
+    from jupyterhub_backendai.manager import images
+    from jupyterhub_backendai.models import User
+
+    v2 = reg.refs["v2"]
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker",
+                                   configure=_config(reg)) as mgr:
+            alice = await make_user(mgr, "alice@example.com")
+            bob = await make_user(mgr, "bob@example.com")
+
+            def principal(name):
+                with mgr.sm() as s:
+                    u = s.query(User).filter_by(username=name).one()
+                    return Principal(user_id=u.id, username=u.username, email=u.email,
+                                     role="user", domain="default")
+
+            pa, pb = principal(alice), principal(bob)
+            await _add_registry(mgr, reg)
+            await images.rescan(mgr, ROOT, "lab")
+            sid = await _batch(mgr, alice, "work", v2,
+                               "sh -c 'echo from-alice > /home/work/made-here; sleep 300'")
+            await wait_status(mgr, sid, {"RUNNING"}, timeout=300)
+            [cid] = containers_of(mgr.agent.agent_id)
+            for _ in range(600):  # RUNNING: started; the file: once its command ran
+                if subprocess.run(["docker", "exec", cid, "test", "-s", "/home/work/made-here"]
+                                  ).returncode == 0:
+                    break
+                await asyncio.sleep(0.1)
+            with pytest.raises(BackendAIError, match=f"no session {sid}"):  # not even seen
+                await images.commit_session(mgr, pb, sid, "mine")
+            img = await images.commit_session(mgr, pa, sid, "Snap Shot")
+            ref = img["name"]
+            assert ref.startswith(f"{reg.host}/lab/{alice}/snap-shot:"), ref
+            assert img["owner_id"] == pa.user_id and img["digest"].startswith("sha256:")
+            assert img["labels"]["ai.backend.committed-from"] == sid
+            assert img["labels"]["ai.backend.kernelspec"] == "1"  # the image's own labels
+            # Listed for her (and superadmins), not for bob; bob may not start it.
+            assert ref in [i["name"] for i in await mgr.ops.list_catalogue(pa)]
+            assert ref not in [i["name"] for i in await mgr.ops.list_catalogue(pb)]
+            assert ref in [i["name"] for i in await mgr.ops.list_catalogue(ROOT)]
+            with pytest.raises(InvalidRequest, match="another user's committed session"):
+                await _batch(mgr, bob, "steal", ref)
+            # Pulled back from the registry, her file is in it.
+            await mgr.destroy_session(sid)
+            _no_image(ref)
+            s = await wait_status(mgr, await _batch(mgr, alice, "again", ref,
+                                                    "cat /home/work/made-here"), DEAD)
+            assert (s.status, s.kernels[0].logs.strip()) == ("TERMINATED", "from-alice"), \
+                s.status_info
+            # A session that does not run is not committed.
+            with pytest.raises(BackendAIError, match="only a running session"):
+                await images.commit_session(mgr, pa, s.id, "late")
+            # A rescan keeps it hers.
+            await images.rescan(mgr, ROOT, "lab")
+            assert (await mgr.ops.resolve_image(ref))["owner_id"] == pa.user_id
+
+    try:
+        asyncio.run(run())
+    finally:
+        subprocess.run(f"docker images --format '{{{{.Repository}}}}:{{{{.Tag}}}}' | "
+                       f"grep '^{reg.host}/lab/' | xargs -r docker rmi -f", shell=True,
+                       capture_output=True)

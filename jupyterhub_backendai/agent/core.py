@@ -737,6 +737,11 @@ class Agent(LoggingConfigurable):
     async def list_kernels(self) -> list[dict]:
         return [r.to_json() for r in await self.impl.list_kernels()]
 
+    async def commit_kernel(self, kernel_id: str, ref: str, auth: dict | None = None) -> dict:
+        """Issue 27: write the running kernel to image ``ref`` and push it with ``auth``
+        (the registry's credentials); ``{"ref", "digest"}``."""
+        return await self.impl.commit_kernel(kernel_id, ref, auth)
+
     async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
         """Issue 22: withdraw the SSH key derived from keypair ``access_key`` from a
         running kernel: its line leaves the kernel's authorized_keys and the sshd

@@ -100,6 +100,20 @@ class KernelSSHKeyHandler(_Handler):
             self.write_json(done)
 
 
+class KernelCommitHandler(_Handler):
+    async def post(self, kernel_id):
+        """Issue 27: write the running kernel to image ``ref`` and push it (``auth``: the
+        registry's credentials, as a pull takes them)."""
+        body = self.body()
+        ref, auth = body.get("ref"), body.get("auth")
+        if not isinstance(ref, str) or not (auth is None or isinstance(auth, dict)):
+            self.problem(InvalidRequest("ref (a string) is required; auth is an object"))
+            return
+        done = await self._guard(self.agent.commit_kernel(kernel_id, ref, auth))
+        if done is not None:
+            self.write_json(done)
+
+
 class ImagesHandler(_Handler):
     async def get(self):
         self.write_json([{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()])
@@ -165,6 +179,7 @@ def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
             (r"/v1/kernels/([0-9a-f]+)/logs", KernelLogsHandler),
             (r"/v1/kernels/([0-9a-f]+)/bind", KernelBindHandler),
             (r"/v1/kernels/([0-9a-f]+)/revoke-ssh-key", KernelSSHKeyHandler),
+            (r"/v1/kernels/([0-9a-f]+)/commit", KernelCommitHandler),
             (r"/v1/images", ImagesHandler),
             (r"/v1/images/inspect", ImageInspectHandler),
             (r"/v1/images/pull", ImagePullHandler),

@@ -452,6 +452,17 @@ class SessionExtendHandler(APIBase):
         self.reply(await self.manager.ops.extend_lifetime(self.principal, sid, body["seconds"]))
 
 
+class SessionCommitHandler(APIBase):
+    """``POST /sessions/{id}/commit``: the running session written to an image, pushed to
+    a registry and catalogued for its owner (issue 27; manager/images.py)."""
+
+    async def post(self, sid):
+        self.query()
+        body = self.body("SessionCommit")
+        self.reply(await images.commit_session(self.manager, self.principal, sid,
+                                               body.get("name")), 201)
+
+
 class SessionSSHKeyHandler(APIBase):
     """``GET /sessions/{id}/ssh-key``: the private key (OpenSSH format) that logs in to
     the session's sshd as ``work``, derived from the session's keypair
@@ -839,6 +850,10 @@ ROUTES += [
     route("/sessions/{id}/extend", SessionExtendHandler,
           post=Op("extendSession", "Extend a running session's lifetime within its policy",
                   body=models.SessionExtend, response=models.SessionLifetime)),
+    route("/sessions/{id}/commit", SessionCommitHandler,
+          post=Op("commitSession", "Write a running session to an image in a registry, "
+                  "catalogued for its owner", body=models.SessionCommit,
+                  response=models.Image, status=201)),
     route("/sessions/{id}/ssh-key", SessionSSHKeyHandler,
           get=Op("getSessionSSHKey",
                  "The owner's key to the session's sshd (resource groups with SSH)",

@@ -527,6 +527,12 @@ class SessionExtend(Request):
     seconds: Annotated[Int(1), Field(description="seconds to add to the session's lifetime "
                                                  "(within its keypair policy's "
                                                  "max_lifetime_extension)")]
+
+
+class SessionCommit(Request):
+    name: Annotated[Str(64, 1), Field(description="the new image's name under the registry's "
+                                                  "project and the owner's name (default: "
+                                                  "the session's name)")] = None
 Whoami = responses.Whoami
 
 

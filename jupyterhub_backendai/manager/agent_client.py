@@ -31,6 +31,10 @@ class AgentClient:
         """The tail of the kernel's output; None when the agent does not know the kernel."""
         raise NotImplementedError
 
+    async def commit_kernel(self, kernel_id: str, ref: str, auth: dict | None) -> dict:
+        """Issue 27: the running kernel as image ``ref``, pushed (``{"ref", "digest"}``)."""
+        raise NotImplementedError
+
     async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
         """Issue 22: withdraw keypair ``access_key``'s SSH key from a running kernel
         (``{"removed", "ended"}``); NotFound when the agent has no such running kernel."""
@@ -75,6 +79,9 @@ class InProcessAgentClient(AgentClient):
 
     async def revoke_ssh_key(self, kernel_id, access_key):
         return await self.agent.revoke_ssh_key(kernel_id, access_key)
+
+    async def commit_kernel(self, kernel_id, ref, auth):
+        return await self.agent.commit_kernel(kernel_id, ref, auth)
 
     async def info(self):
         return self.agent.info()
@@ -158,6 +165,10 @@ class HTTPAgentClient(AgentClient):
     async def revoke_ssh_key(self, kernel_id, access_key):
         return await self._call("POST", f"/v1/kernels/{kernel_id}/revoke-ssh-key",
                                 {"access_key": access_key})
+
+    async def commit_kernel(self, kernel_id, ref, auth):
+        return await self._call("POST", f"/v1/kernels/{kernel_id}/commit",
+                                {"ref": ref, "auth": auth})
 
     async def image_info(self, name):
         return await self._call("POST", "/v1/images/inspect", {"name": name})

@@ -173,6 +173,11 @@ class BackendAIManager(SingletonConfigurable):
         5.0, help="""Issue 30: seconds between the warm pools' rounds (manager/warmpool.py:
         what the agents hold, eviction, refill); a pooled kernel taken triggers one at once.""",
     ).tag(config=True, cluster=True)
+    commit_registry = Unicode(
+        "", help="""Issue 27: the container registry (its name in the catalogue's
+        registries) that `session commit` pushes images to; empty: the registry the
+        session's own image came from.""",
+    ).tag(config=True, cluster=True)
     usage_sample_interval = Float(
         60.0, help="""Seconds between two samples of the kernels' live use for usage
         accounting (manager/usage.py: what was used beside what was allocated); 0: none.""",

@@ -20,10 +20,10 @@ import re
 import ssl
 
 import aiohttp
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 
 from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
-from ..models import ContainerRegistry, Image, ImageAlias
+from ..models import ContainerRegistry, Image, ImageAlias, User
 from ..models.base import utcnow
 from . import access, responses
 from .access import Principal
@@ -89,8 +89,17 @@ def _image_body(img: Image, aliases: list[str]) -> dict:
         "labels": img.labels or {}, "aliases": sorted(aliases),
         "description": img.description, "hidden": img.hidden, "is_default": img.is_default,
         "pull_policy": img.pull_policy, "min_slots": min_slots(img.labels or {}),
-        "scanned_at": img.scanned_at,
+        "scanned_at": img.scanned_at, "owner_id": img.owner_id,
     })
+
+
+def _visible_to(q, p: Principal | None, user_id: str | None = None):
+    """Only the installation's images and the caller's own committed ones (superadmins:
+    every one); ``user_id``: for a caller known by id only (the spawner's user)."""
+    if p is not None and p.is_superadmin:
+        return q
+    me = p.user_id if p is not None else user_id
+    return q.where(or_(Image.owner_id.is_(None), Image.owner_id == me))
 
 
 # -- registries (superadmins) ---------------------------------------------------------
@@ -202,12 +211,16 @@ def _aliases(db) -> dict[str, list[str]]:
 
 
 @reads
-def list_catalogue(db, p: Principal | None, include_hidden: bool = False) -> list[dict]:
+def list_catalogue(db, p: Principal | None, include_hidden: bool = False,
+                   username: str | None = None) -> list[dict]:
     """The catalogue, the default first, then by name. Hidden images only for admins who
-    ask (``include_hidden``)."""
+    ask (``include_hidden``); committed images only for their owner (``p``, or the user
+    ``username`` where there is no principal) and superadmins."""
     if include_hidden and p is not None:
         access.require(p.is_superadmin or p.is_domain_admin, "see hidden images")
-    q = select(Image)
+    user_id = (db.scalar(select(User.id).where(User.username == username))
+               if p is None and username else None)
+    q = _visible_to(select(Image), p, user_id)
     if not include_hidden:
         q = q.where(Image.hidden.is_(False))
     aliases = _aliases(db)
@@ -216,10 +229,18 @@ def list_catalogue(db, p: Principal | None, include_hidden: bool = False) -> lis
 
 
 @reads
+def catalogue_index(db) -> dict[str, dict]:
+    """Every catalogued name with whether it is hidden and whose it is (the spawner's
+    filter of what the agents hold)."""
+    return {n: {"hidden": h, "owner_id": o}
+            for n, h, o in db.execute(select(Image.name, Image.hidden, Image.owner_id))}
+
+
+@reads
 def list_images_page(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
     """The admin API's page of the catalogue (``hidden``: admins only; ``source``)."""
     admin = p.is_superadmin or p.is_domain_admin
-    q = select(Image)
+    q = _visible_to(select(Image), p)
     if filters.get("hidden") is not None:
         access.require(admin or not filters["hidden"], "see hidden images")
         q = q.where(Image.hidden.is_(filters["hidden"]))
@@ -245,7 +266,8 @@ def _find(db, ref: str) -> Image | None:
 @reads
 def get_image(db, p: Principal, ref: str) -> dict:
     img = _find(db, ref)
-    if img is None or (img.hidden and not (p.is_superadmin or p.is_domain_admin)):
+    if img is None or (img.hidden and not (p.is_superadmin or p.is_domain_admin)) or (
+            img.owner_id not in (None, p.user_id) and not p.is_superadmin):
         raise NotFound(f"no image {ref!r} in the catalogue")
     return _image_body(img, _aliases(db).get(img.name, []))
 
@@ -259,7 +281,19 @@ def resolve_image(db, ref: str) -> dict | None:
         return None
     return {"name": img.name, "source": img.source, "labels": dict(img.labels or {}),
             "hidden": img.hidden, "digest": img.digest, "architecture": img.architecture,
-            "pull_policy": img.pull_policy}
+            "pull_policy": img.pull_policy, "owner_id": img.owner_id}
+
+
+@reads
+def image_refusal(db, ref: str, username: str) -> str | None:
+    """Why user ``username`` may not start image ``ref`` (another user's committed
+    image), in words; None when they may."""
+    img = _find(db, ref)
+    if img is None or img.owner_id is None:
+        return None
+    if db.scalar(select(User.id).where(User.username == username)) == img.owner_id:
+        return None
+    return f"image {ref!r} is another user's committed session: only its owner starts it"
 
 
 @writes
@@ -516,6 +550,78 @@ async def rescan_local(mgr) -> dict:
                                             "labels": dict(i.get("labels") or {})})
     return await mgr.ops.record_scan(LOCAL, sorted(seen.values(), key=lambda f: f["name"]))
 
+
+
+# -- a session committed to an image (issue 27: ``session commit``) --------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64] or "session"
+
+
+@reads
+def commit_plan(db, p: Principal, sid: str, name: str | None, registry: str | None) -> dict:
+    """What committing session ``sid`` needs, checked: the caller may manage it, it runs,
+    its main kernel is placed; the registry to push to (``registry``, the configured
+    ``commit_registry``, else the registry the session's image came from), and the new
+    image's reference ``<host>/<project>/<owner>/<name>:<UTC time>``."""
+    from ..models import Agent, Kernel, Session
+
+    s = db.get(Session, sid)
+    if s is None or not access.can_see_session(p, s):
+        raise NotFound(f"no session {sid}")
+    owner = db.get(User, s.user_id)
+    access.require(access.can_manage_session(p, s, owner), f"commit session {s.name!r}")
+    if s.status != "RUNNING":
+        raise Conflict(f"session {s.name!r} is {s.status}: only a running session is "
+                       "committed to an image")
+    k = db.scalar(select(Kernel).where(Kernel.session_id == sid, Kernel.cluster_role == "main"))
+    if k is None or not k.agent_id:
+        raise Conflict(f"session {s.name!r} has no placed main kernel")
+    if registry is None:
+        src = _find(db, s.image)
+        registry = src.source if src is not None and src.source != LOCAL else None
+    if registry is None:
+        raise InvalidRequest(
+            f"no registry to push session {s.name!r}'s image to: its image is no "
+            "registry's, and c.BackendAIManager.commit_registry names none (docs/images.md)")
+    reg = registry_secrets(db, registry)  # NotFound for an unknown one
+    repo = "/".join(x for x in (reg["project"].strip("/"), _slug(owner.username),
+                                _slug(name or s.name)) if x)
+    tag = utcnow().strftime("%Y%m%d-%H%M%S")
+    agent = db.get(Agent, k.agent_id)
+    return {"session": s.name, "kernel_id": k.id, "agent_id": k.agent_id,
+            "agent_addr": agent.addr if agent is not None else "", "registry": reg,
+            "ref": f"{registry_host(reg['url'])}/{repo}:{tag}", "repo": repo, "tag": tag,
+            "owner_id": owner.id, "owner": owner.username}
+
+
+@writes
+def record_commit(db, plan: dict, digest: str, labels: dict) -> dict:
+    """The committed image in the catalogue, its owner's."""
+    img = db.get(Image, plan["ref"]) or Image(name=plan["ref"], hidden=False,
+                                              is_default=False)
+    img.source, img.repo, img.tag = plan["registry"]["name"], plan["repo"], plan["tag"]
+    img.digest, img.labels, img.owner_id = digest, labels, plan["owner_id"]
+    img.description = f"session {plan['session']} of {plan['owner']}, committed"
+    img.scanned_at = utcnow()
+    db.merge(img)
+    db.flush()
+    return _image_body(db.get(Image, plan["ref"]), [])
+
+
+async def commit_session(mgr, p: Principal, sid: str, name: str | None = None) -> dict:
+    """Write session ``sid``'s main kernel to an image, push it to the registry
+    (:func:`commit_plan`) and catalogue it for the session's owner; the catalogue's entry.
+    Only a kernel on an agent with containers (Docker) can be committed."""
+    plan = await mgr.ops.commit_plan(p, sid, name, mgr.commit_registry or None)
+    client = mgr.agents.client(plan["agent_id"], plan["agent_addr"])
+    done = await client.commit_kernel(plan["kernel_id"], plan["ref"],
+                                      docker_auth(plan["registry"]))
+    info = await client.image_info(plan["ref"])
+    labels = dict((info or {}).get("labels") or {})
+    labels["ai.backend.committed-from"] = sid
+    return await mgr.ops.record_commit(plan, done.get("digest", ""), labels)
 
 
 # -- the pull, at a session's start ---------------------------------------------------

@@ -492,6 +492,9 @@ class Image(Response):
     pull_policy: str | None = None  # null: the registry's
     min_slots: dict[str, str]
     scanned_at: Time
+    owner_id: Annotated[str | None, Field(
+        description="the user whose session was committed to this image (listed and "
+        "started for them only); null: the installation's")] = None
 
 
 class ImageRescan(Response):

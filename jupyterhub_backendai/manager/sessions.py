@@ -202,6 +202,9 @@ class Sessions:
         elif fields:
             raise TypeError(f"enqueue: a request and its fields ({', '.join(sorted(fields))})")
         r = (await self.check_request(request)).request
+        refusal = await mgr.ops.image_refusal(r.image, username)
+        if refusal is not None:  # another user's committed session (issue 27)
+            raise InvalidRequest(refusal)
         if home_folder:
             # Kept when the session is refused below: it is the user's, like any folder.
             await vfmounts.ensure_home(mgr, username, home_folder)

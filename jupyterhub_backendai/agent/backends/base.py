@@ -174,6 +174,12 @@ class Backend:
     async def list_kernels(self) -> list[KernelRecord]:
         raise NotImplementedError
 
+    async def commit_kernel(self, kernel_id: str, ref: str, auth: dict | None = None) -> dict:
+        """Issue 27: the running kernel written to image ``ref`` and pushed
+        (``{"ref", "digest"}``); a backend without containers cannot."""
+        raise InvalidRequest("this agent's backend runs no containers, so a session on it "
+                             "cannot be committed to an image (the Docker backend can)")
+
     async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
         """Issue 22: take away the SSH key derived from keypair ``access_key`` from a
         running kernel (its authorized_keys line, and the connections it opened);

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiodocker
 from aiodocker.exceptions import DockerError
 
-from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
+from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound, PullRefused
 from ...common.installation import LABEL as L_INSTALLATION
 from .. import mountpoints
 from .. import warmpool as pool
@@ -1069,6 +1069,37 @@ class DockerBackend(Backend):
         running = [c for c in await self._containers() if c.get("State") == "running"]
         got = await asyncio.gather(*(one(c) for c in running))
         return {kid: v for kid, v in (g for g in got if g) if kid}
+
+    async def commit_kernel(self, kernel_id: str, ref: str, auth: dict | None = None) -> dict:
+        """Issue 27 (``session commit``): the running kernel's container as image ``ref``
+        (``host[:port]/repo:tag``; the container is paused while it is written), pushed
+        to its registry with ``auth``. The engine keeps the image (this agent holds it
+        now). ``{"ref", "digest"}``; a push the registry refuses is PullRefused, in its
+        words, and the image is removed again."""
+        repo, _, tag = ref.rpartition(":")
+        if not repo or "/" in tag:
+            raise InvalidRequest(f"not an image reference with a tag: {ref!r}")
+        found = [c for c in await self._containers(f"{L_KERNEL}={kernel_id}")
+                 if c.get("State") == "running"]
+        if not found:
+            raise NotFound(f"no running kernel {kernel_id}")
+        container = self.docker.containers.container(found[0]["Id"])
+        try:
+            await container.commit(repository=repo, tag=tag, pause=True,
+                                   message=f"session commit of kernel {kernel_id}")
+        except DockerError as e:
+            raise AgentError(f"docker could not commit kernel {kernel_id}: {e.message}") from None
+        digest = ""
+        try:
+            async for ev in self.docker.images.push(repo, tag=tag, auth=auth, stream=True):
+                if ev.get("error"):
+                    raise DockerError(500, {"message": ev["error"]})
+                digest = (ev.get("aux") or {}).get("Digest") or digest
+        except DockerError as e:
+            with contextlib.suppress(DockerError):
+                await self.docker.images.delete(ref, force=True)
+            raise PullRefused(f"the registry refused the push of {ref}: {e.message}") from None
+        return {"ref": ref, "digest": digest}
 
     async def revoke_ssh_key(self, kernel_id: str, access_key: str) -> dict:
         """Issue 22: :mod:`.sshrevoke` run in the kernel as its user (the owner of

@@ -28,7 +28,7 @@ def routes() -> list[tuple]:
     from . import templates as t
     from .appproxy import AppsHandler, TCPProxyHandler
     from .execute import ExecuteHandler, SessionUploadHandler
-    from .images import BackgroundTaskEventsHandler
+    from .images import BackgroundTaskEventsHandler, SessionCommitHandler
     from .sessionfiles import SessionDownloadHandler, SessionFilesHandler
 
     base = spec.PREFIX.removeprefix("/hub")
@@ -85,13 +85,14 @@ def routes() -> list[tuple]:
         (f"/stream/session/{SEG}/tcpproxy", TCPProxyHandler),
         (f"/session/{SEG}/download", SessionDownloadHandler),
         (f"/session/{SEG}/files", SessionFilesHandler),
+        (f"/session/{SEG}/commit", SessionCommitHandler),  # issue 27
+        (f"/session/{SEG}/imagify", SessionCommitHandler),
     ]
     # What the clients call and this hub does not offer: a 400 naming what to use instead.
     refused = [
         (f"/stream/session/{SEG}/httpproxy", "app-proxy"),
         (f"/stream/session/{SEG}/pty", "pty"),
         (f"/session/{SEG}/download_single", "session-files"),
-        (f"/session/{SEG}/commit", "commit"),
         (f"/session/{SEG}/interrupt", "interrupt"),
         (f"/session/{SEG}/complete", "complete"),
         (f"/session/{SEG}/start-service", "start-service"),

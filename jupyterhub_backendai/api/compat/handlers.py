@@ -108,9 +108,6 @@ REFUSALS = {
     "session-files": ("this route is not offered here: `session download SESSION FILE...` "
                       "and `session ls SESSION [PATH]` read the files of your running "
                       "interactive session (under /home/work)"),
-    "commit": ("`session commit` is not offered here yet: build the image, push it to a "
-               "configured registry and rescan it (`backend.ai admin image rescan`, "
-               "docs/images.md)"),
     "server-logs": ("the server's error log is the hub's own log (its operator's), not "
                     "served through the API: a session's output is `session logs`"),
     "task-logs": ("background task logs are not kept here (no task runs in the background): "

@@ -67,12 +67,8 @@ async def start_rescan(manager, p, registry: str | None) -> str:
         r["name"] for r in await manager.ops.list_registries(p)] + [images.LOCAL]
     if registry and registry != images.LOCAL:
         await manager.ops.get_registry(p, registry)  # (unknown: a refusal now, not later)
-    _forget_old()
-    tid = str(uuid.uuid4())
-    entry = {"owner": p.user_id, "started": time.monotonic(), "total": len(names),
-             "done": 0, "messages": []}
 
-    async def run():
+    async def run(entry):
         for name in names:
             out = await images.rescan(manager, p, name)
             entry["done"] += 1
@@ -81,10 +77,47 @@ async def start_rescan(manager, p, registry: str | None) -> str:
                 f"{out['removed']} gone)")
         return entry["messages"]
 
-    entry["task"] = asyncio.get_running_loop().create_task(run())
+    return start_task(p, run, len(names))
+
+
+def start_task(p, run, total: int = 1) -> str:
+    """``run(entry)`` as a background task of this hub, owned by ``p``; its id (what
+    ``GET /events/background-task`` follows). ``run`` appends its words to
+    ``entry["messages"]``."""
+    _forget_old()
+    tid = str(uuid.uuid4())
+    entry = {"owner": p.user_id, "started": time.monotonic(), "total": total,
+             "done": 0, "messages": []}
+    entry["task"] = asyncio.get_running_loop().create_task(run(entry))
     entry["task"].add_done_callback(lambda t: t.cancelled() or t.exception())
     _TASKS[tid] = entry
     return tid
+
+
+class SessionCommitHandler(CompatBase):
+    """Issue 27: ``POST /session/{ref}/commit`` (both clients' ``session commit``) and
+    ``POST /session/{ref}/imagify?image_name=`` (26.09's ``session convert-to-image``):
+    the running session written to an image in a registry and catalogued for its owner
+    (manager/images.py ``commit_session``), as a background task whose id is answered
+    (``task_id``); what would refuse it (not yours, not running, no registry) is refused
+    at once, in words."""
+
+    async def post(self, ref):
+        name = self.get_query_argument("image_name", None)
+        if name is not None and not 1 <= len(name.strip()) <= 64:
+            raise InvalidRequest("image_name: 1 to 64 characters")
+        mgr, p = self.manager, self.principal
+        sid = await mgr.ops.resolve_session(p, ref)
+        plan = await mgr.ops.commit_plan(p, sid, name, mgr.commit_registry or None)
+
+        async def run(entry):
+            img = await images.commit_session(mgr, p, sid, name)
+            entry["done"] = 1
+            entry["messages"].append(f"session {plan['session']} committed as {img['name']}")
+            return entry["messages"]
+
+        tid = start_task(p, run)
+        self.write_json({"task_id": tid, "bgtask_id": tid})
 
 
 class BackgroundTaskEventsHandler(CompatBase):
