@@ -453,6 +453,9 @@ def main() -> int:
                     help="N servers at once (ours) against N bare docker runs at once")
     ap.add_argument("--pool", type=int, default=0, metavar="SIZE",
                     help="our hub keeps a warm pool of SIZE kernels of the same limits")
+    ap.add_argument("--no-build", action="store_true",
+                    help="take the kernel image as the engine holds it (no images/build.sh: "
+                         "images/ may hold someone's unfinished change)")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -464,8 +467,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with it ignored
 
-    log("ensuring the kernel image (images/build.sh) ...")
-    ensure_image()
+    if args.no_build:
+        if subprocess.run(["docker", "image", "inspect", KERNEL_IMAGE],
+                          capture_output=True).returncode != 0:
+            sys.exit(f"--no-build: the engine has no {KERNEL_IMAGE}")
+    else:
+        log("ensuring the kernel image (images/build.sh) ...")
+        ensure_image()
     gateway = ensure_network()
     tmp = tempfile.mkdtemp(prefix="bai-bench-")
     variants: list = []

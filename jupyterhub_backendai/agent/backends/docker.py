@@ -883,14 +883,16 @@ class DockerBackend(Backend):
             await asyncio.to_thread(self.pool_root.bind, kid, list(spec["mounts"]))
             env = self._server_environ(dict(spec.get("environ") or {}), image, main,
                                        spec["service_prefix"])
-            try:
-                await container.rename(f"backendai-{spec.get('owner', 'x')}-{kid[:12]}")
-            except DockerError as e:
-                log.debug("pooled kernel %s keeps its name: %s", kid, e.message)
+            async def rename():  # beside the server's start: nobody waits for the name
+                try:
+                    await container.rename(f"backendai-{spec.get('owner', 'x')}-{kid[:12]}")
+                except DockerError as e:
+                    log.debug("pooled kernel %s keeps its name: %s", kid, e.message)
+
             burst = self._take_burst(kid, nano_cpus) if main.host_port else 0
             if burst:
                 await self._set_cpus(c["Id"], burst)
-            await container.put_archive("/", pool.bind_archive(env))
+            await asyncio.gather(container.put_archive("/", pool.bind_archive(env)), rename())
             if burst:
                 await self._end_burst(c["Id"], nano_cpus, main.host_port, spec["service_prefix"])
         except BaseException as e:
@@ -1009,6 +1011,7 @@ class DockerBackend(Backend):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_cpu_timeout
         next_check = loop.time() + 1
+        delay = 0.01  # a bound pooled kernel answers within a few tenths: look often first
         while loop.time() < deadline:
             if await self._answers(port, prefix):
                 break
@@ -1017,7 +1020,8 @@ class DockerBackend(Backend):
                 info = await self.docker.containers.container(container_id).show()
                 if not info["State"].get("Running"):
                     break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.3, 0.05)
         else:
             log.warning("kernel container %s: its server did not answer within %g s; "
                         "its CPU limit applies now", container_id[:12], self.startup_cpu_timeout)
