@@ -1059,6 +1059,8 @@ class DockerBackend(Backend):
                     f"containers/{c['Id']}/stats", params={"stream": "false", "one-shot": "true"})
             except DockerError:
                 return None
+            if not isinstance(st, dict):  # removed meanwhile: the engine answers null
+                return None
             mem = st.get("memory_stats") or {}
             usage = int(mem.get("usage") or 0)
             # What the kernel holds, as docker stats shows it: page cache excluded.
