@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -18,21 +19,53 @@ import requests
 from .api_world import new_user, superadmin
 from .conftest import shutdown_hub
 from .hub import Hub
-from .test_backendai_client import BAI, CLI, CLI26, RES, wait_dead
+from .registry import Registry
+from .test_backendai_client import BAI, CLI, CLI26, RES, admin_api, wait_dead
 from .test_backendai_client_apps import _free_port, app_proxy
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, docker_image):
+def reg():
+    """A registry (tests/registry.py) that `session commit` pushes to."""
+    r = Registry().start()
+    yield r
+    r.stop()  # (and every image on the engine that came from it)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, docker_image, reg):
     for tool in (CLI, CLI26):
         assert os.access(tool, os.X_OK), f"{tool} is missing: scripts/install-backendai-clients.sh"
     assert subprocess.run(["sh", "-c", "command -v ssh"], capture_output=True).stdout, (
         "ssh missing: scripts/install-test-deps.sh installs openssh-client")
     url = f"sqlite:///{tmp_path_factory.mktemp('baissh')}/backendai.sqlite"
     hub = Hub(db_url=url, backend="docker",
-              extra_args=["--BackendAIManager.ssh_resource_groups=default"]).start()
+              extra_args=["--BackendAIManager.ssh_resource_groups=default",
+                          "--BackendAIManager.commit_registry=lab"]).start()
+    superadmin(hub).ok("POST", "/container-registries", json={
+        "name": "lab", "url": reg.url, "project": "lab", "username": reg.username,
+        "password": reg.password, "ca_cert": reg.ca_pem.decode()}, status=201)
     yield hub
     shutdown_hub(hub)
+
+
+def _session_id(hub, name: str) -> str:
+    [sid] = [s["id"] for s in admin_api(hub, "GET", "/sessions", params={"limit": 500})["items"]
+             if s["name"] == name]
+    return sid
+
+
+def _container(sid: str) -> str:
+    """The running container of session ``sid`` (its label), waited for."""
+    deadline = time.monotonic() + 180
+    while True:
+        out = subprocess.run(["docker", "ps", "-q", "--filter",
+                              f"label=ai.backend.session-id={sid}"],
+                             capture_output=True, text=True).stdout.split()
+        if out:
+            return out[0]
+        assert time.monotonic() < deadline, f"no container of session {sid}"
+        time.sleep(0.3)
 
 
 def _home(tmp_path, name: str) -> str:
@@ -94,11 +127,12 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
     assert wait_dead(hub, uuid.UUID(dashed).hex)["status"] == "TERMINATED"
 
 
-def test_a_new_users_whole_day_with_the_26_09_cli(hub, tmp_path):
+def test_a_new_users_whole_day_with_the_26_09_cli(hub, reg, tmp_path):
     """Issue 27's day, all with the 26.09 CLI: a read-only folder, code run in a session,
     JupyterLab through `app jupyter`, ssh into the session, the events of a batch session
-    as it starts and ends, a file downloaded from the running session. (`session commit`
-    is not offered yet: docs/backendai-compat.md.)"""
+    as it starts and ends, a file downloaded from the running session, a session
+    committed to an image (`session convert-to-image`) and a new session of that image
+    that has what the first one wrote."""
     x = uuid.uuid4().hex[:6]
     me = BAI(hub, new_user(superadmin(hub), name=f"day-{x}"), _home(tmp_path, "day"),
              cli=CLI26)
@@ -132,3 +166,26 @@ def test_a_new_users_whole_day_with_the_26_09_cli(hub, tmp_path):
     assert names[0] == "session_enqueued" and "session_started" in names, out
     assert names[-2:] == ["session_success", "session_terminated"], out
     me("session", "rm", name)
+    # commit a running batch session (what it wrote outside its folders) to an image,
+    # then start a session of that image: the file is in it
+    cname = f"snap-{x}"
+    me("session", "create", "--type", "batch", "--name", cname, *RES, "--enqueue-only",
+       "--startup-command", "sh -c 'echo kept-by-commit > /home/work/kept.txt; sleep 600'",
+       hub.image)
+    sid = _session_id(hub, cname)
+    deadline = time.monotonic() + 180
+    while subprocess.run(["docker", "exec", _container(sid), "test", "-s",
+                          "/home/work/kept.txt"], capture_output=True).returncode:
+        assert time.monotonic() < deadline, "the batch session never wrote its file"
+        time.sleep(0.3)
+    out = me("session", "convert-to-image", cname, "mysnap")
+    assert "Session export process completed" in out, out
+    [img] = [i for i in admin_api(hub, "GET", "/images")["items"]
+             if i["owner_id"] is not None and "/mysnap:" in i["name"]]
+    assert img["name"].startswith(f"{reg.host}/lab/day-{x}/mysnap:"), img
+    me("session", "rm", cname)
+    me("session", "create", "--type", "batch", "--name", f"again-{x}", *RES, "--enqueue-only",
+       "--startup-command", "cat /home/work/kept.txt", img["name"])
+    done = wait_dead(hub, _session_id(hub, f"again-{x}"))
+    assert done["status"] == "TERMINATED", done
+    assert "kept-by-commit" in me("session", "logs", f"again-{x}")

@@ -117,7 +117,7 @@ class SessionCommitHandler(CompatBase):
             return entry["messages"]
 
         tid = start_task(p, run)
-        self.write_json({"task_id": tid, "bgtask_id": tid})
+        self.reply({"task_id": tid, "bgtask_id": tid})
 
 
 class BackgroundTaskEventsHandler(CompatBase):
