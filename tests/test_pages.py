@@ -423,7 +423,7 @@ def test_console_bad_input(world):
 def test_navigation_links_by_role(world):
     for who, console in (("user", False), ("monitor", False), ("dadmin", True)):
         home = world[who]["web"].get(world["hub"].base + "/hub/home", timeout=60).text
-        for page in ("sessions", "folders", "keys", "password"):
+        for page in ("sessions", "folders", "keys", "dotfiles", "password"):
             assert f'id="backendai-nav-{page}"' in home, (who, page)
         assert ('id="backendai-nav-console"' in home) is console, who
     home = world["hub"].login().get(world["hub"].base + "/hub/home", timeout=60).text

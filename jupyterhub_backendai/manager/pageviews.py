@@ -20,7 +20,7 @@ from sqlalchemy import select
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
-from . import access, admin, images, lifetimes, tenancy, vfolders, warmpool
+from . import access, admin, images, lifetimes, templates, tenancy, vfolders, warmpool
 from .ops import reads
 from .scheduler.snapshot import load_limits, load_policies, load_usage
 from .scheduler.state import slot_limit
@@ -160,6 +160,13 @@ def console_keys(db, p: access.Principal) -> dict:
     """The caller's own keypairs."""
     page = admin.list_keypairs(db, p, {"user_id": p.user_id}, 0, MAX_ROWS)
     return {"items": page["items"]}
+
+
+@reads
+def console_dotfiles(db, p: access.Principal) -> dict:
+    """The caller's own dotfiles and the session templates they see (issue 27)."""
+    return {"dotfiles": templates.dotfile_list(db, p, "user"),
+            "templates": templates.template_list(db, p)}
 
 
 # -- the admin console ----------------------------------------------------------------

@@ -76,6 +76,7 @@ def get_handlers() -> list[tuple]:
         (r"/backendai/folders", console.FoldersPage),
         (rf"/backendai/folders/{seg}", console.FolderPage),
         (r"/backendai/keys", console.KeysPage),
+        (r"/backendai/dotfiles", console.DotfilesPage),
         (r"/backendai/admin/usage\.csv", console.UsageCSV),
         (r"/backendai/admin/?", console.AdminPage),
         (rf"/backendai/admin/{seg}", console.AdminPage),

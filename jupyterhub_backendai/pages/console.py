@@ -437,6 +437,17 @@ class KeysPage(PageBase):
         await self.page("backendai/keys.html", keys=data["items"])
 
 
+# -- My dotfiles (issue 27) ---------------------------------------------------------------
+
+
+class DotfilesPage(PageBase):
+    @web.authenticated
+    async def get(self):
+        p = await self.load_principal()
+        data = await self.read("console_dotfiles", p)
+        await self.page("backendai/dotfiles.html", **data)
+
+
 # -- admin console --------------------------------------------------------------------
 
 
