@@ -71,8 +71,9 @@ def test_a_user_manages_dotfiles_and_sees_templates(world):
         page.fill("#df-data", "[user]\n\tname = Dotty\n")
         with page.expect_navigation():
             page.click("#backendai-dotfile-create [type=submit]")
-        assert page.locator("#backendai-message").inner_text() == "Added the dotfile .gitconfig."
-        assert page.locator('tr[data-path=".gitconfig"] td').nth(1).inner_text() == "644"
+        assert page.locator("#backendai-message").inner_text() == \
+            "Added the dotfile .gitconfig (yours)."
+        assert page.locator('tr[data-path=".gitconfig"] td').nth(2).inner_text() == "644"
         assert listed() == [".gitconfig"]
         screenshot(page, "dotfiles-page.png", full_page=True)
         # Deleted: asked first, confirmed, gone.
@@ -80,8 +81,9 @@ def test_a_user_manages_dotfiles_and_sees_templates(world):
         page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
         with page.expect_navigation():
             page.locator('tr[data-path=".gitconfig"] button').click()
-        assert asked == ["Delete the dotfile .gitconfig?"]
-        assert page.locator("#backendai-message").inner_text() == "Deleted the dotfile .gitconfig."
+        assert asked == ["Delete the dotfile .gitconfig (yours)?"]
+        assert page.locator("#backendai-message").inner_text() == \
+            "Deleted the dotfile .gitconfig (yours)."
         assert listed() == []
         # The template too.
         page.once("dialog", lambda d: d.accept())
@@ -91,3 +93,51 @@ def test_a_user_manages_dotfiles_and_sees_templates(world):
         assert u["client"].ok("GET", "/template/session") == []
         assert errors == []
         ctx.close()
+
+
+def test_an_admin_sets_domain_and_project_dotfiles(world):
+    """A domain admin's page offers their domain and its projects as owners; a plain
+    user's offers only their own; what the admin adds lands where the API says."""
+    hub = world
+    sa = superadmin(hub)
+    proj = sa.ok("POST", "/projects", json={"name": "lab42", "domain_name": "default"},
+                 status=201)
+    admin = new_user(sa, role="admin", name="dotadmin")
+    with chromium() as browser:
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = ctx.new_page()
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(hub.base + "/hub/login")
+        page.fill("input[name=username]", admin["email"])
+        page.fill("input[name=password]", PASSWORD)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+        page.goto(hub.base + "/hub/backendai/dotfiles")
+        owners = page.locator("#df-owner option").all_inner_texts()
+        assert owners[:2] == ["yours", "domain default"] and "project default/lab42" in owners
+        for label, path in (("domain default", ".domainrc"), ("project default/lab42", ".labrc")):
+            page.select_option("#df-owner", label=label)
+            page.fill("#df-path", path)
+            with page.expect_navigation():
+                page.click("#backendai-dotfile-create [type=submit]")
+            assert page.locator("#backendai-message").inner_text() == \
+                f"Added the dotfile {path} ({label})."
+        assert [d["path"] for d in admin["client"].ok(
+            "GET", "/domain-config/dotfiles", params={"domain": "default"})] == [".domainrc"]
+        assert [d["path"] for d in admin["client"].ok(
+            "GET", "/group-config/dotfiles", params={"group": proj["id"],
+                                                     "domain": "default"})] == [".labrc"]
+        page.once("dialog", lambda d: d.accept())
+        with page.expect_navigation():
+            page.locator('tr[data-path=".labrc"] button').click()
+        assert admin["client"].ok("GET", "/group-config/dotfiles",
+                                  params={"group": proj["id"], "domain": "default"}) == []
+        assert errors == []
+        ctx.close()
+    # a plain user's page offers only their own
+    u = new_user(sa, name="plaindot")
+    page_html = hub.login(u["email"], PASSWORD).get(hub.base + "/hub/backendai/dotfiles").text
+    assert re.findall(r'<option value="\d+" data-scope="(\w+)"', page_html) == ["user"]
+

@@ -164,9 +164,20 @@ def console_keys(db, p: access.Principal) -> dict:
 
 @reads
 def console_dotfiles(db, p: access.Principal) -> dict:
-    """The caller's own dotfiles and the session templates they see (issue 27)."""
-    return {"dotfiles": templates.dotfile_list(db, p, "user"),
-            "templates": templates.template_list(db, p)}
+    """The dotfiles the caller may change, per owner (their own; for admins, their
+    domain's and its projects'), and the session templates they see (issue 27)."""
+    scopes = [{"scope": "user", "label": "yours", "ref": {},
+               "items": templates.dotfile_list(db, p, "user")}]
+    domains = ([d["name"] for d in _all(admin.list_domains, db, p)["items"]]
+               if p.is_superadmin else [p.domain] if p.is_domain_admin else [])
+    for d in domains:
+        scopes.append({"scope": "domain", "label": f"domain {d}", "ref": {"domain": d},
+                       "items": templates.dotfile_list(db, p, "domain", domain=d)})
+        for pr in _all(admin.list_projects, db, p, filters={"domain": d})["items"]:
+            ref = {"group": pr["id"], "domain": d}
+            scopes.append({"scope": "group", "label": f"project {d}/{pr['name']}", "ref": ref,
+                           "items": templates.dotfile_list(db, p, "group", **ref)})
+    return {"scopes": scopes, "templates": templates.template_list(db, p)}
 
 
 # -- the admin console ----------------------------------------------------------------
