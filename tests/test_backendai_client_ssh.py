@@ -183,6 +183,15 @@ def test_a_new_users_whole_day_with_the_26_09_cli(hub, reg, tmp_path):
     [img] = [i for i in admin_api(hub, "GET", "/images")["items"]
              if i["owner_id"] is not None and "/mysnap:" in i["name"]]
     assert img["name"].startswith(f"{reg.host}/lab/day-{x}/mysnap:"), img
+    # 23.09's `session commit` of the same session: named after it
+    me23 = BAI(hub, me.user, _home(tmp_path, "day23"), cli=CLI)
+    out = me23("session", "commit", cname)
+    assert f"Request to commit Session(name or id: {cname})" in out, out
+    deadline = time.monotonic() + 180
+    while not [i for i in admin_api(hub, "GET", "/images")["items"]
+               if i["name"].startswith(f"{reg.host}/lab/day-{x}/{cname}:")]:
+        assert time.monotonic() < deadline, "23.09's session commit catalogued nothing"
+        time.sleep(0.5)
     me("session", "rm", cname)
     me("session", "create", "--type", "batch", "--name", f"again-{x}", *RES, "--enqueue-only",
        "--startup-command", "cat /home/work/kept.txt", img["name"])
