@@ -260,9 +260,21 @@ class Ours(HubVariant):
             while self.containers() and time.monotonic() < deadline:
                 time.sleep(0.2)
         self.hub.close()
-        left = self.containers()
+        # Everything of this hub's agent, the warm pool's kernels and their networks
+        # included (they outlive a hub by design: a restarted one takes them back), and
+        # the pool's mount under the hub's state directory.
+        left = docker("ps", "-aq", "--filter", f"label=ai.backend.agent-id={self.hub.agent_id}",
+                      check=False).split()
         if left:
             docker("rm", "-f", *left, check=False)
+        nets = docker("network", "ls", "-q", "--filter",
+                      f"label=ai.backend.agent-id={self.hub.agent_id}", check=False).split()
+        if nets:
+            docker("network", "rm", *nets, check=False)
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1] for line in f]
+        for m in sorted((m for m in mounts if m.startswith(self.hub.dir + "/")), reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
         shutil.rmtree(self.hub.dir, ignore_errors=True)
 
 
