@@ -47,6 +47,35 @@ def chromium(*extra_args: str) -> Iterator:
             b.close()
 
 
+def logged_in(browser, hub, email: str, password: str, *, accept_dialogs: bool = False,
+              hub_errors_only: bool = False, **context):
+    """A new browser context logged in to ``hub`` as ``email`` through its login form:
+    ``(context, page, errors)``, ``errors`` collecting the page's console errors and
+    uncaught exceptions (``hub_errors_only``: console errors of hub pages only, not of a
+    user's server). ``accept_dialogs`` accepts every confirm(); ``context`` goes to
+    ``new_context`` (locale, timezone_id, accept_downloads, viewport)."""
+    import re
+
+    ctx = browser.new_context(**{"viewport": {"width": 1280, "height": 900}, **context})
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    errors: list[str] = []
+    if hub_errors_only:
+        page.on("console", lambda m: m.type == "error" and "/hub/" in page.url
+                and errors.append(f"{page.url}: {m.text}"))
+    else:
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    if accept_dialogs:
+        page.on("dialog", lambda dlg: dlg.accept())
+    page.goto(hub.base + "/hub/login")
+    page.fill("input[name=username]", email)
+    page.fill("input[name=password]", password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+    return ctx, page, errors
+
+
 def screenshot(page, path: str, **kwargs) -> None:
     """``page.screenshot`` that survives the page navigating on its own at that moment.
 

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from .api_world import PASSWORD, new_user, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, logged_in, screenshot
 from .conftest import shutdown_hub
 from .hub import Hub
 
@@ -40,17 +40,7 @@ def test_a_user_manages_dotfiles_and_sees_templates(world):
         return [d["path"] for d in u["client"].ok("GET", "/user-config/dotfiles")]
 
     with chromium() as browser:
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = ctx.new_page()
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-        page.goto(hub.base + "/hub/login")
-        page.fill("input[name=username]", u["email"])
-        page.fill("input[name=password]", PASSWORD)
-        page.click("#login_submit")
-        page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+        ctx, page, errors = logged_in(browser, hub, u["email"], PASSWORD)
         page.click("#backendai-nav-dotfiles")
         page.wait_for_url("**/hub/backendai/dotfiles")
         assert "You have no dotfiles." in page.locator("#backendai-dotfiles").inner_text()
@@ -104,16 +94,7 @@ def test_an_admin_sets_domain_and_project_dotfiles(world):
                  status=201)
     admin = new_user(sa, role="admin", name="dotadmin")
     with chromium() as browser:
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = ctx.new_page()
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        page.goto(hub.base + "/hub/login")
-        page.fill("input[name=username]", admin["email"])
-        page.fill("input[name=password]", PASSWORD)
-        page.click("#login_submit")
-        page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
+        ctx, page, errors = logged_in(browser, hub, admin["email"], PASSWORD)
         page.goto(hub.base + "/hub/backendai/dotfiles")
         owners = page.locator("#df-owner option").all_inner_texts()
         assert owners[:2] == ["yours", "domain default"] and "project default/lab42" in owners

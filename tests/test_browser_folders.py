@@ -12,12 +12,11 @@ Screenshots go to $BACKENDAI_TEST_ARTIFACTS (default test-artifacts/)."""
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
 from .api_world import PASSWORD, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, logged_in, screenshot
 from .conftest import shutdown_hub
 from .hub import Hub
 from .test_pages import _user
@@ -50,19 +49,7 @@ def browser():
 
 
 def _tab(browser, hub, email):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-    page.on("dialog", lambda dlg: dlg.accept())
-    page.goto(hub.base + "/hub/login")
-    page.fill("input[name=username]", email)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-    return ctx, page, errors
+    return logged_in(browser, hub, email, PASSWORD, accept_dialogs=True, accept_downloads=True)
 
 
 def _names(client, fid, path="") -> dict[str, dict]:

@@ -6,12 +6,10 @@ edited on the projects page (tests/test_browser_pages.py, test_console_forms).""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from .api_world import PASSWORD, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, logged_in, screenshot
 from .conftest import shutdown_hub
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 from .test_pages import _user
@@ -37,19 +35,7 @@ def browser():
 
 
 def _tab(browser, hub, email, password):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-    page.on("dialog", lambda dlg: dlg.accept())
-    page.goto(hub.base + "/hub/login")
-    page.fill("input[name=username]", email)
-    page.fill("input[name=password]", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-    return ctx, page, errors
+    return logged_in(browser, hub, email, password, accept_dialogs=True)
 
 
 def test_superadmin_creates_and_edits_a_resource_group_with_scheduler_options(world, browser):

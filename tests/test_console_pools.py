@@ -7,13 +7,12 @@ pool's state the page shows as the manager's round leaves it)."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 
 from .api_world import PASSWORD, new_user, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, logged_in, screenshot
 from .conftest import shutdown_hub
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 
@@ -39,18 +38,7 @@ def browser():
 
 
 def _tab(browser, hub, email, password):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-    page.goto(hub.base + "/hub/login")
-    page.fill("input[name=username]", email)
-    page.fill("input[name=password]", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-    return ctx, page, errors
+    return logged_in(browser, hub, email, password)
 
 
 def test_console_sets_shows_and_removes_a_warm_pool(world, browser):

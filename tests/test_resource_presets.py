@@ -16,7 +16,7 @@ from jupyterhub_backendai.models import ResourcePreset, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .api_world import PASSWORD, new_user, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, logged_in, screenshot
 from .conftest import shutdown_hub
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 
@@ -152,18 +152,7 @@ def browser():
 
 
 def _tab(browser, hub, email, password):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-    page.goto(hub.base + "/hub/login")
-    page.fill("input[name=username]", email)
-    page.fill("input[name=password]", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-    return ctx, page, errors
+    return logged_in(browser, hub, email, password)
 
 
 def test_console_creates_edits_and_deletes_a_preset(world, browser):
