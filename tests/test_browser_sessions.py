@@ -26,7 +26,7 @@ from jupyterhub_backendai.models import Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .api_world import PASSWORD, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, logged_in, screenshot
 from .conftest import shutdown_hub
 from .hub import KERNEL_IMAGE, Hub
 from .test_pages import _user
@@ -72,20 +72,8 @@ def browser():
 
 
 def _tab(browser, hub, email, password=PASSWORD):
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-US")
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and "/hub/" in page.url
-            and errors.append(f"{page.url}: {m.text}"))
-    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
-    page.on("dialog", lambda dlg: dlg.accept())
-    page.goto(hub.base + "/hub/login")
-    page.fill("input[name=username]", email)
-    page.fill("input[name=password]", password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"))
-    return ctx, page, errors
+    return logged_in(browser, hub, email, password, accept_dialogs=True,
+                     hub_errors_only=True, locale="en-US")
 
 
 def _running(hub, name="work") -> Session:
@@ -115,9 +103,14 @@ def test_user_sees_live_use_countdowns_and_extends_within_the_policy(world, brow
         mem = row.locator('[data-usage="mem"] .backendai-usage-text')
         mem.wait_for(timeout=90_000)
         assert re.fullmatch(r"\d+(\.\d+)? [KMG]iB of 512 MiB", mem.inner_text()), mem.inner_text()
-        cpu = row.locator('[data-usage="cpu"] .backendai-usage-text')
-        page.wait_for_function(  # the first sample has no CPU figure yet: "measuring"
-            "el => el.textContent !== 'measuring'", arg=cpu.element_handle(), timeout=90_000)
+        cpu_sel = f'tr[data-session-id="{sess.id}"] [data-usage="cpu"] .backendai-usage-text'
+        cpu = page.locator(cpu_sel)
+        # The first sample has no CPU figure yet ("measuring"); the page's refresh puts
+        # in new cells, so the test asks the document each time, not one element.
+        page.wait_for_function(
+            "sel => { const el = document.querySelector(sel); "
+            "return el !== null && el.textContent !== 'measuring'; }",
+            arg=cpu_sel, timeout=90_000)
         assert re.fullmatch(r"\d+\.\d\d of 0\.5 cores", cpu.inner_text()), cpu.inner_text()
         bars = row.locator(".backendai-usage [role=progressbar]")
         assert bars.count() == 2
