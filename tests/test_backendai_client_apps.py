@@ -118,8 +118,12 @@ def bob26(hub, tmp_path_factory):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    """A port no one listens on, on IPv4 or IPv6: the CLI's forwarders bind 127.0.0.1,
+    but `ssh localhost` tries ::1 first, where another test's server on [::] could
+    answer (ssh then waits for a banner that never comes)."""
+    with socket.socket(socket.AF_INET6) as s:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind(("::", 0))
         return s.getsockname()[1]
 
 

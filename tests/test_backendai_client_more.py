@@ -489,7 +489,7 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
         (alice, ("session", "download", name, "a.txt"),
          "is a batch session: files are read in an interactive"),
         (alice, ("session", "ls", name), "is a batch session: files are read in an interactive"),
-        (alice, ("session", "commit", name), "`session commit` is not offered here"),
+        (alice, ("session", "commit", name), "no registry to push session"),
         (alice, ("server-logs", "list"), "the server's error log is the hub's own log"),
         (alice, ("task-logs", str(uuid.uuid4())), "background task logs are not kept"),
         (root, ("admin", "etcd", "get", "x"), "the managers' shared settings"),
@@ -512,7 +512,6 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     # every refused route answers 400 in Backend.AI's shape, for every method
     sa = superadmin(hub)
     for method, path in (("GET", f"/stream/session/{name}/httpproxy"),
-                         ("POST", f"/session/{name}/commit"),
                          ("GET", "/folders/_/mounts"),
                          ("PATCH", "/services/x"), ("POST", "/config/set")):
         r = alice.user["client"](method, path)

@@ -634,7 +634,8 @@ def test_tables_for_people_json_for_scripts_and_filters_by_name(admin, hub, caps
     rc, out, err = people("usage", "--group-by", "domain", "--start", "2020-01-01")
     assert rc == 0, err
     assert out.splitlines()[0].split() == ["NAME", "SESSIONS", "HOURS", "CPU", "HOURS", "MEM",
-                                           "GIB", "HOURS", "GPU", "HOURS"]
+                                           "GIB", "HOURS", "GPU", "HOURS", "USED", "CPU",
+                                           "HOURS", "USED", "MEM", "GIB", "HOURS"]
     assert out.splitlines()[-1].split()[0] == "Total"
     rc, out, err = people("usage", "--start", "soon")
     assert rc == cli.EXIT_API_ERROR and "start: 'soon' is not a date or time" in err

@@ -10,6 +10,7 @@ taken-over connection (:mod:`.rawio`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import socket
@@ -150,8 +151,12 @@ class _Staged:
         bytes already count there) or, where the folder's own limit leaves less, the
         folder's (less what is staged); None where neither has a limit."""
         replaced = 0
-        fd, name, _ = self.vol._parent(self.claims["scope"], self.claims["folder"],
-                                       self.claims["path"])
+        try:
+            fd, name, _ = self.vol._parent(self.claims["scope"], self.claims["folder"],
+                                           self.claims["path"])
+        except BaseException:  # the folder or directory is gone: the upload never ends
+            self.discard()
+            raise
         try:
             st = os.lstat(name, dir_fd=fd)
             if stat.S_ISREG(st.st_mode):
@@ -214,6 +219,10 @@ def _problem_answer(sock: socket.socket, e: BackendAIError) -> None:
             problem_json(e).encode())
 
 
+# A write the file system refused for good (a btrfs qgroup's limit, a full disk).
+_FULL = (errno.EDQUOT, errno.ENOSPC)
+
+
 def _raw_patch(sock: socket.socket, fd: int, first: bytes, count: int, room: int | None,
                at: int, st: _Staged, release) -> None:
     """A taken-over PATCH in its transfer thread: the body into the staged file
@@ -232,6 +241,8 @@ def _raw_patch(sock: socket.socket, fd: int, first: bytes, count: int, room: int
             st.discard()
             error = _quota(st, room)
         elif isinstance(why, OSError):
+            if why.errno in _FULL:  # the file system's own limit: nothing stays behind
+                st.discard()
             error = _os_error(why, st.claims["path"])
         elif offset == st.length:
             st.commit()
@@ -449,6 +460,9 @@ class TusUploadHandler(TransferHandler):
             await fut
         except OSError as e:
             self.error = _os_error(e, self.staged.claims["path"])
+            if e.errno in _FULL:  # the file system's own limit: nothing stays behind
+                self._close()
+                await asyncio.to_thread(self.staged.discard)
             return
         self._written += self._pending_n
 
