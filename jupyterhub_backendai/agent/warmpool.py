@@ -116,7 +116,7 @@ class PoolUnavailable(Exception):
 
 def waiter_archive() -> bytes:
     """The waiter as a tar for the container's ``/`` (put before its start)."""
-    return _tar([("opt/backendai-pool", 0o755, None, 0),
+    return tar_archive([("opt/backendai-pool", 0o755, None, 0),
                  (WAITER_PATH.lstrip("/"), 0o755, WAITER.encode(), 0)])
 
 
@@ -124,11 +124,13 @@ def bind_archive(environ: dict) -> bytes:
     """The binding's environment as a tar for the container's ``/``: the kernel user's,
     0600 (the token is in it); the waiter deletes it once read."""
     data = json.dumps({"environ": environ}).encode()
-    return _tar([("home/config", 0o755, None, KERNEL_UID),
+    return tar_archive([("home/config", 0o755, None, KERNEL_UID),
                  (BIND_FILE, 0o600, data, KERNEL_UID)])
 
 
-def _tar(entries) -> bytes:
+def tar_archive(entries) -> bytes:
+    """A tar of ``(path, mode, data, uid)`` entries (``data`` None: a directory), owned
+    by ``uid`` (group too): what the agent puts into a container (put_archive)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path, mode, data, uid in entries:

@@ -170,32 +170,17 @@ def _cluster_ssh_archive(keys: dict | None, user_key: str | None = None) -> byte
     by the image's user (its sshd and ssh run as that user; sshd checks the modes).
     Issue 12: ``user_key``, the public key derived from the owner's keypair (SSH/SFTP
     from outside, manager/sshkeys.py), is authorized too (beside the cluster key)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        def add(path: str, mode: int, data: bytes | None = None) -> None:
-            info = tarfile.TarInfo(path)
-            info.uid = info.gid = KERNEL_UID
-            info.mode = mode
-            info.mtime = int(time.time())
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-
-        add("home/config", 0o755)
-        add(CLUSTER_SSH_DIR, 0o700)
-        authorized = b""
-        if keys:
-            public = keys["public_key"].encode()
-            add(f"{CLUSTER_SSH_DIR}/id_cluster", 0o600, keys["private_key"].encode())
-            add(f"{CLUSTER_SSH_DIR}/id_cluster.pub", 0o644, public)
-            authorized += public
-        if user_key:
-            authorized += user_key.rstrip("\n").encode() + b"\n"
-        add(f"{CLUSTER_SSH_DIR}/authorized_keys", 0o600, authorized)
-    return buf.getvalue()
+    entries = [("home/config", 0o755, None), (CLUSTER_SSH_DIR, 0o700, None)]
+    authorized = b""
+    if keys:
+        public = keys["public_key"].encode()
+        entries += [(f"{CLUSTER_SSH_DIR}/id_cluster", 0o600, keys["private_key"].encode()),
+                    (f"{CLUSTER_SSH_DIR}/id_cluster.pub", 0o644, public)]
+        authorized += public
+    if user_key:
+        authorized += user_key.rstrip("\n").encode() + b"\n"
+    entries.append((f"{CLUSTER_SSH_DIR}/authorized_keys", 0o600, authorized))
+    return pool.tar_archive([(path, mode, data, KERNEL_UID) for path, mode, data in entries])
 
 
 class DockerBackend(Backend):
