@@ -20,10 +20,10 @@ import re
 import ssl
 
 import aiohttp
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, or_, select, update
 
 from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
-from ..models import ContainerRegistry, Image, ImageAlias, User
+from ..models import Agent, ContainerRegistry, Image, ImageAlias, Kernel, Session, User
 from ..models.base import utcnow
 from . import access, responses
 from .access import Principal
@@ -565,8 +565,6 @@ def commit_plan(db, p: Principal, sid: str, name: str | None, registry: str | No
     its main kernel is placed; the registry to push to (``registry``, the configured
     ``commit_registry``, else the registry the session's image came from), and the new
     image's reference ``<host>/<project>/<owner>/<name>:<UTC time>``."""
-    from ..models import Agent, Kernel, Session
-
     s = db.get(Session, sid)
     if s is None or not access.can_see_session(p, s):
         raise NotFound(f"no session {sid}")
@@ -629,10 +627,7 @@ async def commit_session(mgr, p: Principal, sid: str, name: str | None = None) -
 
 def _note_pull(s, sid: str, info: str) -> bool:
     """Say a PREPARING session's pull progress in its status_info (no status change)."""
-    from sqlalchemy import update
-
     from ..common.types import SessionStatus
-    from ..models import Session
 
     res = s.execute(update(Session).where(Session.id == sid,
                                           Session.status == SessionStatus.PREPARING)

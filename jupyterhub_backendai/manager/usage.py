@@ -38,7 +38,7 @@ from sqlalchemy import or_, select, update
 from ..common.errors import InvalidRequest
 from ..common.slots import CPU, CUDA, MEM, is_mig_slot
 from ..common.types import SessionStatus
-from ..models import Domain, Kernel, KernelUsage, Project, Session, User
+from ..models import Agent, Domain, Kernel, KernelUsage, Project, Session, User
 from . import access
 from .access import Principal
 from .ops import reads, writes
@@ -287,8 +287,6 @@ class UsageSampler:
 
 
 def _alive_agents(s) -> list[str]:
-    from ..models import Agent
-
     return list(s.scalars(select(Agent.id).where(Agent.status == "ALIVE")))
 
 
