@@ -69,34 +69,33 @@ def _plan(sess: PendingSession, pick) -> list[str] | None:
     return None if aid is None else [aid] * len(sess.kernels)
 
 
-class ConcentratedSelector:
+class _ByCapacity:
+    """The agent with the least (``most``: the most) free capacity that holds the
+    request."""
+
+    most = False
+
+    def select(self, sess: PendingSession, pool: AgentPool, ctx: PassContext) -> list[str] | None:
+        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
+            if sess.designated_agents:
+                c = pool.candidates(sess.designated_agents, need, sess.architecture, exclude)
+                return (max if self.most else min)(c, key=pool.key) if c else None
+            return pool.fitting(need, sess.architecture, exclude, self.most)
+
+        return _plan(sess, _by_rank(sess, pool, self.most, pick))
+
+
+class ConcentratedSelector(_ByCapacity):
     """Pack: the agent with the least free capacity that holds the request."""
 
     name = "concentrated"
 
-    def select(self, sess: PendingSession, pool: AgentPool, ctx: PassContext) -> list[str] | None:
-        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
-            if sess.designated_agents:
-                c = pool.candidates(sess.designated_agents, need, sess.architecture, exclude)
-                return min(c, key=pool.key) if c else None
-            return pool.least_fitting(need, sess.architecture, exclude)
 
-        return _plan(sess, _by_rank(sess, pool, False, pick))
-
-
-class DispersedSelector:
+class DispersedSelector(_ByCapacity):
     """Spread: the agent with the most free capacity that holds the request."""
 
     name = "dispersed"
-
-    def select(self, sess: PendingSession, pool: AgentPool, ctx: PassContext) -> list[str] | None:
-        def pick(need: ResourceSlot, exclude: set[str]) -> str | None:
-            if sess.designated_agents:
-                c = pool.candidates(sess.designated_agents, need, sess.architecture, exclude)
-                return max(c, key=pool.key) if c else None
-            return pool.most_fitting(need, sess.architecture, exclude)
-
-        return _plan(sess, _by_rank(sess, pool, True, pick))
+    most = True
 
 
 class RoundRobinSelector:

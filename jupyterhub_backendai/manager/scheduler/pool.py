@@ -13,6 +13,7 @@ linear scan would cost O(n). Agents held for a reservation leave the index.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -125,31 +126,28 @@ class AgentPool:
             return list(self._index)
         return [architecture] if architecture in self._index else []
 
-    def least_fitting(self, need: ResourceSlot, architecture: str | None,
-                      exclude: set[str] = frozenset()) -> str | None:
-        """The agent with the least free capacity (by resource priority) that holds ``need``."""
+    def fitting(self, need: ResourceSlot, architecture: str | None,
+                exclude: set[str] = frozenset(), most: bool = False) -> str | None:
+        """The agent with the least (``most``: the most) free capacity (by resource
+        priority) that holds ``need``."""
         vec = self._request_vector(need)
         if vec is None:
             return None
+        fit, better = (_last_fit, operator.gt) if most else (_first_fit, operator.lt)
         best = None
         for arch in self._archs(architecture):
-            key = _first_fit(self._index[arch], vec, exclude)
-            if key is not None and (best is None or key < best):
+            key = fit(self._index[arch], vec, exclude)
+            if key is not None and (best is None or better(key, best)):
                 best = key
         return best[-1] if best else None
 
+    def least_fitting(self, need: ResourceSlot, architecture: str | None,
+                      exclude: set[str] = frozenset()) -> str | None:
+        return self.fitting(need, architecture, exclude)
+
     def most_fitting(self, need: ResourceSlot, architecture: str | None,
                      exclude: set[str] = frozenset()) -> str | None:
-        """The agent with the most free capacity (by resource priority) that holds ``need``."""
-        vec = self._request_vector(need)
-        if vec is None:
-            return None
-        best = None
-        for arch in self._archs(architecture):
-            key = _last_fit(self._index[arch], vec, exclude)
-            if key is not None and (best is None or key > best):
-                best = key
-        return best[-1] if best else None
+        return self.fitting(need, architecture, exclude, most=True)
 
     def candidates(self, ids: Iterable[str], need: ResourceSlot, architecture: str | None,
                    exclude: set[str] = frozenset()) -> list[str]:
@@ -229,9 +227,7 @@ class AgentPool:
                 return None
             return max(c, key=self.key) if most else min(c, key=self.key)
         skip = set(exclude) | (self.agents.keys() - tier)
-        if most:
-            return self.most_fitting(need, architecture, skip)
-        return self.least_fitting(need, architecture, skip)
+        return self.fitting(need, architecture, skip, most)
 
 
 def slots_key(slots: ResourceSlot) -> frozenset:
