@@ -18,6 +18,7 @@ from urllib.parse import quote
 from sqlalchemy import select
 
 from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
+from ..common.times import parse_utc
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
 from . import access, admin, images, lifetimes, templates, tenancy, vfolders, warmpool
@@ -413,7 +414,7 @@ def read_sample(db, now: dt.datetime, since: dt.datetime | None, window: float) 
                 select(Session.resource_group, Session.created_at, Session.status_history).where(
                     Session.created_at >= start,
                     Session.status != SessionStatus.PENDING)):
-            at = _when((history or {}).get("SCHEDULED"))
+            at = parse_utc((history or {}).get("SCHEDULED"))
             if at is not None and since < at <= now:
                 q = queues.setdefault(rg, {"pending": 0, "oldest": 0.0, "waits": []})
                 q["waits"].append(_age(at, created))
@@ -421,16 +422,6 @@ def read_sample(db, now: dt.datetime, since: dt.datetime | None, window: float) 
         waits = q.pop("waits")
         q["mean_wait"] = sum(waits) / len(waits) if waits else None
     return {"agents": agents, "projects": projects, "queues": queues}
-
-
-def _when(iso) -> dt.datetime | None:
-    if not iso:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(iso)
-    except (TypeError, ValueError):
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 def _age(now: dt.datetime, created) -> float:

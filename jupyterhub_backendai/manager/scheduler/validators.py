@@ -17,6 +17,7 @@ import re
 from decimal import Decimal
 
 from ...common.slots import CPU, CUDA, MEM, format_bytes, format_cores, format_slots
+from ...common.times import parse_utc
 from ...common.types import DEAD_STATUSES
 from .state import PassContext, PendingSession, Verdict, first_excess, fmt_amount, slot_limit
 
@@ -87,15 +88,9 @@ class RetryBackoffValidator:
         """When the session may be tried again (None: no back-off applies)."""
         if sess.retries <= 0:
             return None
-        since = sess.status_history.get("PENDING")
-        if not since:
+        requeued = parse_utc(sess.status_history.get("PENDING"))
+        if requeued is None:
             return None
-        try:
-            requeued = dt.datetime.fromisoformat(since)
-        except (TypeError, ValueError):
-            return None
-        if requeued.tzinfo is None:
-            requeued = requeued.replace(tzinfo=dt.UTC)
         delay = min(ctx.options.retry_backoff * 2 ** (sess.retries - 1), Decimal(600))
         return requeued + dt.timedelta(seconds=float(delay))
 
@@ -218,6 +213,22 @@ class ConcurrencyValidator:
         return None
 
 
+def _within(code: str, sess: PendingSession, ctx: PassContext, limits, used,
+            allows: str, source: str) -> Verdict | None:
+    """``code``'s objection when what ``used`` holds plus the session's need exceeds
+    ``limits`` in a slot (the session's keypair policy's ``default_for_unspecified``
+    for the slots they do not name); None when it fits or there are no ``limits``."""
+    if not limits:
+        return None
+    dfu = ctx.policy(sess).default_for_unspecified
+    need = sess.need
+    hit = first_excess(used or {}, need, lambda s: slot_limit(limits, s, dfu))
+    if not hit:
+        return None
+    slot, u, lim = hit
+    return Verdict(code, quota_message(allows, slot, u, lim, need[slot], source))
+
+
 class KeypairSlotsValidator:
     """The keypair's placed slots plus this session within its policy's ``total_resource_slots``."""
 
@@ -225,18 +236,10 @@ class KeypairSlotsValidator:
 
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
         p = ctx.policy(sess)
-        if not p.total_resource_slots:
-            return None  # no limit at this level (slot_limit: empty limits are unlimited)
-        used = ctx.usage.keypair.get(sess.access_key) or {}
-        need = sess.need
-        hit = first_excess(used, need, lambda s: slot_limit(
-            p.total_resource_slots, s, p.default_for_unspecified))
-        if hit:
-            slot, u, lim = hit
-            return Verdict(self.code, quota_message(
-                "your keypair's resource policy allows {allowed}", slot, u, lim, need[slot],
-                f"keypair policy {p.name!r}"))
-        return None
+        return _within(self.code, sess, ctx, p.total_resource_slots,
+                       ctx.usage.keypair.get(sess.access_key),
+                       "your keypair's resource policy allows {allowed}",
+                       f"keypair policy {p.name!r}")
 
 
 class UserSlotsValidator:
@@ -277,19 +280,10 @@ class ProjectSlotsValidator:
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
         if sess.project_id is None:
             return None
-        limits = ctx.project_limits.get(sess.project_id)
-        if not limits:
-            return None  # the project sets no limit
-        dfu = ctx.policy(sess).default_for_unspecified
-        used = ctx.usage.project.get(sess.project_id) or {}
-        need = sess.need
-        hit = first_excess(used, need, lambda s: slot_limit(limits, s, dfu))
-        if hit:
-            slot, u, lim = hit
-            name = ctx.project_names.get(sess.project_id) or sess.project_id
-            return Verdict(self.code, quota_message(
-                "your project allows {allowed}", slot, u, lim, need[slot], f"project {name!r}"))
-        return None
+        name = ctx.project_names.get(sess.project_id) or sess.project_id
+        return _within(self.code, sess, ctx, ctx.project_limits.get(sess.project_id),
+                       ctx.usage.project.get(sess.project_id),
+                       "your project allows {allowed}", f"project {name!r}")
 
 
 class DomainSlotsValidator:
@@ -298,19 +292,9 @@ class DomainSlotsValidator:
     code = "quota_domain"
 
     def check(self, sess: PendingSession, ctx: PassContext) -> Verdict | None:
-        limits = ctx.domain_limits.get(sess.domain_name)
-        if not limits:
-            return None  # the domain sets no limit
-        dfu = ctx.policy(sess).default_for_unspecified
-        used = ctx.usage.domain.get(sess.domain_name) or {}
-        need = sess.need
-        hit = first_excess(used, need, lambda s: slot_limit(limits, s, dfu))
-        if hit:
-            slot, u, lim = hit
-            return Verdict(self.code, quota_message(
-                "your domain allows {allowed}", slot, u, lim, need[slot],
-                f"domain {sess.domain_name!r}"))
-        return None
+        return _within(self.code, sess, ctx, ctx.domain_limits.get(sess.domain_name),
+                       ctx.usage.domain.get(sess.domain_name),
+                       "your domain allows {allowed}", f"domain {sess.domain_name!r}")
 
 
 #: Run in this order; the first objection wins (cheap and final ones first).
