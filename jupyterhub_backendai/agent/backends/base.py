@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ...common.errors import InvalidRequest
 
@@ -19,6 +19,11 @@ IDLE = "idle"
 KERNEL_TYPES = (INTERACTIVE, BATCH, IDLE)
 
 
+def _fields_json(obj, exclude: tuple[str, ...] = ()) -> dict:
+    """A dataclass's fields (but ``exclude``), in their order, as they are (not copied)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in exclude}
+
+
 @dataclass
 class ServicePort:
     name: str
@@ -27,12 +32,7 @@ class ServicePort:
     host_port: int | None = None
 
     def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "protocol": self.protocol,
-            "container_port": self.container_port,
-            "host_port": self.host_port,
-        }
+        return _fields_json(self)
 
 
 def parse_service_ports(label: str | None) -> list[ServicePort]:
@@ -99,20 +99,7 @@ class KernelRecord:
     pooled: str = ""
 
     def to_json(self) -> dict:
-        return {
-            "kernel_id": self.kernel_id,
-            "session_id": self.session_id,
-            "container_id": self.container_id,
-            "host": self.host,
-            "service_ports": self.service_ports,
-            "cuda_devices": self.cuda_devices,
-            "alive": self.alive,
-            "kernel_type": self.kernel_type,
-            "exit_code": self.exit_code,
-            "cuda_uuids": self.cuda_uuids,
-            "own": self.own,
-            "pooled": self.pooled,
-        }
+        return _fields_json(self, exclude=("slots",))
 
 
 ExitCallback = Callable[[str, int | None], Awaitable[None]]

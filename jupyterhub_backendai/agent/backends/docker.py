@@ -1061,6 +1061,14 @@ class DockerBackend(Backend):
         got = await asyncio.gather(*(one(c) for c in running))
         return {kid: v for kid, v in (g for g in got if g) if kid}
 
+    async def _running_kernel(self, kernel_id: str):
+        """The container of the running kernel ``kernel_id`` (NotFound when none runs)."""
+        found = [c for c in await self._containers(f"{L_KERNEL}={kernel_id}")
+                 if c.get("State") == "running"]
+        if not found:
+            raise NotFound(f"no running kernel {kernel_id}")
+        return self.docker.containers.container(found[0]["Id"])
+
     async def commit_kernel(self, kernel_id: str, ref: str, auth: dict | None = None) -> dict:
         """Issue 27 (``session commit``): the running kernel's container as image ``ref``
         (``host[:port]/repo:tag``; the container is paused while it is written), pushed
@@ -1070,11 +1078,7 @@ class DockerBackend(Backend):
         repo, _, tag = ref.rpartition(":")
         if not repo or "/" in tag:
             raise InvalidRequest(f"not an image reference with a tag: {ref!r}")
-        found = [c for c in await self._containers(f"{L_KERNEL}={kernel_id}")
-                 if c.get("State") == "running"]
-        if not found:
-            raise NotFound(f"no running kernel {kernel_id}")
-        container = self.docker.containers.container(found[0]["Id"])
+        container = await self._running_kernel(kernel_id)
         try:
             await container.commit(repository=repo, tag=tag, pause=True,
                                    message=f"session commit of kernel {kernel_id}")
@@ -1099,11 +1103,7 @@ class DockerBackend(Backend):
         remaining key accounts for end; the listening sshd and the kernel stay."""
         if not re.fullmatch(r"[A-Za-z0-9]{1,64}", access_key or ""):
             raise InvalidRequest(f"not an access key: {access_key!r}")
-        found = [c for c in await self._containers(f"{L_KERNEL}={kernel_id}")
-                 if c.get("State") == "running"]
-        if not found:
-            raise NotFound(f"no running kernel {kernel_id}")
-        container = self.docker.containers.container(found[0]["Id"])
+        container = await self._running_kernel(kernel_id)
         try:
             exe = await container.exec(["python3", "-c", _SSHREVOKE, access_key],
                                        user=f"{KERNEL_UID}:{KERNEL_UID}",
