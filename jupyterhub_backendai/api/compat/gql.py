@@ -281,10 +281,13 @@ class Root:
         return out
 
     @staticmethod
-    def _domain_body(props: dict, schema: str) -> dict:
+    def _domain_body(props: dict, schema: str, group: bool = False) -> dict:
+        """A domain's (``group``: a project's) fields as the API takes them."""
         body = {k: v for k, v in props.items() if v is not None}
         if body.pop("integration_id", None):
             raise GraphQLError("integration_id: not supported by this server")
+        if group and str(body.pop("type", "GENERAL")).upper() != "GENERAL":
+            raise GraphQLError("type: only GENERAL groups (projects) here")
         return _checked(_parse_json_fields(body, "total_resource_slots",
                                            "allowed_vfolder_hosts"), schema)
 
@@ -441,19 +444,9 @@ class Root:
 
     # -- groups (projects); their JupyterHub groups follow (hubsync) --
 
-    @staticmethod
-    def _group_body(props: dict, schema: str) -> dict:
-        body = {k: v for k, v in props.items() if v is not None}
-        if body.pop("integration_id", None):
-            raise GraphQLError("integration_id: not supported by this server")
-        if str(body.pop("type", "GENERAL")).upper() != "GENERAL":
-            raise GraphQLError("type: only GENERAL groups (projects) here")
-        return _checked(_parse_json_fields(body, "total_resource_slots",
-                                           "allowed_vfolder_hosts"), schema)
-
     async def create_group(self, info, name, props):
         async def run():
-            body = self._group_body({**props, "name": name}, "ProjectCreate")
+            body = self._domain_body({**props, "name": name}, "ProjectCreate", group=True)
             return {"group": _group_item(await self._hub(self.ops.create_project, body))}
         return await self._mutate(run)
 
@@ -468,7 +461,7 @@ class Root:
                         self.p, pid)))["domain_name"]:
                     raise GraphQLError("domain_name: groups (projects) cannot move to "
                                        "another domain")
-            body = self._group_body(props_, "ProjectUpdate")
+            body = self._domain_body(props_, "ProjectUpdate", group=True)
             members = None
             if uids is not None or mode is not None:
                 if mode not in ("add", "remove"):

@@ -6,6 +6,22 @@ from __future__ import annotations
 
 from graphql import build_schema
 
+
+def _inputs(create: str, modify: str, fields: str) -> str:
+    """An input type to create an object and its twin to modify one, from one list of
+    fields, one a line: a field marked ``!`` is required to create and optional to
+    modify; one starting ``+`` is the modify type's only, ``-`` the create type's only."""
+    made: dict[str, list[str]] = {create: [], modify: []}
+    for line in fields.strip().splitlines():
+        f = line.strip()
+        if f[0] != "+":
+            made[create].append(f.lstrip("- "))
+        if f[0] != "-":
+            made[modify].append(f.lstrip("+ ").removesuffix("!"))
+    return "".join(f"input {name} {{\n  " + "\n  ".join(fs) + "\n}\n\n"
+                   for name, fs in made.items())
+
+
 SDL = """
 scalar UUID
 
@@ -251,7 +267,7 @@ type StorageVolume {
 
 type StorageVolumeList { items: [StorageVolume]! total_count: Int! }
 
-input UserInput {
+""" + _inputs("UserInput", "ModifyUserInput", """
   username: String
   password: String!
   need_password_change: Boolean
@@ -266,98 +282,44 @@ input UserInput {
   resource_policy: String
   sudo_session_enabled: Boolean
   group_ids: [String]
+  + main_access_key: String
   container_uid: Int
   container_main_gid: Int
   container_gids: [Int]
-}
-
-input ModifyUserInput {
-  username: String
-  password: String
-  need_password_change: Boolean
-  full_name: String
-  description: String
-  is_active: Boolean
-  status: String
-  domain_name: String
-  role: String
-  allowed_client_ip: [String]
-  totp_activated: Boolean
-  resource_policy: String
-  sudo_session_enabled: Boolean
-  group_ids: [String]
-  main_access_key: String
-  container_uid: Int
-  container_main_gid: Int
-  container_gids: [Int]
-}
-
-input KeyPairInput {
+""") + _inputs("KeyPairInput", "ModifyKeyPairInput", """
   is_active: Boolean
   is_admin: Boolean
   resource_policy: String
   concurrency_limit: Int
   rate_limit: Int
-}
-
-input ModifyKeyPairInput {
-  is_active: Boolean
-  is_admin: Boolean
-  resource_policy: String
-  concurrency_limit: Int
-  rate_limit: Int
-}
-
-input DomainInput {
+""") + _inputs("DomainInput", "ModifyDomainInput", """
+  + name: String
   description: String
   is_active: Boolean
   total_resource_slots: String
   allowed_vfolder_hosts: String
   allowed_docker_registries: [String]
   integration_id: String
-}
-
-input ModifyDomainInput {
-  name: String
-  description: String
-  is_active: Boolean
-  total_resource_slots: String
-  allowed_vfolder_hosts: String
-  allowed_docker_registries: [String]
-  integration_id: String
-}
-
-input GroupInput {
-  type: String
+""") + _inputs("GroupInput", "ModifyGroupInput", """
+  - type: String
+  + name: String
   description: String
   is_active: Boolean
   domain_name: String!
   total_resource_slots: String
+  + user_update_mode: String
+  + user_uuids: [String]
   allowed_vfolder_hosts: String
   integration_id: String
   resource_policy: String
-}
-
-input ModifyGroupInput {
-  name: String
-  description: String
-  is_active: Boolean
-  domain_name: String
-  total_resource_slots: String
-  user_update_mode: String
-  user_uuids: [String]
-  allowed_vfolder_hosts: String
-  integration_id: String
-  resource_policy: String
-}
-
+""") + """
 input PurgeUserInput { purge_shared_vfolders: Boolean delegate_endpoint_ownership: Boolean }
 
 type CreateGroup { ok: Boolean msg: String group: Group }
 type ModifyGroup { ok: Boolean msg: String group: Group }
 type CreateDomain { ok: Boolean msg: String domain: Domain }
 type ModifyDomain { ok: Boolean msg: String domain: Domain }
-input CreateKeyPairResourcePolicyInput {
+""" + _inputs("CreateKeyPairResourcePolicyInput", "ModifyKeyPairResourcePolicyInput", """
   default_for_unspecified: String
   total_resource_slots: String
   max_session_lifetime: Int
@@ -372,29 +334,11 @@ input CreateKeyPairResourcePolicyInput {
   max_quota_scope_size: Float
   max_pending_session_count: Int
   max_pending_session_resource_slots: String
-}
-
-input ModifyKeyPairResourcePolicyInput {
-  default_for_unspecified: String
-  total_resource_slots: String
-  max_session_lifetime: Int
-  max_lifetime_extension: Int
-  max_concurrent_sessions: Int
-  max_concurrent_sftp_sessions: Int
-  max_containers_per_session: Int
-  idle_timeout: Int
-  allowed_vfolder_hosts: String
-  max_vfolder_count: Int
-  max_vfolder_size: Float
-  max_quota_scope_size: Float
-  max_pending_session_count: Int
-  max_pending_session_resource_slots: String
-}
-
+""") + """
 type CreateKeyPairResourcePolicy {
   ok: Boolean msg: String resource_policy: KeyPairResourcePolicy
 }
-input CreateScalingGroupInput {
+""" + _inputs("CreateScalingGroupInput", "ModifyScalingGroupInput", """
   description: String
   is_active: Boolean
   is_public: Boolean
@@ -405,21 +349,7 @@ input CreateScalingGroupInput {
   use_host_network: Boolean
   wsproxy_addr: String
   wsproxy_api_token: String
-}
-
-input ModifyScalingGroupInput {
-  description: String
-  is_active: Boolean
-  is_public: Boolean
-  driver: String
-  driver_opts: String
-  scheduler: String
-  scheduler_opts: String
-  use_host_network: Boolean
-  wsproxy_addr: String
-  wsproxy_api_token: String
-}
-
+""") + """
 type CreateScalingGroup { ok: Boolean msg: String scaling_group: ScalingGroup }
 type CreateUser { ok: Boolean msg: String user: User }
 type ModifyUser { ok: Boolean msg: String user: User }

@@ -97,11 +97,13 @@ class DotfilesHandler(CompatBase):
     def _query(self) -> dict:
         return {k: self.get_query_argument(k) for k in self.request.query_arguments}
 
-    async def post(self):
+    async def _write(self, op):
         body = self.json_body()
-        self.reply(await self.manager.ops.dotfile_create(
-            self.principal, self.scope, body.get("path"), body.get("permission", "755"),
-            body.get("data"), **self._ref(body)))
+        self.reply(await op(self.principal, self.scope, body.get("path"),
+                            body.get("permission", "755"), body.get("data"), **self._ref(body)))
+
+    async def post(self):
+        await self._write(self.manager.ops.dotfile_create)
 
     async def get(self):
         q = {**self._query(), **self.json_body()}
@@ -113,10 +115,7 @@ class DotfilesHandler(CompatBase):
             self.reply(await ops.dotfile_list(self.principal, self.scope, **self._ref(q)))
 
     async def patch(self):
-        body = self.json_body()
-        self.reply(await self.manager.ops.dotfile_update(
-            self.principal, self.scope, body.get("path"), body.get("permission", "755"),
-            body.get("data"), **self._ref(body)))
+        await self._write(self.manager.ops.dotfile_update)
 
     async def delete(self):
         q = {**self._query(), **self.json_body()}
