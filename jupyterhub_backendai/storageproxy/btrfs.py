@@ -50,7 +50,7 @@ import struct
 import subprocess
 import threading
 
-from ..common.errors import BackendAIError, Conflict, NotFound, StorageQuotaExceeded
+from ..common.errors import BackendAIError, Conflict, StorageQuotaExceeded
 from .volumes import (
     _DIR_FLAGS,
     FOLDER_MODE,
@@ -259,13 +259,7 @@ class BtrfsVolume(VFSVolume):
     # -- folders as subvolumes -------------------------------------------------
 
     def _subvolume(self, quota_scope_id: str, folder_id: str) -> tuple[str, int | None]:
-        path = self.folder_path(quota_scope_id, folder_id)
-        try:
-            return path, subvolume_id(path)
-        except (FileNotFoundError, NotADirectoryError):
-            raise NotFound(
-                f"no folder {folder_id} in quota scope {quota_scope_id} on volume {self.name}"
-            ) from None
+        return self._at_folder(quota_scope_id, folder_id, lambda path: (path, subvolume_id(path)))
 
     def create_folder(self, quota_scope_id: str, folder_id: str) -> None:
         """Idempotent: an existing folder is left as it is."""

@@ -513,14 +513,17 @@ class VFSVolume:
 
     # -- usage and quota scopes ------------------------------------------------
 
-    def _open_folder(self, quota_scope_id: str, folder_id: str) -> int:
-        path = self.folder_path(quota_scope_id, folder_id)
+    def _at_folder(self, quota_scope_id: str, folder_id: str, fn):
+        """``fn(path)`` of the folder's path; NotFound when the folder is not there."""
         try:
-            return os.open(path, _DIR_FLAGS)
+            return fn(self.folder_path(quota_scope_id, folder_id))
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(
                 f"no folder {folder_id} in quota scope {quota_scope_id} on volume {self.name}"
             ) from None
+
+    def _open_folder(self, quota_scope_id: str, folder_id: str) -> int:
+        return self._at_folder(quota_scope_id, folder_id, lambda path: os.open(path, _DIR_FLAGS))
 
     def folder_usage(self, quota_scope_id: str, folder_id: str) -> dict:
         """Bytes (apparent sizes) and files (every entry that is not a directory) in a folder."""
