@@ -65,19 +65,27 @@ def check_dotfile(path, permission, data) -> tuple[str, str, str]:
     return path, permission, data
 
 
+def _keypair_user(db, p: access.Principal, access_key: str | None, may, what: str) -> User:
+    """The user of the keypair ``access_key`` (the caller without one, or with their own
+    key): NotFound for one they cannot see, Forbidden unless ``may(user)`` (``what``: what
+    they asked for, ``{}`` the user's email)."""
+    if not access_key or access_key == p.access_key:
+        return db.get(User, p.user_id)
+    kp = db.get(Keypair, access_key)
+    user = db.get(User, kp.user_id) if kp is not None else None
+    if user is None or not access.can_see_user(p, user):
+        raise access.not_found("keypair", access_key)
+    access.require(may(user), what.format(user.email))
+    return user
+
+
 def _owner(db, p: access.Principal, scope: str, *, access_key=None, group=None,
            domain=None, write: bool) -> tuple[str, dict]:
     """The owner key and foreign keys of the dotfiles of ``scope`` that ``p`` names;
     NotFound for one they cannot see, Forbidden for one they see but may not change."""
     if scope == "user":
-        user = db.get(User, p.user_id)
-        if access_key and access_key != p.access_key:
-            kp = db.get(Keypair, access_key)
-            user = db.get(User, kp.user_id) if kp is not None else None
-            if user is None or not access.can_see_user(p, user):
-                raise access.not_found("keypair", access_key)
-            access.require(user.id == p.user_id or access.can_manage_user(p, user),
-                           f"the dotfiles of {user.email}")
+        user = _keypair_user(db, p, access_key, lambda u: u.id == p.user_id
+                             or access.can_manage_user(p, u), "the dotfiles of {}")
         return f"user:{user.id}", {"user_id": user.id}
     if scope == "group":
         if not isinstance(group, str) or not group:
@@ -306,13 +314,8 @@ def _sees(db, p, t: SessionTemplate, owner: User) -> bool:
 @writes
 def template_create(db, p, payload, group=None, domain=None, access_key=None) -> list[dict]:
     items = parse_payload(payload)
-    user = db.get(User, p.user_id)
-    if access_key and access_key != p.access_key:
-        kp = db.get(Keypair, access_key)
-        user = db.get(User, kp.user_id) if kp is not None else None
-        if user is None or not access.can_see_user(p, user):
-            raise access.not_found("keypair", access_key)
-        access.require(access.can_manage_user(p, user), f"templates of {user.email}")
+    user = _keypair_user(db, p, access_key, lambda u: access.can_manage_user(p, u),
+                         "templates of {}")
     project_id = None
     if group:
         proj = _project(db, p, group, domain)
