@@ -8,24 +8,16 @@ gives the processes of a user's kernels (``admin user add --cuid/--cgid/--cgids`
 (every existing user): the image's kernel user.
 """
 
-import sqlalchemy as sa
-from alembic import op
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, migration
 
 revision = '0008'
 down_revision = '0007'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    with op.batch_alter_table('users', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('container_uid', sa.Integer(), nullable=True))
-        batch_op.add_column(sa.Column('container_main_gid', sa.Integer(), nullable=True))
-        batch_op.add_column(sa.Column('container_gids', sa.JSON(), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('users', schema=None) as batch_op:
-        batch_op.drop_column('container_gids')
-        batch_op.drop_column('container_main_gid')
-        batch_op.drop_column('container_uid')
+upgrade, downgrade = migration(
+    AddColumns(
+        "users",
+        "container_uid       int?",
+        "container_main_gid  int?",
+        "container_gids      json?",
+    ),
+)

@@ -8,22 +8,15 @@ bytes of each of its /tmp and /var/tmp (tmpfs). Null (every existing policy): th
 agent's own defaults (``Agent.kernel_pids_limit``, ``Agent.kernel_tmp_size``).
 """
 
-import sqlalchemy as sa
-from alembic import op
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, migration
 
 revision = '0009'
 down_revision = '0008'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    with op.batch_alter_table('keypair_resource_policies', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('max_pids_per_kernel', sa.Integer(), nullable=True))
-        batch_op.add_column(sa.Column('max_tmp_size', sa.BigInteger(), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('keypair_resource_policies', schema=None) as batch_op:
-        batch_op.drop_column('max_tmp_size')
-        batch_op.drop_column('max_pids_per_kernel')
+upgrade, downgrade = migration(
+    AddColumns(
+        "keypair_resource_policies",
+        "max_pids_per_kernel  int?",
+        "max_tmp_size         bigint?",
+    ),
+)

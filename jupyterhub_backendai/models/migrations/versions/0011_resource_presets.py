@@ -7,15 +7,12 @@ Revises: 0010
 
 import datetime as dt
 
-import sqlalchemy as sa
 from alembic import op
 
-import jupyterhub_backendai.models.base
+from jupyterhub_backendai.models.migrations.blocks import CreateTable, migration
 
 revision = '0011'
 down_revision = '0010'
-branch_labels = None
-depends_on = None
 
 # The packaged presets: within the default keypair resource policy (no limit) and a
 # small agent; an admin changes or deletes them in the console (they are made once,
@@ -26,28 +23,25 @@ PACKAGED = [
     ("large", "For heavier jobs", {"cpu": "4", "mem": str(8 << 30)}),
 ]
 
+PRESETS = CreateTable(
+    "resource_presets",
+    "name            str64",
+    "description     str512",
+    "resource_slots  slots",
+    "resource_group  str64?",
+    "created_at      time",
+    fk=["resource_group resource_groups.name on delete cascade"],
+    index="resource_group",
+)
 
-def upgrade() -> None:
-    table = op.create_table('resource_presets',
-    sa.Column('name', sa.String(length=64), nullable=False),
-    sa.Column('description', sa.String(length=512), nullable=False),
-    sa.Column('resource_slots', jupyterhub_backendai.models.base.SlotsType(), nullable=False),
-    sa.Column('resource_group', sa.String(length=64), nullable=True),
-    sa.Column('created_at', jupyterhub_backendai.models.base.UTCDateTime(timezone=True), nullable=False),
-    sa.ForeignKeyConstraint(['resource_group'], ['resource_groups.name'], name=op.f('fk_resource_presets_resource_group_resource_groups'), ondelete='CASCADE'),
-    sa.PrimaryKeyConstraint('name', name=op.f('pk_resource_presets'))
-    )
-    with op.batch_alter_table('resource_presets', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_resource_presets_resource_group'), ['resource_group'], unique=False)
+
+def _make_the_packaged_presets() -> None:
     from jupyterhub_backendai.common.slots import ResourceSlot
 
     now = dt.datetime.now(dt.UTC)
-    op.bulk_insert(table, [
+    op.bulk_insert(PRESETS.table, [
         {"name": name, "description": text, "resource_slots": ResourceSlot(slots),
          "resource_group": None, "created_at": now} for name, text, slots in PACKAGED])
 
 
-def downgrade() -> None:
-    with op.batch_alter_table('resource_presets', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_resource_presets_resource_group'))
-    op.drop_table('resource_presets')
+upgrade, downgrade = migration(PRESETS, _make_the_packaged_presets)

@@ -7,20 +7,9 @@ Revises: 0011
 row): its registry's policy.
 """
 
-import sqlalchemy as sa
-from alembic import op
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, migration
 
 revision = '0012'
 down_revision = '0011'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    with op.batch_alter_table('images', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('pull_policy', sa.String(length=16), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('images', schema=None) as batch_op:
-        batch_op.drop_column('pull_policy')
+upgrade, downgrade = migration(AddColumns("images", "pull_policy  str16?"))

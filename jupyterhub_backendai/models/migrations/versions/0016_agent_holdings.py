@@ -9,22 +9,15 @@ pool (``{"<group>|<image>|<preset>": n}``). The scheduler prefers an agent with 
 pooled kernel of the session's pool, then one holding the session's image.
 """
 
-import sqlalchemy as sa
-from alembic import op
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, migration
 
 revision = '0016'
 down_revision = '0015'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    with op.batch_alter_table('agents', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('images', sa.JSON(), nullable=True))
-        batch_op.add_column(sa.Column('pool_ready', sa.JSON(), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('agents', schema=None) as batch_op:
-        batch_op.drop_column('pool_ready')
-        batch_op.drop_column('images')
+upgrade, downgrade = migration(
+    AddColumns(
+        "agents",
+        "images      json?",
+        "pool_ready  json?",
+    ),
+)

@@ -9,20 +9,9 @@ The storage enforces it: a btrfs volume as the limit of the folder's qgroup
 ``0/<subvolume id>``, a vfs volume in uploads through the proxy.
 """
 
-import sqlalchemy as sa
-from alembic import op
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, migration
 
 revision = '0017'
 down_revision = '0016'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    with op.batch_alter_table('vfolders', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('max_size_bytes', sa.BigInteger(), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('vfolders', schema=None) as batch_op:
-        batch_op.drop_column('max_size_bytes')
+upgrade, downgrade = migration(AddColumns("vfolders", "max_size_bytes  bigint?"))

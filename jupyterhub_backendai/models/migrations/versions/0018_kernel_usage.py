@@ -9,38 +9,25 @@ sampled; ``kernels.usage_sampled_at``: the agent's time of the last sample count
 that several hubs reading the same statistics count each sample once).
 """
 
-import sqlalchemy as sa
-from alembic import op
-
-from jupyterhub_backendai.models.base import UTCDateTime
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, CreateTable, migration
 
 revision = '0018'
 down_revision = '0017'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    op.create_table(
-        'kernel_usage',
-        sa.Column('kernel_id', sa.String(length=32), nullable=False),
-        sa.Column('hour', UTCDateTime(timezone=True), nullable=False),
-        sa.Column('session_id', sa.String(length=32), nullable=False),
-        sa.Column('sampled_seconds', sa.Float(), nullable=False),
-        sa.Column('cpu_seconds', sa.Float(), nullable=False),
-        sa.Column('mem_byte_seconds', sa.Float(), nullable=False),
-        sa.Column('gpu_seconds', sa.Float(), nullable=False),
-        sa.Column('mem_peak_bytes', sa.BigInteger(), nullable=False),
-        sa.ForeignKeyConstraint(['kernel_id'], ['kernels.id'], ondelete='CASCADE'),
-        sa.PrimaryKeyConstraint('kernel_id', 'hour'),
-    )
-    op.create_index('ix_kernel_usage_session_id', 'kernel_usage', ['session_id'])
-    with op.batch_alter_table('kernels', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('usage_sampled_at', sa.Float(), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('kernels', schema=None) as batch_op:
-        batch_op.drop_column('usage_sampled_at')
-    op.drop_index('ix_kernel_usage_session_id', table_name='kernel_usage')
-    op.drop_table('kernel_usage')
+upgrade, downgrade = migration(
+    CreateTable(
+        "kernel_usage",
+        "kernel_id         str32",
+        "hour              time",
+        "session_id        str32",
+        "sampled_seconds   float",
+        "cpu_seconds       float",
+        "mem_byte_seconds  float",
+        "gpu_seconds       float",
+        "mem_peak_bytes    bigint",
+        pk="kernel_id hour",
+        fk=["kernel_id kernels.id on delete cascade"],
+        index="session_id",
+    ),
+    AddColumns("kernels", "usage_sampled_at  float?"),
+)

@@ -8,20 +8,9 @@ commit``); such an image is listed and started for that user only (and shown to
 superadmins). NULL: an image of the installation, for everyone the catalogue shows it to.
 """
 
-import sqlalchemy as sa
-from alembic import op
+from jupyterhub_backendai.models.migrations.blocks import AddColumns, migration
 
 revision = '0019'
 down_revision = '0018'
-branch_labels = None
-depends_on = None
 
-
-def upgrade() -> None:
-    with op.batch_alter_table('images', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('owner_id', sa.String(length=32), nullable=True))
-
-
-def downgrade() -> None:
-    with op.batch_alter_table('images', schema=None) as batch_op:
-        batch_op.drop_column('owner_id')
+upgrade, downgrade = migration(AddColumns("images", "owner_id  str32?"))
