@@ -6,13 +6,20 @@ through it. Another user gets neither the key nor the tunnel."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
+import tempfile
+import threading
 import time
 import uuid
 
+import psutil
 import pytest
 import requests
 
@@ -68,19 +75,71 @@ def _container(sid: str) -> str:
         time.sleep(0.3)
 
 
-def _ssh(bai, name: str, *command: str, **kw) -> str:
-    """``backend.ai ssh`` to session ``name`` running ``command``. A handshake that gets
-    no banner within 60 s (seen under the parallel suite, twice in one run, cause not
-    found: the tunnel opens, the sshd's banner never comes back) fails that ssh, and it
-    is tried once more on a fresh port; a second hang fails the test."""
-    for attempt in (1, 2):
-        try:
-            return bai("ssh", "-p", str(_free_port()), name, "-o", "ConnectTimeout=60",
-                       *command, **kw)
-        except AssertionError as e:
-            if attempt == 2 or "Connection timed out during banner exchange" not in str(e):
-                raise
-    raise AssertionError("unreachable")
+def _tunnelled(bai, *args: str, cwd: str) -> str:
+    """``backend.ai ssh|scp ARGS`` as a user runs it in a terminal; its output.
+
+    Both official CLIs start their local proxy (``app SESSION sshd -b 127.0.0.1:PORT``, a
+    child process), run ssh or scp through it, then end the proxy with one SIGINT and wait
+    for it. That SIGINT is sometimes lost: seen 4 times in 18 runs of this test's ssh on
+    the loaded 2-core machine, with ``ssh -vvv`` showing the command ran and ssh exited 0,
+    and py-spy showing the proxy still in its first event loop (a second SIGINT ends
+    it). The CLI then waits forever. This is the client's, not the hub's (the tunnel had
+    carried everything; nothing is left open on the hub's side), and a user's answer is
+    a second Ctrl-C: so is this test's. Once ssh or scp has exited (a wrapper on PATH
+    writes its exit status) and the CLI has not followed within 10 s, its proxy gets a
+    second SIGINT. Nothing else is retried."""
+    done = os.path.join(_wrappers(), f"exit-{uuid.uuid4().hex}")
+    env = {**bai.env, "PATH": f"{_wrappers()}:{bai.env['PATH']}", "BAI_TEST_EXIT": done}
+    proc = subprocess.Popen([bai.cli, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    exited_at = None
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, (args, "".join(out), bai.hub.log()[-3000:])
+            if exited_at is None and os.path.exists(done):
+                exited_at = time.monotonic()
+            elif exited_at is not None and time.monotonic() - exited_at > 10:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        if " app " in " ".join(child.cmdline()):
+                            child.send_signal(signal.SIGINT)  # the user's second Ctrl-C
+                exited_at = time.monotonic()
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+            proc.kill()
+        proc.wait()
+        reader.join(10)
+    text = "".join(out)
+    assert proc.returncode == 0, (args, proc.returncode, text, bai.hub.log()[-3000:])
+    return text
+
+
+@functools.cache
+def _wrappers() -> str:
+    """A folder with ``ssh`` and ``scp`` that run the real ones and then write their exit
+    status to ``$BAI_TEST_EXIT`` (see :func:`_tunnelled`)."""
+    d = tempfile.mkdtemp(prefix="bai-ssh-wrappers-")
+    for tool in ("ssh", "scp"):
+        real = shutil.which(tool)
+        assert real, f"{tool} missing: scripts/install-test-deps.sh installs openssh-client"
+        path = os.path.join(d, tool)
+        with open(path, "w") as f:
+            f.write(f'#!/bin/sh\n"{real}" "$@"\nrc=$?\n'
+                    'echo "$rc" > "$BAI_TEST_EXIT"\nexit "$rc"\n')
+        os.chmod(path, 0o755)
+    return d
+
+
+def _ssh(bai, name: str, *command: str, cwd: str) -> str:
+    return _tunnelled(bai, "ssh", "-p", str(_free_port()), name, *command, cwd=cwd)
 
 
 def _home(tmp_path, name: str) -> str:
@@ -115,10 +174,10 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
     home = alice.env["HOME"]
     with open(os.path.join(home, "up.bin"), "wb") as fh:
         fh.write(data)
-    alice("scp", "-p", str(_free_port()), name, os.path.join(home, "up.bin"),
-          "work@localhost:up.bin", cwd=home)
-    alice("scp", "-p", str(_free_port()), name, "work@localhost:up.bin",
-          os.path.join(home, "back.bin"), cwd=home)
+    _tunnelled(alice, "scp", "-p", str(_free_port()), name, os.path.join(home, "up.bin"),
+               "work@localhost:up.bin", cwd=home)
+    _tunnelled(alice, "scp", "-p", str(_free_port()), name, "work@localhost:up.bin",
+               os.path.join(home, "back.bin"), cwd=home)
     with open(os.path.join(home, "back.bin"), "rb") as fh:
         assert fh.read() == data
     # another user: no key, no tunnel
