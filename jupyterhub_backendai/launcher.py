@@ -201,8 +201,20 @@ def main(argv=None) -> None:
     print(f"jupyterhub-backendai: log in at {login} as {email}", flush=True)
     config = os.path.join(os.path.dirname(__file__), "share", "jupyterhub_config.py")
     installation.release_state(state)
-    os.execvp(sys.executable,
-              [sys.executable, "-m", "jupyterhub_backendai.hubmain", "-f", config, *argv])
+    run_hub(["-f", config, *argv])
+
+
+def run_hub(argv: list[str]) -> None:
+    """JupyterHub's ``main`` in this process, as ``python -m jupyterhub_backendai.hubmain``
+    runs it. Not a new interpreter: what the record's setup above imported (the manager,
+    SQLAlchemy, pydantic, alembic) serves the hub as it is, instead of being imported
+    again, which was about half of the CPU a hub start took (benchmarks/hubstart.py). The
+    setup leaves nothing behind for the hub: its engine is disposed, the state lock
+    released (the packaged config takes it again)."""
+    from . import hubmain  # (its guard against the optional iri checker comes first)
+
+    sys.argv = [sys.argv[0], *argv]
+    hubmain.main()
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ from ...common.errors import (
 from ...common.slots import parse_size
 from ...manager import vfolders
 from ...manager.compatviews import as_hex as _as_hex
+from ...manager.compatviews import dashed
 from ...storageproxy import transfer
 from ...storageproxy.client import InProcessStorageClient
 from .. import spec
-from . import gql
 from .base import CompatBase
 
 # Paths one mkdir or delete-files names: each is a storage operation (20,000 took 4 s).
@@ -225,7 +225,7 @@ class FolderLeaveHandler(CompatBase):
 def _invitation_bai(inv: dict) -> dict:
     return {"id": inv["id"], "inviter": inv["inviter"], "invitee": inv["invitee"],
             "perm": inv["permission"], "state": inv["state"], "created_at": inv["created_at"],
-            "modified_at": inv["modified_at"], "vfolder_id": gql.dashed(inv["vfolder_id"]),
+            "modified_at": inv["modified_at"], "vfolder_id": dashed(inv["vfolder_id"]),
             "vfolder_name": inv["vfolder_name"]}
 
 

@@ -18,7 +18,6 @@ from ...common.errors import (
     BackendAIError,
     InvalidRequest,
 )
-from . import gql
 from .base import CompatBase
 
 # The API version announced in version negotiation: the 23.09 client's own (v7.20230615),
@@ -52,6 +51,10 @@ class AnnouncementHandler(CompatBase):
 
 class GQLHandler(CompatBase):
     async def post(self):
+        # (GraphQL and the schema load at the first query, not at every hub start:
+        # graphql-core's import and the schema's build were 7 % of a hub's start)
+        from . import gql
+
         body = self.json_body()
         query, variables = body.get("query"), body.get("variables") or {}
         if not isinstance(query, str) or not query.strip():

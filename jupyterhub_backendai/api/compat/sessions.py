@@ -44,8 +44,8 @@ from ...common.session_request import (
 )
 from ...common.slots import MIG_PREFIX, ResourceSlot
 from ...common.types import ALIVE_STATUSES, SessionStatus
+from ...manager.compatviews import bai_status, dashed
 from .. import models
-from . import gql
 from .base import CompatBase
 
 # Longest a create waits for its session to start when the client names no maxWaitSeconds
@@ -265,8 +265,8 @@ class SessionCreateHandler(CompatBase):
             reused = await self._existing(request.name)
             if reused is not None:  # Backend.AI's reuse (what `run` relies on): 200, created False
                 sess = await self.manager.ops.get_session(self.principal, reused)
-                self.reply({"sessionId": gql.dashed(reused), "sessionName": request.name,
-                            "status": gql.bai_status(sess["status"]), "servicePorts": [],
+                self.reply({"sessionId": dashed(reused), "sessionName": request.name,
+                            "status": bai_status(sess["status"]), "servicePorts": [],
                             "created": False})
                 return
         if request.session_type == SessionType.INTERACTIVE:
@@ -281,8 +281,8 @@ class SessionCreateHandler(CompatBase):
             status = await self._wait(sid, request.max_wait_seconds)
         else:
             sess = await self.manager.ops.get_session(self.principal, sid)
-            status = gql.bai_status(sess["status"])
-        self.reply({"sessionId": gql.dashed(sid), "sessionName": request.name,
+            status = bai_status(sess["status"])
+        self.reply({"sessionId": dashed(sid), "sessionName": request.name,
                     "status": status, "servicePorts": [], "created": True}, 201)
 
     async def _existing(self, name: str) -> str | None:
@@ -357,7 +357,7 @@ async def wait_started(manager, sid: str, max_wait: int) -> str:
             await until()
     except TimeoutError:
         return "TIMEOUT"
-    return "RUNNING" if seen["started"] else gql.bai_status(seen["status"])
+    return "RUNNING" if seen["started"] else bai_status(seen["status"])
 
 
 class SessionHandler(CompatBase):
@@ -524,11 +524,11 @@ class SessionEventsHandler(CompatBase):
                 if ev in sent or (scope != "*" and not ev.startswith(scope)):
                     continue
                 sent.add(ev)
-                data = {"sessionId": gql.dashed(sess.id), "sessionName": sess.name,
+                data = {"sessionId": dashed(sess.id), "sessionName": sess.name,
                         "ownerAccessKey": sess.access_key, "reason": sess.status_info or "",
-                        "status": gql.bai_status(st)}
+                        "status": bai_status(st)}
                 if ev.startswith("kernel_") and main is not None:
-                    data["kernelId"] = gql.dashed(main.id)
+                    data["kernelId"] = dashed(main.id)
                 if st in (SessionStatus.TERMINATED, SessionStatus.ERROR):
                     code = main.exit_code if main is not None else None
                     data["exitCode"] = code if code is not None else (
