@@ -6,6 +6,7 @@ packages that ``scripts/test`` installs.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import pwd
@@ -73,11 +74,18 @@ def port_range(width: int) -> tuple[int, int]:
 
 
 def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
+    """Nothing holds ``port`` on IPv4 or IPv6 (``localhost`` is tried on ::1 first, by
+    ssh for one, where another server would answer in place of ours)."""
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::")):
+        with socket.socket(family) as s:
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if family == socket.AF_INET6 and e.errno == errno.EADDRNOTAVAIL:
+                    continue  # (no IPv6 here)
+                return False
     return True
 
 
@@ -87,10 +95,30 @@ def image_tag(repo: str, variant: str = "") -> str:
     return f"backendai-test/{repo}:{RUN}" + (f"-{variant}" if variant else "")
 
 
+# Every other port a test gives a server it starts (hubs and their proxies, databases,
+# the CLIs' local proxies): below the ephemeral range as well, in a band of each worker's
+# own, handed out in turn. A port from bind(0) is free only at the moment it is asked
+# for: while a hub started (seconds), another worker's bind(0) took the port its proxy
+# was to listen on (EADDRINUSE; the hub then asked that other server for its routes and
+# died). In turn, a port comes back to this process only after the whole band; a second
+# suite at once starts elsewhere in the band (its run token).
+_FREE_BAND = (2000, 12000, 8)
+_next_free: dict[str, int] = {}
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing holds now, that no other worker of this run hands out."""
+    lo, hi, workers = _FREE_BAND
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % workers
+    size = (hi - lo) // workers
+    start = lo + worker * size
+    at = _next_free.get("at", start + int(RUN, 16) % size)
+    for _ in range(size):
+        port, at = at, start + (at - start + 1) % size
+        if _port_free(port):
+            _next_free["at"] = at
+            return port
+    raise RuntimeError(f"no free port left in {start}-{start + size - 1}")
 
 
 def wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:

@@ -26,6 +26,7 @@ from jupyterhub_backendai.api.compat.execute import ACCESS_CHECK
 from .api_world import PREFIX, new_user, superadmin
 from .conftest import shutdown_hub
 from .hub import Hub
+from .services import free_port
 from .test_backendai_client import BAI, CLI, CLI26, RES, admin_api, wait_dead
 
 # -- the relay, alone ----------------------------------------------------------------------
@@ -118,13 +119,9 @@ def bob26(hub, tmp_path_factory):
 
 
 def _free_port() -> int:
-    """A port no one listens on, on IPv4 or IPv6: the CLI's forwarders bind 127.0.0.1,
-    but `ssh localhost` tries ::1 first, where another test's server on [::] could
-    answer (ssh then waits for a banner that never comes)."""
-    with socket.socket(socket.AF_INET6) as s:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        s.bind(("::", 0))
-        return s.getsockname()[1]
+    """A port for a CLI's local proxy: free on IPv4 and IPv6 (the forwarders bind
+    127.0.0.1, but `ssh localhost` tries ::1 first), from this worker's band."""
+    return free_port()
 
 
 @contextlib.contextmanager

@@ -293,13 +293,11 @@ def test_an_unreachable_registry_is_retried(reg, db_url, tmp_path):
     """A registry that refuses connections (it may be restarting) is no answer about
     the image: the start is retried start_retries times, one pull each, then ERROR with
     the engine's words; nothing left."""
-    import socket
-
     from jupyterhub_backendai.manager import images
 
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from .services import free_port
+
+    port = free_port()  # a port nothing listens on
     ref = f"127.0.0.1:{port}/{REPO}:v1"
 
     async def run():
