@@ -47,6 +47,15 @@ def chromium(*extra_args: str) -> Iterator:
             b.close()
 
 
+def console_error(m) -> bool:
+    """Whether console message ``m`` is an error of the page's. A load that Chromium ends
+    with ERR_NETWORK_CHANGED is the machine's, not the page's: the browser shares the
+    host's network with the Docker engine, and Chromium fails what is in flight when an
+    interface comes or goes, which other tests' session networks do all the time (a
+    user's browser is on another host)."""
+    return m.type == "error" and "net::ERR_NETWORK_CHANGED" not in m.text
+
+
 def logged_in(browser, hub, email: str, password: str, *, accept_dialogs: bool = False,
               hub_errors_only: bool = False, **context):
     """A new browser context logged in to ``hub`` as ``email`` through its login form:
@@ -60,11 +69,15 @@ def logged_in(browser, hub, email: str, password: str, *, accept_dialogs: bool =
     page = ctx.new_page()
     page.set_default_timeout(60_000)
     errors: list[str] = []
-    if hub_errors_only:
-        page.on("console", lambda m: m.type == "error" and "/hub/" in page.url
-                and errors.append(f"{page.url}: {m.text}"))
-    else:
-        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+
+    def console(m) -> None:
+        if not console_error(m):
+            return
+        if hub_errors_only and "/hub/" not in page.url:
+            return
+        errors.append(f"{page.url}: {m.text}" if hub_errors_only else m.text)
+
+    page.on("console", console)
     page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
     if accept_dialogs:
         page.on("dialog", lambda dlg: dlg.accept())

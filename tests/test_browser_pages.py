@@ -28,7 +28,7 @@ from jupyterhub_backendai.models import Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .api_world import PASSWORD, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, console_error, screenshot
 from .conftest import containers_of, shutdown_hub
 from .hub import KERNEL_IMAGE, Hub
 from .test_browser_spawn import RECORD_PROGRESS
@@ -96,7 +96,7 @@ class Page:
         self.page = self.ctx.new_page()
         self.page.set_default_timeout(60_000)
         self.errors: list[tuple[str, str]] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(
+        self.page.on("console", lambda m: console_error(m) and self.errors.append(
             (self.page.url, m.text)))
         self.page.on("pageerror", lambda e: self.errors.append((self.page.url, f"uncaught: {e}")))
         self.page.goto(hub.base + "/hub/login")

@@ -24,7 +24,7 @@ from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.models import Keypair, KeypairResourcePolicy, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
-from .chromium import chromium, screenshot
+from .chromium import chromium, console_error, screenshot
 from .conftest import containers_of
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 
@@ -110,7 +110,7 @@ class _Page:
         self.context.add_init_script(RECORD_PROGRESS)
         self.page = self.context.new_page()
         self.errors: list[tuple[str, str]] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(
+        self.page.on("console", lambda m: console_error(m) and self.errors.append(
             (self.page.url, m.text)))
         self.page.on("pageerror", lambda e: self.errors.append((self.page.url, f"uncaught: {e}")))
         self.page.goto(hub.base + "/hub/login")

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from .chromium import chromium, screenshot
+from .chromium import chromium, console_error, screenshot
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 
 NEW = "a-new-password-42"
@@ -71,7 +71,7 @@ def test_page_is_linked_from_the_navigation_bar(hub):
         page = b.new_page()
         page.set_default_timeout(30_000)
         errors: list[str] = []
-        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("console", lambda m: console_error(m) and errors.append(m.text))
         page.goto(hub.base + "/hub/login")
         page.fill("input[name=username]", ADMIN_EMAIL)
         page.fill("input[name=password]", ADMIN_PASSWORD)

@@ -285,7 +285,7 @@ def test_presets_in_chromium(world):
     """In headless Chromium: the presets are radios reached with the keyboard, the custom
     fields only with "Custom", the always-mounted folders listed; the chosen preset with
     a ticked folder starts; the console's plots page draws. Screenshots; no console errors."""
-    from .chromium import chromium, screenshot
+    from .chromium import chromium, console_error, screenshot
 
     hub, user = world["hub"], world["member"]
     errors: list[tuple[str, str]] = []
@@ -293,7 +293,7 @@ def test_presets_in_chromium(world):
         ctx = b.new_context(viewport={"width": 1280, "height": 1000})
         ctx.set_default_timeout(30_000)
         page = ctx.new_page()
-        page.on("console", lambda m: m.type == "error" and errors.append((page.url, m.text)))
+        page.on("console", lambda m: console_error(m) and errors.append((page.url, m.text)))
         page.on("pageerror", lambda e: errors.append((page.url, f"uncaught: {e}")))
         from .api_world import PASSWORD
 
@@ -359,7 +359,7 @@ def test_presets_in_chromium(world):
         # The console's plots, as the superadmin.
         ctx = b.new_context(viewport={"width": 1280, "height": 1000})
         page = ctx.new_page()
-        page.on("console", lambda m: m.type == "error" and errors.append((page.url, m.text)))
+        page.on("console", lambda m: console_error(m) and errors.append((page.url, m.text)))
         page.on("pageerror", lambda e: errors.append((page.url, f"uncaught: {e}")))
         page.goto(hub.base + "/hub/login")
         page.fill("input[name=username]", "admin@example.com")

@@ -22,7 +22,7 @@ from jupyterhub_backendai.models import Kernel, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .api_world import PASSWORD, new_user, superadmin
-from .chromium import chromium, screenshot
+from .chromium import chromium, console_error, screenshot
 from .conftest import shutdown_hub
 from .hub import ADMIN_EMAIL, ADMIN_PASSWORD, Hub
 
@@ -193,7 +193,7 @@ def test_console_usage_table_and_csv(world, browser):
     page = ctx.new_page()
     page.set_default_timeout(60_000)
     errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("console", lambda m: console_error(m) and errors.append(m.text))
     try:
         page.goto(hub.base + "/hub/login")
         page.fill("input[name=username]", ADMIN_EMAIL)
