@@ -99,7 +99,11 @@ def _tunnelled(bai, *args: str, cwd: str) -> str:
     exited_at = None
     try:
         while proc.poll() is None:
-            assert time.monotonic() < deadline, (args, "".join(out), bai.hub.log()[-3000:])
+            if time.monotonic() > deadline:
+                pytest.fail(f"{args} still running after 300 s (ssh exited: "
+                            f"{os.path.exists(done)})\n--- its output\n{''.join(out)}\n"
+                            f"--- its processes\n{_tree(proc.pid)}\n"
+                            f"--- hub log\n{bai.hub.log()[-3000:]}", pytrace=False)
             if exited_at is None and os.path.exists(done):
                 exited_at = time.monotonic()
             elif exited_at is not None and time.monotonic() - exited_at > 10:
@@ -120,6 +124,17 @@ def _tunnelled(bai, *args: str, cwd: str) -> str:
     text = "".join(out)
     assert proc.returncode == 0, (args, proc.returncode, text, bai.hub.log()[-3000:])
     return text
+
+
+def _tree(pid: int) -> str:
+    """The CLI's processes, their states and TCP connections (for a failure's report)."""
+    lines = []
+    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            conns = [f"{c.laddr.port}->{c.raddr.port if c.raddr else '-'} {c.status}"
+                     for c in p.net_connections("tcp")]
+            lines.append(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:160]} {conns}")
+    return "\n".join(lines)
 
 
 @functools.cache
