@@ -48,13 +48,19 @@ _BANDS = (12000, 32000, 8)
 _next_block: dict[str, int] = {}
 
 
+def _worker_band(bands: tuple[int, int, int]) -> tuple[int, int]:
+    """(first port, size) of this xdist worker's band of ``(lo, hi, bands)``."""
+    lo, hi, n = bands
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % n
+    size = (hi - lo) // n
+    return lo + worker * size, size
+
+
 def port_block(width: int) -> int:
     """The first port of ``width + 1`` free host ports for an agent's port range, never
     handed out twice by this process while its band has room, and never to two workers."""
-    lo, hi, workers = _BANDS
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % workers
-    size = (hi - lo) // workers
-    start, end = lo + worker * size, lo + (worker + 1) * size
+    start, size = _worker_band(_BANDS)
+    end = start + size
     # (a second suite at once starts at another block of the band: its run token)
     first = _next_block.get("at", start + int(RUN, 16) % (size // (width + 1)) * (width + 1))
     for _ in range(size // (width + 1) + 1):
@@ -109,10 +115,7 @@ _next_free: dict[str, int] = {}
 
 def free_port() -> int:
     """A port nothing holds now, that no other worker of this run hands out."""
-    lo, hi, workers = _FREE_BAND
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % workers
-    size = (hi - lo) // workers
-    start = lo + worker * size
+    start, size = _worker_band(_FREE_BAND)
     at = _next_free.get("at", start + int(RUN, 16) % size)
     for _ in range(size):
         port, at = at, start + (at - start + 1) % size

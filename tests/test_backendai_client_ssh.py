@@ -27,8 +27,9 @@ from .api_world import new_user, superadmin
 from .conftest import shutdown_hub
 from .hub import Hub
 from .registry import Registry
+from .services import free_port
 from .test_backendai_client import BAI, CLI, CLI26, RES, admin_api, wait_dead
-from .test_backendai_client_apps import _free_port, app_proxy
+from .test_backendai_client_apps import app_proxy
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,7 @@ def _wrappers() -> str:
 
 
 def _ssh(bai, name: str, *command: str, cwd: str) -> str:
-    return _tunnelled(bai, "ssh", "-p", str(_free_port()), name, *command, cwd=cwd)
+    return _tunnelled(bai, "ssh", "-p", str(free_port()), name, *command, cwd=cwd)
 
 
 def _home(tmp_path, name: str) -> str:
@@ -196,9 +197,9 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
     home = alice.env["HOME"]
     with open(os.path.join(home, "up.bin"), "wb") as fh:
         fh.write(data)
-    _tunnelled(alice, "scp", "-p", str(_free_port()), name, os.path.join(home, "up.bin"),
+    _tunnelled(alice, "scp", "-p", str(free_port()), name, os.path.join(home, "up.bin"),
                "work@localhost:up.bin", cwd=home)
-    _tunnelled(alice, "scp", "-p", str(_free_port()), name, "work@localhost:up.bin",
+    _tunnelled(alice, "scp", "-p", str(free_port()), name, "work@localhost:up.bin",
                os.path.join(home, "back.bin"), cwd=home)
     with open(os.path.join(home, "back.bin"), "rb") as fh:
         assert fh.read() == data
@@ -206,7 +207,7 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
     out = bob("session", "download", dashed, "id_container", rc=1, cwd=bob.env["HOME"])
     assert "404" in out and f"no session {dashed!r}" in out, out
     assert "id_container" not in os.listdir(bob.env["HOME"])
-    p = subprocess.run([bob.cli, "app", dashed, "sshd", "-b", f"127.0.0.1:{_free_port()}"],
+    p = subprocess.run([bob.cli, "app", dashed, "sshd", "-b", f"127.0.0.1:{free_port()}"],
                        env=bob.env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "404" in p.stdout + p.stderr, p.stdout + p.stderr
     # the raw tunnel is the sshd's own: its banner comes through the local port
