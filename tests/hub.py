@@ -88,17 +88,23 @@ class Hub:
                                      start_new_session=True)
         if self not in LIVE:
             LIVE.append(self)
-        wait_port(self.port, timeout=60, proc=self.proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.base + "/hub/api/", timeout=2,
-                                verify=self.verify).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("hub did not answer\n" + self.log())
+        try:
+            wait_port(self.port, timeout=60, proc=self.proc)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if requests.get(self.base + "/hub/api/", timeout=2,
+                                    verify=self.verify).status_code == 200:
+                        return self
+                except requests.RequestException:
+                    pass
+                time.sleep(0.1)
+            raise TimeoutError("hub did not answer\n" + self.log())
+        except BaseException:
+            # A hub that died starting may have started its proxy (which outlives it by
+            # design): a fixture that raises here never reaches its own close.
+            self.close()
+            raise
 
     def stop_hub(self) -> None:
         """Stop the hub process (and its proxy), leaving sessions running."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import uuid
 import warnings
 
+import pytest
 from sqlalchemy import select, text
 
 from jupyterhub_backendai.models import Domain
@@ -73,3 +75,77 @@ def test_the_migrations_build_the_models_schema(db_url):
         engine.dispose()
     assert diff == [], diff
     assert "ix_users_email_lower" in indexes and "ix_sessions_access_key" not in indexes
+
+
+def test_a_postgresql_deadlock_is_run_again(postgres):
+    """Two transactions that lock two rows in opposite order: PostgreSQL aborts one
+    (deadlock_detected, 40P01), as it did between ``enqueue``'s foreign-key check on a
+    dependency's row and another writer of that row. ``in_transaction`` (under
+    ``Manager.db`` and ``Record.write``) runs the aborted one again, so both commit."""
+    from jupyterhub_backendai.models.db import in_transaction, make_sessionmaker
+
+    engine = make_engine(postgres.new_database("deadlock_" + uuid.uuid4().hex[:8]))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE pair (id int PRIMARY KEY, v int NOT NULL)"))
+            conn.execute(text("INSERT INTO pair VALUES (1, 0), (2, 0)"))
+        maker = make_sessionmaker(engine)
+        both_hold_one = threading.Barrier(2, timeout=20)
+        runs = {"a": 0, "b": 0}
+        results, errors = {}, []
+
+        def locker(name, first, second):
+            def fn(s):
+                runs[name] += 1
+                s.execute(text("UPDATE pair SET v = v + 1 WHERE id = :i"), {"i": first})
+                if runs[name] == 1:
+                    both_hold_one.wait()  # each holds its first row: the cycle
+                s.execute(text("UPDATE pair SET v = v + 1 WHERE id = :i"), {"i": second})
+                return name
+
+            try:
+                results[name] = in_transaction(maker, fn)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=locker, args=("a", 1, 2)),
+                   threading.Thread(target=locker, args=("b", 2, 1))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert results == {"a": "a", "b": "b"}
+        # One of the two was aborted by the server and ran again; each committed once.
+        assert sorted(runs.values()) == [1, 2]
+        with engine.connect() as conn:
+            assert dict(conn.execute(text("SELECT id, v FROM pair")).all()) == {1: 2, 2: 2}
+    finally:
+        engine.dispose()
+
+
+def test_an_ordinary_database_error_is_not_run_again(postgres):
+    """Only the server's "try again" errors are retried: a broken constraint is the
+    caller's, raised at once after one run, with nothing committed."""
+    from sqlalchemy.exc import IntegrityError
+
+    from jupyterhub_backendai.models.db import in_transaction, make_sessionmaker
+
+    engine = make_engine(postgres.new_database("noretry_" + uuid.uuid4().hex[:8]))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE one (id int PRIMARY KEY)"))
+        runs = []
+
+        def fn(s):
+            runs.append(1)
+            s.execute(text("INSERT INTO one VALUES (1)"))
+            s.execute(text("INSERT INTO one VALUES (1)"))
+
+        with pytest.raises(IntegrityError):
+            in_transaction(make_sessionmaker(engine), fn)
+        assert runs == [1]
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT count(*) FROM one")) == 0
+    finally:
+        engine.dispose()

@@ -29,7 +29,13 @@ from traitlets.config import SingletonConfigurable
 
 from ..agent.core import Agent as LocalAgent
 from ..common.events import make_event_bus
-from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
+from ..models.db import (
+    in_transaction,
+    make_engine,
+    make_read_sessionmaker,
+    make_sessionmaker,
+    upgrade,
+)
 from ..storageproxy.client import make_storage_registry
 from . import lifecycle, tenancy
 from .agent_client import close_agent_clients
@@ -320,13 +326,10 @@ class BackendAIManager(SingletonConfigurable):
     # -- the record ---------------------------------------------------------------------
 
     async def db(self, fn, *args, **kw):
-        """Run ``fn(db_session, ...)`` in one transaction in a worker thread."""
-
-        def work():
-            with self.sm.begin() as s:
-                return fn(s, *args, **kw)
-
-        return await asyncio.to_thread(work)
+        """Run ``fn(db_session, ...)`` in one transaction in a worker thread; one that
+        the database aborted as a deadlock is run again (:func:`.db.in_transaction`:
+        ``fn`` does only database work)."""
+        return await asyncio.to_thread(in_transaction, self.sm, fn, *args, **kw)
 
     async def db_read(self, fn, *args, **kw):
         """Like :meth:`db` for ``fn`` that only reads: on SQLite it neither waits for

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models.db import make_engine, make_read_sessionmaker, make_sessionmaker, upgrade
+from ..models.db import (
+    in_transaction,
+    make_engine,
+    make_read_sessionmaker,
+    make_sessionmaker,
+    upgrade,
+)
 from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     access,
     accounts,
@@ -76,9 +82,9 @@ class Record:
         self.ops = Operations(self)
 
     def write(self, fn, *args, **kw):
-        """Run ``fn(db, ...)`` in one transaction, in this thread."""
-        with self._sm.begin() as s:
-            return fn(s, *args, **kw)
+        """Run ``fn(db, ...)`` in one transaction, in this thread (run again when the
+        database aborted it as a deadlock: :func:`.db.in_transaction`)."""
+        return in_transaction(self._sm, fn, *args, **kw)
 
     def read(self, fn, *args, **kw):
         """Run ``fn(db, ...)`` in a read-only transaction, in this thread."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import random
 import threading
+import time
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
 MIGRATIONS_DIR = os.path.join(os.path.dirname(__file__), "migrations")
@@ -51,6 +54,39 @@ def make_engine(url: str, **kw) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+# PostgreSQL's "try the transaction again" errors: deadlock_detected (two transactions
+# waiting on each other's row locks, e.g. a foreign key's FOR KEY SHARE on a row another
+# transaction updates) and serialization_failure. The server rolled the transaction
+# back; running it again is the documented remedy.
+RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+TRANSACTION_ATTEMPTS = 5
+
+
+def transient(error: BaseException) -> bool:
+    """Whether ``error`` is a transaction the database aborted only to be run again."""
+    if not isinstance(error, DBAPIError):
+        return False
+    return getattr(error.orig, "pgcode", None) in RETRY_SQLSTATES
+
+
+def in_transaction(maker: sessionmaker, fn, *args, **kw):
+    """Run ``fn(db_session, ...)`` in one transaction of ``maker``; return its result.
+
+    A transaction the database aborted as a deadlock or serialization failure is run
+    again from the start (at most :data:`TRANSACTION_ATTEMPTS` times, after a short
+    random pause), so ``fn`` must do nothing but database work through its session: it
+    may run more than once, and only the last run's changes are committed.
+    """
+    for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+        try:
+            with maker.begin() as s:
+                return fn(s, *args, **kw)
+        except DBAPIError as e:
+            if attempt == TRANSACTION_ATTEMPTS or not transient(e):
+                raise
+        time.sleep(random.uniform(0.005, 0.05) * attempt)
 
 
 def make_read_sessionmaker(engine: Engine) -> sessionmaker:
