@@ -294,6 +294,48 @@ def test_tensorboard_loads_with_the_configured_logdir(single):
     assert env.json()["data_location"] == "/home/work/logs"
 
 
+def test_no_tensorboard_log_folder_is_made_in_the_home(single):
+    """TensorBoard's log directory (~/logs) is not made at start (issue 29: an
+    unexplained folder in every home); TensorBoard serves the missing one as empty."""
+    r = single.server.get("tensorboard/data/runs")
+    assert r.status_code == 200 and r.json() == [], r.text[:500]
+    home = single.server.get("api/contents/")
+    assert home.status_code == 200, home.text[:500]
+    assert "logs" not in [item["name"] for item in home.json()["content"]]
+
+
+def test_tensorboards_root_paths_stay_below_its_prefix(single):
+    """TensorBoard's page names its fonts from the host's root (``/font-roboto/``);
+    through the proxy it names them relative to itself, and they load from there."""
+    page = single.server.get("tensorboard/")
+    assert page.status_code == 200, page.text[:500]
+    assert "/font-roboto/" not in page.text
+    fonts = re.findall(r"url\((font-roboto/[^)]+\.woff2)\)", page.text)
+    assert fonts, page.text[:2000]
+    font = single.server.get("tensorboard/" + fonts[0])
+    assert font.status_code == 200 and font.content[:4] == b"wOF2", font.status_code
+
+
+def test_the_status_bar_reports_the_sessions_own_use_against_its_limits(single):
+    """jupyter-resource-usage (JupyterLab's status bar): the server's memory against the
+    limit the kernel's cgroup enforces and its CPU against the session's cores, with
+    nothing of the host's (issue 29)."""
+    r = single.server.get("api/metrics/v1")
+    assert r.status_code == 200, r.text[:500]
+    m = r.json()
+    out = single.server.run("echo LIMITS $(cat /sys/fs/cgroup/memory.max"
+                            " /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null)"
+                            " ${CPU_LIMIT:-none} OF-THE-KERNEL", "LIMITS-READ")
+    found = re.search(r"LIMITS (\d+) ([\d.]+) OF-THE-KERNEL", out)
+    assert found, out
+    mem_max, cpu_limit = found.groups()
+    assert m["limits"]["memory"]["rss"] == int(mem_max)
+    assert 0 < m["rss"] < int(mem_max)
+    assert m["limits"]["cpu"]["cpu"] == float(cpu_limit)
+    assert "cpu_percent" in m
+    assert "host_virtual_memory" not in m and "host_cpu_percent" not in m, sorted(m)
+
+
 def test_code_editor_answers_through_its_path(single):
     """code-server (the image's "vscode" service port), started by jupyter-server-proxy on
     first use: its workbench page, then its own websocket (the editor's connection to
@@ -1445,6 +1487,40 @@ def test_an_operators_labels_and_service_defs_become_proxy_entries(tmp_path, mon
     # No (or an unreadable) definition: proxied as is, nothing started.
     assert "command" not in entries["multi"] and entries["multi"]["port"] == 9001
     assert "command" not in entries["broken"]
+
+
+def test_an_apps_root_paths_are_made_relative_in_its_html_and_css():
+    """``root_paths`` of a service definition (the packaged TensorBoard's): ``url(/p``,
+    ``"/p`` and ``'/p`` become relative in HTML and CSS; other paths, other root
+    paths and other kinds of response are left as they are."""
+    ksvc = _kernel_services()
+    root = __file__.rsplit("/tests/", 1)[0]
+    with open(f"{root}/images/kernel/service-defs/tensorboard.json") as f:
+        sdef = json.load(f)
+    rewrite = ksvc.relative_root_paths(sdef["root_paths"])
+
+    class Response:
+        def __init__(self, kind, body):
+            self.headers, self.body = {"Content-Type": kind}, body
+
+    body = (b"<style>@font-face{src:local('Roboto'),url(/font-roboto/a.woff2) format('woff2')}"
+            b"</style><link href=\"/font-roboto/b.css\"><img src='/font-roboto/c.png'>"
+            b"<a href=\"/font-robotox/d\"></a><script src=\"/other/e.js\"></script>")
+    r = Response("text/html; charset=utf-8", body)
+    rewrite(r)
+    assert r.body == (
+        b"<style>@font-face{src:local('Roboto'),url(font-roboto/a.woff2) format('woff2')}"
+        b"</style><link href=\"font-roboto/b.css\"><img src='font-roboto/c.png'>"
+        b"<a href=\"/font-robotox/d\"></a><script src=\"/other/e.js\"></script>")
+    css = Response("text/css", b"a{background:url( '/font-roboto/x.png')}")
+    rewrite(css)
+    assert css.body == b"a{background:url( 'font-roboto/x.png')}"
+    data = Response("application/json", b'{"path": "/font-roboto/a"}')
+    rewrite(data)
+    assert data.body == b'{"path": "/font-roboto/a"}'
+    entries = ksvc.server_entries("jupyter:http:8888,tensorboard:http:6006",
+                                  defs_dir=f"{root}/images/kernel/service-defs")
+    assert callable(entries["tensorboard"]["rewrite_response"])
 
 
 def test_ssh_activity_counts_established_connections_to_port_2200_only(tmp_path):

@@ -10,7 +10,11 @@ entry with a JupyterLab launcher tile, reachable at ``<server base url><name>/``
   place for it): ``command`` (list; ``{runtime_path}``, ``{home_dir}``,
   ``{tensorboard_logdir}``, ``{ports[0]}``/``{port}`` and ``{base_url}`` are filled in),
   optional ``title``, ``icon`` (a file in ``/opt/backendai/icons``), ``timeout``
-  (seconds to wait for the port), ``absolute_url``, ``new_browser_tab``;
+  (seconds to wait for the port), ``absolute_url``, ``new_browser_tab``, and
+  ``root_paths``: paths the app's pages name from the root of the host (TensorBoard's
+  ``/font-roboto/``), which behind the proxy's prefix would leave the session (another
+  origin with subdomains: blocked by the app's own ``font-src 'self'``); its HTML and
+  CSS name them relative to the page instead (:func:`relative_root_paths`);
   jupyter-server-proxy starts the command on first use;
 - without a service definition the port is proxied as is (the app must already run);
 - the Jupyter server itself (the first port, and ``jupyter``, ``jupyterlab``,
@@ -94,11 +98,69 @@ def server_entries(label: str | None, defs_dir: str = SERVICE_DEFS) -> dict[str,
         }
         if sdef.get("command"):
             entry["command"] = [_fill(str(a), values) for a in sdef["command"]]
+        if sdef.get("root_paths"):
+            entry["rewrite_response"] = relative_root_paths([str(p) for p in sdef["root_paths"]])
         icon = os.path.join(ICONS, str(sdef.get("icon") or f"{name}.svg"))
         if os.path.isfile(icon):
             entry["launcher_entry"]["icon_path"] = icon
         servers[name] = entry
     return servers
+
+
+def relative_root_paths(paths: list[str]):
+    """A jupyter-server-proxy ``rewrite_response`` that turns ``url(/p``, ``"/p`` and
+    ``'/p`` into ``url(p`` (and so on) in HTML and CSS responses, for each root path
+    ``/p...`` in ``paths``: relative to the app's page, they stay below the proxy's
+    prefix, where the app serves them. Served at the app's root (``<name>/``), as the
+    launcher tile opens it."""
+    pattern = re.compile(
+        rb"""(url\(\s*["']?|["'])/(""" + b"|".join(re.escape(p.strip("/").encode()) + b"/"
+                                                 for p in paths) + rb")")
+
+    def rewrite(response):
+        kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if kind in ("text/html", "text/css") and response.body:
+            response.body = pattern.sub(rb"\1\2", response.body)
+
+    return rewrite
+
+
+def _cgroup_limits() -> tuple[int | None, float | None]:
+    """The kernel's memory limit (bytes) and CPU limit (cores) from its cgroup (v2, then
+    v1); None where there is none."""
+
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().split()
+        except OSError:
+            return None
+
+    mem = read("/sys/fs/cgroup/memory.max") or read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    mem_bytes = int(mem[0]) if mem and mem[0].isdigit() and int(mem[0]) < 1 << 60 else None
+    cpu = read("/sys/fs/cgroup/cpu.max")
+    if cpu is None:
+        quota, period = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), read(
+            "/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        cpu = quota and period and [quota[0], period[0]]
+    cores = None
+    if cpu and cpu[0].lstrip("-").isdigit() and int(cpu[0]) > 0 and int(cpu[1]) > 0:
+        cores = int(cpu[0]) / int(cpu[1])
+    return mem_bytes, cores
+
+
+def resource_usage(c) -> None:
+    """jupyter-resource-usage (JupyterLab's status bar: the server's memory and CPU)
+    against the session's own limits: ``MEM_LIMIT``/``CPU_LIMIT`` as JupyterHub's
+    spawner passes them (the session's request), the kernel's cgroup otherwise (sessions
+    started through the API). The CPU limit is the request's, not the start-up burst
+    the agent grants until the server answers."""
+    mem, cores = _cgroup_limits()
+    c.ResourceUseDisplay.track_cpu_percent = True
+    if not os.environ.get("MEM_LIMIT") and mem:
+        c.ResourceUseDisplay.mem_limit = mem
+    if not os.environ.get("CPU_LIMIT") and cores:
+        c.ResourceUseDisplay.cpu_limit = cores
 
 
 def configure(c) -> None:
@@ -116,13 +178,10 @@ def configure(c) -> None:
     c.ServerProxy.host_allowlist = ["localhost", "127.0.0.1"]
     # A LazyConfigValue: merged with the extensions enabled elsewhere.
     c.ServerApp.jpserver_extensions.update({"backendai_kernel_services": True})
-    logdir = os.environ.get("BACKENDAI_TENSORBOARD_LOGDIR") or os.path.join(
-        os.environ.get("HOME") or "/home/work", "logs")
-    if "tensorboard" in c.ServerProxy.servers:
-        try:
-            os.makedirs(logdir, exist_ok=True)
-        except OSError:
-            pass
+    # TensorBoard's log directory (~/logs, Backend.AI's) is not made here: TensorBoard
+    # serves a missing one as empty, and a folder nobody asked for in every home only
+    # puzzled users. Writing logs there (tf.summary, torch's SummaryWriter) makes it.
+    resource_usage(c)
 
 
 # -- the 502 page ----------------------------------------------------------------------
