@@ -12,11 +12,13 @@ export DEBIAN_FRONTEND=noninteractive
 # nginx-light: the app front (jupyterhub_backendai/appfront.py, tests/test_service_ports.py).
 # docker-registry: the distribution registry the image tests push to and agents pull from
 # (tests/registry.py: loopback, htpasswd auth, TLS; docs/images.md).
+# lxcfs: kernels' /proc as their cgroup sees it (agent/backends/lxcfs.py; tests/test_agent.py
+# mounts one of its own).
 # python3 (Debian's): an interpreter outside /root that an unprivileged kernel user can run
 # (tests/test_attacks_agent.py runs a hub on it, installed from this checkout).
 pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client
       btrfs-progs docker-registry
-      nginx-light python3)
+      nginx-light python3 lxcfs)
 # npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
 # (only when missing: a NodeSource nodejs brings its own npm).
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)

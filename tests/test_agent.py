@@ -480,3 +480,110 @@ def test_heartbeats_write_live_statistics_to_redis(tmp_path, redis_server):
             await r.aclose()
 
     asyncio.run(run())
+
+
+# -- the kernel's own /proc through LXCFS (issue 29) ---------------------------------------
+
+
+@pytest.fixture
+def lxcfs_root(tmp_path):
+    """An LXCFS of this test's own (Debian's ``lxcfs``, as root, in the foreground), at a
+    directory of the test's; stopped (which unmounts it) after."""
+    import subprocess
+    import time
+
+    from jupyterhub_backendai.agent.backends import lxcfs
+
+    root = tmp_path / "lxcfs"
+    root.mkdir()
+    log = open(tmp_path / "lxcfs.log", "wb")
+    proc = subprocess.Popen(["lxcfs", "--enable-cfs", "-f", "-p", str(tmp_path / "lxcfs.pid"),
+                             str(root)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 20
+        while not lxcfs.is_mounted(str(root)):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                (tmp_path / "lxcfs.log").read_text())
+            time.sleep(0.05)
+        yield str(root)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _proc_view(container_id: str) -> tuple[int, int, int]:
+    """(MemTotal in bytes, processors in /proc/cpuinfo, os.cpu_count()) in a container."""
+    import subprocess
+
+    out = subprocess.run(
+        ["docker", "exec", container_id, "sh", "-c",
+         "free -b | awk '/^Mem:/{print $2}'; grep -c ^processor /proc/cpuinfo;"
+         " python3 -c 'import os; print(os.cpu_count())'"],
+        check=True, capture_output=True, text=True).stdout.split()
+    return int(out[0]), int(out[1]), int(out[2])
+
+
+def test_a_kernel_sees_its_own_memory_and_cpus_through_lxcfs(tmp_path, lxcfs_root):
+    """``free`` and ``/proc/cpuinfo`` in a 1-CPU, 768 MiB kernel: its own limits where the
+    agent lays LXCFS over its /proc; the host's without (``Agent.lxcfs = ""``)."""
+    import subprocess
+
+    mem = 768 << 20
+
+    def spec():
+        return {"version": VERSION, "kernel_id": new_id(), "session_id": new_id(),
+                "owner": "alice", "image": "backendai/python-kernel:latest",
+                "kernel_type": "batch", "command": "sleep 300",
+                "slots": {"cpu": "1", "mem": str(mem)}, "environ": {}, "service_prefix": "/x/"}
+
+    async def run():
+        made = []
+        try:
+            for setting in (lxcfs_root, ""):
+                agent = _docker_agent(tmp_path / (setting and "with" or "without"),
+                                      new_agent_id("lxcfs"), lxcfs=setting)
+                await agent.start()
+                k = await agent.create_kernel(spec())
+                made.append(k["container_id"])
+                view = _proc_view(k["container_id"])
+                await agent.destroy_kernel(k["kernel_id"])
+                await agent.stop()
+                yield view
+        finally:
+            for cid in made:
+                subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+    async def collect():
+        return [v async for v in run()]
+
+    with_lxcfs, without = asyncio.run(collect())
+    assert with_lxcfs == (mem, 1, 1)
+    host_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert without[0] > mem and abs(without[0] - host_mem) < 64 << 20, (without, host_mem)
+    assert without[1] == os.cpu_count() == without[2]
+
+
+def test_an_lxcfs_setting_that_is_not_lxcfs_stops_the_agent(tmp_path):
+    """A path that is not an LXCFS mount: the agent says what to do and does not start
+    (it would give kernels the host's figures while the operator believes otherwise);
+    ``auto`` uses LXCFS only where it is mounted."""
+    from jupyterhub_backendai.agent.backends import lxcfs
+    from jupyterhub_backendai.common.errors import AgentError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AgentError, match="no LXCFS file system is mounted at .*lxcfs --enable-cfs"):
+        lxcfs.resolve(str(tmp_path / "empty"))
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "355 27 0:117 / /var/lib/lxcfs rw,nosuid,nodev,relatime - fuse.lxcfs lxcfs rw,allow_other\n"
+        "136 27 0:93 / /srv/other rw,relatime shared:5 - fuse.sshfs host:/ rw\n")
+    assert lxcfs.is_mounted("/var/lib/lxcfs", str(mountinfo))
+    assert not lxcfs.is_mounted("/srv/other", str(mountinfo))
+    assert not lxcfs.is_mounted("/var/lib", str(mountinfo))
+    assert lxcfs.resolve("") is None
+    assert lxcfs.mounts(None) == []

@@ -157,6 +157,15 @@ class Agent(LoggingConfigurable):
         user. Writes past it fail with ENOSPC in the kernel; nothing reaches the host's
         disk.""",
     ).tag(config=True)
+    lxcfs = Unicode(
+        "auto",
+        help="""Docker backend: where LXCFS is mounted, whose /proc files (meminfo,
+        cpuinfo, stat, uptime, ...) are laid over each kernel's, so that `free`, `top`
+        and os.cpu_count() in a session see its own limits instead of the host's
+        (agent/backends/lxcfs.py). auto: /var/lib/lxcfs where Debian's `lxcfs` service
+        mounts it, nothing where it does not run; "": never; a path: that mount, which
+        must be LXCFS (the agent does not start otherwise).""",
+    ).tag(config=True)
     overlay_encrypted = Bool(
         False,
         help="""Docker backend in a Swarm: make the overlay networks of multi-node
@@ -394,6 +403,7 @@ class Agent(LoggingConfigurable):
                 pids_limit=self.kernel_pids_limit,
                 tmp_size=int(parse_size(self.kernel_tmp_size)),
                 pool_root=os.path.join(self.state_dir, "pool"),
+                lxcfs=self.lxcfs,
             )
         if kind == "local":
             run_as = None

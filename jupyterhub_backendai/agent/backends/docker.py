@@ -24,6 +24,7 @@ from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
 from ...common.installation import LABEL as L_INSTALLATION
 from .. import mountpoints
 from .. import warmpool as pool
+from . import lxcfs as lxcfs_mounts
 from . import netguard, sshrevoke
 from .base import (
     BATCH,
@@ -205,8 +206,11 @@ class DockerBackend(Backend):
         pids_limit: int = 1024,
         tmp_size: int = 1 << 30,
         pool_root: str = "",
+        lxcfs: str = "auto",
     ):
         self.agent_id = agent_id
+        # Issue 29: the kernels' /proc as their cgroup sees it (agent/backends/lxcfs.py).
+        self.lxcfs_root = lxcfs_mounts.resolve(lxcfs)
         # Issue 30: where pooled kernels' /home/work lie on the host (agent/warmpool.py).
         self.pool_root = pool.PoolRoot(pool_root) if pool_root else None
         self._binding: set[str] = set()
@@ -705,6 +709,9 @@ class DockerBackend(Backend):
                  "ReadOnly": m["mode"] == "ro"}
                 for m in spec["mounts"]
             ]
+        if self.lxcfs_root:
+            host_config["Mounts"] = [*host_config.get("Mounts", []),
+                                     *lxcfs_mounts.mounts(self.lxcfs_root)]
         if spec.get("cpuset"):  # gpu-topology: the CPUs next to the kernel's GPUs
             host_config["CpusetCpus"] = spec["cpuset"]
         host_config.update(self.extra_host_config)
