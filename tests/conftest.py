@@ -37,6 +37,18 @@ def pytest_configure(config):
         config._engine_before = engine_check.snapshot()
 
 
+def pytest_runtest_logreport(report):
+    """A failure is named in the log when it happens, not only in the summary at the
+    end: a run stopped before its end (CI's limit, a person's ^C) still says what
+    failed, and a long run can be read while it goes."""
+    if report.failed and not hasattr(report, "_named_at_once"):
+        report._named_at_once = True
+        import sys
+
+        sys.stdout.write(f"\n[failed] {report.nodeid} ({report.when})\n")
+        sys.stdout.flush()
+
+
 def pytest_report_header(config):
     n = getattr(config.option, "numprocesses", None)
     return f"workers: {n or 0} (0: serial); run token {RUN}"

@@ -371,6 +371,10 @@ MATRIX: dict[tuple[str, str], list[tuple]] = {
     ("post", "/sessions/{id}/extend"): [("sess:self", E(409, 409, 409, 403), {"seconds": 60}),
                                         ("sess:peer", E(409, 409, 404, 403), {"seconds": 60}),
                                         ("sess:other", E(409, 404, 404, 404), {"seconds": 60})],
+    # Only a running session is restarted (409 for who may); the others 403/404.
+    ("post", "/sessions/{id}/restart"): [("sess:self", E(409, 409, 409, 403), None),
+                                         ("sess:peer", E(409, 409, 404, 403), None),
+                                         ("sess:other", E(409, 404, 404, 404), None)],
     # Issue 27: the same for a commit (who may is told the session does not run: 409).
     ("post", "/sessions/{id}/commit"): [("sess:self", E(409, 409, 409, 403), {"name": "snap"}),
                                         ("sess:peer", E(409, 409, 404, 403), {"name": "snap"}),

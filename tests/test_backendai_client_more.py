@@ -438,8 +438,8 @@ def test_session_events_watch_status_history_and_rename(hub, alice, bob26):
 
 def test_session_restart(hub, alice, tmp_path):
     """`session restart`: an interactive session (a JupyterHub server) starts again under its
-    name with the same resources and folders (a new session id); a batch session is refused
-    with what to use instead (never 404/405)."""
+    name with the same resources and folders (a new session id); so does a running batch
+    session, which runs its command again (never 404/405)."""
     x = uuid.uuid4().hex[:6]
     name, vf = f"rs-{x}", f"rsf-{x}"
     alice("vfolder", "create", vf, "local:volume1")
@@ -457,10 +457,17 @@ def test_session_restart(hub, alice, tmp_path):
     assert hub.wait_ready(alice.user["username"], name)["ready"] is True
     b = _sid_of(alice("session", "create", "--type", "batch", "--name", f"rsb-{x}", *RES,
                       "--startup-command", "sleep 600", hub.image))
-    out = alice("session", "restart", f"rsb-{x}", rc=1)
-    assert "is a batch session, which runs its command once" in out and "409" in out, out
     assert admin_api(hub, "GET", f"/sessions/{b}")["status"] == "RUNNING"
-    admin_api(hub, "DELETE", f"/sessions/{b}")
+    out = alice("session", "restart", f"rsb-{x}")
+    assert "Done." in out, out
+    old_b = admin_api(hub, "GET", f"/sessions/{b}")
+    assert (old_b["status"], old_b["status_info"]) == ("TERMINATED", "restarted"), old_b
+    again = [s for s in admin_api(hub, "GET", "/sessions", params={
+        "user_id": alice.user["id"], "status": "RUNNING"})["items"]
+        if s["name"].endswith(f"rsb-{x}")]
+    assert len(again) == 1 and again[0]["startup_command"] == "sleep 600", again
+    assert again[0]["requested_slots"] == old_b["requested_slots"]
+    admin_api(hub, "DELETE", f"/sessions/{again[0]['id']}")
     alice("session", "rm", name)
     assert wait_dead(hub, new["id"])["status"] == "TERMINATED"
     admin_api(hub, "DELETE", f"/vfolders/{folder(hub, vf)['id']}")

@@ -235,6 +235,62 @@ def test_restart_keeps_resources_and_folders_and_lists_the_old_session_as_finish
         ctx.close()
 
 
+def test_restart_of_a_batch_session_runs_it_again_with_the_same_request(world, browser):
+    """A session that is not a JupyterHub server (a batch job made through the API):
+    Restart in its row stops it and queues it again under its name with the same
+    request (image, resources, folders, command); the old one ends TERMINATED,
+    "restarted". A finished session has no Restart, and the API refuses one (409), as it
+    refuses another user's (404), changing nothing."""
+    hub, client = world["hub"], world["user"]["client"]
+    job = client.ok("POST", "/sessions", json={
+        "name": "job", "image": KERNEL_IMAGE, "resources": {"cpu": "0.25", "mem": "256m"},
+        "startup_command": "echo started-$$ >> /home/work/labdata/runs.txt; sleep 600",
+        "mounts": ["labdata"]})
+    deadline = time.monotonic() + 120
+    while client.ok("GET", f"/sessions/{job['id']}")["status"] != "RUNNING":
+        assert time.monotonic() < deadline, client.ok("GET", f"/sessions/{job['id']}")
+        time.sleep(0.5)
+    stranger = _user(world["sa"], "sessother", "user", "default")
+    other = stranger["client"]("POST", f"/sessions/{job['id']}/restart")
+    assert other.status_code == 404, other.text
+    ctx, page, errors = _tab(browser, hub, world["user"]["email"])
+    new = None
+    try:
+        page.goto(hub.base + "/hub/backendai/sessions")
+        row = page.locator(f'tr[data-session-id="{job["id"]}"]')
+        with page.expect_navigation(timeout=180_000):
+            row.get_by_role("button", name="Restart job").click()
+        deadline = time.monotonic() + 120
+        while True:
+            with hub.sm() as db:
+                new = db.scalars(select(Session).where(
+                    Session.name == "job", Session.id != job["id"],
+                    Session.status == "RUNNING")).one_or_none()
+            if new is not None:
+                break
+            assert time.monotonic() < deadline, "the restarted job did not run"
+            time.sleep(0.5)
+        old = client.ok("GET", f"/sessions/{job['id']}")
+        assert (old["status"], old["status_info"]) == ("TERMINATED", "restarted")
+        again = client.ok("GET", f"/sessions/{new.id}")
+        for key in ("image", "requested_slots", "startup_command", "session_type",
+                    "resource_group", "cluster_size"):
+            assert again[key] == old[key], key
+        assert [m["name"] for m in again["vfolder_mounts"]] == [
+            m["name"] for m in old["vfolder_mounts"]]
+        page.locator(f'tr[data-session-id="{new.id}"] .backendai-restart').wait_for()
+        assert page.locator(f'tr[data-session-id="{job["id"]}"] .backendai-restart').count() == 0
+        refused = client("POST", f"/sessions/{job['id']}/restart")
+        assert refused.status_code == 409 and "only a running session" in refused.text, \
+            refused.text
+        assert _running(hub, "job").id == new.id  # nothing changed by the refusals
+        assert errors == []
+    finally:
+        ctx.close()
+        if new is not None:
+            client("DELETE", f"/sessions/{new.id}")
+
+
 def test_extension_moves_the_end_the_lifecycle_keeps(world):
     """The lifecycle ends a session at its lifetime plus what was added: a 30 s lifetime
     extended by 40 s is still running at 40 s, and ended by its policy after 70 s with

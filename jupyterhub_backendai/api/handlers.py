@@ -21,7 +21,7 @@ from ..common.errors import BackendAIError, Forbidden, InvalidRequest
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
 from ..manager import images, vfolders
 from ..manager.usage import parse_period
-from . import hubsync, models, spec
+from . import hubsync, models, restart, spec
 from .base import APIBase, document
 from .spec import Op, Route, route
 
@@ -452,6 +452,18 @@ class SessionExtendHandler(APIBase):
         self.reply(await self.manager.ops.extend_lifetime(self.principal, sid, body["seconds"]))
 
 
+class SessionRestartHandler(APIBase):
+    """``POST /sessions/{id}/restart``: stopped and started again under its name with the
+    same options (a JupyterHub server through the hub; any other session, batch too, by
+    the manager: api/restart.py); answers with the new session once it started."""
+
+    async def post(self, sid):
+        self.query()
+        await self.manager.ops.check_session_destroy(self.principal, sid)
+        new, _ = await restart.restart(self, sid)
+        self.reply(await self.manager.ops.get_session(self.principal, new), 201)
+
+
 class SessionCommitHandler(APIBase):
     """``POST /sessions/{id}/commit``: the running session written to an image, pushed to
     a registry and catalogued for its owner (issue 27; manager/images.py)."""
@@ -850,6 +862,9 @@ ROUTES += [
     route("/sessions/{id}/extend", SessionExtendHandler,
           post=Op("extendSession", "Extend a running session's lifetime within its policy",
                   body=models.SessionExtend, response=models.SessionLifetime)),
+    route("/sessions/{id}/restart", SessionRestartHandler,
+          post=Op("restartSession", "Stop a session and start it again under its name with "
+                  "the same options; the new session", response=models.Session, status=201)),
     route("/sessions/{id}/commit", SessionCommitHandler,
           post=Op("commitSession", "Write a running session to an image in a registry, "
                   "catalogued for its owner", body=models.SessionCommit,

@@ -437,6 +437,9 @@ class BackendAIManager(SingletonConfigurable):
                               *, result: str | None = None) -> None:
         await self.lifecycle.end(sid, status, info, result=result)
 
+    async def restart_session(self, sid: str) -> str:
+        return await self.sessions.restart(sid)
+
     async def get_session(self, sid: str):
         return await self.sessions.get_session(sid)
 

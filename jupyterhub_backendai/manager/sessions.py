@@ -272,6 +272,53 @@ class Sessions:
         mgr.wake()
         return sid
 
+    async def restart(self, sid: str) -> str:
+        """Session ``sid`` stopped and queued again under its name with the request it
+        was made with (image, resources, cluster, resource group, project, folders and
+        home folder, environment, command, batch timeout, priority); returns the new
+        session's id. The kernels' state is gone; the folders keep their files. A batch
+        session runs its command again. Not for JupyterHub's servers: the hub restarts
+        those with the options it keeps (``api/restart.py``).
+
+        The request is checked (the image still offered, the folders still the user's
+        to mount) before anything stops: a refusal leaves the session running. What
+        only the queue decides (a quota changed meanwhile) can still refuse the new
+        one after the old stopped; the error says so."""
+
+        def read(s):
+            sess = s.get(Session, sid)
+            if sess is None:
+                raise NotFound(f"no session {sid}")
+            if sess.status != SessionStatus.RUNNING:
+                raise Conflict(f"session {sess.name!r} is {sess.status}: only a running "
+                               "session is restarted")
+            user = s.get(User, sess.user_id)
+            mounted = list(sess.vfolder_mounts or [])
+            home = next((m["name"] for m in mounted if m["target"] == vfmounts.MOUNT_ROOT), None)
+            request = SessionRequest(
+                image=sess.image, slots={k: str(v) for k, v in sess.requested_slots.items()},
+                session_type=sess.session_type, resource_group=sess.resource_group,
+                project=sess.project_id, cluster_size=sess.cluster_size,
+                cluster_mode=sess.cluster_mode, priority=sess.priority,
+                startup_command=sess.startup_command, batch_timeout=sess.batch_timeout,
+                designated_agents=tuple(sess.designated_agents or ()),
+                architecture=sess.architecture,
+                mounts=tuple(m["id"] for m in mounted if m["target"] != vfmounts.MOUNT_ROOT))
+            return dict(request=request, username=user.username, name=sess.name,
+                        environ=dict(sess.environ or {}), service_prefix=sess.service_prefix,
+                        home_folder=home)
+
+        spec = await self.mgr.db_read(read)
+        checked = await self.check_request(spec.pop("request"))
+        await self.check_mounts(spec["username"], checked.request.project,
+                                list(checked.request.mounts))
+        await self.mgr.destroy_session(sid, info="restarted")
+        try:
+            return await self.enqueue(checked, **spec)
+        except BackendAIError as e:
+            raise type(e)(f"session {spec['name']!r} stopped but was not started again: "
+                          f"{e.detail}", status_code=e.status_code) from None
+
     # -- what the front ends read ------------------------------------------------------------
 
     async def user_projects(self, username: str) -> list[str]:

@@ -279,9 +279,10 @@ class SessionsPage(PageBase):
         t = time.time()
         for s in sessions:
             s["usage"] = own_usage(kernels[s["id"]], stats, t) if s["id"] in kernels else None
-            # Restart: the caller's own JupyterHub server, stopped and started again
-            # with the options it was started with (JupyterHub keeps them).
-            s["may_restart"] = (s["status"] == SessionStatus.RUNNING and s["server"] is not None
+            # Restart: the caller's own running session, stopped and started again with
+            # the options it was started with (a JupyterHub server through the hub, which
+            # keeps them; any other through the API: api/restart.py).
+            s["may_restart"] = (s["status"] == SessionStatus.RUNNING
                                 and s["username"] == p.username)
         await self.page("backendai/sessions.html", sessions=sessions,
                         total=data["total"], shown=SESSION_ROWS)

@@ -46,6 +46,7 @@ from ...common.slots import MIG_PREFIX, ResourceSlot
 from ...common.types import ALIVE_STATUSES, SessionStatus
 from ...manager.compatviews import bai_status, dashed
 from .. import models
+from ..restart import hub_server, restart
 from .base import CompatBase
 
 # Longest a create waits for its session to start when the client names no maxWaitSeconds
@@ -374,19 +375,7 @@ class SessionHandler(CompatBase):
         self.reply({"stats": {}})
 
     async def _hub_server(self, sid: str):
-        """(user, server name, spawner) of the JupyterHub server that is the interactive
-        session ``sid``, or None."""
-        sess = await self.manager.ops.get_session(self.principal, sid)
-        if sess["type"] != "interactive":
-            return None
-        username = await self.manager.ops.username_of(sess["user_id"])
-        user = self.find_user(username)
-        if user is None:
-            return None
-        for name, spawner in list(user.spawners.items()):
-            if getattr(spawner, "session_id", None) == sid and (spawner.active or spawner.ready):
-                return user, name, spawner
-        return None
+        return await hub_server(self, sid)
 
     async def _stop_hub_server(self, sid: str) -> bool:
         """An interactive session that is a JupyterHub server is stopped through the hub."""
@@ -397,37 +386,18 @@ class SessionHandler(CompatBase):
         return True
 
     async def patch(self, ref):
-        """``session restart``: an interactive session (a JupyterHub server) is stopped and
-        started again under its name with the same options (image, resources, folders,
-        environment); its kernel state is gone, its folders keep their files, and it gets
-        a new session id. A batch session runs its command once: refused, saying what to
-        use instead."""
+        """``session restart``: stopped and started again under its name with the same
+        options (image, resources, folders, environment, command: :mod:`...restart`);
+        its kernel state is gone, its folders keep their files, and it gets a new
+        session id. A batch session runs its command again."""
         sid = await self.manager.ops.resolve_session(self.principal, ref)
         await self.manager.ops.check_session_destroy(self.principal, sid)
         sess = await self.manager.ops.get_session(self.principal, sid)
-        if sess["type"] != "interactive":
-            raise Conflict(f"session {sess['name']!r} is a batch session, which runs its "
-                           "command once and is not restarted: create a new batch session "
-                           "with the same options (`session create --type batch ...`)")
-        found = await self._hub_server(sid)
-        if found is None or sess["status"] != SessionStatus.RUNNING:
-            raise Conflict(f"session {sess['name']!r} is {sess['status']}, not a running "
-                           "server: only a running session is restarted (start it with "
-                           "`session create` or from the hub)")
-        user, name, spawner = found
-        options = dict(spawner.user_options or {})
-        await self.stop_single_user(user, name)
-        await self.spawn_single_user(user, name, name, options=options)
-        spawner = user.spawners[name]  # (JupyterHub's, after the start: not the stopped one's)
-        deadline = time.monotonic() + 60
-        while spawner.session_id in (None, sid):
-            if not (spawner.pending or spawner.ready) or time.monotonic() > deadline:
-                raise Conflict(f"the JupyterHub server {name!r} did not start again; see the "
-                               "hub")
-            await asyncio.sleep(0.1)
-        status = await wait_started(self.manager, spawner.session_id, 0)
-        if status != "RUNNING":
-            raise Conflict(f"session {name!r} was stopped but did not start again: {status}")
+        new, status = await restart(self, sid, wait=DEFAULT_MAX_WAIT)
+        if status != SessionStatus.RUNNING and not (
+                sess["type"] == "batch" and status == SessionStatus.TERMINATED):
+            raise Conflict(f"session {sess['name']!r} was stopped but did not start again: "
+                           f"{status}")
         self.set_status(204)
         self.finish()
 
