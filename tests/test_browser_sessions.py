@@ -273,11 +273,13 @@ def test_restart_of_a_batch_session_runs_it_again_with_the_same_request(world, b
         old = client.ok("GET", f"/sessions/{job['id']}")
         assert (old["status"], old["status_info"]) == ("TERMINATED", "restarted")
         again = client.ok("GET", f"/sessions/{new.id}")
-        for key in ("image", "requested_slots", "startup_command", "session_type",
-                    "resource_group", "cluster_size"):
+        for key in ("image", "requested_slots", "startup_command", "type", "resource_group",
+                    "cluster_size", "priority", "project_id"):
             assert again[key] == old[key], key
         assert [m["name"] for m in again["vfolder_mounts"]] == [
             m["name"] for m in old["vfolder_mounts"]]
+        page.locator(f'tr[data-session-id="{new.id}"]').wait_for()  # listed at once
+        page.reload()  # now that it runs, it may be restarted again
         page.locator(f'tr[data-session-id="{new.id}"] .backendai-restart').wait_for()
         assert page.locator(f'tr[data-session-id="{job["id"]}"] .backendai-restart').count() == 0
         refused = client("POST", f"/sessions/{job['id']}/restart")
