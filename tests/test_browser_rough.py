@@ -268,6 +268,94 @@ def test_console_decommissions_and_removes_agents(world, browser):
             sa("DELETE", f"/sessions/{sid}")
 
 
+def _wait_status(hub, sid: str, want, timeout: float = 60):
+    from sqlalchemy import select
+
+    from jupyterhub_backendai.models import Session
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with hub.sm() as s:
+            status, info = s.execute(select(Session.status, Session.status_info).where(
+                Session.id == sid)).one()
+        if want(status, info) or time.monotonic() > deadline:
+            return status, info
+        time.sleep(0.3)
+
+
+def _move_in_console(page, row, group: str):
+    row.locator("summary", has_text="Edit").click()
+    row.get_by_label("Resource group").select_option(group)
+    row.locator("form.backendai-edit button[type=submit]").click()
+
+
+def test_console_moves_an_agent_to_another_resource_group(world, browser):
+    """Issue 29 point 3: a superadmin moves an agent to another resource group from the
+    console (Backend.AI's update_scaling_group): refused, in the form, while it holds a
+    kernel; then moved, and sessions of its old group wait; the agent keeps the group
+    through heartbeats and a hub restart (its state directory), until moved back."""
+    hub, sa, user = world["hub"], world["sa"], world["user"]
+    aid = hub.agent_id
+    client = user["client"]
+    held = client.ok("POST", "/sessions", json={
+        "name": "holds", "image": "local/python", "startup_command": "sleep 300",
+        "resources": {"cpu": "0.1", "mem": "64m"}})["id"]
+    assert _wait_status(hub, held, lambda s, _: s == "RUNNING")[0] == "RUNNING"
+    ctx, page, errors = _tab(browser, hub, ADMIN_EMAIL, ADMIN_PASSWORD)
+    waiting = None
+    try:
+        page.goto(hub.base + "/hub/backendai/admin/agents")
+        row = page.locator(f'tr[data-agent="{aid}"]')
+        _move_in_console(page, row, "parked")
+        err = row.locator(".backendai-edit-error")
+        err.wait_for()
+        assert "holds 1 kernel of sessions in 'default'" in err.inner_text(), err.inner_text()
+        assert sa.ok("GET", f"/agents/{aid}")["resource_group"] == "default"
+        sa.ok("DELETE", f"/sessions/{held}")
+        assert _wait_status(hub, held, lambda s, _: s == "TERMINATED")[0] == "TERMINATED"
+        page.reload()
+        with page.expect_navigation():
+            _move_in_console(page, row, "parked")
+        assert page.locator("#backendai-message").inner_text() == f"Saved agent {aid}."
+        assert row.locator(".backendai-agent-group").inner_text() == "parked"
+        screenshot(page, "rough-console-agent-moved.png", full_page=True)
+        # Its old group has no agent now; its new one has.
+        job = {"name": "after-the-move", "image": "local/python", "startup_command": "sleep 300",
+               "resources": {"cpu": "0.1", "mem": "64m"}}
+
+        def refused_in_default():
+            r = client("POST", "/sessions", json=job)
+            return r.status_code == 400 and "'default' has no live agent" in r.text
+
+        assert refused_in_default()
+        waiting = client.ok("POST", "/sessions", json={**job, "resource_group": "parked"})["id"]
+        assert _wait_status(hub, waiting, lambda s, _: s == "RUNNING")[0] == "RUNNING"
+        sa.ok("DELETE", f"/sessions/{waiting}")
+        # Heartbeats and a restart keep it there (the agent was told, and keeps it).
+        hub.stop_hub()
+        hub.start()
+        assert sa.ok("GET", f"/agents/{aid}")["resource_group"] == "parked"
+        with open(f"{hub.env['BACKENDAI_STATE_DIR']}/agent/resource-group") as f:
+            assert f.read().strip() == "parked"
+        assert refused_in_default()
+        # A group that does not exist: refused, nothing changed.
+        r = sa("PATCH", f"/agents/{aid}", json={"resource_group": "nowhere"})
+        assert r.status_code == 400 and "no resource group 'nowhere'" in r.text, r.text
+        assert sa.ok("GET", f"/agents/{aid}")["resource_group"] == "parked"
+        sa.ok("PATCH", f"/agents/{aid}", json={"resource_group": "default"})
+        waiting = client.ok("POST", "/sessions", json=job)["id"]
+        assert _wait_status(hub, waiting, lambda s, _: s == "RUNNING")[0] == "RUNNING"
+        # The one refusal the page met (Chromium logs a 4xx answer as an error).
+        assert errors == ["Failed to load resource: the server responded with a status of "
+                          "409 (Conflict)"], errors
+    finally:
+        ctx.close()
+        sa("PATCH", f"/agents/{aid}", json={"resource_group": "default"})
+        for sid in (held, waiting):
+            if sid:
+                sa("DELETE", f"/sessions/{sid}")
+
+
 def test_console_creates_projects_with_members_and_policies(world, browser):
     """Issue 29 point 3: the console's create forms for projects (with their members,
     in one transaction) and resource policies; bad input shown under the form, nothing

@@ -128,3 +128,65 @@ def test_registration_value_is_json(tmp_path):
     """The documented key layout: agents' keys under <prefix>/nodes/agents/."""
     assert agent_key("/backendai/", "i-1") == b"/backendai/nodes/agents/i-1"
     assert json.loads(json.dumps({"id": "i-1"})) == {"id": "i-1"}
+
+
+def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path):
+    """Issue 29 in cluster mode: the manager moves a ``backendai-agent`` daemon to another
+    resource group over its mutual-TLS API (``PUT /v1/resource-group``); the daemon says
+    so in its etcd registration at once, the record follows, and a restarted daemon
+    still belongs there (its state directory wins over its configuration)."""
+    from jupyterhub_backendai.manager.access import Principal
+    from jupyterhub_backendai.models import ResourceGroup
+
+    root = Principal(user_id="root", username="root", email="root@example.com",
+                     role="superadmin", domain="default")
+    etcd = RestartableEtcd()
+    etcd.start()
+    certs = make_certs(tmp_path / "pki", "agent1")
+    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("move"), redis_server.fresh_url(),
+                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+    key = agent_key("/backendai", agent.agent_id).decode()
+
+    def cluster_mode(c):
+        c.BackendAIManager.redis_url = redis_server.fresh_url()
+        c.BackendAICluster.tls = certs["hub"]
+        c.BackendAICluster.etcd_url = etcd.url
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/move.sqlite", tmp_path, "local",
+                                   slots={"cpu": 1, "mem": "2g"}, configure=cluster_mode) as mgr:
+            await mgr.db(lambda s: s.add(ResourceGroup(name="gpu", is_active=True,
+                                                      is_public=True)))
+            agent.start()
+
+            async def group_is(name):
+                rows = await mgr.db(lambda s: {a.id: (a.status, a.resource_group)
+                                               for a in s.scalars(select(Agent))})
+                return rows.get(agent.agent_id) == ("ALIVE", name)
+
+            assert await _until(lambda: group_is("default"), 60), agent.tail()
+            await mgr.agents.move(root, agent.agent_id, "gpu")
+            # The registration says it at once (not only at the next lease).
+            assert etcd.get_prefix(key)[key]["resource_group"] == "gpu"
+            await mgr.ops.update_agent(root, agent.agent_id, {"resource_group": "gpu"})
+            assert await group_is("gpu")
+            agent.stop()
+            agent.start()
+            assert await _until(lambda: _registered_in(etcd, key, "gpu"), 60), agent.tail()
+
+            async def hub_saw_it():  # the hub read the restarted daemon's registration
+                return mgr.cluster.agents.get(agent.agent_id, {}).get("resource_group") == "gpu"
+
+            assert await _until(hub_saw_it, 60), agent.tail()
+            assert await group_is("gpu"), agent.tail()
+
+    try:
+        asyncio.run(run())
+    finally:
+        agent.stop()
+        etcd.stop()
+
+
+async def _registered_in(etcd, key, group) -> bool:
+    reg = etcd.get_prefix(key).get(key)
+    return bool(reg) and reg["resource_group"] == group

@@ -12,6 +12,7 @@ import collections
 import math
 import os
 import platform
+import re
 import socket
 import time
 from decimal import Decimal
@@ -294,10 +295,52 @@ class Agent(LoggingConfigurable):
         # which the heartbeat does not count as ready; a heartbeat asked for soon.
         self._pool_busy: set[str] = set()
         self._report_task: asyncio.Task | None = None
+        # Called after a move to another resource group (the etcd registration).
+        self.on_regroup: list = []
 
     # -- lifecycle ---------------------------------------------------------
 
+    # -- the resource group an admin moved this agent to (issue 29) -------------------
+
+    @property
+    def _group_file(self) -> str:
+        return os.path.join(self.state_dir, "resource-group")
+
+    def _moved_group(self) -> str | None:
+        try:
+            with open(self._group_file) as f:
+                return f.read().strip() or None
+        except FileNotFoundError:
+            return None
+
+    async def set_resource_group(self, name: str) -> dict:
+        """Join resource group ``name`` (an admin's move, as Backend.AI's
+        ``update_scaling_group``): kept in the state directory, so that it outlives a
+        restart and wins over the configured ``resource_group``; the next heartbeat
+        and the etcd registration (``on_regroup``) say it. Returns :meth:`info`."""
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][\w.-]{0,63}", name):
+            raise InvalidRequest("a resource group's name is required")
+        os.makedirs(self.state_dir, exist_ok=True)
+        tmp = self._group_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(name + "\n")
+        os.replace(tmp, self._group_file)
+        before, self.resource_group = self.resource_group, name
+        self.log.info("agent %s moved from resource group %s to %s", self.agent_id, before, name)
+        for hook in list(self.on_regroup):
+            await hook()
+        try:
+            await self._announce()
+        except Exception as e:  # the periodic heartbeat says it later
+            self.log.warning("heartbeat after the move not sent: %s", e)
+        return self.info()
+
     async def start(self) -> None:
+        moved = self._moved_group()
+        if moved and moved != self.resource_group:
+            self.log.info("resource group %s (an admin moved this agent; the configuration "
+                          "says %s)", moved, self.resource_group)
+            self.resource_group = moved
         self.impl = await self._make_backend()
         self.topology = self.device_source.topology()
         self.devices = self.topology.devices

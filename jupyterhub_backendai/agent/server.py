@@ -168,12 +168,22 @@ class InfoHandler(_Handler):
         self.write_json(self.agent.info())
 
 
+class ResourceGroupHandler(_Handler):
+    async def put(self):
+        """Issue 29: the manager moves this agent to another resource group
+        (``{"name"}``); the answer is the agent's info after."""
+        info = await self._guard(self.agent.set_resource_group(self.body().get("name")))
+        if info is not None:
+            self.write_json(info)
+
+
 def make_app(agent: Agent, auth: NodeAuth | str) -> web.Application:
     if isinstance(auth, str):
         auth = NodeAuth(token=auth)
     return web.Application(
         [
             (r"/v1/info", InfoHandler),
+            (r"/v1/resource-group", ResourceGroupHandler),
             (r"/v1/kernels", KernelsHandler),
             (r"/v1/kernels/([0-9a-f]+)", KernelHandler),
             (r"/v1/kernels/([0-9a-f]+)/logs", KernelLogsHandler),
@@ -278,6 +288,7 @@ class AgentApp(NodeAuthConfig, Application):
                 self.etcd_url, self.etcd_prefix, agent.agent_id, describe, ttl=self.etcd_lease_ttl
             )
             await registration.start()
+            agent.on_regroup.append(registration.update)
         self.log.info("backendai-agent %s listening on %s", agent.agent_id, addr)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -276,6 +276,8 @@ class AgentHandler(APIBase):
     async def patch(self, aid):
         self.query()
         body = self.body("AgentUpdate")
+        if body.get("resource_group") is not None:
+            await self.manager.agents.move(self.principal, aid, body["resource_group"])
         out = await self.manager.ops.update_agent(self.principal, aid, body)
         self.manager.wake()  # back in service: waiting sessions may fit there now
         self.reply(out)
@@ -806,7 +808,8 @@ ROUTES += [
     route("/agents/{id}", AgentHandler,
           get=Op("getAgent", "One agent", response=models.Agent),
           patch=Op("updateAgent", "Decommission an agent (schedulable false: no new sessions) "
-                   "or return it to service (superadmin)", body=models.AgentUpdate,
+                   "or return it to service; move it to another resource group (superadmin)",
+                   body=models.AgentUpdate,
                    response=models.Agent),
           delete=Op("deleteAgent", "Remove a gone agent (not ALIVE, no live sessions) from the "
                     "record (superadmin)", status=204)),

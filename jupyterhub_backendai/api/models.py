@@ -359,6 +359,9 @@ class AgentUpdate(Request):
     schedulable: Annotated[bool, Field(
         description="false: decommissioned, the scheduler places no new session there (its "
                     "sessions run on); true: back in service")] = None
+    resource_group: Str(64, 1, description=(
+        "move a live agent without kernels to this resource group: the agent is told and "
+        "keeps it across restarts, over its configuration's")) = None
 UsageReport = responses.UsageReport
 
 

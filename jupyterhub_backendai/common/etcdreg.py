@@ -76,6 +76,13 @@ class AgentRegistration:
         self.registrations += 1
         log.info("registered in etcd as %s (lease %s, %s s)", self.key.decode(), self._lease.id, self.ttl)
 
+    async def update(self) -> None:
+        """Write the description again under the current lease (it changed: a move to
+        another resource group); without a lease the next registration writes it."""
+        if self._client is not None and self._lease is not None:
+            await self._client.put(self.key, json.dumps(await self.describe()).encode(),
+                                   lease=self._lease)
+
     async def _alive(self) -> bool:
         """Refresh the lease; False when it is gone (etcd lost it, or it expired)."""
         resp = await self._lease.refresh()

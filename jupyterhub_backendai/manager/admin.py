@@ -899,14 +899,45 @@ def _live_kernels(db, aid: str) -> int:
         Kernel.agent_id == aid, Session.status.in_(list(ALIVE_STATUSES))))
 
 
+def _movable(db, p: Principal, aid: str, group: str) -> Agent:
+    a = _get_agent(db, p, aid)
+    access.require(access.may_change_installation(p), f"change the agent {aid!r}")
+    if db.get(ResourceGroup, group) is None:
+        raise InvalidRequest(f"there is no resource group {group!r}")
+    if a.resource_group == group:
+        return a
+    if a.status != AgentStatus.ALIVE:
+        raise Conflict(f"agent {aid!r} is {a.status}: only a live agent is moved to another "
+                       "resource group (it is told, and keeps the group across restarts)")
+    live = _live_kernels(db, aid)
+    if live:
+        raise Conflict(f"agent {aid!r} holds {live} kernel{'' if live == 1 else 's'} of "
+                       f"sessions in {a.resource_group!r}: decommission it (schedulable "
+                       "false) and move it once they have ended")
+    return a
+
+
+@reads
+def check_agent_move(db, p: Principal, aid: str, group: str) -> bool:
+    """Whether agent ``aid`` may be moved to resource group ``group`` now (raises why
+    not: the caller's role, a group that does not exist, an agent that is not alive or
+    still holds kernels); False when it is in that group already."""
+    return _movable(db, p, aid, group).resource_group != group
+
+
 @writes
 def update_agent(db, p: Principal, aid: str, body: dict) -> dict:
     """Decommission an agent (``schedulable: false``: the scheduler places no new
-    session there; its sessions run on to their end) or return it to service."""
+    session there; its sessions run on to their end) or return it to service; record
+    its move to another resource group (``resource_group``, after the agent itself was
+    told: :meth:`.reconcile.Agents.move`)."""
     a = _get_agent(db, p, aid)
     access.require(access.may_change_installation(p), f"change the agent {aid!r}")
     if "schedulable" in body:
         a.schedulable = bool(body["schedulable"])
+    if body.get("resource_group") is not None:
+        a = _movable(db, p, aid, body["resource_group"])
+        a.resource_group = body["resource_group"]
     db.flush()
     return responses.Agent.body(a)
 

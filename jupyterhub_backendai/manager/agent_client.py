@@ -40,6 +40,10 @@ class AgentClient:
         (``{"removed", "ended"}``); NotFound when the agent has no such running kernel."""
         raise NotImplementedError
 
+    async def set_resource_group(self, name: str) -> dict:
+        """Move the agent to resource group ``name`` (it keeps it); its info after."""
+        raise NotImplementedError
+
     async def info(self) -> dict:
         """What the agent says of itself (its id, address, group, capacity): a direct
         call, the second witness of its liveness besides its heartbeats."""
@@ -85,6 +89,9 @@ class InProcessAgentClient(AgentClient):
 
     async def info(self):
         return self.agent.info()
+
+    async def set_resource_group(self, name):
+        return await self.agent.set_resource_group(name)
 
     async def image_info(self, name):
         info = await self.agent.image_info(name)
@@ -155,6 +162,9 @@ class HTTPAgentClient(AgentClient):
 
     async def info(self):
         return await self._call("GET", "/v1/info")
+
+    async def set_resource_group(self, name):
+        return await self._call("PUT", "/v1/resource-group", {"name": name})
 
     async def kernel_logs(self, kernel_id):
         try:

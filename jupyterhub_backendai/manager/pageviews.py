@@ -288,6 +288,7 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         out["image_names"] = [i["name"] for i in images.list_catalogue(db, p)]
     elif section == "agents":
         out["agents"] = _all(admin.list_agents, db, p)["items"]
+        out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
     elif section == "environments":  # issue 25: registries (superadmins) and the catalogue
         out["registries"] = images.list_registries(db, p) if p.is_superadmin else []
         out["images"] = images.list_catalogue(db, p, True)

@@ -55,6 +55,17 @@ class Agents:
             return self.client(agent_id)
         return self.client(agent_id, await self.mgr.db_read(agent_addr, agent_id))
 
+    async def move(self, principal, agent_id: str, group: str) -> None:
+        """Issue 29: tell agent ``agent_id`` that it belongs to resource group ``group``
+        now (as Backend.AI's ``update_scaling_group``): it keeps that across restarts
+        and says so in its heartbeats and registration. Checked first
+        (``check_agent_move``); the record follows (``update_agent``). An agent that
+        does not answer is not moved (AgentError)."""
+        if not await self.mgr.ops.check_agent_move(principal, agent_id, group):
+            return
+        client = await self.client_for(agent_id)
+        await client.set_resource_group(group)
+
     async def list_images(self, resource_group: str = "default") -> list[str]:
         names: set[str] = set()
         for c in await self.clients(resource_group):
