@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -56,9 +57,19 @@ def _worker_band(bands: tuple[int, int, int]) -> tuple[int, int]:
     return lo + worker * size, size
 
 
+# Ports are handed out in turn: one thread at a time (a test or benchmark asking from
+# several threads at once got the same port twice: EADDRINUSE in one of them).
+_hand_out = threading.Lock()
+
+
 def port_block(width: int) -> int:
     """The first port of ``width + 1`` free host ports for an agent's port range, never
     handed out twice by this process while its band has room, and never to two workers."""
+    with _hand_out:
+        return _port_block(width)
+
+
+def _port_block(width: int) -> int:
     start, size = _worker_band(_BANDS)
     end = start + size
     # (a second suite at once starts at another block of the band: its run token)
@@ -115,6 +126,11 @@ _next_free: dict[str, int] = {}
 
 def free_port() -> int:
     """A port nothing holds now, that no other worker of this run hands out."""
+    with _hand_out:
+        return _free_port()
+
+
+def _free_port() -> int:
     start, size = _worker_band(_FREE_BAND)
     at = _next_free.get("at", start + int(RUN, 16) % size)
     for _ in range(size):
