@@ -250,7 +250,7 @@ def test_restart_of_a_batch_session_runs_it_again_with_the_same_request(world, b
     while client.ok("GET", f"/sessions/{job['id']}")["status"] != "RUNNING":
         assert time.monotonic() < deadline, client.ok("GET", f"/sessions/{job['id']}")
         time.sleep(0.5)
-    stranger = _user(world["sa"], "sessother", "user", "default")
+    stranger = _user(world["sa"], "sessstranger", "user", "default")
     other = stranger["client"]("POST", f"/sessions/{job['id']}/restart")
     assert other.status_code == 404, other.text
     ctx, page, errors = _tab(browser, hub, world["user"]["email"])
