@@ -328,7 +328,10 @@ class Agent(LoggingConfigurable):
         before, self.resource_group = self.resource_group, name
         self.log.info("agent %s moved from resource group %s to %s", self.agent_id, before, name)
         for hook in list(self.on_regroup):
-            await hook()
+            try:
+                await hook()
+            except Exception as e:  # (etcd away: the move stands; the record follows it)
+                self.log.warning("the move to %s not yet in the registration: %s", name, e)
         try:
             await self._announce()
         except Exception as e:  # the periodic heartbeat says it later
