@@ -180,7 +180,7 @@ def test_directories_moves_and_the_trash(world, browser):
         assert "notes.txt" in _names(client, fid)
         to.fill("results/notes-2026.txt")
         to.press("Enter")
-        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+        page.wait_for_function("() => document.getElementById('backendai-message')?.textContent"
                                " === 'Moved notes.txt to results/notes-2026.txt.'")
         assert "notes.txt" not in _names(client, fid)
         assert _download(client, fid, "results/notes-2026.txt") == b"notes"
@@ -199,7 +199,7 @@ def test_directories_moves_and_the_trash(world, browser):
         assert entry.locator("td").first.inner_text() == "keep.txt"
         screenshot(page, "folder-trash.png", full_page=True)
         entry.get_by_role("button", name="Restore keep.txt").click()
-        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+        page.wait_for_function("() => document.getElementById('backendai-message')?.textContent"
                                " === 'Restored keep.txt.'")
         assert page.locator("#backendai-empty-folder").inner_text() == "The trash is empty."
         assert _download(client, fid, "keep.txt") == b"keep"
@@ -207,7 +207,7 @@ def test_directories_moves_and_the_trash(world, browser):
         page.goto(hub.base + f"/hub/backendai/folders/{fid}?path=results")
         page.locator('tr[data-file-name="notes-2026.txt"]').get_by_role(
             "button", name="Move notes-2026.txt to the trash").click()
-        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+        page.wait_for_function("() => document.getElementById('backendai-message')?.textContent"
                                " === 'Moved results/notes-2026.txt to the trash.'")
         page.goto(hub.base + f"/hub/backendai/folders/{fid}?path=.trash")
         entry = page.locator("tr[data-file-name^='results%2Fnotes-2026.txt~']")

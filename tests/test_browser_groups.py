@@ -147,7 +147,7 @@ def test_domain_admin_edits_a_project_and_its_members(world, browser):
         # Remove one (asked first).
         row = page.locator('#backendai-projects tr[data-name="vision"]')
         row.get_by_role("button", name="Remove projalice from vision").click()
-        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+        page.wait_for_function("() => document.getElementById('backendai-message')?.textContent"
                                " === 'Removed projalice from vision.'")
         assert members() == ["projbob"]
         # A bad new name: the API's words in the form, nothing changed.
@@ -163,7 +163,7 @@ def test_domain_admin_edits_a_project_and_its_members(world, browser):
         assert sa.ok("GET", f"/projects/{proj['id']}")["name"] == "vision"
         box.get_by_label("Name").fill("vision-lab")
         box.get_by_role("button", name="Save").click()
-        page.wait_for_function("() => document.getElementById('backendai-message').textContent"
+        page.wait_for_function("() => document.getElementById('backendai-message')?.textContent"
                                " === 'Saved project vision.'")
         assert sa.ok("GET", f"/projects/{proj['id']}")["name"] == "vision-lab"
         assert alice["id"] not in [m["id"] for m in

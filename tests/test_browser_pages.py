@@ -357,11 +357,11 @@ def test_user_folder_upload_with_progress_and_download(world, browser, tmp_path)
         page.fill("#backendai-share-email", world["dadmin"]["email"])
         page.select_option("#backendai-share-permission", "ro")
         page.click("#backendai-share [type=submit]")
-        page.wait_for_function("document.getElementById('backendai-shares').textContent"
+        page.wait_for_function("document.getElementById('backendai-shares')?.textContent"
                                f".includes('{world['dadmin']['email']} (ro)')")
         page.fill("#backendai-rename-name", "renamedfolder")
         page.click("#backendai-rename [type=submit]")
-        page.wait_for_function("document.querySelector('h1').textContent.trim() === "
+        page.wait_for_function("document.querySelector('h1')?.textContent.trim() === "
                                "'Folder renamedfolder'")
         page.goto(world["hub"].base + "/hub/backendai/folders")
         assert page.locator('tr[data-folder-name="renamedfolder"] td').nth(1).inner_text() == "you"

@@ -223,7 +223,7 @@ def test_quota_pending_past_start_timeout_shows_the_reason(hub, browser):
         message = page.locator("#progress-message")
         # The pending reason, live, while the session waits.
         page.wait_for_function(
-            "(r) => document.querySelector('#progress-message').textContent.startsWith(r)",
+            "(r) => document.querySelector('#progress-message')?.textContent.startsWith(r)",
             arg=QUOTA_REASON)
         page.locator("#progress-details summary").click()  # open the event log, as a person would
         log = page.locator("#progress-log .progress-log-event").all_inner_texts()
