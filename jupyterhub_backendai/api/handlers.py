@@ -462,7 +462,7 @@ class SessionRestartHandler(APIBase):
     async def post(self, sid):
         self.query()
         await self.manager.ops.check_session_destroy(self.principal, sid)
-        new, _ = await restart.restart(self, sid)
+        new = await restart.restart(self, sid)
         self.reply(await self.manager.ops.get_session(self.principal, new), 201)
 
 

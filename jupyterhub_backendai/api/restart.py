@@ -18,7 +18,7 @@ import asyncio
 import time
 
 from ..common.errors import Conflict
-from ..common.types import ALIVE_STATUSES, SessionStatus
+from ..common.types import SessionStatus
 
 
 async def hub_server(handler, sid: str):
@@ -37,10 +37,10 @@ async def hub_server(handler, sid: str):
     return None
 
 
-async def restart(handler, sid: str, wait: float = 0) -> tuple[str, str]:
+async def restart(handler, sid: str) -> str:
     """Restart the running session ``sid`` (the caller has checked it may stop it);
-    return (new session id, its status once started, ended, or ``wait`` seconds passed:
-    at once by default, the new session being queued)."""
+    return the new session's id (queued; a caller that waits for its start uses
+    ``compat.sessions.wait_started``)."""
     manager = handler.manager
     sess = await manager.ops.get_session(handler.principal, sid)
     found = await hub_server(handler, sid)
@@ -63,20 +63,4 @@ async def restart(handler, sid: str, wait: float = 0) -> tuple[str, str]:
                                "hub")
             await asyncio.sleep(0.1)
         new = spawner.session_id
-    return new, await started(manager, new, wait)
-
-
-async def started(manager, sid: str, wait: float) -> str:
-    """The session's status once it is RUNNING, has ended, or ``wait`` seconds passed."""
-    status = SessionStatus.PENDING
-    if wait <= 0:
-        return (await manager.get_session(sid)).status
-    try:
-        async with asyncio.timeout(wait):
-            async for s in manager.watch(sid):
-                status = s.status
-                if status == SessionStatus.RUNNING or status not in ALIVE_STATUSES:
-                    break
-    except TimeoutError:
-        pass
-    return status
+    return new

@@ -374,12 +374,9 @@ class SessionHandler(CompatBase):
             await self.manager.destroy_session(sid)
         self.reply({"stats": {}})
 
-    async def _hub_server(self, sid: str):
-        return await hub_server(self, sid)
-
     async def _stop_hub_server(self, sid: str) -> bool:
         """An interactive session that is a JupyterHub server is stopped through the hub."""
-        found = await self._hub_server(sid)
+        found = await hub_server(self, sid)
         if found is None:
             return False
         await self.stop_single_user(found[0], found[1])
@@ -393,9 +390,8 @@ class SessionHandler(CompatBase):
         sid = await self.manager.ops.resolve_session(self.principal, ref)
         await self.manager.ops.check_session_destroy(self.principal, sid)
         sess = await self.manager.ops.get_session(self.principal, sid)
-        new, status = await restart(self, sid, wait=DEFAULT_MAX_WAIT)
-        if status != SessionStatus.RUNNING and not (
-                sess["type"] == "batch" and status == SessionStatus.TERMINATED):
+        status = await wait_started(self.manager, await restart(self, sid), 0)
+        if status != "RUNNING":
             raise Conflict(f"session {sess['name']!r} was stopped but did not start again: "
                            f"{status}")
         self.set_status(204)
