@@ -46,7 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from jupyterhub_backendai.common.slots import ResourceSlot  # noqa: E402
-from jupyterhub_backendai.manager import images  # noqa: E402
+from jupyterhub_backendai.manager import registries  # noqa: E402
 from jupyterhub_backendai.manager.access import Principal  # noqa: E402
 from tests.inproc import DEAD, make_user, running_manager, wait_status  # noqa: E402
 from tests.registry import Registry, build_labelled, remove_images  # noqa: E402
@@ -72,7 +72,7 @@ def build_and_push(reg: Registry, tmp: Path) -> str:
 
 async def add_tags(reg: Registry, n: int) -> None:
     """``n`` more tags of bench/python:v1, put through the registry API."""
-    auth = images.basic_auth({"username": reg.username, "password": reg.password})
+    auth = registries.basic_auth({"username": reg.username, "password": reg.password})
     ctx = ssl.create_default_context(cadata=reg.ca_pem.decode())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as http:
         async with http.get(f"{reg.url}/v2/bench/python/manifests/v1",
@@ -116,10 +116,10 @@ async def main(args) -> None:
         async with running_manager(f"sqlite:///{tmp}/db.sqlite", tmp, "docker",
                                    configure=configure, retries=0) as mgr:
             user = await make_user(mgr)
-            await mgr.ops.create_registry(ROOT, {
+            await mgr.registries.create(ROOT, {
                 "name": "bench", "url": reg.url, "username": reg.username,
                 "password": reg.password, "ca_cert": reg.ca_pem.decode()})
-            await images.rescan(mgr, ROOT, "bench")
+            await mgr.registries.rescan(ROOT, "bench")
             for i in range(args.runs + 1):  # round 0: warm-up, not counted
                 order = ("ours", "base") if i % 2 else ("base", "ours")
                 for which in order:
@@ -148,7 +148,7 @@ async def main(args) -> None:
 
             await add_tags(reg, args.tags)
             t0 = time.perf_counter()
-            out = await images.rescan(mgr, ROOT, "bench")
+            out = await mgr.registries.rescan(ROOT, "bench")
             rescan_s = time.perf_counter() - t0
             print(f"rescan: {json.dumps(out)} in {rescan_s:.2f} s", flush=True)
         o, b = statistics.median(ours), statistics.median(base)

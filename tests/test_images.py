@@ -19,6 +19,7 @@ import pytest
 
 from jupyterhub_backendai.common.errors import BackendAIError, InvalidRequest
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager import images, registries
 from jupyterhub_backendai.manager.access import Principal
 
 from .cluster_nodes import BIN, AgentDaemon
@@ -87,7 +88,7 @@ def _config(reg_: Registry, catalogue: bool = True):
 
 
 async def _add_registry(mgr, r: Registry, password: str | None = None, name: str = "lab"):
-    return await mgr.ops.create_registry(ROOT, {
+    return await mgr.registries.create(ROOT, {
         "name": name, "url": r.url, "project": "lab", "username": r.username,
         "password": password or r.password, "ca_cert": r.ca_pem.decode()})
 
@@ -107,26 +108,25 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
     never comes back; a wrong password or a bad registry body is refused in words and
     changes nothing; the catalogue decides what may start (hidden, unknown, aliases,
     minimum resources), and the default comes first."""
-    from jupyterhub_backendai.manager import images
 
     async def run():
         async with running_manager(db_url, tmp_path, "docker",
                                    configure=_config(reg)) as mgr:
             user = await make_user(mgr)
             with pytest.raises(InvalidRequest, match="url"):
-                await mgr.ops.create_registry(ROOT, {"name": "bad", "url": "ftp:/x"})
+                await mgr.registries.create(ROOT, {"name": "bad", "url": "ftp:/x"})
             with pytest.raises(BackendAIError, match="you may not add container registries"):
-                await mgr.ops.create_registry(
+                await mgr.registries.create(
                     Principal(user_id="u", username="u", email="u@x", role="user",
                               domain="default"), {"name": "x", "url": reg.url})
-            assert await mgr.ops.list_registries(ROOT) == []
+            assert await mgr.registries.list(ROOT) == []
 
             made = await _add_registry(mgr, reg)
             assert made["has_password"] is True and "password" not in made
-            listed = await mgr.ops.list_registries(ROOT)
+            listed = await mgr.registries.list(ROOT)
             assert reg.password not in json.dumps(listed)
 
-            result = await images.rescan(mgr, ROOT, "lab")
+            result = await mgr.registries.rescan(ROOT, "lab")
             assert (result["found"], result["added"]) == (3, 3)
             cat = {i["name"]: i for i in await mgr.ops.list_catalogue(ROOT)}
             v1, v2 = reg.refs["v1"], reg.refs["v2"]
@@ -136,15 +136,25 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
             assert cat[v2]["labels"]["ai.backend.test.variant"] == "two"
             assert cat[v1]["digest"].startswith("sha256:") and cat[v1]["digest"] != cat[v2]["digest"]
             assert cat[v1]["size_bytes"] > 64 * 2**20
-            again = await images.rescan(mgr, ROOT, "lab")
+            again = await mgr.registries.rescan(ROOT, "lab")
             assert (again["added"], again["updated"], again["removed"]) == (0, 0, 0)
+            # Two requests at once share one rescan (the same result, not two); its
+            # progress is in the registry's answer.
+            one, two = await asyncio.gather(mgr.registries.rescan(ROOT, "lab"),
+                                            mgr.registries.rescan(ROOT, "lab"))
+            assert one is two
+            progress = (await mgr.registries.get(ROOT, "lab"))["rescan"]
+            assert (progress["state"], progress["done"], progress["total"]) == ("done", 3, 3)
+            assert progress["words"] == "3 images (0 new, 0 changed, 0 gone)"
 
             # A wrong password: the registry's refusal in words, the catalogue unchanged.
-            await mgr.ops.update_registry(ROOT, "lab", {"password": "wrong"})
+            await mgr.registries.update(ROOT, "lab", {"password": "wrong"})
             with pytest.raises(BackendAIError, match="refused the credentials"):
-                await images.rescan(mgr, ROOT, "lab")
+                await mgr.registries.rescan(ROOT, "lab")
             assert len(await mgr.ops.list_catalogue(ROOT)) == 3
-            await mgr.ops.update_registry(ROOT, "lab", {"password": reg.password})
+            failed = (await mgr.registries.get(ROOT, "lab"))["rescan"]
+            assert failed["state"] == "failed" and "refused the credentials" in failed["error"]
+            await mgr.registries.update(ROOT, "lab", {"password": reg.password})
 
             # The catalogue rules what starts.
             with pytest.raises(InvalidRequest, match="not in the catalogue"):
@@ -180,17 +190,118 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
 
             # Nothing was started by any of the refusals.
             assert containers_of(mgr.agent.agent_id) == []
-            await mgr.ops.delete_registry(ROOT, "lab")
+            await mgr.registries.delete(ROOT, "lab")
             assert await mgr.ops.list_catalogue(ROOT, True) == []
 
     asyncio.run(run())
+
+
+def _etcdctl(etcd, *args) -> str:
+    return subprocess.run(["etcdctl", "--endpoints", f"http://127.0.0.1:{etcd.port}", *args],
+                          check=True, capture_output=True, text=True, timeout=30).stdout
+
+
+async def _until(cond, timeout: float = 20) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await cond():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_path, caplog):
+    """In cluster mode a registry is kept in etcd, as Backend.AI keeps it: the admin API
+    writes it there (a name once: Conflict), each hub mirrors etcd into its record and
+    follows it live (a registry put or deleted by hand in etcd comes or goes, with its
+    images; a bad one is refused), and a hub with a record of its own sees what etcd has
+    and drops what etcd has not. The password is in etcd and never in an answer."""
+    prefix = f"/bai-{os.urandom(4).hex()}"
+    key = f"{prefix}/config/container-registries/"
+
+    def cluster_mode(c):
+        c.BackendAICluster.etcd_url = f"http://127.0.0.1:{etcd_server.port}"
+        c.BackendAICluster.etcd_prefix = prefix
+
+    def names(mgr):
+        async def get():
+            return {r["name"] for r in await mgr.registries.list(ROOT)}
+        return get
+
+    by_hand = {"url": reg.url, "project": "lab", "username": reg.username,
+               "password": reg.password, "ca_cert": reg.ca_pem.decode()}
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local", configure=cluster_mode) as mgr:
+            made = await _add_registry(mgr, reg)
+            assert made["has_password"] is True and reg.password not in json.dumps(made)
+            stored = json.loads(_etcdctl(etcd_server, "get", "--print-value-only", key + "lab"))
+            assert (stored["url"], stored["password"]) == (reg.url, reg.password)
+            with pytest.raises(BackendAIError, match="container registry 'lab' exists"):
+                await _add_registry(mgr, reg)
+            await mgr.registries.update(ROOT, "lab", {"pull_policy": "digest"})
+            stored = json.loads(_etcdctl(etcd_server, "get", "--print-value-only", key + "lab"))
+            assert stored["pull_policy"] == "digest" and stored["password"] == reg.password
+            # The rescan reads the credentials where the hub keeps them.
+            assert (await mgr.registries.rescan(ROOT, "lab"))["found"] == 3
+
+            # Put by hand, as with Backend.AI's etcd configuration: followed live.
+            _etcdctl(etcd_server, "put", key + "byhand", json.dumps(by_hand))
+            assert await _until(lambda: _has(mgr, "byhand"))
+            got = await mgr.registries.get(ROOT, "byhand")
+            assert got["has_password"] and got["project"] == "lab"
+            _etcdctl(etcd_server, "put", key + "bad", json.dumps({"url": "ftp://x"}))
+            assert await _until(_true(lambda: "container registry bad in etcd refused (url: "
+                                      "'ftp://x' is not a registry address" in caplog.text))
+            assert "bad" not in await names(mgr)()
+            _etcdctl(etcd_server, "del", key + "bad")
+            # Deleted in etcd: gone from every hub's catalogue, its images with it.
+            _etcdctl(etcd_server, "del", key + "lab")
+            assert await _until(lambda: _gone(mgr, "lab"))
+            assert [i for i in await mgr.ops.list_catalogue(ROOT, True)
+                    if i["source"] == "lab"] == []
+            with pytest.raises(BackendAIError, match="no container registry 'lab'"):
+                await mgr.registries.get(ROOT, "lab")
+
+        # A hub with a record of its own: etcd's registries are its registries.
+        other = f"sqlite:///{tmp_path}/other.sqlite"
+        async with running_manager(other, tmp_path / "other", "local",
+                                   configure=cluster_mode) as hub2:
+            assert await names(hub2)() == {"byhand"}
+            assert (await hub2.ops.registry_secrets("byhand"))["password"] == reg.password
+            await hub2.ops.store_registry("stale", {**by_hand, "pull_policy": "tag"}, "mirror")
+        async with running_manager(other, tmp_path / "other", "local",
+                                   configure=cluster_mode) as hub2:
+            assert await names(hub2)() == {"byhand"}
+            assert "container registry stale is in the record but not in etcd" in caplog.text
+            await hub2.registries.delete(ROOT, "byhand")
+            assert _etcdctl(etcd_server, "get", "--prefix", key) == ""
+
+    try:
+        asyncio.run(run())
+    finally:
+        _etcdctl(etcd_server, "del", "--prefix", prefix + "/")
+
+
+async def _has(mgr, name: str) -> bool:
+    return name in {r["name"] for r in await mgr.registries.list(ROOT)}
+
+
+async def _gone(mgr, name: str) -> bool:
+    return not await _has(mgr, name)
+
+
+def _true(cond):
+    async def check():
+        return cond()
+    return check
 
 
 def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path):
     """Two sessions of an image the agent lacks: one pull, shown in the sessions'
     status_info as it goes (bytes and percent), and both containers run the pulled
     image (its marker file, its digest)."""
-    from jupyterhub_backendai.manager import images
 
     v1 = reg.refs["v1"]
     _no_image(v1)
@@ -200,7 +311,7 @@ def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path):
                                    configure=_config(reg)) as mgr:
             user = await make_user(mgr)
             await _add_registry(mgr, reg)
-            await images.rescan(mgr, ROOT, "lab")
+            await mgr.registries.rescan(ROOT, "lab")
             seen: list[str] = []
             a = await _batch(mgr, user, "a", v1)
             b = await _batch(mgr, user, "b", v1)
@@ -241,7 +352,6 @@ def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
     with the registry's reason in plain words at the first try (the registry would
     answer the same: one pull each, though start_retries allows three tries); no
     container, no image left."""
-    from jupyterhub_backendai.manager import images
 
     v2, doomed = reg.refs["v2"], reg.refs["doomed"]
     _no_image(v2)
@@ -252,18 +362,18 @@ def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
                                    configure=_config(reg)) as mgr:
             user = await make_user(mgr)
             await _add_registry(mgr, reg)
-            await images.rescan(mgr, ROOT, "lab")
+            await mgr.registries.rescan(ROOT, "lab")
             pulls = mgr.agent.puller.pulls_started
             # The tag goes from the registry after the rescan (registry API: DELETE by
             # digest). A second run of this test (the other database) finds it gone and
             # records the first run's scan of it again.
             if not hasattr(reg, "doomed_scan"):
-                reg.doomed_scan = await images.scan_registry(
+                reg.doomed_scan = await registries.scan_registry(
                     await mgr.ops.registry_secrets("lab"))
                 digest = (await mgr.ops.resolve_image(doomed))["digest"]
                 req = urllib.request.Request(
                     f"{reg.url}/v2/{REPO}/manifests/{digest}", method="DELETE",
-                    headers=images.basic_auth({"username": reg.username,
+                    headers=registries.basic_auth({"username": reg.username,
                                                "password": reg.password}))
                 assert urllib.request.urlopen(req, context=reg.ssl_context()).status == 202
             else:
@@ -274,7 +384,7 @@ def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
             assert "retry" not in gone.status_info and "attempts" not in gone.status_info
             assert mgr.agent.puller.pulls_started == pulls + 1
 
-            await mgr.ops.update_registry(ROOT, "lab", {"password": "not-the-password"})
+            await mgr.registries.update(ROOT, "lab", {"password": "not-the-password"})
             refused = await wait_status(mgr, await _batch(mgr, user, "refused", v2), DEAD)
             assert refused.status == "ERROR"
             assert "refused the credentials" in refused.status_info
@@ -293,7 +403,6 @@ def test_an_unreachable_registry_is_retried(reg, db_url, tmp_path):
     """A registry that refuses connections (it may be restarting) is no answer about
     the image: the start is retried start_retries times, one pull each, then ERROR with
     the engine's words; nothing left."""
-    from jupyterhub_backendai.manager import images
 
     from .services import free_port
 
@@ -305,9 +414,9 @@ def test_an_unreachable_registry_is_retried(reg, db_url, tmp_path):
                                    configure=_config(reg)) as mgr:
             user = await make_user(mgr)
             await _add_registry(mgr, reg)
-            scan = await images.scan_registry(await mgr.ops.registry_secrets("lab"))
+            scan = await registries.scan_registry(await mgr.ops.registry_secrets("lab"))
             entry = next(f for f in scan if f["name"] == reg.refs["v1"])
-            await mgr.ops.create_registry(ROOT, {
+            await mgr.registries.create(ROOT, {
                 "name": "away", "url": f"https://127.0.0.1:{port}", "project": "lab",
                 "username": reg.username, "password": reg.password})
             await mgr.ops.record_scan("away", [dict(entry, name=ref,
@@ -328,7 +437,6 @@ def test_an_unreachable_registry_is_retried(reg, db_url, tmp_path):
 def test_agent_pull_progress_counts_bytes(reg, tmp_path, db_url):
     """The agent's own pull: progress callbacks in bytes and percent up to 100, the
     image present afterwards; a second call with the image present pulls nothing."""
-    from jupyterhub_backendai.manager import images
 
     v2 = reg.refs["v2"]
     _no_image(v2)
@@ -336,7 +444,7 @@ def test_agent_pull_progress_counts_bytes(reg, tmp_path, db_url):
     async def run():
         async with running_manager(db_url, tmp_path, "docker") as mgr:
             got: list[dict] = []
-            auth = images.docker_auth({"username": reg.username, "password": reg.password,
+            auth = registries.docker_auth({"username": reg.username, "password": reg.password,
                                        "url": reg.url})
             assert await mgr.agent.pull_image(v2, auth, "tag", got.append) is True
             assert got and got[-1]["percent"] == 100
@@ -371,7 +479,6 @@ def test_agent_daemon_pulls_over_its_api_with_progress(reg, redis_server, tmp_pa
     progress streams back line by line, then the outcome; a missing tag comes back as
     ImageNotFound in words."""
     from jupyterhub_backendai.common.errors import ImageNotFound
-    from jupyterhub_backendai.manager import images
     from jupyterhub_backendai.manager.agent_client import HTTPAgentClient
 
     v2 = reg.refs["v2"]
@@ -382,7 +489,7 @@ def test_agent_daemon_pulls_over_its_api_with_progress(reg, redis_server, tmp_pa
 
     async def run():
         client = HTTPAgentClient(daemon.url, token="pull-token")
-        auth = images.docker_auth({"username": reg.username, "password": reg.password,
+        auth = registries.docker_auth({"username": reg.username, "password": reg.password,
                                    "url": reg.url})
         got: list[dict] = []
         assert await client.pull_image(v2, auth, "tag", got.append) is True
@@ -400,9 +507,8 @@ def test_agent_daemon_pulls_over_its_api_with_progress(reg, redis_server, tmp_pa
 
 
 def _retag(reg: Registry, src: str, dst: str) -> None:
-    from jupyterhub_backendai.manager import images
 
-    auth = images.basic_auth({"username": reg.username, "password": reg.password})
+    auth = registries.basic_auth({"username": reg.username, "password": reg.password})
     v2 = "application/vnd.docker.distribution.manifest.v2+json"
     get = urllib.request.Request(f"{reg.url}/v2/{REPO}/manifests/{src}",
                                  headers={**auth, "Accept": v2})
@@ -418,7 +524,6 @@ def test_pull_policies(reg, db_url, tmp_path):
     """An image's own pull policy: ``none`` never pulls (a start on an agent without the
     image fails in words); ``tag`` keeps what the agent holds under a tag that has moved
     since; ``digest`` pulls the tag's new digest."""
-    from jupyterhub_backendai.manager import images
 
     built = [build_labelled(tmp_path, "registry-moving", {"ai.backend.test.moving": v},
                             variant=v) for v in ("a", "b")]
@@ -431,7 +536,7 @@ def test_pull_policies(reg, db_url, tmp_path):
                                    configure=_config(reg)) as mgr:
             user = await make_user(mgr)
             await _add_registry(mgr, reg)
-            await images.rescan(mgr, ROOT, "lab")
+            await mgr.registries.rescan(ROOT, "lab")
             got = await mgr.ops.update_image(ROOT, moving, {"pull_policy": "none"})
             assert got["pull_policy"] == "none"
             s = await wait_status(mgr, await _batch(mgr, user, "none", moving), DEAD)
@@ -467,7 +572,6 @@ def test_a_session_committed_to_an_image_is_its_owners(reg, db_url, tmp_path):
     from and catalogued for her: listed and started for her only (bob is refused in
     words); a new session of it, pulled back from the registry, has her file. Bob may
     not commit her session; a session that is not running is refused; nothing is left."""
-    from jupyterhub_backendai.manager import images
     from jupyterhub_backendai.models import User
 
     v2 = reg.refs["v2"]
@@ -486,7 +590,7 @@ def test_a_session_committed_to_an_image_is_its_owners(reg, db_url, tmp_path):
 
             pa, pb = principal(alice), principal(bob)
             await _add_registry(mgr, reg)
-            await images.rescan(mgr, ROOT, "lab")
+            await mgr.registries.rescan(ROOT, "lab")
             sid = await _batch(mgr, alice, "work", v2,
                                "sh -c 'echo from-alice > /home/work/made-here; sleep 300'")
             await wait_status(mgr, sid, {"RUNNING"}, timeout=300)
@@ -521,7 +625,7 @@ def test_a_session_committed_to_an_image_is_its_owners(reg, db_url, tmp_path):
             with pytest.raises(BackendAIError, match="only a running session"):
                 await images.commit_session(mgr, pa, s.id, "late")
             # A rescan keeps it hers.
-            await images.rescan(mgr, ROOT, "lab")
+            await mgr.registries.rescan(ROOT, "lab")
             assert (await mgr.ops.resolve_image(ref))["owner_id"] == pa.user_id
 
     try:

@@ -305,23 +305,37 @@ class SchedulerHandler(APIBase):
 class RegistriesHandler(APIBase):
     async def get(self):
         _, o, n = self.query(_filters("/container-registries"))
-        items = await self.manager.ops.list_registries(self.principal)
+        items = await self.manager.registries.list(self.principal)
         self.reply({"items": items[o:o + n], "total": len(items), "offset": o, "limit": n})
 
     async def post(self):
         self.query()
         body = self.body("ContainerRegistryCreate")
-        self.reply(await self.manager.ops.create_registry(self.principal, body), 201)
+        self.reply(await self.manager.registries.create(self.principal, body), 201)
 
 
-class RegistryHandler(_Item):
-    item, model = "registry", "ContainerRegistry"
+class RegistryHandler(APIBase):
+    """One registry, through its owner ``manager.registries`` (etcd in cluster mode)."""
+
+    async def get(self, name):
+        self.query()
+        self.reply(await self.manager.registries.get(self.principal, name))
+
+    async def patch(self, name):
+        self.query()
+        body = self.body("ContainerRegistryUpdate")
+        self.reply(await self.manager.registries.update(self.principal, name, body))
+
+    async def delete(self, name):
+        self.query()
+        await self.manager.registries.delete(self.principal, name)
+        self.reply(None, 204)
 
 
 class RegistryRescanHandler(APIBase):
     async def post(self, name):
         self.query()
-        self.reply(await images.rescan(self.manager, self.principal, name))
+        self.reply(await self.manager.registries.rescan(self.principal, name))
 
 
 class ImagesHandler(APIBase):

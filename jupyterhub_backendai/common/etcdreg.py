@@ -13,6 +13,10 @@ Key layout under the cluster's prefix (default ``/backendai``; docs/cluster.md):
   cluster-wide settings (``BackendAIManager`` traits tagged ``cluster=True``, such
   as ``agent_lost_timeout`` or ``default_vfolder_host``), the same for every hub of
   the cluster; it overrides the hub's own configuration while the key exists.
+- ``<prefix>/config/container-registries/<name>``: JSON ``{"url", "project", "username",
+  "password", "ca_cert", "pull_policy"}``: a container registry of the image catalogue
+  (manager/registries.py), written by the admin API or by hand; every hub mirrors it
+  into the record.
 
 etcd restarted (with or without its data): the agent's next refresh fails or finds
 its lease gone, and it registers again with a new lease.
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 AGENTS = "/nodes/agents/"
 STORAGE_PROXIES = "/config/storage-proxies/"
 SETTINGS = "/config/manager/"
+REGISTRIES = "/config/container-registries/"
 
 
 def etcd_client(url: str):

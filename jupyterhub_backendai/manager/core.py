@@ -45,6 +45,7 @@ from .lifecycle.start import START_FAILURES
 from .operations import Operations
 from .reconcile import Agents, active_groups
 from .reflector import SessionReflector
+from .registries import Registries
 from .scheduler import check_consistency, schedule_pass, scheduler_stats
 from .scheduler.metrics import PLACEMENTS, REJECTIONS, counter_by, counter_value
 from .session_lists import SessionLists
@@ -261,6 +262,7 @@ class BackendAIManager(SingletonConfigurable):
         # The front ends' façade: named operations instead of manager.db(fn) (ops.py).
         self.ops = Operations(self)
         self.session_lists.attach(self.sm)
+        self.registries = Registries(self)  # issue 25: container registries, their rescans
         self.warmpool = WarmPools(self)  # issue 30: kernels started before they are asked for
         self.usage_sampler = UsageSampler(self)  # what kernels used, for usage accounting
 

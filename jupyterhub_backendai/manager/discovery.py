@@ -15,6 +15,8 @@
   before the manager starts and followed live: a value there overrides the hub's
   own configuration until the key is deleted (then the configured value is back);
   a value the setting refuses (its trait's validation) is logged and not applied.
+  Container registries under ``config/container-registries/`` are mirrored into the
+  record (manager/registries.py), and the admin API writes them here.
   Without ``etcd_url`` (the embedded default) agents come from heartbeats, storage
   proxies from ``c.BackendAIManager.storage_proxies`` and settings from the config.
 
@@ -34,10 +36,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from traitlets import Dict, Float, TraitError, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..common.etcdreg import AGENTS, SETTINGS, STORAGE_PROXIES, etcd_client
+from ..common.errors import InvalidRequest
+from ..common.etcdreg import AGENTS, REGISTRIES, SETTINGS, STORAGE_PROXIES, etcd_client
 from ..common.httpbase import TLSFiles
 from ..common.tasks import stop_task
 from ..common.types import AgentStatus
+from . import registries
 from .reconcile import upsert_agent
 
 Listener = Callable[[str, str, dict], Awaitable[None]]
@@ -151,6 +155,80 @@ class BackendAICluster(LoggingConfigurable):
         except TimeoutError:
             self.log.warning("etcd at %s not reachable yet; following it in the background", self.etcd_url)
 
+    # -- container registries (manager/registries.py writes them here) ---------------
+
+    def _registry_key(self, name: str) -> bytes:
+        return f"{self.etcd_prefix.rstrip('/')}{REGISTRIES}{name}".encode()
+
+    async def _kv(self):
+        client = etcd_client(self.etcd_url)
+        async with asyncio.timeout(10):
+            await client.connect()
+        return client
+
+    async def put_registry(self, name: str, conf: dict, create: bool = False) -> bool:
+        """Write registry ``name``'s settings; ``create``: only where no key is (one
+        transaction), False when there was one."""
+        key, value = self._registry_key(name), json.dumps(conf).encode()
+        client = await self._kv()
+        try:
+            if not create:
+                await client.put(key, value)
+                return True
+            ok, _ = await client.transaction(
+                compare=[client.transactions.version(key) == 0],
+                success=[client.transactions.put(key, value)], failure=[])
+            return bool(ok)
+        finally:
+            await client.close()
+
+    async def update_registry(self, name: str, change) -> dict | None:
+        """Registry ``name``'s settings changed by ``change(old) -> new``, written only
+        where nobody wrote them in between (tried again then); None where there is none."""
+        key = self._registry_key(name)
+        client = await self._kv()
+        try:
+            for _ in range(5):
+                got = await client.get(key)
+                if got is None:
+                    return None
+                new = change(json.loads(got.value))
+                ok, _ = await client.transaction(
+                    compare=[client.transactions.value(key) == got.value],
+                    success=[client.transactions.put(key, json.dumps(new).encode())],
+                    failure=[])
+                if ok:
+                    return new
+            raise RuntimeError(f"registry {name!r} in etcd kept changing; try again")
+        finally:
+            await client.close()
+
+    async def delete_registry(self, name: str) -> bool:
+        client = await self._kv()
+        try:
+            return bool(await client.delete(self._registry_key(name)))
+        finally:
+            await client.close()
+
+    async def _registry(self, name: str, value: bytes | None) -> None:
+        """Mirror one registry of etcd into the record (gone: with its images)."""
+        ops = self._manager.ops
+        if value is None:
+            if await ops.drop_registry(name):
+                self.log.info("container registry %s removed (from etcd)", name)
+            return
+        try:
+            conf = json.loads(value)
+            if not isinstance(conf, dict):
+                raise InvalidRequest("not a JSON object")
+            _, conf = registries.new_registry({**conf, "name": name})  # checked as the API does
+        except (ValueError, InvalidRequest) as e:
+            self.log.error("container registry %s in etcd refused (%s); the record keeps its "
+                           "last good settings, if any", name,
+                           getattr(e, "detail", None) or e)
+            return
+        await ops.store_registry(name, conf, "mirror")
+
     # -- heartbeats ----------------------------------------------------------------
 
     async def record_heartbeat(self, manager, info: dict) -> str | None:
@@ -224,6 +302,12 @@ class BackendAICluster(LoggingConfigurable):
         for key, value in current.items():
             await self._apply(prefix, key, value)
         present = {k[len(prefix):].decode(errors="replace") for k in current}
+        # etcd decides which registries there are: the record's others go.
+        for name in await self._manager.ops.registry_names():
+            if f"{REGISTRIES}{name}" not in present:
+                self.log.warning("container registry %s is in the record but not in etcd: "
+                                 "removed, with its images", name)
+                await self._registry(name, None)
         for rel in known:
             if rel in present:
                 continue
@@ -251,6 +335,8 @@ class BackendAICluster(LoggingConfigurable):
                 self._storage_proxy(rel[len(STORAGE_PROXIES):], value)
             elif rel.startswith(SETTINGS):
                 self._setting(rel[len(SETTINGS):], value)
+            elif rel.startswith(REGISTRIES):
+                await self._registry(rel[len(REGISTRIES):], value)
         except Exception:
             self.log.exception("etcd key %s could not be applied", key.decode(errors="replace"))
 

@@ -1,12 +1,10 @@
-"""Kernel images: registries, the catalogue, and its rescan (issue 25).
+"""Kernel images: the catalogue, a session committed to an image, and the pull at a
+session's start (issue 25).
 
-Registries are configuration (:class:`~..models.ContainerRegistry`); their passwords are
-secrets: no answer of this module carries one (``has_password`` says whether one is set)
-and nothing here logs one. A rescan (:func:`rescan`) lists a registry's repositories and
-tags over the registry HTTP API v2, reads each image's config blob for its labels and
-records every image that declares ``ai.backend.kernelspec`` (:func:`record_scan`). The
-pseudo-registry ``local`` is what the agents' engines hold already (images built or
-loaded by hand), scanned from the agents (:func:`rescan_local`).
+The catalogue holds every labelled image (``ai.backend.kernelspec``) a rescan of a
+registry found (manager/registries.py has the registries and their rescans;
+:func:`record_scan` writes what one found). The pseudo-registry ``local`` is what the
+agents' engines hold already (images built or loaded by hand).
 
 With ``c.BackendAIManager.image_catalogue`` on, only catalogued images that are not
 hidden can be started (:func:`resolve_image`); an alias names a catalogued image.
@@ -15,48 +13,21 @@ hidden can be started (:func:`resolve_image`); an alias names a catalogued image
 from __future__ import annotations
 
 import asyncio
-import base64
 import re
-import ssl
 
-import aiohttp
 from sqlalchemy import delete, or_, select, update
 
-from ..common.errors import BackendAIError, Conflict, InvalidRequest, NotFound
+from ..common.errors import Conflict, InvalidRequest, NotFound
 from ..models import Agent, ContainerRegistry, Image, ImageAlias, Kernel, Session, User
 from ..models.base import utcnow
 from . import access, responses
 from .access import Principal
 from .ops import reads, writes
+from .registries import LOCAL, PULL_POLICIES, docker_auth, registry_host, registry_secrets
 
-LOCAL = "local"
-KERNELSPEC = "ai.backend.kernelspec"
-PULL_POLICIES = ("digest", "tag", "none")
-MANIFEST_TYPES = ", ".join((
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.oci.image.index.v1+json",
-))
-_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
-
-
-class RegistryError(BackendAIError):
-    """The registry refused or failed a rescan (its reason in the detail)."""
-
-    status_code = 502
-    title = "Registry error"
-
+__all__ = ["LOCAL", "PULL_POLICIES", "docker_auth", "registry_host"]
 
 # -- the answers ----------------------------------------------------------------------
-
-
-def _registry_body(r: ContainerRegistry) -> dict:
-    return responses.ContainerRegistry.body({
-        "name": r.name, "url": r.url, "project": r.project, "username": r.username,
-        "has_password": bool(r.password), "has_ca_cert": bool(r.ca_cert),
-        "pull_policy": r.pull_policy, "last_scan": r.last_scan, "created_at": r.created_at,
-    })
 
 
 def min_slots(labels: dict) -> dict[str, str]:
@@ -100,104 +71,6 @@ def _visible_to(q, p: Principal | None, user_id: str | None = None):
         return q
     me = p.user_id if p is not None else user_id
     return q.where(or_(Image.owner_id.is_(None), Image.owner_id == me))
-
-
-# -- registries (superadmins) ---------------------------------------------------------
-
-REGISTRY_FIELDS = ("url", "project", "username", "password", "ca_cert", "pull_policy")
-
-
-def _check_registry(body: dict) -> None:
-    url = body.get("url")
-    if url is not None and not re.match(r"^https?://[^/\s]+/?$", url):
-        raise InvalidRequest(f"url: {url!r} is not a registry address (https://host[:port])")
-    pol = body.get("pull_policy")
-    if pol is not None and pol not in PULL_POLICIES:
-        raise InvalidRequest(f"pull_policy: {pol!r} is not one of {', '.join(PULL_POLICIES)}")
-    proj = body.get("project")
-    if proj and not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*$", proj):
-        raise InvalidRequest(f"project: {proj!r} is not a registry namespace")
-    ca = body.get("ca_cert")
-    if ca and "-----BEGIN CERTIFICATE-----" not in ca:
-        raise InvalidRequest("ca_cert: not a PEM certificate")
-
-
-def _registry(db, name: str) -> ContainerRegistry:
-    r = db.get(ContainerRegistry, name)
-    if r is None:
-        raise NotFound(f"no container registry {name!r}")
-    return r
-
-
-@reads
-def list_registries(db, p: Principal) -> list[dict]:
-    access.require(p.is_superadmin, "list container registries")
-    return [_registry_body(r) for r in db.scalars(select(ContainerRegistry)
-                                                  .order_by(ContainerRegistry.name))]
-
-
-@reads
-def get_registry(db, p: Principal, name: str) -> dict:
-    access.require(p.is_superadmin, "see container registries")
-    return _registry_body(_registry(db, name))
-
-
-@writes
-def create_registry(db, p: Principal, body: dict) -> dict:
-    access.require(p.is_superadmin, "add container registries")
-    name = body.get("name") or ""
-    if not _NAME.match(name) or name == LOCAL:
-        raise InvalidRequest(f"name: {name!r} is not a registry name (letters, digits, . _ -; "
-                             f"not {LOCAL!r}, the agents' own images)")
-    if not body.get("url"):
-        raise InvalidRequest("url: required field missing")
-    _check_registry(body)
-    if db.get(ContainerRegistry, name) is not None:
-        raise Conflict(f"container registry {name!r} exists")
-    r = ContainerRegistry(name=name, project="", username="", password="", ca_cert="",
-                          pull_policy="tag")
-    for k in REGISTRY_FIELDS:
-        if body.get(k) is not None:
-            setattr(r, k, body[k].rstrip("/") if k == "url" else body[k])
-    db.add(r)
-    db.flush()
-    return _registry_body(r)
-
-
-@writes
-def update_registry(db, p: Principal, name: str, body: dict) -> dict:
-    access.require(p.is_superadmin, "change container registries")
-    r = _registry(db, name)
-    _check_registry(body)
-    for k in REGISTRY_FIELDS:
-        if body.get(k) is not None:
-            setattr(r, k, body[k].rstrip("/") if k == "url" else body[k])
-    db.flush()
-    return _registry_body(r)
-
-
-@writes
-def delete_registry(db, p: Principal, name: str) -> None:
-    """The registry and its images (their aliases with them)."""
-    access.require(p.is_superadmin, "delete container registries")
-    r = _registry(db, name)
-    names = list(db.scalars(select(Image.name).where(Image.source == name)))
-    if names:
-        db.execute(delete(ImageAlias).where(ImageAlias.image.in_(names)))
-        db.execute(delete(Image).where(Image.name.in_(names)))
-    db.delete(r)
-
-
-@reads
-def registry_secrets(db, name: str) -> dict:
-    """What a rescan or a pull needs of a registry, secrets included (never an answer of
-    the API: the manager's own use)."""
-    if name == LOCAL:
-        return {"name": LOCAL, "url": "", "project": "", "username": "", "password": "",
-                "ca_cert": "", "pull_policy": "none"}
-    r = _registry(db, name)
-    return {"name": r.name, "url": r.url, "project": r.project, "username": r.username,
-            "password": r.password, "ca_cert": r.ca_cert, "pull_policy": r.pull_policy}
 
 
 # -- the catalogue ----------------------------------------------------------------------
@@ -397,159 +270,6 @@ def record_scan(db, source: str, found: list[dict]) -> dict:
 def default_image(db) -> str | None:
     return db.scalar(select(Image.name).where(Image.is_default.is_(True),
                                               Image.hidden.is_(False)))
-
-
-# -- the rescan -------------------------------------------------------------------------
-
-
-def registry_host(url: str) -> str:
-    return url.split("://", 1)[-1].rstrip("/")
-
-
-def basic_auth(reg: dict) -> dict[str, str]:
-    if not reg.get("username"):
-        return {}
-    raw = f"{reg['username']}:{reg.get('password', '')}".encode()
-    return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
-
-
-def docker_auth(reg: dict) -> dict | None:
-    """The credentials an engine's pull takes (aiodocker's ``auth``), or None."""
-    if not reg.get("username"):
-        return None
-    return {"username": reg["username"], "password": reg.get("password", ""),
-            "serveraddress": registry_host(reg["url"])}
-
-
-def _ssl(reg: dict):
-    if not reg["url"].startswith("https:"):
-        return False
-    if reg.get("ca_cert"):
-        return ssl.create_default_context(cadata=reg["ca_cert"])
-    return ssl.create_default_context()
-
-
-def _next_link(resp) -> str | None:
-    link = resp.headers.get("Link", "")
-    m = re.match(r'<([^>]+)>;\s*rel="next"', link)
-    return m.group(1) if m else None
-
-
-async def _get_json(http: aiohttp.ClientSession, url: str, headers: dict, what: str):
-    async with http.get(url, headers=headers) as resp:
-        if resp.status == 401:
-            raise RegistryError(f"the registry refused the credentials ({what}): "
-                                "wrong username or password")
-        if resp.status == 404:
-            return None, resp
-        if resp.status >= 400:
-            text = (await resp.text())[:300]
-            raise RegistryError(f"the registry answered {resp.status} to {what}: {text}")
-        return await resp.json(content_type=None), resp
-
-
-async def scan_registry(reg: dict, concurrency: int = 16) -> list[dict]:
-    """Every labelled image (``ai.backend.kernelspec``) of ``reg``'s project: the
-    registry HTTP API v2 (catalogue, tags, manifests, config blobs)."""
-    base = reg["url"].rstrip("/")
-    host = registry_host(base)
-    auth = basic_auth(reg)
-    prefix = (reg.get("project") or "").strip("/")
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
-    conn = aiohttp.TCPConnector(ssl=_ssl(reg), limit=concurrency)
-    found: list[dict] = []
-    sem = asyncio.Semaphore(concurrency)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
-            repos: list[str] = []
-            url: str | None = f"{base}/v2/_catalog?n=1000"
-            while url:
-                data, resp = await _get_json(http, url, auth, "the catalogue")
-                repos += (data or {}).get("repositories") or []
-                nxt = _next_link(resp)
-                url = (base + nxt if nxt and nxt.startswith("/") else nxt)
-            if prefix:
-                repos = [r for r in repos if r == prefix or r.startswith(prefix + "/")]
-
-            async def tags_of(repo: str) -> list[str]:
-                async with sem:
-                    data, _ = await _get_json(http, f"{base}/v2/{repo}/tags/list", auth,
-                                              f"the tags of {repo}")
-                return (data or {}).get("tags") or []
-
-            async def image(repo: str, tag: str) -> dict | None:
-                async with sem:
-                    headers = {**auth, "Accept": MANIFEST_TYPES}
-                    async with http.get(f"{base}/v2/{repo}/manifests/{tag}",
-                                        headers=headers) as resp:
-                        if resp.status == 404:
-                            return None
-                        if resp.status >= 400:
-                            raise RegistryError(f"the registry answered {resp.status} to the "
-                                                f"manifest of {repo}:{tag}")
-                        digest = resp.headers.get("Docker-Content-Digest", "")
-                        manifest = await resp.json(content_type=None)
-                    if "manifests" in manifest:  # a list: take the amd64/linux one
-                        chosen = next((m for m in manifest["manifests"]
-                                       if (m.get("platform") or {}).get("architecture")
-                                       in ("amd64", "x86_64")), None)
-                        if chosen is None:
-                            return None
-                        async with http.get(f"{base}/v2/{repo}/manifests/{chosen['digest']}",
-                                            headers=headers) as resp:
-                            manifest = await resp.json(content_type=None)
-                    cfg = (manifest.get("config") or {}).get("digest")
-                    if not cfg:
-                        return None
-                    blob, _ = await _get_json(http, f"{base}/v2/{repo}/blobs/{cfg}", auth,
-                                              f"the config of {repo}:{tag}")
-                size = sum(int(layer.get("size") or 0) for layer in manifest.get("layers") or [])
-                labels = ((blob or {}).get("config") or {}).get("Labels") or {}
-                if KERNELSPEC not in labels:
-                    return None
-                arch = (blob or {}).get("architecture") or "amd64"
-                return {"name": f"{host}/{repo}:{tag}", "repo": repo, "tag": tag,
-                        "digest": digest, "size_bytes": size, "labels": dict(labels),
-                        "architecture": "x86_64" if arch == "amd64" else arch}
-
-            tag_lists = await asyncio.gather(*(tags_of(r) for r in repos))
-            pairs = [(r, t) for r, tags in zip(repos, tag_lists, strict=True) for t in tags]
-            for got in await asyncio.gather(*(image(r, t) for r, t in pairs)):
-                if got is not None:
-                    found.append(got)
-    except aiohttp.ClientError as e:
-        raise RegistryError(f"registry {reg['name']!r} at {base} cannot be reached: "
-                            f"{e.__class__.__name__}: {e}") from None
-    return sorted(found, key=lambda f: f["name"])
-
-
-async def rescan(mgr, principal: Principal, name: str) -> dict:
-    """Rescan registry ``name`` (or ``local``: the agents' engines) and record it."""
-    access.require(principal.is_superadmin, "rescan container registries")
-    if name == LOCAL:
-        return await rescan_local(mgr)
-    reg = await mgr.ops.registry_secrets(name)
-    found = await scan_registry(reg)
-    return await mgr.ops.record_scan(name, found)
-
-
-async def rescan_local(mgr) -> dict:
-    """Catalogue the labelled images the agents' engines hold (source ``local``)."""
-    seen: dict[str, dict] = {}
-    for group in await mgr.ops.resource_group_names():
-        for c in await mgr.agents.clients(group):
-            try:
-                images = await c.list_images()
-            except BackendAIError:
-                continue
-            for i in images:
-                repo, _, tag = i["name"].rpartition(":")
-                if not repo or "/" in tag:
-                    repo, tag = i["name"], "latest"
-                seen.setdefault(i["name"], {"name": i["name"], "repo": repo, "tag": tag,
-                                            "labels": dict(i.get("labels") or {})})
-    return await mgr.ops.record_scan(LOCAL, sorted(seen.values(), key=lambda f: f["name"]))
-
 
 
 # -- a session committed to an image (issue 27: ``session commit``) --------------------

@@ -29,6 +29,7 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     keypairs,
     lifetimes,
     pageviews,
+    registries,
     spawnviews,
     templates,
     tenancy,

@@ -21,7 +21,7 @@ from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
 from ..common.times import parse_utc
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
-from . import access, admin, images, lifetimes, templates, tenancy, vfolders, warmpool
+from . import access, admin, images, lifetimes, registries, templates, tenancy, vfolders, warmpool
 from .ops import reads
 from .scheduler.snapshot import load_limits, load_policies, load_usage
 from .scheduler.state import slot_limit
@@ -290,7 +290,7 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         out["agents"] = _all(admin.list_agents, db, p)["items"]
         out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
     elif section == "environments":  # issue 25: registries (superadmins) and the catalogue
-        out["registries"] = images.list_registries(db, p) if p.is_superadmin else []
+        out["registries"] = registries.list_registries(db, p) if p.is_superadmin else []
         out["images"] = images.list_catalogue(db, p, True)
         for i in out["images"]:
             i["path"] = "images/" + quote(i["name"], safe="")

@@ -460,8 +460,23 @@ class VFolderHosts(Response):
 # -- images (issue 25: manager/images.py) ------------------------------------------
 
 
+class RescanProgress(Response):
+    """A registry's rescan as the hub answering knows it (manager/registries.py):
+    running (``done`` of ``total`` images read; ``total`` 0 while the repositories and
+    tags are listed), done (``result``) or failed (``error``)."""
+
+    state: Literal["running", "done", "failed"]
+    done: int
+    total: int
+    words: str
+    started_at: Time
+    finished_at: Time | None = None
+    error: str | None = None
+
+
 class ContainerRegistry(Response):
-    """A container registry (issue 25); never its password: ``has_password``."""
+    """A container registry (issue 25); never its password: ``has_password``.
+    ``rescan``: its last or current rescan on this hub (none since it started: null)."""
 
     name: str
     url: str
@@ -472,6 +487,7 @@ class ContainerRegistry(Response):
     pull_policy: str
     last_scan: Time | None = None
     created_at: Time
+    rescan: RescanProgress | None = None
 
 
 class Image(Response):

@@ -587,6 +587,10 @@ class AdminPage(PageBase):
                 queues.append({"name": name, "stats": st, "sessions": waiting,
                                "oldest": human_duration(st.get("oldest_wait_s") or 0)})
             data["queues"] = queues
+        if section == "environments":  # a rescan running or ended on this hub
+            for r in data["registries"]:
+                r["rescan"] = self.manager.registries.progress(r["name"])
+            data["local_rescan"] = self.manager.registries.progress("local")
         if section == "usage":
             data.update(await self.usage_view(p))
         if section == "plots":

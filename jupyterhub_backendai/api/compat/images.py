@@ -64,13 +64,13 @@ async def start_rescan(manager, p, registry: str | None) -> str:
     if not p.is_superadmin:
         raise InvalidRequest("only superadmins rescan image registries")
     names = [registry] if registry else [
-        r["name"] for r in await manager.ops.list_registries(p)] + [images.LOCAL]
+        r["name"] for r in await manager.registries.list(p)] + [images.LOCAL]
     if registry and registry != images.LOCAL:
-        await manager.ops.get_registry(p, registry)  # (unknown: a refusal now, not later)
+        await manager.registries.get(p, registry)  # (unknown: a refusal now, not later)
 
     async def run(entry):
         for name in names:
-            out = await images.rescan(manager, p, name)
+            out = await manager.registries.rescan(p, name)
             entry["done"] += 1
             entry["messages"].append(
                 f"{name}: {out['found']} images ({out['added']} new, {out['updated']} changed, "
