@@ -134,6 +134,31 @@ class Registry:
         self.pushed.append(ref)
         return ref
 
+    def add_tags(self, repo: str, tag: str, names: list[str]) -> None:
+        """Tag ``<repo>:<tag>`` once more under each of ``names``, through the registry
+        API (the manifest put again under each name: no engine involved)."""
+        import base64
+        import urllib.request
+        from concurrent.futures import ThreadPoolExecutor
+
+        auth = "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        ctx = self.ssl_context()
+        accept = "application/vnd.docker.distribution.manifest.v2+json"
+        req = urllib.request.Request(f"{self.url}/v2/{repo}/manifests/{tag}",
+                                     headers={"Authorization": auth, "Accept": accept})
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+            body, ctype = r.read(), r.headers["Content-Type"]
+
+        def put(name: str) -> None:
+            req = urllib.request.Request(
+                f"{self.url}/v2/{repo}/manifests/{name}", data=body, method="PUT",
+                headers={"Authorization": auth, "Content-Type": ctype})
+            with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+                assert r.status == 201, r.status
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(put, names))
+
     def stop(self) -> None:
         """Stop the registry and remove every image on the engine that came from it (an
         image pulled by digest keeps only ``<host>/<repo>@sha256:...``: no tag to remove)."""

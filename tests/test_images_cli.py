@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import uuid
 
@@ -190,6 +191,68 @@ def test_console_environments_page(hub, reg):
     us = hub.login(u["email"], PASSWORD)
     r = us.get(hub.base + "/hub/backendai/admin/environments")
     assert r.status_code in (403, 404) and tiny not in r.text
+
+
+def test_console_rescan_shows_its_progress(hub, reg, tmp_path):
+    """In Chromium: the Environments page's Rescan follows the rescan while it reads (the
+    registry's row says how many of its 301 tags were read), then says what it found; the
+    API answers the same progress; a registry removed takes its images with it."""
+    from .chromium import chromium, logged_in
+    from .hub import ADMIN_EMAIL, ADMIN_PASSWORD
+
+    sa = superadmin(hub)
+    d = tmp_path / "bulk"
+    d.mkdir()
+    (d / "hello").write_text("bulk\n")
+    (d / "Dockerfile").write_text('FROM scratch\nCOPY hello /hello\n'
+                                  'LABEL "ai.backend.kernelspec"="1"\n')
+    tag = image_tag("cli-bulk")
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True, capture_output=True)
+    try:
+        reg.push(tag, "bulk/tiny", "0")
+    finally:
+        remove_images(tag)
+    reg.add_tags("bulk/tiny", "0", [f"t{i:03d}" for i in range(300)])
+    sa.ok("POST", "/container-registries", status=201, json={
+        "name": "bulk", "url": reg.url, "project": "bulk", "username": reg.username,
+        "password": reg.password, "ca_cert": reg.ca_pem.decode()})
+    try:
+        with chromium() as browser:
+            ctx, page, errors = logged_in(browser, hub, ADMIN_EMAIL, ADMIN_PASSWORD)
+            seen: list[str] = []
+            # Every text the rescan cell shows, across the reload that ends the rescan.
+            def saw(text: str) -> None:
+                seen.append(text)
+
+            page.expose_function("backendaiSeen", saw)
+            ctx.add_init_script("""
+              document.addEventListener("DOMContentLoaded", () => {
+                const cell = document.querySelector(
+                  '#backendai-registries tr[data-name="bulk"] .backendai-rescan');
+                if (!cell) { return; }
+                window.backendaiSeen(cell.textContent);
+                new MutationObserver(() => window.backendaiSeen(cell.textContent))
+                  .observe(cell, {childList: true, characterData: true, subtree: true});
+              });""")
+            page.goto(hub.base + "/hub/backendai/admin/environments")
+            row = page.locator('#backendai-registries tr[data-name="bulk"]')
+            row.get_by_role("button", name="Rescan").click()
+            page.locator("#backendai-message").filter(has_text="Rescanned bulk.").wait_for()
+            cell = page.locator('#backendai-registries tr[data-name="bulk"] .backendai-rescan')
+            assert cell.inner_text() == "301 images (301 new, 0 changed, 0 gone)"
+            reading = [t for t in seen if re.fullmatch(r"\d+ of 301 images read", t)]
+            assert reading, seen  # the progress, shown while it ran
+            counts = [int(t.split()[0]) for t in reading]
+            assert counts == sorted(counts) and counts[-1] <= 301, reading
+            assert errors == []
+            ctx.close()
+        got = sa.ok("GET", "/container-registries/bulk")["rescan"]
+        assert (got["state"], got["done"], got["total"]) == ("done", 301, 301)
+        assert len(sa.ok("GET", "/images", params={"source": "bulk", "limit": 500})
+                   ["items"]) == 301
+    finally:
+        sa.ok("DELETE", "/container-registries/bulk", status=204)
+    assert sa.ok("GET", "/images", params={"source": "bulk"})["items"] == []
 
 
 def test_gpu_images_only_where_the_group_has_gpus(hub, reg, tmp_path):
