@@ -14,10 +14,12 @@ export DEBIAN_FRONTEND=noninteractive
 # (tests/registry.py: loopback, htpasswd auth, TLS; docs/images.md).
 # lxcfs: kernels' /proc as their cgroup sees it (agent/backends/lxcfs.py; tests/test_agent.py
 # mounts one of its own).
+# socat: the multi-node tests' namespaced engines reach the test registry on their own
+# loopback (tests/swarm_nodes.py).
 # python3 (Debian's): an interpreter outside /root that an unprivileged kernel user can run
 # (tests/test_attacks_agent.py runs a hub on it, installed from this checkout).
 pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client
-      btrfs-progs docker-registry
+      btrfs-progs docker-registry socat
       nginx-light python3 lxcfs)
 # npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
 # (only when missing: a NodeSource nodejs brings its own npm).

@@ -5,8 +5,14 @@ exec root, socket, pid file and cgroup parent), started with ``nsenter --net=...
 (``ip netns exec`` would also remount /sys and hide the cgroup hierarchy from dockerd).
 The two namespaces are joined by one veth pair with addresses of the test's own
 (198.18.<n>.1 and .2, the benchmarking range of RFC 2544): nothing else is reachable
-from them, and they reach nothing else. The kernel image is copied into each engine
-with ``docker save | docker load``; the engines form a Docker Swarm (the first inits
+from them, and they reach nothing else. Given a registry (tests/registry.py), the
+kernel image is pushed to it and the nodes get it as production nodes do, by pulling:
+each engine reaches the registry at the same address as the host, ``127.0.0.1:<port>``
+on its own loopback, through a ``socat`` pair (the namespace's listener to a unix
+socket, the host's end of that socket to the registry), and trusts its CA through
+/etc/docker/certs.d like the host's engine; the agents pull when a session placed on
+them needs the image. Without one, the image is copied into each engine with ``docker
+save | docker load``. The engines form a Docker Swarm (the first inits
 it, the second joins as a manager: an agent makes its sessions' overlay networks on
 its own engine, which only a manager may do). The agents reach their engines through
 the unix sockets (a socket is a file: no network between the host and the nodes).
@@ -17,6 +23,7 @@ what a killed run left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -106,10 +113,18 @@ class Node:
 
 
 class SwarmNodes:
-    """Two namespaced Docker engines joined as a Swarm; ``stop()`` removes everything."""
+    """Two namespaced Docker engines joined as a Swarm; ``stop()`` removes everything.
 
-    def __init__(self, image: str = IMAGE_DEFAULT):
+    ``registry`` (a started tests/registry.py ``Registry``): the image is pushed there
+    (``image_ref``) and the nodes pull it; otherwise it is loaded into both."""
+
+    REPO = "swarm/kernel"
+
+    def __init__(self, image: str = IMAGE_DEFAULT, registry=None):
         self.image = image
+        self.registry = registry
+        self.image_ref = image
+        self.forwarders: list[subprocess.Popen] = []
         self.tag = os.urandom(2).hex()
         n = int(self.tag, 16) % 250 + 1
         self.subnet = f"198.18.{n}"
@@ -128,8 +143,13 @@ class SwarmNodes:
             node.wait_ready()
         self.timings["engines_s"] = time.monotonic() - t0
         t0 = time.monotonic()
-        self._load_image()
-        self.timings["image_load_s"] = time.monotonic() - t0
+        if self.registry is not None:
+            self.image_ref = self.registry.push(self.image, self.REPO, self.tag)
+            self._forward_registry()
+            self.timings["image_push_s"] = time.monotonic() - t0
+        else:
+            self._load_image()
+            self.timings["image_load_s"] = time.monotonic() - t0
         t0 = time.monotonic()
         self._swarm()
         self.timings["swarm_s"] = time.monotonic() - t0
@@ -145,6 +165,43 @@ class SwarmNodes:
         for node, dev in zip(self.nodes, self.veth, strict=True):
             _run(["ip", "-n", node.name, "addr", "add", f"{node.addr}/24", "dev", dev])
             _run(["ip", "-n", node.name, "link", "set", dev, "up"])
+
+    def _forward_registry(self) -> None:
+        """The registry at ``127.0.0.1:<port>`` inside each node's namespace: there a
+        ``socat`` listens and connects to a unix socket (a file: seen from every
+        namespace), whose host end connects to the registry on the host's loopback."""
+        port = self.registry.port
+        sock = os.path.join(self.nodes[0].exec_root, "registry.sock")
+
+        def spawn(args):
+            p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+            self.forwarders.append(p)
+            return p
+
+        spawn(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"])
+        deadline = time.monotonic() + 10
+        while not os.path.exists(sock):
+            if time.monotonic() > deadline or self.forwarders[0].poll() is not None:
+                raise RuntimeError(f"socat for the registry did not listen on {sock}")
+            time.sleep(0.05)
+        for node in self.nodes:
+            spawn(["nsenter", f"--net=/var/run/netns/{node.name}", "socat",
+                   f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr", f"UNIX-CONNECT:{sock}"])
+        for node in self.nodes:  # the registry answers from inside the namespace
+            deadline = time.monotonic() + 10
+            while _run(["nsenter", f"--net=/var/run/netns/{node.name}", "bash", "-c",
+                        f"exec 3<>/dev/tcp/127.0.0.1/{port}"], check=False,
+                       timeout=10).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the registry is not reachable from {node.name}")
+                time.sleep(0.1)
+
+    def holds(self, node: Node) -> list[str]:
+        """The registry digests of the image that ``node``'s engine holds."""
+        r = node.docker("image", "inspect", "--format", "{{json .RepoDigests}}",
+                        self.image_ref, check=False)
+        return [] if r.returncode else sorted(json.loads(r.stdout))
 
     def _load_image(self) -> None:
         """``docker save`` once, ``docker load`` into both engines at the same time."""
@@ -185,8 +242,39 @@ class SwarmNodes:
                     node.docker("rm", "-f", *left, check=False, timeout=60)
         for node in reversed(self.nodes):
             node.stop_dockerd()
+        for p in self.forwarders:
+            stop_forwarder(p)
         for node in self.nodes:
             _cleanup_node(node.name)
+
+
+def stop_forwarder(p: subprocess.Popen) -> None:
+    """A socat of :meth:`SwarmNodes._forward_registry` and the children it forked."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(10)
+
+
+def _kill_forwarders(name: str) -> None:
+    """The socats a killed run left for node ``name`` (their command lines name its
+    exec root)."""
+    mark = os.path.join(RUN, name).encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if cmd.startswith((b"socat\0", b"nsenter\0")) and mark in cmd:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _cleanup_node(name: str) -> None:
@@ -244,6 +332,7 @@ def cleanup_leftovers() -> list[str]:
                     os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, FileNotFoundError):
                 pass
+        _kill_forwarders(name)
         _cleanup_node(name)
     return sorted(names)
 

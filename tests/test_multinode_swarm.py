@@ -1,8 +1,9 @@
 """Multi-node sessions across separate Docker engines (issue 15).
 
 Two "machines" on this host (tests/swarm_nodes.py): two network namespaces joined by a
-veth pair, each with its own dockerd (own data root, the kernel image loaded into it),
-joined as a Docker Swarm. Each engine has its own agent (in the manager's process, each
+veth pair, each with its own dockerd (own data root), joined as a Docker Swarm. The
+kernel image is in a real registry (tests/registry.py: auth, TLS), catalogued by each
+test's manager; the engines get it as production nodes do, by their agents' pulls. Each engine has its own agent (in the manager's process, each
 driving its engine through its socket). Everything is real: the engines, the Swarm,
 its overlay network (VXLAN between the namespaces), sshd in the kernels.
 """
@@ -19,10 +20,15 @@ from traitlets.config import Config
 
 from jupyterhub_backendai.agent.core import Agent as LocalAgent
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.manager.access import Principal
 
 from .hub import KERNEL_IMAGE
 from .inproc import DEAD, agent_config, make_user, occupied, running_manager, wait_status
+from .registry import Registry
 from .swarm_nodes import SwarmNodes
+
+ROOT = Principal(user_id="root", username="root", email="root@example.com", role="superadmin",
+                 domain="default")
 
 # Run in main1 (a batch session's command): reach sub1 by name over TCP (its sshd's
 # banner on port 2200), then over SSH with the session's key, then print what the
@@ -53,12 +59,24 @@ sleep 300"""
 
 @pytest.fixture(scope="module")
 def swarm(docker_image):
-    nodes = SwarmNodes(KERNEL_IMAGE)
+    reg = Registry().start()
+    nodes = SwarmNodes(KERNEL_IMAGE, registry=reg)
     try:
         nodes.start()
         yield nodes
     finally:
         nodes.stop()
+        reg.stop()
+
+
+async def _catalogued(mgr, swarm) -> str:
+    """The registry in ``mgr``'s catalogue, rescanned: the kernel image's reference."""
+    reg = swarm.registry
+    await mgr.registries.create(ROOT, {
+        "name": "nodes", "url": reg.url, "project": "swarm", "username": reg.username,
+        "password": reg.password, "ca_cert": reg.ca_pem.decode()})
+    assert (await mgr.registries.rescan(ROOT, "nodes"))["found"] == 1
+    return swarm.image_ref
 
 
 async def _agent_on(mgr, tmp_path, node, name: str) -> LocalAgent:
@@ -119,13 +137,19 @@ def test_two_node_session_over_a_swarm_overlay(swarm, tmp_path):
             second = await _agent_on(mgr, tmp_path, b, "b")
             agents = [mgr.agent, second]
             user = await make_user(mgr, max_containers=2)
+            ref = await _catalogued(mgr, swarm)
             sid = await mgr.enqueue(
-                username=user, name="mn", image=KERNEL_IMAGE,
+                username=user, name="mn", image=ref,
                 slots=ResourceSlot(cpu=1, mem=512 * 2**20), service_prefix="/", environ={},
                 session_type="batch", startup_command=PROBE, cluster_size=2,
                 cluster_mode="multi-node")
             sess = await wait_status(mgr, sid, ("RUNNING", *DEAD))
             assert sess.status == "RUNNING", sess.status_info
+            # Each engine pulled the image from the registry: it holds the digest the
+            # rescan catalogued (nothing was loaded into it).
+            digest = (await mgr.ops.resolve_image(ref))["digest"]
+            for node in (a, b):
+                assert f"{swarm.registry.host}/{swarm.REPO}@{digest}" in swarm.holds(node)
             main, sub = sess.kernels
             assert (main.cluster_hostname, sub.cluster_hostname) == ("main1", "sub1")
             # One kernel on each engine (each agent drives only its own).
@@ -178,7 +202,7 @@ def test_single_node_session_keeps_a_bridge_and_ssh(swarm, tmp_path):
         async with running_manager(_db(tmp_path), tmp_path, "docker", configure=cfg) as mgr:
             user = await make_user(mgr, max_containers=2)
             sid = await mgr.enqueue(
-                username=user, name="sn", image=KERNEL_IMAGE,
+                username=user, name="sn", image=await _catalogued(mgr, swarm),
                 slots=ResourceSlot(cpu=0.5, mem=512 * 2**20), service_prefix="/", environ={},
                 session_type="batch", startup_command=PROBE, cluster_size=2,
                 cluster_mode="single-node")
@@ -209,7 +233,7 @@ def test_encrypted_overlay_when_the_operator_asks(swarm, tmp_path):
             second = await _agent_on(mgr, tmp_path, b, "b")
             user = await make_user(mgr, max_containers=2)
             sid = await mgr.enqueue(
-                username=user, name="enc", image=KERNEL_IMAGE,
+                username=user, name="enc", image=await _catalogued(mgr, swarm),
                 slots=ResourceSlot(cpu=1, mem=512 * 2**20), service_prefix="/", environ={},
                 session_type="batch", startup_command="sleep 300", cluster_size=2,
                 cluster_mode="multi-node")
