@@ -108,16 +108,24 @@ async def make_user(mgr: BackendAIManager, email: str = "alice@example.com",
 
 
 async def wait_status(mgr: BackendAIManager, sid: str, statuses, timeout: float = 90) -> Session:
-    """Poll until the session is in one of ``statuses`` (a bound for hangs, not a speed check)."""
+    """Wait until the session is in one of ``statuses`` (a bound for hangs, not a speed
+    check): read again at each change the manager announces (``mgr.events``, as the
+    spawner waits), and every quarter second in case one was not."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while True:
-        sess = await mgr.get_session(sid)
-        if sess.status in statuses:
-            return sess
-        if loop.time() > deadline:
-            raise AssertionError(f"session {sid} stuck in {sess.status}: {sess.status_info}")
-        await asyncio.sleep(0.05)
+    with mgr.events.listen(sid) as changed:
+        while True:
+            changed.clear()
+            sess = await mgr.get_session(sid)
+            if sess.status in statuses:
+                return sess
+            if loop.time() > deadline:
+                raise AssertionError(f"session {sid} stuck in {sess.status}: {sess.status_info}")
+            try:
+                async with asyncio.timeout(0.25):
+                    await changed.wait()
+            except TimeoutError:
+                pass
 
 
 async def occupied(mgr: BackendAIManager) -> dict:

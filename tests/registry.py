@@ -188,8 +188,10 @@ def build_labelled(tmp: Path, repo: str, labels: dict[str, str], variant: str = 
     for k, v in labels.items():
         lines.append(f'LABEL "{k}"="{v}"')
     (d / "Dockerfile").write_text("\n".join(lines) + "\n")
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True,
-                   capture_output=True, timeout=600)
+    r = subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode:
+        raise RuntimeError(f"docker build of {tag} failed: {r.stderr.strip()[-2000:]}")
     return tag
 
 

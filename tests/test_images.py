@@ -48,18 +48,20 @@ def reg(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("images")
     r = Registry().start()
     built = []
+    # This fixture's own names: another of its instances (a rerun elsewhere) removes its own.
+    mine = os.urandom(3).hex()
     try:
         blob = tmp / "blob"
         blob.mkdir()
         (blob / "data").write_bytes(os.urandom(64 * 2**20))
-        base = build_labelled(tmp, "registry-base", {}, variant="base")
+        base = build_labelled(tmp, "registry-base", {}, variant=f"base-{mine}")
         built.append(base)
         # The 64 MiB layer, shared by the variants below.
         d = tmp / "fat"
         d.mkdir()
         (d / "data").write_bytes((blob / "data").read_bytes())
         (d / "Dockerfile").write_text(f"FROM {base}\nCOPY data /opt/payload\n")
-        fat = image_tag("registry-fat")
+        fat = image_tag("registry-fat", mine)
         subprocess.run(["docker", "build", "-q", "-t", fat, str(d)], check=True,
                        capture_output=True)
         built.append(fat)
@@ -67,7 +69,7 @@ def reg(tmp_path_factory):
         for tag, labels in (("v1", {"ai.backend.resource.min.cpu": "1"}),
                             ("v2", {"ai.backend.test.variant": "two"}),
                             ("doomed", {"ai.backend.test.variant": "doomed"})):
-            t = build_labelled(tmp, "registry-kernel", labels, variant=tag, base=fat)
+            t = build_labelled(tmp, "registry-kernel", labels, variant=f"{tag}-{mine}", base=fat)
             built.append(t)
             refs[tag] = r.push(t, REPO, tag)
         remove_images(*reversed(built))

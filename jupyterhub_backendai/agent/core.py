@@ -663,9 +663,23 @@ class Agent(LoggingConfigurable):
         return await self.impl.list_images()
 
     async def pull_image(self, ref: str, auth: dict | None = None, policy: str = "tag",
-                         on_progress=None) -> bool:
-        """Issue 25: make ``ref`` present, pulling it (shared) when missing (backends/pull.py)."""
-        pulled = await self.puller.ensure(ref, auth, policy, on_progress)
+                         on_progress=None, session_id: str | None = None) -> bool:
+        """Issue 25: make ``ref`` present, pulling it (shared) when missing (backends/pull.py).
+
+        ``session_id``: the session whose kernels this agent creates next; its network
+        is made while the image is pulled (a backend with ``prepare_session``), and
+        removed again when the pull fails."""
+        prepare = getattr(self.impl, "prepare_session", None)
+        ready = asyncio.ensure_future(prepare(session_id)) if prepare and session_id else None
+        try:
+            pulled = await self.puller.ensure(ref, auth, policy, on_progress)
+        except BaseException:
+            if ready is not None:
+                await asyncio.gather(ready, return_exceptions=True)
+                await self.impl.unprepare_session(session_id)
+            raise
+        if ready is not None:
+            await ready
         if pulled:
             self.report_soon()  # the image is here now
         return pulled

@@ -128,17 +128,20 @@ class ImageInspectHandler(_Handler):
 
 class ImagePullHandler(_Handler):
     async def post(self):
-        """Issue 25: pull an image when missing (``{"name", "auth", "policy"}``). The
+        """Issue 25: pull an image when missing (``{"name", "auth", "policy"}``, and
+        ``"session_id"``: the session whose network is made meanwhile). The
         answer is a stream of JSON lines: ``{"progress": {...}}`` while it pulls, then
         ``{"pulled": bool}`` or ``{"error": {"type", "detail"}}``."""
         body = self.body()
-        name, auth = body.get("name"), body.get("auth")
-        if not isinstance(name, str) or not (auth is None or isinstance(auth, dict)):
-            self.problem(InvalidRequest("name (a string) is required; auth is an object"))
+        name, auth, sid = body.get("name"), body.get("auth"), body.get("session_id")
+        if not isinstance(name, str) or not (auth is None or isinstance(auth, dict)) \
+                or not (sid is None or (isinstance(sid, str) and 0 < len(sid) <= 64)):
+            self.problem(InvalidRequest("name (a string) is required; auth is an object; "
+                                        "session_id a string"))
             return
         queue: asyncio.Queue = asyncio.Queue()
         pull = asyncio.ensure_future(self.agent.pull_image(
-            name, auth, body.get("policy") or "tag", queue.put_nowait))
+            name, auth, body.get("policy") or "tag", queue.put_nowait, sid))
         self.set_header("Content-Type", "application/x-ndjson")
         while not pull.done() or not queue.empty():
             if queue.empty():

@@ -56,9 +56,10 @@ class AgentClient:
         raise NotImplementedError
 
     async def pull_image(self, name: str, auth: dict | None = None, policy: str = "tag",
-                         on_progress=None) -> bool:
+                         on_progress=None, session_id: str | None = None) -> bool:
         """Issue 25: make ``name`` present on the agent, pulling it when missing
-        (``on_progress(dict)``: in process only)."""
+        (``on_progress(dict)``); ``session_id``: the session whose kernels follow, whose
+        network the agent makes meanwhile (agent/core.py ``pull_image``)."""
         raise NotImplementedError
 
 
@@ -100,8 +101,9 @@ class InProcessAgentClient(AgentClient):
     async def list_images(self):
         return [{"name": i.name, "labels": i.labels} for i in await self.agent.list_images()]
 
-    async def pull_image(self, name, auth=None, policy="tag", on_progress=None):
-        return await self.agent.pull_image(name, auth, policy, on_progress)
+    async def pull_image(self, name, auth=None, policy="tag", on_progress=None,
+                         session_id=None):
+        return await self.agent.pull_image(name, auth, policy, on_progress, session_id)
 
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -186,12 +188,13 @@ class HTTPAgentClient(AgentClient):
     async def list_images(self):
         return await self._call("GET", "/v1/images")
 
-    async def pull_image(self, name, auth=None, policy="tag", on_progress=None):
+    async def pull_image(self, name, auth=None, policy="tag", on_progress=None,
+                         session_id=None):
         """The agent's stream of JSON lines (agent/server.py ``ImagePullHandler``):
         progress to ``on_progress``, then the outcome. A pull may take long: its own
         pool with an hour's limit."""
         node = _node_client(self.base, self.token, self.tls, max(self.timeout, PULL_TIMEOUT))
-        body = {"name": name, "auth": auth, "policy": policy}
+        body = {"name": name, "auth": auth, "policy": policy, "session_id": session_id}
         try:
             async with node.session().post(node.base + "/v1/images/pull", json=body) as resp:
                 await node.raise_for(resp, AgentError)

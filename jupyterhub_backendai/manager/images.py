@@ -387,6 +387,8 @@ async def ensure_on_agents(mgr, sid: str, image: str, clients: dict) -> None:
             state["writing"] = False
 
     policy = entry.get("pull_policy") or reg["pull_policy"]
-    await asyncio.gather(*(c.pull_image(image, auth, policy, on_progress)
+    # One agent: it makes the session's network while it pulls (not an overlay's).
+    prepare = sid if len(clients) == 1 else None
+    await asyncio.gather(*(c.pull_image(image, auth, policy, on_progress, session_id=prepare)
                            for c in clients.values()))
     await asyncio.gather(*(c.image_info(image) for c in clients.values()))

@@ -66,6 +66,8 @@ CLUSTER_SSH_DIR = "home/config/ssh"
 SSH_CONTAINER_PORT = 2200
 KERNEL_UID = 1000
 OVERLAY_WAIT = 30.0
+# Seconds a network made ahead of a session's kernels (prepare_session) waits for one.
+PREPARED_TTL = 120.0
 # Issue 22: what withdraws a keypair's SSH key inside a kernel (run there by python3).
 _SSHREVOKE = Path(sshrevoke.__file__).read_text()
 # Subnets being made into session networks right now, per event loop (shared by the
@@ -230,6 +232,9 @@ class DockerBackend(Backend):
         # Swarm worker, or in no Swarm (None): read at init.
         self.swarm_role: str | None = None
         self._bg: set[asyncio.Task] = set()
+        # Sessions whose network was made while their image was pulled, and no kernel of
+        # theirs came yet (prepare_session): their network goes if none comes.
+        self._prepared: set[str] = set()
         self.startup_cpus = startup_cpus
         self.startup_cpu_timeout = startup_cpu_timeout
         self.network = network
@@ -488,6 +493,34 @@ class DockerBackend(Backend):
                     f"{OVERLAY_WAIT:g} s (the main kernel's agent makes it)")
             await asyncio.sleep(0.1)
 
+    async def prepare_session(self, session_id: str) -> None:
+        """Issue 25: make a session's network while its image is pulled (Agent.pull_image),
+        which ``create_kernel`` then finds (a network takes as long to make as a small
+        pull: the two overlap). If no kernel of the session comes within
+        ``PREPARED_TTL`` seconds (its start failed elsewhere), the network goes again;
+        a failure here is left to ``create_kernel``, which tries again and says why."""
+        if self.use_host_network:
+            return
+        self._prepared.add(session_id)
+        try:
+            await self._session_network(session_id)
+        except (DockerError, AgentError) as e:
+            log.info("session %s: network not made ahead (%s); made at the kernel's start",
+                     session_id, getattr(e, "message", None) or e)
+        self._spawn(self._unprepare_later(session_id))
+
+    async def unprepare_session(self, session_id: str) -> None:
+        """The network :meth:`prepare_session` made, removed (no kernel of the session
+        came: the pull failed); a session with a kernel here keeps it."""
+        if session_id in self._prepared:
+            self._prepared.discard(session_id)
+            async with _name_lock(self.session_network_name(session_id)):
+                await self._remove_session_network(session_id)
+
+    async def _unprepare_later(self, session_id: str) -> None:
+        await asyncio.sleep(PREPARED_TTL)
+        await self.unprepare_session(session_id)
+
     async def _remove_session_network(self, session_id: str) -> None:
         """Remove a session's network once no container is left on it (another
         agent's kernels of the same session may still use it: then it stays). An
@@ -612,6 +645,7 @@ class DockerBackend(Backend):
         return not self.use_host_network
 
     async def create_kernel(self, spec, image, host_ports, cuda_devices, fake_devices):
+        self._prepared.discard(spec["session_id"])  # its kernels own the network now
         kernel_type = spec.get("kernel_type", INTERACTIVE)
         ports = image.service_ports if kernel_type == INTERACTIVE else []
         # Issue 12: SSH/SFTP from outside (the agent took one more host port, the last).
