@@ -396,6 +396,12 @@ def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
 
             assert containers_of(mgr.agent.agent_id) == []
             assert not image_present(v2) and not image_present(doomed)
+            # The sessions' networks, made while they pulled, went with the failed pulls.
+            nets = subprocess.run(
+                ["docker", "network", "ls", "-q", "--filter",
+                 f"label=ai.backend.agent-id={mgr.agent.agent_id}"],
+                capture_output=True, text=True, check=True).stdout.split()
+            assert nets == []
             assert_consistent(mgr)
 
     asyncio.run(run())
