@@ -499,7 +499,7 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
         (alice, ("session", "commit", name), "no registry to push session"),
         (alice, ("server-logs", "list"), "the server's error log is the hub's own log"),
         (alice, ("task-logs", str(uuid.uuid4())), "background task logs are not kept"),
-        (root, ("admin", "etcd", "get", "x"), "the managers' shared settings"),
+        (root, ("admin", "etcd", "get", "x"), "only the container registries' keys are served"),
         (root, ("admin", "manager", "status"), "the manager's status and freezing"),
         (root, ("admin", "announcement", "update", "-m", "hi"), "announcements are not"),
         (root, ("admin", "domain", "update", "default", "--new-name", f"d-{x}"),
@@ -520,7 +520,7 @@ def test_refused_routes_name_what_to_use_instead(hub, alice, bob26, root):
     sa = superadmin(hub)
     for method, path in (("GET", f"/stream/session/{name}/httpproxy"),
                          ("GET", "/folders/_/mounts"),
-                         ("PATCH", "/services/x"), ("POST", "/config/set")):
+                         ("PATCH", "/services/x"), ("GET", "/logs/error")):
         r = alice.user["client"](method, path)
         assert r.status_code == 400 and " not " in r.json()["title"], (method, path, r.text)
         assert r.headers["Content-Type"] == "application/problem+json"

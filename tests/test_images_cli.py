@@ -114,6 +114,69 @@ def test_cli_lists_rescans_and_aliases_images(hub, reg, tmp_path):
     assert "Finished registry scanning" in out, out
 
 
+def test_cli_configures_a_registry_through_its_etcd_keys(hub, reg, tmp_path):
+    """Backend.AI's way of adding a registry, `admin etcd set config/docker/registry/<host>`
+    (the address, then a field; or the whole object), makes a registry of the hub's named
+    by its host, which `admin image rescan -r <host>` reads; `get` never shows the
+    password; other keys, a plain user, a field of a registry not set up, several
+    projects are refused in words and change nothing; `delete --prefix` removes it and its
+    images (23.09 client; the 26.09 client's get too)."""
+    import urllib.parse
+
+    sa = superadmin(hub)
+    root = BAI(hub, new_user(sa, role="superadmin", name=f"root-{uuid.uuid4().hex[:6]}"),
+               str(tmp_path / "root"))
+    user = BAI(hub, new_user(sa, name=f"u-{uuid.uuid4().hex[:6]}"), str(tmp_path / "user"))
+    key = "config/docker/registry/" + urllib.parse.quote(reg.host, safe="")
+    before = sa.ok("GET", "/container-registries")["items"]
+
+    refused = [
+        (user, ("admin", "etcd", "set", key, reg.url), "only superadmins"),
+        (root, ("admin", "etcd", "set", "config/redis/addr", "x"),
+         "only the container registries' keys are served here"),
+        (root, ("admin", "etcd", "set", key + "/username", reg.username),
+         f"no container registry '{reg.host}': set its address first"),
+        (root, ("admin", "etcd", "set", key, json.dumps({"": reg.url, "project": "a,b"})),
+         "one project per registry here"),
+        (root, ("admin", "etcd", "set", key, "ftp://nowhere"), "is not a registry address"),
+    ]
+    for bai, args, words in refused:
+        out = bai(*args, rc=None)
+        assert bai.rc != 0 and words in out, (args, out)
+    assert sa.ok("GET", "/container-registries")["items"] == before
+
+    # The address, then the fields one by one (as an operator of Backend.AI does).
+    root("admin", "etcd", "set", key, reg.url)
+    for field, value in (("username", reg.username), ("password", reg.password),
+                         ("project", "lab"), ("type", "docker")):
+        out = root("admin", "etcd", "set", f"{key}/{field}", value)
+        assert "Successfully set" in out, out
+    got = sa.ok("GET", "/container-registries/" + urllib.parse.quote(reg.host, safe=""))
+    assert (got["url"], got["username"], got["project"], got["has_password"]) == \
+        (reg.url, reg.username, "lab", True)
+    # The engine trusts the CA already (certs.d); the hub's rescan needs it too: the admin
+    # API sets it (Backend.AI's keys have no CA).
+    sa.ok("PATCH", "/container-registries/" + urllib.parse.quote(reg.host, safe=""),
+          json={"ca_cert": reg.ca_pem.decode()})
+    out = root("admin", "image", "rescan", "-r", reg.host)
+    assert "Finished registry scanning" in out, out
+    tiny = f"{reg.host}/lab/tiny:1"
+    assert tiny in _catalogue(hub)
+
+    out = root("admin", "etcd", "get", "config/docker/registry", "--prefix")
+    assert reg.url in out and reg.username in out and reg.password not in out, out
+    out = root("admin", "etcd", "get", key + "/password")
+    assert reg.password not in out, out
+    bai26 = BAI(hub, root.user, str(tmp_path / "root26"), cli=CLI26)
+    out = bai26("admin", "etcd", "get", key)
+    assert reg.url in out, out
+
+    out = root("admin", "etcd", "delete", key, "--prefix")
+    assert "Successfully deleted" in out, out
+    assert sa.ok("GET", "/container-registries")["items"] == before
+    assert tiny not in _catalogue(hub)
+
+
 def test_spawn_form_lists_the_catalogue_default_first(hub, reg):
     """The spawn form offers the catalogue with aliases and descriptions, the default
     preselected (set through the admin API), beside the agents' own images; a hidden

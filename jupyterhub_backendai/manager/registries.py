@@ -52,7 +52,8 @@ MANIFEST_TYPES = ", ".join((
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.oci.image.index.v1+json",
 ))
-_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
+# A name, or a host as Backend.AI names registries ("cr.example.org", "127.0.0.1:5000").
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._:-]{0,63}$")
 
 
 class RegistryError(BackendAIError):
@@ -118,7 +119,7 @@ def new_registry(body: dict) -> tuple[str, dict]:
     """A new registry's name and settings from a create request, checked."""
     name = body.get("name") or ""
     if not _NAME.match(name) or name == LOCAL:
-        raise InvalidRequest(f"name: {name!r} is not a registry name (letters, digits, . _ -; "
+        raise InvalidRequest(f"name: {name!r} is not a registry name (letters, digits, . _ - :; "
                              f"not {LOCAL!r}, the agents' own images)")
     if not body.get("url"):
         raise InvalidRequest("url: required field missing")

@@ -27,6 +27,7 @@ def routes() -> list[tuple]:
     from . import sessions as s
     from . import templates as t
     from .appproxy import AppsHandler, TCPProxyHandler
+    from .etcdconfig import EtcdConfigHandler
     from .execute import ExecuteHandler, SessionUploadHandler
     from .images import BackgroundTaskEventsHandler, SessionCommitHandler
     from .sessionfiles import SessionDownloadHandler, SessionFilesHandler
@@ -51,6 +52,10 @@ def routes() -> list[tuple]:
         (f"/session/{SEG}/rename", s.SessionRenameHandler),
         ("/events/session", s.SessionEventsHandler),
         ("/events/background-task", BackgroundTaskEventsHandler),  # issue 25: rescans
+        # issue 25: `admin etcd get/set/delete` of config/docker/registry/... only
+        ("/config/get", EtcdConfigHandler, {"action": "get"}),
+        ("/config/set", EtcdConfigHandler, {"action": "set"}),
+        ("/config/delete", EtcdConfigHandler, {"action": "delete"}),
         (f"/session/{SEG}/upload", SessionUploadHandler),
         ("/config/resource-slots", h.ResourceSlotsHandler),
         ("/config/vfolder-types", h.VFolderTypesHandler),
@@ -99,7 +104,6 @@ def routes() -> list[tuple]:
         (f"/session/{SEG}/abusing-report", "abusing-report"),
         (f"/session/{SEG}/dependency-graph", "dependency-graph"),
         ("/logs/error", "server-logs"),
-        ("/config/get", "etcd"), ("/config/set", "etcd"), ("/config/delete", "etcd"),
         ("/manager/status", "manager"), ("/manager/scheduler/operation", "manager"),
         ("/license", "license"),
         ("/resource/watcher", "watcher"), (f"/resource/watcher/agent/{SEG}", "watcher"),

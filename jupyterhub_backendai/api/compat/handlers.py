@@ -124,8 +124,6 @@ REFUSALS = {
     "abusing-report": "abuse reports are not kept here",
     "dependency-graph": ("the dependency graph is not offered here: `session info` shows a "
                          "session's dependencies"),
-    "etcd": ("the managers' shared settings are the hub's configuration (jupyterhub_config.py; "
-             "etcd in cluster mode, docs/cluster.md), not changed through this API"),
     "manager": ("the manager's status and freezing are not offered here: the scheduler's "
                 "state is the admin API's GET /hub/api/backendai/scheduler (docs/api.md)"),
     "license": "there is no license to show: this platform is open source",
@@ -136,8 +134,9 @@ REFUSALS = {
     "presets": ("resource presets are the presets of the hub's spawn form, not "
                 "served through this API: `session create -r` names the resources"),
     "registries": ("image registries are configured through the admin API "
-                   "(/hub/api/backendai/container-registries, docs/images.md); `admin image "
-                   "list / rescan / alias / dealias` work here"),
+                   "(/hub/api/backendai/container-registries, docs/images.md) or with `admin "
+                   "etcd set config/docker/registry/<host>`; `admin image list / rescan / "
+                   "alias / dealias` work here"),
     "admin-vfolder": ("this view of the storage is not offered here: the admin API's "
                       "/vfolder-hosts and /vfolders (docs/api.md)"),
     "services": "model serving (services, endpoints) is not offered here",
