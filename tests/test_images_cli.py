@@ -129,6 +129,17 @@ def test_cli_configures_a_registry_through_its_etcd_keys(hub, reg, tmp_path):
     user = BAI(hub, new_user(sa, name=f"u-{uuid.uuid4().hex[:6]}"), str(tmp_path / "user"))
     key = "config/docker/registry/" + urllib.parse.quote(reg.host, safe="")
     before = sa.ok("GET", "/container-registries")["items"]
+    d = tmp_path / "etcd-tiny"
+    d.mkdir()
+    (d / "hello").write_text("etcd\n")
+    (d / "Dockerfile").write_text('FROM scratch\nCOPY hello /hello\n'
+                                  'LABEL "ai.backend.kernelspec"="1"\n')
+    tag = image_tag("cli-etcd")
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True, capture_output=True)
+    try:
+        tiny = reg.push(tag, "etcd/tiny", "1")
+    finally:
+        remove_images(tag)
 
     refused = [
         (user, ("admin", "etcd", "set", key, reg.url), "only superadmins"),
@@ -148,20 +159,19 @@ def test_cli_configures_a_registry_through_its_etcd_keys(hub, reg, tmp_path):
     # The address, then the fields one by one (as an operator of Backend.AI does).
     root("admin", "etcd", "set", key, reg.url)
     for field, value in (("username", reg.username), ("password", reg.password),
-                         ("project", "lab"), ("type", "docker")):
+                         ("project", "etcd"), ("type", "docker")):
         out = root("admin", "etcd", "set", f"{key}/{field}", value)
         assert "Successfully set" in out, out
     got = sa.ok("GET", "/container-registries/" + urllib.parse.quote(reg.host, safe=""))
     assert (got["url"], got["username"], got["project"], got["has_password"]) == \
-        (reg.url, reg.username, "lab", True)
+        (reg.url, reg.username, "etcd", True)
     # The engine trusts the CA already (certs.d); the hub's rescan needs it too: the admin
     # API sets it (Backend.AI's keys have no CA).
     sa.ok("PATCH", "/container-registries/" + urllib.parse.quote(reg.host, safe=""),
           json={"ca_cert": reg.ca_pem.decode()})
     out = root("admin", "image", "rescan", "-r", reg.host)
     assert "Finished registry scanning" in out, out
-    tiny = f"{reg.host}/lab/tiny:1"
-    assert tiny in _catalogue(hub)
+    assert sa.ok("GET", "/images", params={"source": reg.host})["items"][0]["name"] == tiny
 
     out = root("admin", "etcd", "get", "config/docker/registry", "--prefix")
     assert reg.url in out and reg.username in out and reg.password not in out, out
