@@ -128,6 +128,17 @@ async def wait_status(mgr: BackendAIManager, sid: str, statuses, timeout: float 
                 pass
 
 
+async def until(cond, timeout: float = 20.0, interval: float = 0.05) -> bool:
+    """Poll ``await cond()`` until true (True) or ``timeout`` (False): a bound for hangs."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await cond():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(interval)
+    return True
+
+
 async def occupied(mgr: BackendAIManager) -> dict:
     def work(s):
         return {a.id: a.occupied_slots.nonzero() for a in s.scalars(select(Agent))}

@@ -29,6 +29,7 @@ from .inproc import (
     containers_of,
     make_user,
     running_manager,
+    until,
     wait_status,
 )
 from .registry import Registry, build_labelled, image_present, remove_images
@@ -203,16 +204,6 @@ def _etcdctl(etcd, *args) -> str:
                           check=True, capture_output=True, text=True, timeout=30).stdout
 
 
-async def _until(cond, timeout: float = 20) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await cond():
-        if loop.time() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_path, caplog):
     """In cluster mode a registry is kept in etcd, as Backend.AI keeps it: the admin API
     writes it there (a name once: Conflict), each hub mirrors etcd into its record and
@@ -250,17 +241,17 @@ def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_p
 
             # Put by hand, as with Backend.AI's etcd configuration: followed live.
             _etcdctl(etcd_server, "put", key + "byhand", json.dumps(by_hand))
-            assert await _until(lambda: _has(mgr, "byhand"))
+            assert await until(lambda: _has(mgr, "byhand"))
             got = await mgr.registries.get(ROOT, "byhand")
             assert got["has_password"] and got["project"] == "lab"
             _etcdctl(etcd_server, "put", key + "bad", json.dumps({"url": "ftp://x"}))
-            assert await _until(_true(lambda: "container registry bad in etcd refused (url: "
+            assert await until(_true(lambda: "container registry bad in etcd refused (url: "
                                       "'ftp://x' is not a registry address" in caplog.text))
             assert "bad" not in await names(mgr)()
             _etcdctl(etcd_server, "del", key + "bad")
             # Deleted in etcd: gone from every hub's catalogue, its images with it.
             _etcdctl(etcd_server, "del", key + "lab")
-            assert await _until(lambda: _gone(mgr, "lab"))
+            assert await until(lambda: _gone(mgr, "lab"))
             assert [i for i in await mgr.ops.list_catalogue(ROOT, True)
                     if i["source"] == "lab"] == []
             with pytest.raises(BackendAIError, match="no container registry 'lab'"):

@@ -67,6 +67,23 @@ def hub(tmp_path_factory, reg):
     hub.engine.dispose()
 
 
+def _push_tiny(reg, tmp_path, repo: str, tag: str) -> str:
+    """A labelled kernel image of one file (``FROM scratch``) pushed as ``<repo>:<tag>``
+    and gone from the engine again; its reference."""
+    d = tmp_path / repo.replace("/", "-")
+    d.mkdir()
+    (d / "hello").write_text(repo + "\n")
+    (d / "Dockerfile").write_text('FROM scratch\nCOPY hello /hello\n'
+                                  'LABEL "ai.backend.kernelspec"="1"\n')
+    local = image_tag("cli-" + repo.replace("/", "-"))
+    subprocess.run(["docker", "build", "-q", "-t", local, str(d)], check=True,
+                   capture_output=True)
+    try:
+        return reg.push(local, repo, tag)
+    finally:
+        remove_images(local)
+
+
 def _catalogue(hub) -> dict:
     with hub.sm() as s:
         return {i.name: sorted(a.alias for a in s.query(ImageAlias).filter_by(image=i.name))
@@ -129,17 +146,7 @@ def test_cli_configures_a_registry_through_its_etcd_keys(hub, reg, tmp_path):
     user = BAI(hub, new_user(sa, name=f"u-{uuid.uuid4().hex[:6]}"), str(tmp_path / "user"))
     key = "config/docker/registry/" + urllib.parse.quote(reg.host, safe="")
     before = sa.ok("GET", "/container-registries")["items"]
-    d = tmp_path / "etcd-tiny"
-    d.mkdir()
-    (d / "hello").write_text("etcd\n")
-    (d / "Dockerfile").write_text('FROM scratch\nCOPY hello /hello\n'
-                                  'LABEL "ai.backend.kernelspec"="1"\n')
-    tag = image_tag("cli-etcd")
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True, capture_output=True)
-    try:
-        tiny = reg.push(tag, "etcd/tiny", "1")
-    finally:
-        remove_images(tag)
+    tiny = _push_tiny(reg, tmp_path, "etcd/tiny", "1")
 
     refused = [
         (user, ("admin", "etcd", "set", key, reg.url), "only superadmins"),
@@ -274,17 +281,7 @@ def test_console_rescan_shows_its_progress(hub, reg, tmp_path):
     from .hub import ADMIN_EMAIL, ADMIN_PASSWORD
 
     sa = superadmin(hub)
-    d = tmp_path / "bulk"
-    d.mkdir()
-    (d / "hello").write_text("bulk\n")
-    (d / "Dockerfile").write_text('FROM scratch\nCOPY hello /hello\n'
-                                  'LABEL "ai.backend.kernelspec"="1"\n')
-    tag = image_tag("cli-bulk")
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(d)], check=True, capture_output=True)
-    try:
-        reg.push(tag, "bulk/tiny", "0")
-    finally:
-        remove_images(tag)
+    _push_tiny(reg, tmp_path, "bulk/tiny", "0")
     reg.add_tags("bulk/tiny", "0", [f"t{i:03d}" for i in range(300)])
     sa.ok("POST", "/container-registries", status=201, json={
         "name": "bulk", "url": reg.url, "project": "bulk", "username": reg.username,
