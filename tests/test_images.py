@@ -222,8 +222,9 @@ def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_p
             return {r["name"] for r in await mgr.registries.list(ROOT)}
         return get
 
+    # (as an operator might write it: no pull_policy, a key this hub does not know)
     by_hand = {"url": reg.url, "project": "lab", "username": reg.username,
-               "password": reg.password, "ca_cert": reg.ca_pem.decode()}
+               "password": reg.password, "ca_cert": reg.ca_pem.decode(), "type": "harbor2"}
 
     async def run():
         async with running_manager(db_url, tmp_path, "local", configure=cluster_mode) as mgr:
@@ -244,6 +245,12 @@ def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_p
             assert await until(lambda: _has(mgr, "byhand"))
             got = await mgr.registries.get(ROOT, "byhand")
             assert got["has_password"] and got["project"] == "lab"
+            assert got["pull_policy"] == "tag"
+            got = await mgr.registries.update(ROOT, "byhand", {"pull_policy": "none"})
+            assert got["pull_policy"] == "none"
+            stored = json.loads(_etcdctl(etcd_server, "get", "--print-value-only",
+                                         key + "byhand"))
+            assert (stored["pull_policy"], stored["password"]) == ("none", reg.password)
             _etcdctl(etcd_server, "put", key + "bad", json.dumps({"url": "ftp://x"}))
             assert await until(_true(lambda: "container registry bad in etcd refused (url: "
                                       "'ftp://x' is not a registry address" in caplog.text))
@@ -263,7 +270,8 @@ def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_p
                                    configure=cluster_mode) as hub2:
             assert await names(hub2)() == {"byhand"}
             assert (await hub2.ops.registry_secrets("byhand"))["password"] == reg.password
-            await hub2.ops.store_registry("stale", {**by_hand, "pull_policy": "tag"}, "mirror")
+            _, stale = registries.new_registry({**by_hand, "name": "stale", "type": None})
+            await hub2.ops.store_registry("stale", stale, "mirror")
         async with running_manager(other, tmp_path / "other", "local",
                                    configure=cluster_mode) as hub2:
             assert await names(hub2)() == {"byhand"}

@@ -162,8 +162,12 @@ class BackendAICluster(LoggingConfigurable):
 
     async def _kv(self):
         client = etcd_client(self.etcd_url)
-        async with asyncio.timeout(10):
-            await client.connect()
+        try:
+            async with asyncio.timeout(10):
+                await client.connect()
+        except BaseException:
+            await client.close()
+            raise
         return client
 
     async def put_registry(self, name: str, conf: dict, create: bool = False) -> bool:

@@ -412,7 +412,9 @@ class Registries:
         _check_registry(body)
         etcd = self._etcd
         if etcd is not None:
-            conf = await etcd.update_registry(name, lambda old: _merged(old, body))
+            # (the whole checked again: a value put by hand may lack or add fields)
+            conf = await etcd.update_registry(
+                name, lambda old: new_registry({**_merged(old, body), "name": name})[1])
             if conf is None:
                 raise NotFound(f"no container registry {name!r}")
             await self.manager.ops.store_registry(name, conf, "mirror")
