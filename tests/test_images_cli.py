@@ -144,12 +144,16 @@ def test_cli_configures_a_registry_through_its_etcd_keys(hub, reg, tmp_path):
     root = BAI(hub, new_user(sa, role="superadmin", name=f"root-{uuid.uuid4().hex[:6]}"),
                str(tmp_path / "root"))
     user = BAI(hub, new_user(sa, name=f"u-{uuid.uuid4().hex[:6]}"), str(tmp_path / "user"))
+    dadmin = BAI(hub, new_user(sa, role="admin", name=f"da-{uuid.uuid4().hex[:6]}"),
+                 str(tmp_path / "dadmin"))
     key = "config/docker/registry/" + urllib.parse.quote(reg.host, safe="")
     before = sa.ok("GET", "/container-registries")["items"]
     tiny = _push_tiny(reg, tmp_path, "etcd/tiny", "1")
 
     refused = [
         (user, ("admin", "etcd", "set", key, reg.url), "only superadmins"),
+        (dadmin, ("admin", "etcd", "get", "config/docker/registry", "--prefix"),
+         "only superadmins"),
         (root, ("admin", "etcd", "set", "config/redis/addr", "x"),
          "only the container registries' keys are served here"),
         (root, ("admin", "etcd", "set", key + "/username", reg.username),
