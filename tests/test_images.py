@@ -195,6 +195,11 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
             assert containers_of(mgr.agent.agent_id) == []
             await mgr.registries.delete(ROOT, "lab")
             assert await mgr.ops.list_catalogue(ROOT, True) == []
+            # A rescan that ends after its registry was removed records nothing.
+            with pytest.raises(BackendAIError, match="was removed while it was rescanned"):
+                await mgr.ops.record_scan("lab", [{"name": v1, "repo": REPO, "tag": "v1",
+                                                   "labels": {}}])
+            assert await mgr.ops.list_catalogue(ROOT, True) == []
 
     asyncio.run(run())
 

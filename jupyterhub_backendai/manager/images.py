@@ -233,6 +233,8 @@ def record_scan(db, source: str, found: list[dict]) -> dict:
     """Record what a rescan of ``source`` found (dicts: name, repo, tag, digest,
     architecture, size_bytes, labels); images of that source no longer found go (with
     their aliases). Admin choices (hidden, description, default) stay with a name."""
+    if source != LOCAL and db.get(ContainerRegistry, source, with_for_update=True) is None:
+        raise NotFound(f"container registry {source!r} was removed while it was rescanned")
     now = utcnow()
     known = {i.name: i for i in db.scalars(select(Image).where(Image.source == source))}
     added = updated = 0

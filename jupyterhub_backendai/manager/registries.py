@@ -445,10 +445,16 @@ class Registries:
         if task is None:  # (no await before it is known: a request at once joins it)
             task = asyncio.get_running_loop().create_task(self._run(name))
             self._tasks[name] = task
-            task.add_done_callback(lambda t: self._tasks.pop(name, None) if
-                                   self._tasks.get(name) is t else None)
+            task.add_done_callback(self._done)
         # A caller that goes (a closed connection) leaves the rescan running for others.
         return await asyncio.shield(task)
+
+    def _done(self, task: asyncio.Task) -> None:
+        for name, t in list(self._tasks.items()):
+            if t is task:
+                del self._tasks[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: the waiters, if any are left, raise it
 
     async def _run(self, name: str) -> dict:
         reg = None if name == LOCAL else await self.manager.ops.registry_secrets(name)
