@@ -284,6 +284,21 @@ def test_registries_live_in_etcd_in_cluster_mode(reg, etcd_server, db_url, tmp_p
             await hub2.registries.delete(ROOT, "byhand")
             assert _etcdctl(etcd_server, "get", "--prefix", key) == ""
 
+        if not db_url.startswith("sqlite"):
+            return  # (the rest is the same on either record)
+        # etcd away: a change is refused in words (503), and nothing is recorded.
+        from .services import free_port
+
+        def etcd_away(c):
+            c.BackendAICluster.etcd_url = f"http://127.0.0.1:{free_port()}"
+            c.BackendAICluster.etcd_prefix = prefix
+
+        async with running_manager(f"sqlite:///{tmp_path}/away.sqlite", tmp_path / "away",
+                                   "local", configure=etcd_away) as hub3:
+            with pytest.raises(BackendAIError, match="etcd at .* cannot be reached"):
+                await _add_registry(hub3, reg)
+            assert await names(hub3)() == set()
+
     try:
         asyncio.run(run())
     finally:

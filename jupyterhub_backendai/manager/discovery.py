@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from traitlets import Dict, Float, TraitError, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..common.errors import InvalidRequest
+from ..common.errors import InvalidRequest, ServiceUnavailable
 from ..common.etcdreg import AGENTS, REGISTRIES, SETTINGS, STORAGE_PROXIES, etcd_client
 from ..common.httpbase import TLSFiles
 from ..common.tasks import stop_task
@@ -161,13 +161,17 @@ class BackendAICluster(LoggingConfigurable):
         return f"{self.etcd_prefix.rstrip('/')}{REGISTRIES}{name}".encode()
 
     async def _kv(self):
+        """A client of the cluster's etcd for one change; ServiceUnavailable, in words,
+        when etcd cannot be reached (nothing is changed then)."""
         client = etcd_client(self.etcd_url)
         try:
             async with asyncio.timeout(10):
                 await client.connect()
-        except BaseException:
+                await client.status()
+        except (Exception, TimeoutError) as e:
             await client.close()
-            raise
+            raise ServiceUnavailable(f"etcd at {self.etcd_url} cannot be reached "
+                                     f"({type(e).__name__}); nothing was changed") from None
         return client
 
     async def put_registry(self, name: str, conf: dict, create: bool = False) -> bool:
