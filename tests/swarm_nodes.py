@@ -174,7 +174,7 @@ class SwarmNodes:
         sock = os.path.join(self.nodes[0].exec_root, "registry.sock")
 
         def spawn(args):
-            p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  start_new_session=True)
             self.forwarders.append(p)
             return p
