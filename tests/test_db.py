@@ -116,8 +116,9 @@ def test_a_postgresql_deadlock_is_run_again(postgres):
             t.join(60)
         assert errors == []
         assert results == {"a": "a", "b": "b"}
-        # One of the two was aborted by the server and ran again; each committed once.
-        assert sorted(runs.values()) == [1, 2]
+        # At least one was aborted by the server and ran again (a retry may meet the other
+        # once more); each committed once.
+        assert min(runs.values()) >= 1 and max(runs.values()) >= 2, runs
         with engine.connect() as conn:
             assert dict(conn.execute(text("SELECT id, v FROM pair")).all()) == {1: 2, 2: 2}
     finally:
