@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import threading
 import time
+from urllib.parse import urlsplit
 
 import requests
 from sqlalchemy import select
@@ -34,7 +38,15 @@ def test_hub_restart_keeps_running_session(make_hub, db_url, docker_image):
 
     hub.stop_hub()
     assert containers_of(hub.agent_id) == before  # the session outlives the hub
-    hub.start()
+    # While the hub starts again, its running kernel may call the hub's API at the agent
+    # network's gateway (a user's request to their server checks its token there). The
+    # gateway must take connections no later than loopback does: CI once saw the hub
+    # answer on loopback while the gateway still refused ("Failed to connect to Hub API").
+    env = json.loads(subprocess.run(["docker", "inspect", before[0]], capture_output=True,
+                                    text=True, check=True).stdout)[0]["Config"]["Env"]
+    api = urlsplit(dict(e.split("=", 1) for e in env)["JUPYTERHUB_API_URL"])
+    first = _first_connect(("127.0.0.1", api.port), (api.hostname, api.port), hub.start)
+    assert first[1] is not None and first[1] <= first[0], first
 
     model = hub.server_model("admin", "keep")
     assert model is not None and model["ready"], model
@@ -44,6 +56,33 @@ def test_hub_restart_keeps_running_session(make_hub, db_url, docker_image):
     assert containers_of(hub.agent_id) == before
     hub.stop_server("admin", "keep")
     assert containers_of(hub.agent_id) == []
+
+
+def _first_connect(loopback, gateway, during):
+    """Run ``during()`` while probing two addresses every few milliseconds; the
+    monotonic times each first took a connection (None: never)."""
+    first = [None, None]
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set() and None in first:
+            for i, addr in enumerate((loopback, gateway)):
+                if first[i] is None:
+                    try:
+                        socket.create_connection(addr, timeout=0.5).close()
+                        first[i] = time.monotonic()
+                    except OSError:
+                        pass
+            time.sleep(0.003)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    try:
+        during()
+    finally:
+        stop.set()
+        t.join()
+    return first
 
 
 def _first_progress_messages(hub, server, n=3, timeout=20):

@@ -891,16 +891,20 @@ async def serve_hub_api_on(address: str, log) -> None:
     if key in _HUB_LISTENING:
         return
     _HUB_LISTENING.add(key)
-    # The hub makes its HTTP server in start(), after the manager (and this agent) began.
-    while getattr(hub, "http_server", None) is None:
-        await asyncio.sleep(0.05)
+    # Listen at once: the hub makes its HTTP server in start(), after the manager (and
+    # this agent) began, and a kernel adopted from before a restart may call the API in
+    # between. The kernel's connection waits in the socket's backlog until the server
+    # takes the socket over, instead of being refused.
     try:
-        hub.http_server.add_sockets(bind_sockets(port, address=address))
+        sockets = bind_sockets(port, address=address)
     except OSError as e:
         _HUB_LISTENING.discard(key)
         log.error("the hub's API could not listen on %s:%s, kernels will not reach it: %s",
                   address, port, e)
         return
+    while getattr(hub, "http_server", None) is None:
+        await asyncio.sleep(0.05)
+    hub.http_server.add_sockets(sockets)
     log.info("hub API also listening on %s:%s (the agent network's gateway, for kernels)",
              address, port)
 
