@@ -154,6 +154,7 @@ class BackendAISpawner(Spawner):
         if self.images:
             return list(self.images)
         group = resource_group or self.resource_group
+        await self.manager.registries.catalogue_local_first()
         entries = await self.manager.ops.list_catalogue(None, username=self.user.name)
         if not (await self.manager.ops.group_facts(group))["gpu"]:
             # GPU images only where the group has GPUs to give them.

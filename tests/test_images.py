@@ -96,6 +96,12 @@ async def _add_registry(mgr, r: Registry, password: str | None = None, name: str
         "password": password or r.password, "ca_cert": r.ca_pem.decode()})
 
 
+async def _registry_images(mgr, p=ROOT, hidden=False) -> list[dict]:
+    """The catalogue less the agents' own images (which a manager catalogues at its
+    start: :func:`test_a_fresh_catalogue_holds_the_agents_images_and_nothing_built_later`)."""
+    return [i for i in await mgr.ops.list_catalogue(p, hidden) if i["source"] != "local"]
+
+
 async def _batch(mgr, user, name, image, command="cat /etc/backendai-test-image"):
     return await mgr.enqueue(
         username=user, name=name, image=image, slots=SLOTS, environ={}, service_prefix="/",
@@ -104,6 +110,49 @@ async def _batch(mgr, user, name, image, command="cat /etc/backendai-test-image"
 
 def _no_image(ref: str) -> None:
     subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+
+
+def test_a_fresh_catalogue_holds_the_agents_images_and_nothing_built_later(db_url, tmp_path):
+    """The catalogue is enforced by default. A manager whose catalogue holds none of the
+    agents' images catalogues what they hold at its start (a fresh install's kernel
+    image starts without an admin's rescan) and makes the kernel image the default. An
+    image built on the node afterwards is refused, nothing started, until an admin
+    rescans ``local``. An admin's choice of default is not undone at the next start."""
+    kernel = "backendai/python-kernel:latest"
+
+    async def run():
+        late = None
+        try:
+            async with running_manager(db_url, tmp_path, "docker") as mgr:
+                assert mgr.image_catalogue is True
+                user = await make_user(mgr)
+                cat = {i["name"]: i for i in await mgr.ops.list_catalogue(ROOT, True)}
+                assert cat[kernel]["source"] == "local" and cat[kernel]["is_default"], cat
+                assert await mgr.ops.default_image() == kernel
+
+                late = build_labelled(tmp_path, "late-local", {
+                    "ai.backend.kernelspec": "1", "ai.backend.features": "batch"})
+                with pytest.raises(InvalidRequest, match="not in the catalogue"):
+                    await _batch(mgr, user, "late", late)
+                assert containers_of(mgr.agent.agent_id) == []
+                assert late not in {i["name"] for i in await mgr.ops.list_catalogue(ROOT, True)}
+
+                found = await mgr.registries.rescan(ROOT, "local")
+                assert found["added"] >= 1
+                sid = await _batch(mgr, user, "late", late)
+                done = await wait_status(mgr, sid, DEAD)
+                assert done.status == "TERMINATED", (done.status, done.status_info)
+
+                await mgr.ops.update_image(ROOT, kernel, {"is_default": False})
+                config = mgr.test_config
+            async with running_manager(db_url, tmp_path, "docker", config=config) as mgr:
+                assert await mgr.ops.default_image() is None  # the admin's choice stands
+                assert late in {i["name"] for i in await mgr.ops.list_catalogue(ROOT)}
+        finally:
+            if late:
+                remove_images(late)
+
+    asyncio.run(run())
 
 
 def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
@@ -131,7 +180,7 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
 
             result = await mgr.registries.rescan(ROOT, "lab")
             assert (result["found"], result["added"]) == (3, 3)
-            cat = {i["name"]: i for i in await mgr.ops.list_catalogue(ROOT)}
+            cat = {i["name"]: i for i in await _registry_images(mgr)}
             v1, v2 = reg.refs["v1"], reg.refs["v2"]
             assert set(cat) == set(reg.refs.values())
             assert cat[v1]["min_slots"]["cpu"] == "1"
@@ -154,14 +203,14 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
             await mgr.registries.update(ROOT, "lab", {"password": "wrong"})
             with pytest.raises(BackendAIError, match="refused the credentials"):
                 await mgr.registries.rescan(ROOT, "lab")
-            assert len(await mgr.ops.list_catalogue(ROOT)) == 3
+            assert len(await _registry_images(mgr)) == 3
             failed = (await mgr.registries.get(ROOT, "lab"))["rescan"]
             assert failed["state"] == "failed" and "refused the credentials" in failed["error"]
             await mgr.registries.update(ROOT, "lab", {"password": reg.password})
 
             # The catalogue rules what starts.
             with pytest.raises(InvalidRequest, match="not in the catalogue"):
-                await _batch(mgr, user, "unknown", "backendai/python-kernel:latest")
+                await _batch(mgr, user, "unknown", f"{reg.host}/lab/python:no-such-tag")
             with pytest.raises(InvalidRequest, match="needs at least 1 core"):
                 await mgr.enqueue(username=user, name="small", image=v1,
                                   slots=ResourceSlot(cpu="0.5", mem=512 * 2**20), environ={},
@@ -170,8 +219,8 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
             await mgr.ops.update_image(ROOT, v2, {"hidden": True})
             with pytest.raises(InvalidRequest, match="is hidden"):
                 await _batch(mgr, user, "hidden", v2)
-            assert v2 not in {i["name"] for i in await mgr.ops.list_catalogue(ROOT)}
-            assert v2 in {i["name"] for i in await mgr.ops.list_catalogue(ROOT, True)}
+            assert v2 not in {i["name"] for i in await _registry_images(mgr)}
+            assert v2 in {i["name"] for i in await _registry_images(mgr, ROOT, True)}
             with pytest.raises(InvalidRequest, match="hidden image cannot be the default"):
                 await mgr.ops.update_image(ROOT, v2, {"is_default": True})
 
@@ -183,23 +232,23 @@ def test_rescan_catalogue_and_its_rules(reg, db_url, tmp_path):
             await mgr.ops.update_image(ROOT, reg.refs["doomed"], {"is_default": True})
             await mgr.ops.update_image(ROOT, "python-lab",
                                        {"is_default": True, "description": "Python, lab"})
-            first = (await mgr.ops.list_catalogue(ROOT))[0]
+            first = (await _registry_images(mgr))[0]
             assert (first["name"], first["is_default"], first["aliases"]) == \
                 (v1, True, ["python-lab"])
             assert first["description"] == "Python, lab"
-            assert sum(i["is_default"] for i in await mgr.ops.list_catalogue(ROOT, True)) == 1
+            assert sum(i["is_default"] for i in await _registry_images(mgr, ROOT, True)) == 1
             await mgr.ops.dealias_image(ROOT, "python-lab")
             assert await mgr.ops.resolve_image("python-lab") is None
 
             # Nothing was started by any of the refusals.
             assert containers_of(mgr.agent.agent_id) == []
             await mgr.registries.delete(ROOT, "lab")
-            assert await mgr.ops.list_catalogue(ROOT, True) == []
+            assert await _registry_images(mgr, ROOT, True) == []
             # A rescan that ends after its registry was removed records nothing.
             with pytest.raises(BackendAIError, match="was removed while it was rescanned"):
                 await mgr.ops.record_scan("lab", [{"name": v1, "repo": REPO, "tag": "v1",
                                                    "labels": {}}])
-            assert await mgr.ops.list_catalogue(ROOT, True) == []
+            assert await _registry_images(mgr, ROOT, True) == []
 
     asyncio.run(run())
 

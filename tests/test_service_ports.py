@@ -1421,6 +1421,9 @@ def test_an_operators_image_brings_its_own_app(single, tmp_path, request):
                                                 capture_output=True))
     subprocess.run(["docker", "build", "-q", "-t", OPERATOR_IMAGE, str(d)], check=True,
                    capture_output=True)
+    # Built on the node after the hub started: an admin catalogues it (docs/images.md).
+    r = hub.api("POST", "/backendai/container-registries/local/rescan")
+    assert r.status_code == 200 and r.json()["added"] >= 1, r.text
     b = single.bob["username"]
     r = hub.spawn(b, "op", options={"image": OPERATOR_IMAGE}, token=single.bob_token)
     assert r.status_code in (201, 202), r.text

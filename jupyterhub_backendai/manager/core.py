@@ -87,10 +87,20 @@ class BackendAIManager(SingletonConfigurable):
         True, help="Run one agent inside the hub process (embedded default)."
     ).tag(config=True)
     image_catalogue = Bool(
-        False, help="""Issue 25: only images in the catalogue (and not hidden) can be started
-        (docs/images.md). Off: any labelled image an agent holds, as before; catalogued
-        images from a registry are pulled either way."""
+        True, help="""Only images in the catalogue (and not hidden) can be started
+        (docs/images.md); the agents' own images are catalogued by a rescan of ``local``,
+        the first one made by the hub itself. Off: any labelled image an agent holds
+        starts too; catalogued images from a registry are pulled either way."""
     ).tag(config=True)
+    first_default_image = Unicode(
+        help="""The image a fresh catalogue makes its default when the hub first
+        catalogues the agents' images (if one of them; env BACKENDAI_DEFAULT_IMAGE, else
+        the kernel image images/build.sh builds). An admin's choice wins afterwards."""
+    ).tag(config=True)
+
+    @default("first_default_image")
+    def _first_default_image_default(self):
+        return os.environ.get("BACKENDAI_DEFAULT_IMAGE", "backendai/python-kernel:latest")
     agent_token = Unicode(
         help="Shared secret for agent daemons' APIs (env BACKENDAI_AGENT_TOKEN)."
     ).tag(config=True)
@@ -298,6 +308,7 @@ class BackendAIManager(SingletonConfigurable):
         if self.embedded_agent:
             self.agent = LocalAgent(self.bus, parent=self)
             await self.attach_agent(self.agent)
+            await self.registries.catalogue_local_first()
         self._loop_task = asyncio.create_task(self._scheduler_loop())
 
     async def attach_agent(self, agent: LocalAgent) -> None:

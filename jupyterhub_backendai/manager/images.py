@@ -269,6 +269,24 @@ def record_scan(db, source: str, found: list[dict]) -> dict:
 
 
 @reads
+def has_local_images(db) -> bool:
+    """Whether any image of the agents' own (source ``local``) is catalogued."""
+    return db.scalar(select(Image.name).where(Image.source == LOCAL).limit(1)) is not None
+
+
+@writes
+def settle_default(db, name: str) -> bool:
+    """Make catalogued, visible ``name`` the default when no image is; whether it did."""
+    if db.scalar(select(Image.name).where(Image.is_default.is_(True)).limit(1)) is not None:
+        return False
+    img = db.get(Image, name)
+    if img is None or img.hidden or img.owner_id is not None:
+        return False
+    img.is_default = True
+    return True
+
+
+@reads
 def default_image(db) -> str | None:
     return db.scalar(select(Image.name).where(Image.is_default.is_(True),
                                               Image.hidden.is_(False)))

@@ -173,6 +173,8 @@ class Agents:
             if before != AgentStatus.ALIVE and payload.get("id") not in mgr.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now.
                 mgr.background(self.reconcile_agent(payload["id"]))
+                if not mgr.registries.local_known:  # it joins a fresh catalogue
+                    mgr.background(mgr.registries.catalogue_local_first())
             # H-agents: only a join or a return wakes the scheduler (a routine heartbeat
             # changes nothing a pass depends on; the periodic pass sees capacity changes).
             if before != AgentStatus.ALIVE:

@@ -378,6 +378,7 @@ class Registries:
         self.manager = manager
         self._scans: dict[str, dict] = {}  # registry -> its last or running rescan
         self._tasks: dict[str, asyncio.Task] = {}  # registry -> its running rescan
+        self.local_known = False  # the catalogue holds local images (catalogue_local_first)
 
     @property
     def _etcd(self):
@@ -441,13 +442,43 @@ class Registries:
         """Rescan registry ``name`` (``local``: the agents' engines) into the catalogue;
         what it found. A rescan of ``name`` running already is waited for, not repeated."""
         access.require(p.is_superadmin, "rescan container registries")
+        # A caller that goes (a closed connection) leaves the rescan running for others.
+        return await asyncio.shield(self._task(name))
+
+    def _task(self, name: str) -> asyncio.Task:
+        """The running rescan of ``name``, started when none runs (no await before it is
+        known: a request at once joins it)."""
         task = self._tasks.get(name)
-        if task is None:  # (no await before it is known: a request at once joins it)
+        if task is None:
             task = asyncio.get_running_loop().create_task(self._run(name))
             self._tasks[name] = task
             task.add_done_callback(self._done)
-        # A caller that goes (a closed connection) leaves the rescan running for others.
-        return await asyncio.shield(task)
+        return task
+
+    async def catalogue_local_first(self) -> None:
+        """The catalogue's first local images: while it holds none, what the agents'
+        engines hold is catalogued (a rescan of ``local``, shared with one running), and
+        ``BackendAIManager.first_default_image`` becomes the default if nothing is. A
+        fresh install's kernel image starts without an admin's rescan; an image built on
+        a node later waits for one (docs/images.md). Once local images are catalogued
+        this is a no-op, also when an admin hides or a rescan removes them later."""
+        if self.local_known:
+            return
+        ops = self.manager.ops
+        if not await ops.has_local_images():
+            try:
+                await asyncio.shield(self._task(LOCAL))
+            except Exception as e:  # (no agent answered: the next request tries again)
+                self.manager.log.warning("the first catalogue of the agents' images "
+                                         "failed: %s", e)
+                return
+            if not await ops.has_local_images():
+                return  # no agent holds a labelled image yet
+            default = self.manager.first_default_image
+            if default and await ops.settle_default(default):
+                self.manager.log.info("image %s is the default (the first in the catalogue "
+                                      "of the agents' images)", default)
+        self.local_known = True
 
     def _done(self, task: asyncio.Task) -> None:
         for name, t in list(self._tasks.items()):

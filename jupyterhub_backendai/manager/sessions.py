@@ -62,6 +62,9 @@ class Sessions:
         # Issue 25: the catalogue names the image (an alias resolves to it); a hidden
         # one never starts; with image_catalogue on, nothing else starts (manager/images.py).
         entry = await self.mgr.ops.resolve_image(request.image)
+        if entry is None:  # a fresh catalogue: the agents' images first (manager/registries.py)
+            await self.mgr.registries.catalogue_local_first()
+            entry = await self.mgr.ops.resolve_image(request.image)
         if (entry is not None and entry["hidden"]) or (self.mgr.image_catalogue and entry is None):
             why = "is hidden" if entry else "is not in the catalogue"
             raise InvalidRequest(f"image {request.image!r} {why}: choose one of the images "
