@@ -19,6 +19,7 @@ from jupyterhub_backendai.common.events import InProcessEventBus
 from jupyterhub_backendai.common.ids import new_id
 from jupyterhub_backendai.common.kernelspec import VERSION
 
+from .inproc import until
 from .services import agent_id as new_agent_id
 from .services import image_tag, port_range
 
@@ -347,6 +348,59 @@ def test_a_kernel_whose_server_never_answers_gets_its_limit_after_the_bound(tmp_
             await agent.stop()
 
     asyncio.run(run())
+
+
+def test_a_start_abandoned_before_its_server_answers_leaves_nothing(tmp_path, burst_image):
+    """Issue 28 (session networks left by starts that failed under load): a start the
+    caller gives up on while the kernel's server is not answering yet (a cancellation,
+    as when the hub's start times out or the agent's client goes away) takes back its
+    container, its session network and its CPU burst. Before: the burst's wait deleted
+    the container and left the network."""
+    import aiodocker
+
+    image = burst_image("exec sleep infinity")
+    agent_id = new_agent_id("burst")
+
+    async def run():
+        agent = _docker_agent(tmp_path, agent_id, startup_cpus=2.0, startup_cpu_timeout=60.0)
+        await agent.start()
+        spec = _interactive("gone", image)
+        label = f"ai.backend.session-id={spec['session_id']}"
+        async with aiodocker.Docker() as docker:
+
+            async def made() -> tuple[list, list]:
+                return (await docker.containers.list(all=True, filters={"label": [label]}),
+                        await docker.networks.list(filters={"label": [label]}))
+
+            try:
+                task = asyncio.ensure_future(agent.create_kernel(spec))
+                # The container runs and the agent waits for its server (the burst).
+                assert await until(lambda: _running(docker, label), timeout=60)
+                assert [n["Name"] for n in (await made())[1]], "no session network made"
+                assert agent.impl._bursting
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+                async def nothing_left() -> bool:
+                    return await made() == ([], [])
+
+                assert await until(nothing_left, timeout=30), await made()
+                assert agent.impl._bursting == {}
+            finally:
+                await agent.stop()
+                containers, networks = await made()
+                for c in containers:
+                    await c.delete(force=True)
+                for n in networks:
+                    await (await docker.networks.get(n["Id"])).delete()
+
+    asyncio.run(run())
+
+
+async def _running(docker, label: str) -> bool:
+    return any(c._container.get("State") == "running" for c in
+               await docker.containers.list(filters={"label": [label]}))
 
 
 def test_kernels_starting_together_share_the_cores_for_their_burst(tmp_path, burst_image):

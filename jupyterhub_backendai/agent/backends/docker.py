@@ -696,53 +696,59 @@ class DockerBackend(Backend):
             host_config["Init"] = True
         config_extra: dict = {}
         network = None
-        if self.use_host_network:
-            host_config["NetworkMode"] = "host"
-        else:
-            # The session's own network: its kernels reach each other (by name too),
-            # no other session's; the hub's API at the agent network's gateway and
-            # whatever the host routes to (the internet the operator allows).
-            if int(spec.get("cluster_agents") or 1) > 1 and self.swarm_role is not None:
-                # multinode: kernels on several engines share a Swarm overlay network.
-                network = await self._overlay_network(
-                    spec["session_id"], main=spec.get("cluster_role", "main") == "main")
+        try:
+            if self.use_host_network:
+                host_config["NetworkMode"] = "host"
             else:
-                network = await self._session_network(spec["session_id"])
-            host_config["NetworkMode"] = network
-            host_config["PortBindings"] = {
-                f"{p.container_port}/tcp": [{"HostIp": self.bind_host, "HostPort": str(p.host_port)}]
-                for p in published
-            }
-            # The names under which the other kernels of the session reach this one.
-            aliases = [a for a in (spec.get("network_alias"), spec.get("cluster_hostname")) if a]
-            if aliases:
-                config_extra["NetworkingConfig"] = {
-                    "EndpointsConfig": {network: {"Aliases": aliases}}
+                # The session's own network: its kernels reach each other (by name too),
+                # no other session's; the hub's API at the agent network's gateway and
+                # whatever the host routes to (the internet the operator allows).
+                if int(spec.get("cluster_agents") or 1) > 1 and self.swarm_role is not None:
+                    # multinode: kernels on several engines share a Swarm overlay network.
+                    network = await self._overlay_network(
+                        spec["session_id"], main=spec.get("cluster_role", "main") == "main")
+                else:
+                    network = await self._session_network(spec["session_id"])
+                host_config["NetworkMode"] = network
+                host_config["PortBindings"] = {
+                    f"{p.container_port}/tcp": [{"HostIp": self.bind_host, "HostPort": str(p.host_port)}]
+                    for p in published
                 }
-        if (cuda_devices or uuids) and not fake_devices:
-            host_config["DeviceRequests"] = [
-                {
-                    "Driver": "nvidia",
-                    # gpu-topology: by UUID (GPU-... and MIG-...), stable across reboots.
-                    "DeviceIDs": uuids or [str(i) for i in cuda_devices],
-                    "Capabilities": [["gpu"]],
-                }
-            ]
-        if pooled:
-            # Issue 30: an empty directory of the host at /home/work, into which binding
-            # mounts the user's folders (propagation: agent/warmpool.py).
-            await asyncio.to_thread(self.pool_root.ensure)
-            slot = await asyncio.to_thread(self.pool_root.slot, spec["kernel_id"])
-            host_config["Mounts"] = [{"Type": "bind", "Source": slot, "Target": "/home/work",
-                                      "BindOptions": {"Propagation": "rslave"}}]
-        elif spec.get("mounts"):
-            # vfolders: bind mounts of the storage's directories (the same paths on
-            # every node); "ro" ones read-only in the kernel, whoever runs there.
-            host_config["Mounts"] = [
-                {"Type": "bind", "Source": m["source"], "Target": m["target"],
-                 "ReadOnly": m["mode"] == "ro"}
-                for m in spec["mounts"]
-            ]
+                # The names under which the other kernels of the session reach this one.
+                aliases = [a for a in (spec.get("network_alias"), spec.get("cluster_hostname")) if a]
+                if aliases:
+                    config_extra["NetworkingConfig"] = {
+                        "EndpointsConfig": {network: {"Aliases": aliases}}
+                    }
+            if (cuda_devices or uuids) and not fake_devices:
+                host_config["DeviceRequests"] = [
+                    {
+                        "Driver": "nvidia",
+                        # gpu-topology: by UUID (GPU-... and MIG-...), stable across reboots.
+                        "DeviceIDs": uuids or [str(i) for i in cuda_devices],
+                        "Capabilities": [["gpu"]],
+                    }
+                ]
+            if pooled:
+                # Issue 30: an empty directory of the host at /home/work, into which binding
+                # mounts the user's folders (propagation: agent/warmpool.py).
+                await asyncio.to_thread(self.pool_root.ensure)
+                slot = await asyncio.to_thread(self.pool_root.slot, spec["kernel_id"])
+                host_config["Mounts"] = [{"Type": "bind", "Source": slot, "Target": "/home/work",
+                                          "BindOptions": {"Propagation": "rslave"}}]
+            elif spec.get("mounts"):
+                # vfolders: bind mounts of the storage's directories (the same paths on
+                # every node); "ro" ones read-only in the kernel, whoever runs there.
+                host_config["Mounts"] = [
+                    {"Type": "bind", "Source": m["source"], "Target": m["target"],
+                     "ReadOnly": m["mode"] == "ro"}
+                    for m in spec["mounts"]
+                ]
+        except BaseException:
+            # (cancelled while the session's network was made: it goes unless in use)
+            await asyncio.shield(self._undo_start(spec, None, not self.use_host_network,
+                                                  pooled))
+            raise
         if self.lxcfs_root:
             host_config["Mounts"] = [*host_config.get("Mounts", []),
                                      *lxcfs_mounts.mounts(self.lxcfs_root)]
@@ -806,35 +812,23 @@ class DockerBackend(Backend):
             await container.start()
             if pooled:
                 await self._wait_pool_ready(container)
-        except (DockerError, AgentError, asyncio.CancelledError) as e:
-            self._bursting.pop(spec["kernel_id"], None)
-            if container is not None:
-                try:
-                    await container.delete(force=True)
-                except DockerError:
-                    pass
-            if network is not None:
-                await self._remove_session_network(spec["session_id"])
-            if pooled:
-                await asyncio.to_thread(self.pool_root.release, spec["kernel_id"])
-            if isinstance(e, (asyncio.CancelledError, AgentError)):
-                raise
-            raise AgentError(f"docker could not start the kernel: {e.message}") from None
-        if burst:
-            try:
+            if burst:
+                # Never hand over (or leave behind) a kernel with more CPU than it asked for.
                 await self._end_burst(container.id, nano_cpus, probe.host_port,
                                       spec["service_prefix"])
                 self._bursting.pop(spec["kernel_id"], None)
-            except BaseException:
-                self._bursting.pop(spec["kernel_id"], None)
-                # Never hand over (or leave behind) a kernel with more CPU than it asked for.
-                try:
-                    await container.delete(force=True)
-                except DockerError:
-                    pass
-                raise
-        if ssh_port is not None:
-            await self._wait_sshd(container, ssh_port)
+            if ssh_port is not None:
+                await self._wait_sshd(container, ssh_port)
+        except BaseException as e:
+            # Whatever ends the start (the engine's refusal, a server or sshd that never
+            # came, the caller giving up: a cancellation) takes all of it back: the burst,
+            # the container, the session's network when no other kernel is on it, the
+            # pooled kernel's slot. Shielded: a second cancellation does not cut it short.
+            await asyncio.shield(self._undo_start(spec, container, network is not None,
+                                                  pooled))
+            if isinstance(e, DockerError):
+                raise AgentError(f"docker could not start the kernel: {e.message}") from None
+            raise
         host = self.bind_host
         return KernelRecord(
             kernel_id=spec["kernel_id"],
@@ -847,6 +841,21 @@ class DockerBackend(Backend):
             cuda_uuids=uuids,
             slots=dict(slots),
         )
+
+    async def _undo_start(self, spec: dict, container, network: bool, pooled) -> None:
+        """What a failed or abandoned start made, taken back (``network``: the session's
+        network, when no other kernel is on it)."""
+        self._bursting.pop(spec["kernel_id"], None)
+        if container is not None:
+            try:
+                await container.delete(force=True)
+            except DockerError:
+                pass
+        if network:
+            async with _name_lock(self.session_network_name(spec["session_id"])):
+                await self._remove_session_network(spec["session_id"])
+        if pooled:
+            await asyncio.to_thread(self.pool_root.release, spec["kernel_id"])
 
     def _server_environ(self, env: dict, image: ImageInfo, main: ServicePort, prefix: str) -> dict:
         """An interactive kernel's environment for its Jupyter server: where it listens,
