@@ -2,6 +2,7 @@
 
     python benchmarks/spawn.py [--runs N] [--keep-logs DIR]
     python benchmarks/spawn.py --concurrent N [--runs R]    # the morning rush
+    python benchmarks/spawn.py --concurrent N --cpu        # ... and where its CPU goes
     python benchmarks/spawn.py --pool SIZE [--concurrent N]  # with a warm pool (issue 30)
 
 Three variants, all on the same kernel image (backendai/python-kernel:latest), the same
@@ -108,6 +109,94 @@ def wait_status(session: requests.Session, url: str, headers: dict, deadline: fl
         time.sleep(POLL)
 
 
+# -- where the CPU goes (--cpu) -------------------------------------------------------------
+
+ENGINE = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "docker-proxy",
+          "runc")
+
+
+def machine_cpu() -> float:
+    """CPU-seconds the whole machine spent busy (user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def container_cpu(cid: str) -> float:
+    """CPU-seconds of a running container's cgroup (v1 or v2); 0 if it cannot be read."""
+    full = docker("inspect", "-f", "{{.Id}}", cid, check=False).strip() or cid
+    for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{full}/cpuacct.usage", 1e-9),
+                        (f"/sys/fs/cgroup/system.slice/docker-{full}.scope/cpu.stat", 1e-6)):
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        if path.endswith("cpu.stat"):
+            text = next(line.split()[1] for line in text.splitlines()
+                        if line.startswith("usage_usec"))
+        return int(text) * scale
+    return 0.0
+
+
+CPU_PARTS = ("wall", "all", "hub", "engine", "kernels", "rest")
+
+
+class CpuMeter:
+    """CPU-seconds spent during one round, by part: the hub's processes (the hub and its
+    proxy), the engine (dockerd, containerd, shims, docker-proxy), the round's containers
+    (their cgroups, read before they are removed), and the machine as a whole (the rest:
+    the benchmark's own clients, the docker CLI, anything else running)."""
+
+    def __init__(self, root_pid: int | None):
+        import psutil
+
+        self.psutil = psutil
+        self.root_pid = root_pid
+        self.rounds: list[dict[str, float]] = []
+
+    def _procs(self) -> dict[int, tuple[float, float, bool]]:
+        """pid -> (create time, CPU-seconds, of the engine); the hub's tree marked apart."""
+        out = {}
+        for p in self.psutil.process_iter(["name", "create_time", "cpu_times"]):
+            t = p.info["cpu_times"]
+            if t is not None:
+                out[p.pid] = (p.info["create_time"], t.user + t.system,
+                              (p.info["name"] or "").startswith(ENGINE))
+        return out
+
+    def _hub_pids(self) -> set[int]:
+        if not self.root_pid:
+            return set()
+        try:
+            root = self.psutil.Process(self.root_pid)
+            return {root.pid, *(c.pid for c in root.children(recursive=True))}
+        except self.psutil.Error:
+            return set()
+
+    def start(self) -> None:
+        self._t0, self._p0, self._m0 = time.perf_counter(), self._procs(), machine_cpu()
+
+    def stop(self, containers: list[str]) -> dict[str, float]:
+        kernels = sum(container_cpu(c) for c in containers)
+        p1, m1, hub = self._procs(), machine_cpu(), self._hub_pids()
+        parts = {"hub": 0.0, "engine": 0.0}
+        for pid, (created, cpu, engine) in p1.items():
+            before = self._p0.get(pid)
+            spent = cpu - before[1] if before and before[0] == created else cpu
+            if pid in hub:
+                parts["hub"] += spent
+            elif engine:
+                parts["engine"] += spent
+        parts["kernels"] = kernels
+        parts["all"] = m1 - self._m0
+        parts["rest"] = parts["all"] - parts["hub"] - parts["engine"] - kernels
+        parts["wall"] = time.perf_counter() - self._t0
+        self.rounds.append(parts)
+        return parts
+
+
 # -- (a) and (b): a hub ---------------------------------------------------------------------
 
 
@@ -118,6 +207,8 @@ class HubVariant:
     base = ""
     token = ""
     body: dict | None = None
+
+    meter: CpuMeter | None = None
 
     def __init__(self):
         self.http = requests.Session()
@@ -147,10 +238,14 @@ class HubVariant:
             wait_status(http, f"{self.base}/user/{USER}/{server}/api/status", headers,
                         time.monotonic() + READY_TIMEOUT)
 
+        if self.meter:
+            self.meter.start()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(one, servers))
         elapsed = time.perf_counter() - t0
+        if self.meter:
+            self.meter.stop(self.containers())
         for server in servers:
             self.api("DELETE", f"/users/{USER}/servers/{server}", json={"remove": True})
         deadline = time.monotonic() + 120
@@ -392,6 +487,8 @@ class DockerSpawnerHub(HubVariant):
 class DockerRun:
     name = "docker_run"
 
+    meter: CpuMeter | None = None
+
     def __init__(self):
         self.http = requests.Session()
         self.cid: str | None = None
@@ -430,10 +527,14 @@ class DockerRun:
                         time.monotonic() + READY_TIMEOUT)
             return cid
 
+        if self.meter:
+            self.meter.start()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             cids = list(pool.map(one, range(n)))
         elapsed = time.perf_counter() - t0
+        if self.meter:
+            self.meter.stop(cids)
         docker("rm", "-f", *cids)
         return elapsed
 
@@ -465,6 +566,9 @@ def main() -> int:
                     help="N servers at once (ours) against N bare docker runs at once")
     ap.add_argument("--pool", type=int, default=0, metavar="SIZE",
                     help="our hub keeps a warm pool of SIZE kernels of the same limits")
+    ap.add_argument("--cpu", action="store_true",
+                    help="with --concurrent: CPU-seconds per round by part (hub, engine, "
+                         "kernels, the rest), p50s printed at the end")
     ap.add_argument("--no-build", action="store_true",
                     help="take the kernel image as the engine holds it (no images/build.sh: "
                          "images/ may hold someone's unfinished change)")
@@ -502,6 +606,9 @@ def main() -> int:
             variants.append(v)  # before start(): a half-started variant is cleaned up too
             log(f"starting {v.name} ...")
             v.start()
+            if args.cpu:
+                hub = getattr(v, "hub", None)
+                v.meter = CpuMeter(hub.proc.pid if hub is not None else None)
 
         times: dict[str, list[float]] = {v.name: [] for v in variants}
         for rnd in range(args.runs + 1):
@@ -554,6 +661,13 @@ def main() -> int:
         for name, ts in times.items():
             print(f"{name:<15}{p50[name]:>8.3f}{min(ts):>8.3f}{max(ts):>8.3f}")
         r = p50["ours"] / p50["docker_run"]
+        if args.cpu:
+            print("CPU-seconds per round, p50 (the warm-up round left out):")
+            print(f"{'':<15}" + "".join(f"{k:>9}" for k in CPU_PARTS))
+            for v in variants:
+                rounds = v.meter.rounds[1:] or v.meter.rounds
+                print(f"{v.name:<15}" + "".join(
+                    f"{statistics.median(r_[k] for r_ in rounds):>9.2f}" for k in CPU_PARTS))
         print(f"ratio ours/docker_run (p50) = {r:.3f}  (target <= 1.1: {'met' if r <= 1.1 else 'MISSED'})")
         print(f"concurrent={n} ours_p50_s={p50['ours']:.3f} docker_run_p50_s={p50['docker_run']:.3f} "
               f"ratio_vs_docker_run={r:.3f}", flush=True)
