@@ -12,8 +12,10 @@ the image from the engine, then measures, in an order that turns each round:
                  record says RUNNING (the scheduling, the pull, shown as the session's
                  progress, the session's own network, the container's create and start).
   (b) bare:      ``docker pull`` of the same reference (the registry's credentials in a
-                 docker config of its own), then ``docker run -d --network none`` of it,
-                 until ``docker run`` returns (the container started); no limits.
+                 docker config of its own), then ``docker run -d`` of it as the issue names
+                 it (Docker's default bridge, no limits), until ``docker run`` returns (the
+                 container started).
+  (d) no net:    the same as (b) with ``--network none`` (no network at all: the floor).
   (c) like ours: the same pull, then ``docker run -d`` on a user-defined bridge network
                  with a session's limits (0.5 CPU, 512 MiB, its pids limit, tmpfs /tmp and
                  /var/tmp, no-new-privileges): the container a session's kernel is (on a
@@ -26,10 +28,11 @@ Then the rescan: the registry's repository gets ``--tags`` more tags (manifests 
 through the registry API, so each tag is a manifest and a config the rescan reads), and
 the manager's rescan (registry API v2 catalogue, tags, manifests, config blobs; the
 catalogue written) is timed. Targets: ratio at most 1.1, rescan under 10 s. Last line
-(``ratio``: against (c); ``ratio_bare``: against (b)):
+(``ratio``: against (c); ``ratio_bare``: against (b); ``ratio_nonet``: against (d)):
 
-    pull_start_ours_p50_s=<f> pull_run_docker_p50_s=<f> pull_run_bare_p50_s=<f> ratio=<f>
-    ratio_bare=<f> rescan_tags=<n> rescan_s=<f>
+    pull_start_ours_p50_s=<f> pull_run_docker_p50_s=<f> pull_run_bare_p50_s=<f>
+    pull_run_nonet_p50_s=<f> ratio=<f> ratio_bare=<f> ratio_nonet=<f> rescan_tags=<n>
+    rescan_s=<f>
 
 Everything it makes (registry, images, containers, temp dirs) is removed at the end.
 """
@@ -106,10 +109,10 @@ LIKE_A_SESSION = ["--network", NETWORK, "--cpus", "0.5", "--memory", "512m",
                   "--security-opt", "no-new-privileges"]
 
 
-def docker_pull_run(reg: Registry, ref: str, like_a_session: bool) -> float:
+def docker_pull_run(reg: Registry, ref: str, like_a_session: str) -> float:
     """``docker pull`` then ``docker run -d`` (returns once the container started); the
     container is removed after the clock stopped."""
-    opts = LIKE_A_SESSION if like_a_session else ["--network", "none"]
+    opts = {"session": LIKE_A_SESSION, "bare": [], "none": ["--network", "none"]}[like_a_session]
     t0 = time.perf_counter()
     reg.docker("pull", "-q", ref)
     cid = subprocess.run(["docker", "run", "-d", *opts, ref, "true"],
@@ -128,10 +131,11 @@ async def main(args) -> None:
                        capture_output=True)
         print("building and pushing the image (once) ...", flush=True)
         ref = build_and_push(reg, tmp)
-        ours, base, bare, ended = [], [], [], []
+        ours, ended = [], []
+        docker_runs: dict[str, list[float]] = {"session": [], "bare": [], "none": []}
 
         def configure(c):
-            c.BackendAIManager.image_catalogue = True
+            c.BackendAIManager.image_catalogue = True  # (the default; said for the reader)
 
         async with running_manager(f"sqlite:///{tmp}/db.sqlite", tmp, "docker",
                                    configure=configure, retries=0) as mgr:
@@ -141,13 +145,13 @@ async def main(args) -> None:
                 "password": reg.password, "ca_cert": reg.ca_pem.decode()})
             await mgr.registries.rescan(ROOT, "bench")
             for i in range(args.runs + 1):  # round 0: warm-up, not counted
-                kinds = ("ours", "like", "bare")
-                order = kinds[i % 3:] + kinds[:i % 3]
+                kinds = ("ours", "session", "bare", "none")
+                order = kinds[i % 4:] + kinds[:i % 4]
                 for which in order:
                     remove_images(ref)
-                    if which in ("like", "bare"):
-                        took = docker_pull_run(reg, ref, like_a_session=which == "like")
-                        ((base if which == "like" else bare) if i else []).append(took)
+                    if which in docker_runs:
+                        took = docker_pull_run(reg, ref, like_a_session=which)
+                        (docker_runs[which] if i else []).append(took)
                     else:
                         t0, wall0 = time.perf_counter(), dt.datetime.now(dt.UTC)
                         sid = await mgr.enqueue(
@@ -172,11 +176,13 @@ async def main(args) -> None:
             out = await mgr.registries.rescan(ROOT, "bench")
             rescan_s = time.perf_counter() - t0
             print(f"rescan: {json.dumps(out)} in {rescan_s:.2f} s", flush=True)
-        o, b, n = statistics.median(ours), statistics.median(base), statistics.median(bare)
+        o = statistics.median(ours)
+        b, n, z = (statistics.median(docker_runs[k]) for k in ("session", "bare", "none"))
         print(f"(ours until the batch session had ended and its container was removed: "
               f"p50 {statistics.median(ended):.3f} s)")
         print(f"pull_start_ours_p50_s={o:.3f} pull_run_docker_p50_s={b:.3f} "
-              f"pull_run_bare_p50_s={n:.3f} ratio={o / b:.2f} ratio_bare={o / n:.2f} "
+              f"pull_run_bare_p50_s={n:.3f} pull_run_nonet_p50_s={z:.3f} ratio={o / b:.2f} "
+              f"ratio_bare={o / n:.2f} ratio_nonet={o / z:.2f} "
               f"rescan_tags={out['found']} rescan_s={rescan_s:.3f}")
     finally:
         if ref:

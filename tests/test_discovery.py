@@ -190,3 +190,46 @@ def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path)
 async def _registered_in(etcd, key, group) -> bool:
     reg = etcd.get_prefix(key).get(key)
     return bool(reg) and reg["resource_group"] == group
+
+
+def test_the_first_agent_to_join_fills_a_fresh_catalogue(redis_server, tmp_path):
+    """Issue 25, the catalogue enforced by default: a hub with no agent of its own whose
+    catalogue is empty catalogues the images of the first agent daemon that joins
+    (through etcd), at the join, with no admin's rescan and no request, so that the
+    images the node holds can start."""
+    from jupyterhub_backendai.manager.access import Principal
+
+    root = Principal(user_id="root", username="root", email="root@example.com",
+                     role="superadmin", domain="default")
+    etcd = RestartableEtcd()
+    etcd.start()
+    certs = make_certs(tmp_path / "pki", "agent1")
+    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("cat"), redis_server.fresh_url(),
+                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+
+    def cluster_mode(c):
+        c.BackendAIManager.redis_url = redis_server.fresh_url()
+        c.BackendAIManager.embedded_agent = False
+        c.BackendAICluster.tls = certs["hub"]
+        c.BackendAICluster.etcd_url = etcd.url
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/cat.sqlite", tmp_path, "local",
+                                   configure=cluster_mode) as mgr:
+            assert mgr.image_catalogue and not mgr.local_agents
+            assert await mgr.ops.list_catalogue(root, True) == []
+            agent.start()
+
+            async def catalogued():
+                return [(i["name"], i["source"]) for i in
+                        await mgr.ops.list_catalogue(root, True)] == [("local/python", "local")]
+
+            assert await _until(catalogued, 60), (await mgr.ops.list_catalogue(root, True),
+                                                  agent.tail())
+            assert mgr.registries.local_known
+
+    try:
+        asyncio.run(run())
+    finally:
+        agent.stop()
+        etcd.stop()

@@ -370,7 +370,7 @@ class BackendAICluster(LoggingConfigurable):
             if before != AgentStatus.ALIVE and agent_id not in mgr.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now,
                 # as a heartbeat does.
-                mgr.background(mgr.reconcile_agent(agent_id))
+                mgr.agents.arrived(agent_id)
             if joined:
                 self.log.info("agent %s joined (%s, %s)", agent_id, info.get("addr"), info.get("resource_group"))
                 await self._notify("join", agent_id, info)

@@ -172,9 +172,7 @@ class Agents:
             self.heard(str(payload.get("id")))
             if before != AgentStatus.ALIVE and payload.get("id") not in mgr.local_agents:
                 # New, or back from LOST (it may have restarted): agree with it now.
-                mgr.background(self.reconcile_agent(payload["id"]))
-                if not mgr.registries.local_known:  # it joins a fresh catalogue
-                    mgr.background(mgr.registries.catalogue_local_first())
+                self.arrived(payload["id"])
             # H-agents: only a join or a return wakes the scheduler (a routine heartbeat
             # changes nothing a pass depends on; the periodic pass sees capacity changes).
             if before != AgentStatus.ALIVE:
@@ -358,6 +356,14 @@ class Agents:
                 "before installations had identities, perhaps by another installation with "
                 "the same agent id): left alone; remove its container by hand if it is this "
                 "installation's", kid, agent_id)
+
+    def arrived(self, agent_id: str) -> None:
+        """A remote agent is recorded ALIVE, new or back from LOST (a heartbeat or its
+        etcd registration, vouched for): agree with it on its kernels, and catalogue its
+        images if the catalogue holds none of the agents' yet (manager/registries.py)."""
+        self.mgr.background(self.reconcile_agent(agent_id))
+        if not self.mgr.registries.local_known:
+            self.mgr.background(self.mgr.registries.catalogue_local_first(joined=True))
 
     async def reconcile_agent(self, agent_id: str) -> None:
         """Reconcile with one agent (in process or over HTTP); errors are logged."""

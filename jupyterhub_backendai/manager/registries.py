@@ -31,6 +31,7 @@ import asyncio
 import base64
 import re
 import ssl
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -379,6 +380,7 @@ class Registries:
         self._scans: dict[str, dict] = {}  # registry -> its last or running rescan
         self._tasks: dict[str, asyncio.Task] = {}  # registry -> its running rescan
         self.local_known = False  # the catalogue holds local images (catalogue_local_first)
+        self._local_found_none = -1e9  # when a first catalogue found none (monotonic)
 
     @property
     def _etcd(self):
@@ -455,24 +457,31 @@ class Registries:
             task.add_done_callback(self._done)
         return task
 
-    async def catalogue_local_first(self) -> None:
+    async def catalogue_local_first(self, joined: bool = False) -> None:
         """The catalogue's first local images: while it holds none, what the agents'
         engines hold is catalogued (a rescan of ``local``, shared with one running), and
         ``BackendAIManager.first_default_image`` becomes the default if nothing is. A
         fresh install's kernel image starts without an admin's rescan; an image built on
         a node later waits for one (docs/images.md). Once local images are catalogued
-        this is a no-op, also when an admin hides or a rescan removes them later."""
+        this is a no-op, also when an admin hides or a rescan removes them later. While
+        the agents hold none, a request tries again 10 s after the last try at the
+        earliest; an agent that ``joined`` at once."""
         if self.local_known:
             return
         ops = self.manager.ops
         if not await ops.has_local_images():
+            running = self._tasks.get(LOCAL)
+            if running is None and not joined and \
+                    time.monotonic() < self._local_found_none + 10:
+                return  # (a registry-only installation: not at every spawn form)
             try:
-                await asyncio.shield(self._task(LOCAL))
+                await asyncio.shield(running or self._task(LOCAL))
             except Exception as e:  # (no agent answered: the next request tries again)
                 self.manager.log.warning("the first catalogue of the agents' images "
                                          "failed: %s", e)
                 return
             if not await ops.has_local_images():
+                self._local_found_none = time.monotonic()
                 return  # no agent holds a labelled image yet
             default = self.manager.first_default_image
             if default and await ops.settle_default(default):
