@@ -23,7 +23,8 @@ SLOTS = {"cpu": 2, "mem": "4g"}
 
 # (options, the exact message) or (options, ("startswith", prefix)).
 CASES = [
-    ({"image": "no-such/image:1"}, ("startswith", "unknown image 'no-such/image:1'")),
+    ({"image": "no-such/image:1"}, ("startswith", "image 'no-such/image:1' is not in the "
+                                    "catalogue: choose one of the images listed")),
     ({"cpu": "-1"}, "cpu must be positive, not -1"),
     ({"cpu": "0"}, "cpu must be positive, not 0"),
     ({"cpu": "abc"}, "cpu must be a number, not 'abc'"),
@@ -115,7 +116,7 @@ def test_malformed_form(hub):
         ({"image": hub.image, "cpu": "1", "mem": "9g"},
          "Memory: 9 GiB is more than the 4 GiB this resource group offers"),
         ({"image": "<script>x</script>", "cpu": "1", "mem": "1g"},
-         "unknown image &#39;&lt;script&gt;x&lt;/script&gt;&#39;"),
+         "image &#39;&lt;script&gt;x&lt;/script&gt;&#39; is not in the catalogue"),
     ]:
         r = s.post(hub.base + "/hub/spawn/admin/bad", data={**form, "_xsrf": xsrf})
         assert r.status_code == 400, (form, r.status_code)
@@ -130,7 +131,8 @@ def test_form_offers_kernel_images_in_human_units(hub):
     s = hub.login()
     r = s.get(hub.base + "/hub/spawn")
     assert r.status_code == 200
-    assert f'<option value="{hub.image}">' in r.text
+    # The kernel image, catalogued by the hub at its start, is the default: preselected.
+    assert f'<option value="{hub.image}" selected>' in r.text
     assert 'name="cpu"' in r.text and 'name="mem"' in r.text
     assert 'name="gpu"' not in r.text  # the group has no GPU slots
     assert "pattern=" not in r.text  # no regex for the browser to quote back

@@ -34,7 +34,8 @@ def reg(tmp_path_factory):
         d = tmp_path_factory.mktemp("tiny")
         (d / "hello").write_text("hello\n")
         for repo, labels in (("tiny", 'LABEL "ai.backend.kernelspec"="1" '
-                                      '"ai.backend.resource.min.cpu"="0.5"\n'),
+                                      '"ai.backend.resource.min.cpu"="0.5" '
+                                      '"ai.backend.resource.min.mem"="64m"\n'),
                              ("plain", "")):
             (d / "Dockerfile").write_text(f"FROM scratch\nCOPY hello /hello\n{labels}")
             tag = image_tag(f"cli-{repo}")
@@ -85,9 +86,11 @@ def _push_tiny(reg, tmp_path, repo: str, tag: str) -> str:
 
 
 def _catalogue(hub) -> dict:
+    """The registries' part of the catalogue (the agents' own images, which the hub
+    catalogues at its start, left out), each name with its aliases."""
     with hub.sm() as s:
         return {i.name: sorted(a.alias for a in s.query(ImageAlias).filter_by(image=i.name))
-                for i in s.query(Image)}
+                for i in s.query(Image).filter(Image.source != "local")}
 
 
 def test_cli_lists_rescans_and_aliases_images(hub, reg, tmp_path):
@@ -171,7 +174,9 @@ def test_cli_configures_a_registry_through_its_etcd_keys(hub, reg, tmp_path):
     root("admin", "etcd", "set", key, reg.url)
     for field, value in (("username", reg.username), ("password", reg.password),
                          ("project", "etcd"), ("type", "docker")):
-        out = root("admin", "etcd", "set", f"{key}/{field}", value)
+        # ("--": a generated password may begin with "-", which the CLI would take for
+        # an option; an operator writes it the same way)
+        out = root("admin", "etcd", "set", "--", f"{key}/{field}", value)
         assert "Successfully set" in out, out
     got = sa.ok("GET", "/container-registries/" + urllib.parse.quote(reg.host, safe=""))
     assert (got["url"], got["username"], got["project"], got["has_password"]) == \
@@ -260,6 +265,8 @@ def test_console_environments_page(hub, reg):
     assert f"<code>{tiny}</code>" in page and "ai.backend.resource.min.cpu" in page
     row = page[page.index(f'<tr data-name="{tiny}">'):]
     row = row[:row.index("</tr>")]
+    # Its minimums in people's units (the label says "64m": once a 500 of the page).
+    assert "<td>0.5 cores, 64 MiB memory</td>" in row, row
     buttons = re.findall(r'data-api-method="(\w+)" data-api-path="([^"]+)"\s+'
                          r"data-api-body='([^']+)'", row)
     hide = next(b for b in buttons if "hidden" in b[2])

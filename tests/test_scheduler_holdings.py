@@ -192,6 +192,7 @@ def test_real_agents_report_their_images_and_a_session_goes_where_its_image_is(d
     import asyncio
 
     from jupyterhub_backendai.common.slots import ResourceSlot
+    from jupyterhub_backendai.manager.access import Principal
 
     from .hub import KERNEL_IMAGE
     from .inproc import DEAD, add_agent, assert_consistent, make_user, running_manager, wait_status
@@ -207,6 +208,11 @@ def test_real_agents_report_their_images_and_a_session_goes_where_its_image_is(d
             assert KERNEL_IMAGE in (row.images or []), row.images
             lrow = await _poll(lambda: _row_saying(mgr, local.agent_id), "the local agent's images")
             assert lrow.images == [local.local_image] and KERNEL_IMAGE not in lrow.images
+            # The catalogue holds what the first agent held; the second agent's own image
+            # is catalogued by an admin's rescan of the agents' images (docs/images.md).
+            root = Principal(user_id="root", username="root", email="root@example.com",
+                             role="superadmin", domain="default")
+            await mgr.registries.rescan(root, "local")
             user = await make_user(mgr)
             ids = {}
             for name, image in (("on-docker", KERNEL_IMAGE), ("on-local", local.local_image)):

@@ -120,7 +120,7 @@ def format_slots(slots: Mapping) -> str:
     for k in (CPU, MEM, CUDA):
         if k not in slots:
             continue
-        v = Decimal(slots[k])
+        v = parse_size(slots[k]) if k == MEM else Decimal(slots[k])  # (an image's "256m")
         if k == CPU:
             parts.append(format_cores(v))
         elif k == MEM:

@@ -53,7 +53,12 @@ ADMIN_SECTIONS = (
 
 def human_slots(slots: dict | None) -> str:
     """``{"cpu": "2", "mem": "1073741824"}`` as ``2 cores, 1 GiB memory``; nothing: '-'."""
-    return format_slots(slots) if slots else "-"
+    if not slots:
+        return "-"
+    try:
+        return format_slots(slots)
+    except (ValueError, ArithmeticError, BackendAIError):  # an image's label, as it is
+        return ", ".join(f"{k} {v}" for k, v in sorted(slots.items()))
 
 
 def human_duration(seconds: float | None) -> str:

@@ -301,6 +301,16 @@ def kernels_on(s, agent_id: str) -> dict[str, tuple[str, str]]:
     }
 
 
+def last_words(logs: str | None, limit: int = 400) -> str:
+    """The last lines of a kernel's output (what it said before it ended), to follow a
+    failure's reason: '' when it said nothing."""
+    lines = [line.strip() for line in (logs or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    tail = " / ".join(lines[-3:])
+    return f"; its last output: {tail[-limit:]}"
+
+
 def kernel_ended(s, kernel_id: str, exit_code: int | None, logs: str | None):
     """Record a kernel's exit code and output; returns (session id, session status,
     session type, role, hostname, exit code), or None for an unknown kernel."""
@@ -328,7 +338,8 @@ def mark_running(s, sid: str, created: dict[str, dict]) -> tuple[str, str | None
     exited = [k for k in rows.values() if k.exit_code is not None]
     if exited and (se.session_type != BATCH or any(k.cluster_role != "main" for k in exited)):
         k = exited[0]
-        return "failed", f"kernel {k.cluster_hostname} exited with code {k.exit_code} while starting"
+        return "failed", (f"kernel {k.cluster_hostname} exited with code {k.exit_code} while "
+                          f"starting{last_words(k.logs)}")
     for kid, rec in created.items():
         k = rows[kid]
         k.container_id = rec["container_id"]
