@@ -641,3 +641,60 @@ def test_an_lxcfs_setting_that_is_not_lxcfs_stops_the_agent(tmp_path):
     assert not lxcfs.is_mounted("/var/lib", str(mountinfo))
     assert lxcfs.resolve("") is None
     assert lxcfs.mounts(None) == []
+
+
+def test_the_pool_waiter_waits_out_the_binding_file_being_given_to_it(tmp_path):
+    """Issue 30 (a pooled kernel bound under load exited with code 1): Docker's archive
+    makes the binding file as root, mode 0600, and hands it to the kernel's user only
+    after; the waiter, polling, saw it exist and could not open it (PermissionError).
+    Here the window is held open for a second: the waiter (as the kernel user, in the
+    kernel image) must wait it out and go on to the server's start (which, without a
+    hub's environment given, ends in JupyterHub's own words)."""
+    import json
+    import subprocess
+    import time
+
+    from jupyterhub_backendai.agent import warmpool
+
+    conf = tmp_path / "config"
+    conf.mkdir()
+    os.chown(conf, 1000, 1000)
+    waiter = tmp_path / "waiter"
+    waiter.write_text(warmpool.WAITER)
+    waiter.chmod(0o755)
+    name = f"bai-test-waiter-{new_id()[:8]}"
+    subprocess.run(["docker", "run", "-d", "--name", name, "--user", "1000:1000",
+                    "--network", "none", "-v", f"{conf}:/home/config",
+                    "-v", f"{waiter}:/waiter:ro", "--entrypoint", "python3",
+                    "backendai/python-kernel:latest", "/waiter"],
+                   check=True, capture_output=True)
+
+    def logs() -> str:
+        r = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+        return r.stdout + r.stderr
+
+    def running() -> bool:
+        return subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+                              capture_output=True, text=True).stdout.strip() == "true"
+
+    try:
+        deadline = time.monotonic() + 60
+        while warmpool.READY_LINE not in logs():
+            assert time.monotonic() < deadline and running(), logs()
+            time.sleep(0.1)
+        bind = conf / "pool-bind.json"
+        bind.write_text(json.dumps({"environ": {"HOME": "/home/work"}}))
+        bind.chmod(0o600)  # root's, as Docker's archive makes it first
+        time.sleep(1.0)
+        assert running(), logs()  # before: PermissionError, exit 1
+        os.chown(bind, 1000, 1000)
+        deadline = time.monotonic() + 60
+        while running():
+            assert time.monotonic() < deadline, logs()
+            time.sleep(0.1)
+        out = logs()
+        assert "PermissionError" not in out, out
+        assert "Missing required environment $JUPYTERHUB_SERVICE_URL" in out, out  # its start
+        assert not bind.exists()  # read, then removed (it carries a session's token)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)

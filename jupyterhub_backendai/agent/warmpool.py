@@ -81,12 +81,17 @@ print("backendai-pool: ready", flush=True)
 path = "/home/config/pool-bind.json"
 while not os.path.exists(path):
     time.sleep(0.005)
-while True:  # a file the archive is still writing does not parse yet
+# Docker's archive makes the file as root with its mode (0600) and gives it to this user
+# only then: until that, it does not open; while written, it does not parse.
+deadline = time.monotonic() + 60
+while True:
     try:
         with open(path) as f:
             bind = json.load(f)
         break
-    except ValueError:
+    except (ValueError, PermissionError):
+        if time.monotonic() > deadline:
+            raise
         time.sleep(0.005)
 os.unlink(path)
 os.environ.update(bind["environ"])
