@@ -13,6 +13,7 @@ import uuid
 from sqlalchemy import select
 
 from jupyterhub_backendai.common.etcdreg import agent_key
+from jupyterhub_backendai.manager.access import Principal
 from jupyterhub_backendai.models import Agent
 
 from .cluster_nodes import AgentDaemon, RestartableEtcd, TLSStorageDaemon, make_certs
@@ -20,6 +21,8 @@ from .inproc import running_manager
 from .services import agent_id as new_agent_id
 
 TTL = 3.0
+ROOT = Principal(user_id="root", username="root", email="root@example.com", role="superadmin",
+                 domain="default")
 
 
 async def _agents(mgr) -> dict[str, tuple[str, str]]:
@@ -135,16 +138,9 @@ def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path)
     resource group over its mutual-TLS API (``PUT /v1/resource-group``); the daemon says
     so in its etcd registration at once, the record follows, and a restarted daemon
     still belongs there (its state directory wins over its configuration)."""
-    from jupyterhub_backendai.manager.access import Principal
     from jupyterhub_backendai.models import ResourceGroup
 
-    root = Principal(user_id="root", username="root", email="root@example.com",
-                     role="superadmin", domain="default")
-    etcd = RestartableEtcd()
-    etcd.start()
-    certs = make_certs(tmp_path / "pki", "agent1")
-    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("move"), redis_server.fresh_url(),
-                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+    etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "move")
     key = agent_key("/backendai", agent.agent_id).decode()
 
     def cluster_mode(c):
@@ -165,10 +161,10 @@ def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path)
                 return rows.get(agent.agent_id) == ("ALIVE", name)
 
             assert await _until(lambda: group_is("default"), 60), agent.tail()
-            await mgr.agents.move(root, agent.agent_id, "gpu")
+            await mgr.agents.move(ROOT, agent.agent_id, "gpu")
             # The registration says it at once (not only at the next lease).
             assert etcd.get_prefix(key)[key]["resource_group"] == "gpu"
-            await mgr.ops.update_agent(root, agent.agent_id, {"resource_group": "gpu"})
+            await mgr.ops.update_agent(ROOT, agent.agent_id, {"resource_group": "gpu"})
             assert await group_is("gpu")
             agent.stop()
             agent.start()
@@ -187,6 +183,17 @@ def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path)
         etcd.stop()
 
 
+def _etcd_and_agent(redis_server, tmp_path, name: str):
+    """A started etcd, the cluster's certificates, and a ``backendai-agent`` daemon (not
+    yet started) registering there, on a Redis database of its own."""
+    etcd = RestartableEtcd()
+    etcd.start()
+    certs = make_certs(tmp_path / "pki", "agent1")
+    agent = AgentDaemon(tmp_path / "agent1", new_agent_id(name), redis_server.fresh_url(),
+                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+    return etcd, certs, agent
+
+
 async def _registered_in(etcd, key, group) -> bool:
     reg = etcd.get_prefix(key).get(key)
     return bool(reg) and reg["resource_group"] == group
@@ -197,15 +204,7 @@ def test_the_first_agent_to_join_fills_a_fresh_catalogue(redis_server, tmp_path)
     catalogue is empty catalogues the images of the first agent daemon that joins
     (through etcd), at the join, with no admin's rescan and no request, so that the
     images the node holds can start."""
-    from jupyterhub_backendai.manager.access import Principal
-
-    root = Principal(user_id="root", username="root", email="root@example.com",
-                     role="superadmin", domain="default")
-    etcd = RestartableEtcd()
-    etcd.start()
-    certs = make_certs(tmp_path / "pki", "agent1")
-    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("cat"), redis_server.fresh_url(),
-                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+    etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "cat")
 
     def cluster_mode(c):
         c.BackendAIManager.redis_url = redis_server.fresh_url()
@@ -217,14 +216,14 @@ def test_the_first_agent_to_join_fills_a_fresh_catalogue(redis_server, tmp_path)
         async with running_manager(f"sqlite:///{tmp_path}/cat.sqlite", tmp_path, "local",
                                    configure=cluster_mode) as mgr:
             assert mgr.image_catalogue and not mgr.local_agents
-            assert await mgr.ops.list_catalogue(root, True) == []
+            assert await mgr.ops.list_catalogue(ROOT, True) == []
             agent.start()
 
             async def catalogued():
                 return [(i["name"], i["source"]) for i in
-                        await mgr.ops.list_catalogue(root, True)] == [("local/python", "local")]
+                        await mgr.ops.list_catalogue(ROOT, True)] == [("local/python", "local")]
 
-            assert await _until(catalogued, 60), (await mgr.ops.list_catalogue(root, True),
+            assert await _until(catalogued, 60), (await mgr.ops.list_catalogue(ROOT, True),
                                                   agent.tail())
             assert mgr.registries.local_known
 
