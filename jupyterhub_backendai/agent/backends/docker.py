@@ -931,13 +931,9 @@ class DockerBackend(Backend):
             if burst:
                 await self._end_burst(c["Id"], nano_cpus, main.host_port, spec["service_prefix"])
         except BaseException as e:
-            self._bursting.pop(kid, None)
-            try:
-                await container.delete(force=True)
-            except DockerError:
-                pass
-            await asyncio.to_thread(self.pool_root.release, kid)
-            await self._remove_session_network(labels.get(L_SESSION, ""))
+            # (the pooled kernel's own session: its network, not the user's session's)
+            await self._undo_start({"kernel_id": kid, "session_id": labels.get(L_SESSION, "")},
+                                   container, True, True)
             if isinstance(e, (AgentError, asyncio.CancelledError)):
                 raise
             if isinstance(e, DockerError):
