@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -384,3 +385,53 @@ def test_gpu_images_only_where_the_group_has_gpus(hub, reg, tmp_path):
     finally:
         shutdown_hub(gpu_hub)
 
+
+
+_LISTEN_LATE = """
+import asyncio, json, sys
+from ai.backend.client.cli.pretty import ProgressViewer
+from ai.backend.client.session import AsyncSession
+
+async def main():
+    async with AsyncSession() as session:
+        started = await session.Image.rescan_images(sys.argv[1])
+        print(started["task_id"], flush=True)
+        sys.stdin.readline()  # the test says when the rescan has ended
+        events = []
+        # What `backend.ai admin image rescan` does once it has the task (23.09's own classes).
+        async with (session.BackgroundTask(started["task_id"]).listen_events() as response,
+                    ProgressViewer("Scanning the registry...")):
+            async for ev in response:
+                events.append(ev.event)
+        print(json.dumps(events), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_cli_follows_a_rescan_that_ended_before_it_listened(hub, reg, tmp_path):
+    """The race CI met: the hub finished a rescan before the 23.09 CLI opened its event
+    stream, answered the whole stream at once, and the CLI's spinner, cancelled before it
+    had ever run, raised CancelledError (``admin image rescan`` exited 1). Here the client
+    listens only after the hub says the rescan is done, with the CLI's own classes."""
+    sa = superadmin(hub)
+    root = BAI(hub, new_user(sa, role="superadmin", name=f"root-{uuid.uuid4().hex[:6]}"),
+               str(tmp_path / "root"))
+    before = (sa.ok("GET", "/container-registries/lab")["rescan"] or {}).get("started_at")
+    python = os.path.join(os.path.dirname(CLI), "python")
+    p = subprocess.Popen([python, "-c", _LISTEN_LATE, "lab"], env=root.env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip(), p.stderr.read()
+        deadline = time.monotonic() + 60
+        while True:
+            scan = sa.ok("GET", "/container-registries/lab")["rescan"] or {}
+            if scan.get("started_at") != before and scan.get("state") == "done":
+                break
+            assert time.monotonic() < deadline, "the rescan never ended"
+            time.sleep(0.05)
+        out, err = p.communicate("go\n", timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert json.loads(out.splitlines()[-1]) == ["bgtask_done", "server_close"], out

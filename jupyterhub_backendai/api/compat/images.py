@@ -24,6 +24,9 @@ from ...manager import images
 from .base import CompatBase
 
 TASK_TTL = 3600.0
+# A background task's event stream ends no sooner than this after its headers (seconds):
+# see BackgroundTaskEventsHandler.
+_END_NO_SOONER = 0.3
 # task id -> {"owner", "started", "task", "result"|"error"}
 _TASKS: dict[str, dict] = {}
 
@@ -135,13 +138,23 @@ class BackgroundTaskEventsHandler(CompatBase):
         task: asyncio.Task = entry["task"]
         # Only the end is sent: both clients' progress bar (on bgtask_updated) fails
         # without a terminal, and a registry's rescan takes seconds.
-        while not task.done():
+        loop = asyncio.get_running_loop()
+        opened = loop.time()
+        while True:
             self.write(": waiting\n\n")  # (an SSE comment: keeps the connection open)
             try:
                 await self.flush()
             except StreamClosedError:
                 return
+            if task.done():
+                break
             await asyncio.wait({task}, timeout=5)
+        # The 23.09 CLI starts a spinner task on the stream's headers and cancels it at the
+        # stream's end; when the end came in the same read as the headers (a task that had
+        # ended before the client listened), the spinner was cancelled before it ever ran
+        # and `admin image rescan` died of its CancelledError. The end comes no sooner than
+        # one turn of the spinner (0.3 s) after the headers.
+        await asyncio.sleep(max(0.0, opened + _END_NO_SOONER - loop.time()))
         err = task.exception() if not task.cancelled() else None
         if err is None:
             data = {"task_id": tid, "message": "; ".join(entry["messages"]) or "done"}
