@@ -16,11 +16,13 @@ export DEBIAN_FRONTEND=noninteractive
 # mounts one of its own).
 # socat: the multi-node tests' namespaced engines reach the test registry on their own
 # loopback (tests/swarm_nodes.py).
+# iproute2: the browser tests' own network namespace (tests/chromium.py) and the multi-node
+# tests' (tests/swarm_nodes.py).
 # python3 (Debian's): an interpreter outside /root that an unprivileged kernel user can run
 # (tests/test_attacks_agent.py runs a hub on it, installed from this checkout).
 pkgs=(docker.io debootstrap postgresql redis-server etcd-server etcd-client psmisc openssh-client
       btrfs-progs docker-registry socat
-      nginx-light python3 lxcfs)
+      nginx-light python3 lxcfs iproute2)
 # npm: configurable-http-proxy below, and binder/postBuild in tests/test_binder.py
 # (only when missing: a NodeSource nodejs brings its own npm).
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)

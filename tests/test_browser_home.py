@@ -85,8 +85,8 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
     context.set_default_timeout(30_000)
     page = context.new_page()
     # What failed on the way (printed when the test fails): a theme stylesheet that did
-    # not load once put JupyterLab's error dialog over the file browser (seen once in a
-    # parallel run on a loaded machine; the answer it got is what this records).
+    # not load put JupyterLab's error dialog over the launcher (CI, stop 30's run:
+    # ERR_NETWORK_CHANGED, since the browser has a namespace of its own, tests/chromium.py).
     failed: list[str] = []
     page.on("requestfailed", lambda r: failed.append(f"{r.url} failed: {r.failure}"))
     page.on("response", lambda r: r.status >= 400 and failed.append(f"{r.url} -> {r.status}"))
