@@ -155,9 +155,10 @@ class LoopbackRelay:
             self._loop.run_forever()
         finally:
             server.close()
-            for task in asyncio.all_tasks(self._loop):
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
                 task.cancel()
-            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
     def start(self) -> LoopbackRelay:

@@ -116,6 +116,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     from . import engine_check
 
+    engine_check.remove_agent_network()
     ours, others = engine_check.leftovers(getattr(session.config, "_engine_before", None))
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if others and tr:

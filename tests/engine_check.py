@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from .services import RUN
+from .services import AGENT_NETWORK, RUN
 
 # (kind, docker command, format): one line per object, the id first.
 _LISTS = (
@@ -54,3 +54,13 @@ def leftovers(before: dict[str, str] | None) -> tuple[list[str], list[str]]:
     others = sorted(f"{k} {d}" for k, d in after.items()
                     if before is not None and k not in before and RUN not in d)
     return ours, others
+
+
+def remove_agent_network() -> None:
+    """Removes this run's agent network (services.AGENT_NETWORK), which every agent of the
+    run shared and none removes (as an installation's agents leave theirs): once every
+    worker has finished, nothing of this run is on it. Called before :func:`leftovers`,
+    which reports it if it is still there."""
+    if shutil.which("docker") is not None:
+        subprocess.run(["docker", "network", "rm", AGENT_NETWORK], capture_output=True,
+                       timeout=60)

@@ -34,6 +34,13 @@ def agent_id(kind: str = "test") -> str:
     return f"i-{kind}-{RUN}-{secrets.token_hex(4)}"
 
 
+#: The agents' shared network (Agent.network) of this run: every agent the suite runs on
+#: the main engine (hubs, daemons, in-process agents) inherits it, and the run removes it
+#: at its end (tests/conftest.py); the engine's ``backendai``, which installations share
+#: and none removes, is not made or touched by the suite.
+AGENT_NETWORK = os.environ.setdefault("BACKENDAI_AGENT_NETWORK", f"t{RUN}-backendai")
+
+
 #: What every test hub's installation id starts with (BACKENDAI_INSTALLATION_PREFIX): a
 #: hub on the default agent id (``i-<hostname>-<this prefix><8 hex>``) and every container
 #: and network its agent labels with its installation carry this run's token.

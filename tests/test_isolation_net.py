@@ -23,8 +23,9 @@ from .api_world import new_user, superadmin
 from .conftest import containers_of
 from .hub import Hub
 from .inproc import remove_session_networks
+from .services import AGENT_NETWORK
 
-NET = "backendai"
+NET = AGENT_NETWORK
 
 
 def docker(*args: str, check: bool = True) -> str:

@@ -103,11 +103,16 @@ class Agent(LoggingConfigurable):
         on `bind_host`.""",
     ).tag(config=True)
     network = Unicode(
-        "backendai",
         help="""Docker bridge network the agent creates (inter-container traffic off).
         No kernel joins it: its gateway is the host address where kernels reach the
-        hub's API (the hub inside which the agent runs listens there too).""",
+        hub's API (the hub inside which the agent runs listens there too). Shared by
+        every agent and installation on the engine that names it, and never removed.
+        Default: ``backendai``; env: BACKENDAI_AGENT_NETWORK.""",
     ).tag(config=True)
+
+    @default("network")
+    def _network_default(self):
+        return os.environ.get("BACKENDAI_AGENT_NETWORK") or "backendai"
     session_subnets = Unicode(
         "172.30.0.0/16",
         help="""Docker backend: address pool of the sessions' networks. Every session
