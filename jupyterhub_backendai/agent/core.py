@@ -113,6 +113,7 @@ class Agent(LoggingConfigurable):
     @default("network")
     def _network_default(self):
         return os.environ.get("BACKENDAI_AGENT_NETWORK") or "backendai"
+
     session_subnets = Unicode(
         "172.30.0.0/16",
         help="""Docker backend: address pool of the sessions' networks. Every session
