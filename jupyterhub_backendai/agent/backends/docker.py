@@ -746,8 +746,8 @@ class DockerBackend(Backend):
                 ]
         except BaseException:
             # (cancelled while the session's network was made: it goes unless in use)
-            await asyncio.shield(self._undo_start(spec, None, not self.use_host_network,
-                                                  pooled))
+            await asyncio.shield(self._undo_start(spec, None, network=not self.use_host_network,
+                                                  pooled=pooled))
             raise
         if self.lxcfs_root:
             host_config["Mounts"] = [*host_config.get("Mounts", []),
@@ -824,8 +824,8 @@ class DockerBackend(Backend):
             # came, the caller giving up: a cancellation) takes all of it back: the burst,
             # the container, the session's network when no other kernel is on it, the
             # pooled kernel's slot. Shielded: a second cancellation does not cut it short.
-            await asyncio.shield(self._undo_start(spec, container, network is not None,
-                                                  pooled))
+            await asyncio.shield(self._undo_start(spec, container, network=network is not None,
+                                                  pooled=pooled))
             if isinstance(e, DockerError):
                 raise AgentError(f"docker could not start the kernel: {e.message}") from None
             raise
@@ -842,7 +842,7 @@ class DockerBackend(Backend):
             slots=dict(slots),
         )
 
-    async def _undo_start(self, spec: dict, container, network: bool, pooled) -> None:
+    async def _undo_start(self, spec: dict, container, *, network: bool, pooled) -> None:
         """What a failed or abandoned start made, taken back (``network``: the session's
         network, when no other kernel is on it)."""
         self._bursting.pop(spec["kernel_id"], None)
@@ -931,9 +931,11 @@ class DockerBackend(Backend):
             if burst:
                 await self._end_burst(c["Id"], nano_cpus, main.host_port, spec["service_prefix"])
         except BaseException as e:
-            # (the pooled kernel's own session: its network, not the user's session's)
-            await self._undo_start({"kernel_id": kid, "session_id": labels.get(L_SESSION, "")},
-                                   container, True, True)
+            # (the pooled kernel's own session: its network, not the user's session's).
+            # Shielded, as create_kernel's: a second cancellation does not cut it short.
+            await asyncio.shield(self._undo_start(
+                {"kernel_id": kid, "session_id": labels.get(L_SESSION, "")}, container,
+                network=True, pooled=True))
             if isinstance(e, (AgentError, asyncio.CancelledError)):
                 raise
             if isinstance(e, DockerError):
