@@ -247,3 +247,73 @@ def test_the_agent_reaps_only_its_own_installations_containers(tmp_path, docker_
 
 def _exists(container_id: str) -> bool:
     return subprocess.run(["docker", "inspect", container_id], capture_output=True).returncode == 0
+
+
+def test_agents_starting_at_once_share_one_agent_network(tmp_path):
+    """The agent network is made by whichever agent on an engine starts first, and the
+    engine's duplicate-name check is not atomic: agents starting at the same moment (the
+    CI run whose workers each started one) made two networks of one name, and every
+    agent's start after that failed ("2 matches found based on name ... is ambiguous").
+
+    Here twins of one name are first made on purpose by racing creates at the engine's
+    API, then six agents start at once: each settles on the oldest and the twins go.
+    Then, from nothing, six agents at once leave exactly one."""
+    import asyncio
+    import contextlib
+    import uuid
+
+    import aiodocker
+    from aiodocker.exceptions import DockerError
+
+    from jupyterhub_backendai.agent.backends.docker import DockerBackend
+
+    def named(name: str) -> list[str]:
+        out = _docker("network", "ls", "-q", "--no-trunc", "--filter", f"name=^{name}$")
+        return out.split()
+
+    async def twins(docker: aiodocker.Docker, name: str) -> None:
+        for _ in range(20):  # racing creates until the engine makes two of one name
+            async def create():
+                with contextlib.suppress(DockerError):
+                    await docker.networks.create({"Name": name, "Driver": "bridge",
+                                                  "Labels": {"ai.backend.network": "agent"}})
+            await asyncio.gather(*(create() for _ in range(8)))
+            if len(named(name)) > 1:
+                return
+            for nid in named(name):
+                _docker("network", "rm", nid)
+        pytest.fail("the engine never made two networks of one name: this test cannot show the race")
+
+    async def start_at_once(name: str) -> set[str]:
+        backends = [DockerBackend(f"t{RUN}-net{i}", network=name) for i in range(6)]
+        for b in backends:
+            b.docker = aiodocker.Docker()
+        try:
+            infos = await asyncio.gather(*(b._agent_network() for b in backends))
+            return {info["Id"] for info in infos}
+        finally:
+            for b in backends:
+                await b.docker.close()
+
+    async def run() -> None:
+        name = f"t{RUN}-twin-{uuid.uuid4().hex[:8]}"
+        async with aiodocker.Docker() as docker:
+            await twins(docker, name)
+        made = named(name)
+        oldest = min(made, key=lambda nid: int(_docker(
+            "network", "inspect", "-f", "{{.Created.UnixNano}}", nid)))
+        chosen = await start_at_once(name)
+        assert chosen == {oldest}, (chosen, made)
+        assert named(name) == [oldest]  # its twins removed
+        _docker("network", "rm", oldest)
+
+        name = f"t{RUN}-fresh-{uuid.uuid4().hex[:8]}"
+        chosen = await start_at_once(name)
+        assert len(chosen) == 1 and named(name) == list(chosen), (chosen, named(name))
+        _docker("network", "rm", *chosen)
+
+    try:
+        asyncio.run(run())
+    finally:
+        for leftover in named(f"t{RUN}-twin-.*") + named(f"t{RUN}-fresh-.*"):
+            subprocess.run(["docker", "network", "rm", leftover], capture_output=True)

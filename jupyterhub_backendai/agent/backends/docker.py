@@ -14,6 +14,7 @@ import tarfile
 import time
 import weakref
 import zlib
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -186,6 +187,18 @@ def _cluster_ssh_archive(keys: dict | None, user_key: str | None = None) -> byte
     return pool.tar_archive([(path, mode, data, KERNEL_UID) for path, mode, data in entries])
 
 
+def _created_ns(created: str | None) -> int:
+    """Nanoseconds since the epoch of an engine's ``Created`` (RFC 3339, fraction of
+    up to nine digits with its zeros trimmed: not comparable as text)."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?",
+                 created or "")
+    if not m:
+        return 0
+    zone = m.group(3) or "Z"
+    stamp = datetime.fromisoformat(m.group(1) + ("+00:00" if zone == "Z" else zone))
+    return int(stamp.timestamp()) * 1_000_000_000 + int((m.group(2) or "0").ljust(9, "0")[:9])
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -274,7 +287,11 @@ class DockerBackend(Backend):
         if swarm.get("LocalNodeState") == "active":
             self.swarm_role = "manager" if swarm.get("ControlAvailable") else "worker"
         if not self.use_host_network:
-            self.gateway = await self._ensure_network()
+            try:
+                self.gateway = await self._ensure_network()
+            except DockerError as e:  # said at login and in the log, not as a traceback
+                raise AgentError(f"the Docker engine refused the agent network "
+                                 f"{self.network}: {e.message}") from e
             await self._guard_isolation()
             await self._remove_idle_session_networks()
         self._watch_task = asyncio.create_task(self._watch(on_exit))
@@ -298,29 +315,7 @@ class DockerBackend(Backend):
                 log.warning("the warm pool's root stays mounted: %s", e)
 
     async def _ensure_network(self) -> str:
-        try:
-            net = await self.docker.networks.get(self.network)
-            info = await net.show()
-        except DockerError as e:
-            if e.status != 404:
-                raise
-            log.info("creating docker network %s", self.network)
-            # No kernel joins it (each session has a network of its own, see
-            # _session_network); it gives the hub's API an address on this host that
-            # every kernel reaches: its gateway. Containers that join it anyway
-            # (another tool's) cannot reach each other.
-            net = await self.docker.networks.create(
-                {
-                    "Name": self.network,
-                    "Driver": "bridge",
-                    "CheckDuplicate": True,
-                    # Shared by every agent and installation on this engine (no
-                    # kernel joins it, none removes it): no installation label.
-                    "Labels": {L_NETWORK: "agent"},
-                    "Options": {ICC_OPTION: "false"},
-                }
-            )
-            info = await net.show()
+        info = await self._agent_network()
         if (info.get("Options") or {}).get(ICC_OPTION) != "false":
             log.warning(
                 "docker network %s lets its containers reach each other (%s is not false); "
@@ -333,6 +328,54 @@ class DockerBackend(Backend):
             if cfg.get("Gateway"):
                 return cfg["Gateway"]
         raise AgentError(f"docker network {self.network} has no gateway")
+
+    async def _agent_network(self) -> dict:
+        """The agent network's record, made when missing.
+
+        Every agent and installation on this engine shares it, and several may start at
+        the same moment (a restart of the host, a test run's workers). The engine's check
+        for a duplicate name is not atomic: two creates can both succeed, and from then on
+        the name is ambiguous to every call that uses it. So the network is looked up by
+        exact name, and when there are several, every agent settles on the same one, the
+        oldest, and removes the others (no kernel joins this network, so a younger twin
+        is empty; one that is not stays, and is named in the log)."""
+        for _ in range(3):
+            found = [n for n in await self.docker.networks.list(
+                filters={"name": [self.network]}) if n.get("Name") == self.network]
+            if not found:
+                log.info("creating docker network %s", self.network)
+                # No kernel joins it (each session has a network of its own, see
+                # _session_network); it gives the hub's API an address on this host that
+                # every kernel reaches: its gateway. Containers that join it anyway
+                # (another tool's) cannot reach each other.
+                try:
+                    await self.docker.networks.create({
+                        "Name": self.network,
+                        "Driver": "bridge",
+                        "CheckDuplicate": True,
+                        # Shared by every agent and installation on this engine (no
+                        # kernel joins it, none removes it): no installation label.
+                        "Labels": {L_NETWORK: "agent"},
+                        "Options": {ICC_OPTION: "false"},
+                    })
+                except DockerError as e:
+                    if e.status != 409:  # 409: another agent made it first
+                        raise
+                continue  # listed again: another agent may have made a twin meanwhile
+            found.sort(key=lambda n: (_created_ns(n.get("Created")), n["Id"]))
+            keep = found[0]
+            for twin in found[1:]:
+                try:
+                    await (await self.docker.networks.get(twin["Id"])).delete()
+                    log.info("removed docker network %s (%s), a twin of %s made at the "
+                             "same moment", self.network, twin["Id"][:12], keep["Id"][:12])
+                except DockerError as e:
+                    if e.status != 404:  # 404: the other agent removed it
+                        log.warning("docker network %s has a twin (%s) that cannot be "
+                                    "removed: %s", self.network, twin["Id"][:12], e.message)
+            return await (await self.docker.networks.get(keep["Id"])).show()
+        raise AgentError(f"docker network {self.network} could not be made: it disappears "
+                         "as soon as it is made (is something else removing it?)")
 
     async def _guard_isolation(self) -> None:
         """The rules that keep session networks apart while networks come and go
