@@ -159,17 +159,31 @@ class Registry:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(put, names))
 
-    def stop(self) -> None:
-        """Stop the registry and remove every image on the engine that came from it (an
-        image pulled by digest keeps only ``<host>/<repo>@sha256:...``: no tag to remove)."""
-        stop_process(self.proc)
+    def references(self) -> list[str]:
+        """The engine's references to images from this registry: ``<host>/<repo>:<tag>``
+        and ``<host>/<repo>@sha256:...`` (an image pulled by digest has only that)."""
         listed = subprocess.run(["docker", "images", "-a", "--digests", "--format",
-                                 "{{.ID}} {{.Repository}}"], capture_output=True, text=True)
-        ours = sorted({line.split()[0] for line in listed.stdout.splitlines()
-                       if len(line.split()) == 2
-                       and line.split()[1].startswith(self.host + "/")})
-        if ours:
-            subprocess.run(["docker", "rmi", "-f", *ours], capture_output=True)
+                                 "{{.Repository}} {{.Tag}} {{.Digest}}"],
+                                capture_output=True, text=True)
+        refs = set()
+        for line in listed.stdout.splitlines():
+            repo, tag, digest = (line.split() + ["", "", ""])[:3]
+            if not repo.startswith(self.host + "/"):
+                continue
+            if tag and tag != "<none>":
+                refs.add(f"{repo}:{tag}")
+            if digest and digest != "<none>":
+                refs.add(f"{repo}@{digest}")
+        return sorted(refs)
+
+    def stop(self) -> None:
+        """Stop the registry and remove the engine's references to its images, by
+        reference, never by image id: an image pulled from here often is, byte for byte,
+        one that another test holds under another name (the kernel image pushed as it
+        is), and removing the id with ``-f`` took every name of it, another worker's
+        too. The image itself goes with its last reference."""
+        stop_process(self.proc)
+        remove_images(*self.references())
         if getattr(self, "log", None):
             self.log.close()
         shutil.rmtree(CERTS_D / self.host, ignore_errors=True)

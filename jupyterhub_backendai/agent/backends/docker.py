@@ -25,8 +25,8 @@ from ...common.errors import AgentError, ImageNotFound, InvalidRequest, NotFound
 from ...common.installation import LABEL as L_INSTALLATION
 from .. import mountpoints
 from .. import warmpool as pool
+from . import enginelock, netguard, sshrevoke
 from . import lxcfs as lxcfs_mounts
-from . import netguard, sshrevoke
 from .base import (
     BATCH,
     IDLE,
@@ -262,6 +262,7 @@ class DockerBackend(Backend):
         self.docker_url = docker_url
         self.extra_host_config = extra_host_config or {}
         self.docker: aiodocker.Docker | None = None
+        self._engine: str | None = None
         self.gateway: str | None = None
         self._watch_task: asyncio.Task | None = None
 
@@ -283,7 +284,9 @@ class DockerBackend(Backend):
     async def init(self, on_exit: ExitCallback) -> None:
         self.docker = aiodocker.Docker(url=self.docker_url)
         await self.docker.version()
-        swarm = (await self.docker.system.info()).get("Swarm") or {}
+        info = await self.docker.system.info()
+        self._engine = info.get("ID") or self.docker_url or ""
+        swarm = info.get("Swarm") or {}
         if swarm.get("LocalNodeState") == "active":
             self.swarm_role = "manager" if swarm.get("ControlAvailable") else "worker"
         if not self.use_host_network:
@@ -335,34 +338,35 @@ class DockerBackend(Backend):
         Every agent and installation on this engine shares it, and several may start at
         the same moment (a restart of the host, a test run's workers). The engine's check
         for a duplicate name is not atomic: two creates can both succeed, and from then on
-        the name is ambiguous to every call that uses it. So the network is looked up by
-        exact name, and when there are several, every agent settles on the same one, the
-        oldest, and removes the others (no kernel joins this network, so a younger twin
-        is empty; one that is not stays, and is named in the log)."""
+        the name is ambiguous to every call that uses it. So agents of one host look it
+        up and make it under one lock (:mod:`.enginelock`); twins made anyway (by agents
+        of other hosts on a remote engine, or before this lock) are settled: every agent
+        keeps the oldest (:meth:`_networks_named`) and removes the others (no kernel
+        joins this network, so a twin is empty; one that is not stays, named in the
+        log)."""
         for _ in range(3):
-            found = [n for n in await self.docker.networks.list(
-                filters={"name": [self.network]}) if n.get("Name") == self.network]
-            if not found:
-                log.info("creating docker network %s", self.network)
-                # No kernel joins it (each session has a network of its own, see
-                # _session_network); it gives the hub's API an address on this host that
-                # every kernel reaches: its gateway. Containers that join it anyway
-                # (another tool's) cannot reach each other.
-                try:
-                    await self.docker.networks.create({
-                        "Name": self.network,
-                        "Driver": "bridge",
-                        "CheckDuplicate": True,
-                        # Shared by every agent and installation on this engine (no
-                        # kernel joins it, none removes it): no installation label.
-                        "Labels": {L_NETWORK: "agent"},
-                        "Options": {ICC_OPTION: "false"},
-                    })
-                except DockerError as e:
-                    if e.status != 409:  # 409: another agent made it first
-                        raise
-                continue  # listed again: another agent may have made a twin meanwhile
-            found.sort(key=lambda n: (_created_ns(n.get("Created")), n["Id"]))
+            async with enginelock.held(await self._engine_id(), self.network):
+                found = await self._networks_named(self.network)
+                if not found:
+                    log.info("creating docker network %s", self.network)
+                    # No kernel joins it (each session has a network of its own, see
+                    # _session_network); it gives the hub's API an address on this host
+                    # that every kernel reaches: its gateway. Containers that join it
+                    # anyway (another tool's) cannot reach each other.
+                    try:
+                        await self.docker.networks.create({
+                            "Name": self.network,
+                            "Driver": "bridge",
+                            "CheckDuplicate": True,
+                            # Shared by every agent and installation on this engine (no
+                            # kernel joins it, none removes it): no installation label.
+                            "Labels": {L_NETWORK: "agent"},
+                            "Options": {ICC_OPTION: "false"},
+                        })
+                    except DockerError as e:
+                        if e.status != 409:  # 409: an agent of another host made it first
+                            raise
+                    continue  # listed again: an agent of another host may have made a twin
             keep = found[0]
             for twin in found[1:]:
                 try:
@@ -373,7 +377,11 @@ class DockerBackend(Backend):
                     if e.status != 404:  # 404: the other agent removed it
                         log.warning("docker network %s has a twin (%s) that cannot be "
                                     "removed: %s", self.network, twin["Id"][:12], e.message)
-            return await (await self.docker.networks.get(keep["Id"])).show()
+            try:
+                return await (await self.docker.networks.get(keep["Id"])).show()
+            except DockerError as e:
+                if e.status != 404:
+                    raise
         raise AgentError(f"docker network {self.network} could not be made: it disappears "
                          "as soon as it is made (is something else removing it?)")
 
@@ -415,18 +423,28 @@ class DockerBackend(Backend):
         return out
 
     async def _networks_named(self, name: str) -> list[dict]:
-        """Networks of exactly this name, oldest id first (the engine's name filter
-        matches parts of names; two agents creating one at once can make two)."""
+        """Networks of exactly this name, the oldest first (the engine's name filter
+        matches parts of names, and its duplicate check is not atomic: agents making one
+        at the same moment can make two). Every agent keeps the oldest: the one a first
+        agent found alone and may already use; by id, twins would be ordered by chance."""
         nets = await self.docker.networks.list(filters={"name": [name]})
-        return sorted((n for n in nets if n.get("Name") == name), key=lambda n: n["Id"])
+        return sorted((n for n in nets if n.get("Name") == name),
+                      key=lambda n: (_created_ns(n.get("Created")), n["Id"]))
 
     async def _session_network(self, session_id: str) -> str:
         """The id of the network of a session's kernels (made by the first of them on
         this engine, whichever agent starts it): they reach each other by name,
         nothing else on it. Its subnet comes from ``session_subnets``."""
         name = self.session_network_name(session_id)
-        async with _name_lock(name):
+        async with _name_lock(name), enginelock.held(await self._engine_id(), name):
             return await self._make_session_network(session_id, name)
+
+    async def _engine_id(self) -> str:
+        """The engine's own id (``docker info``), read once: names the locks of
+        :mod:`.enginelock`."""
+        if self._engine is None:
+            self._engine = (await self.docker.system.info()).get("ID") or self.docker_url or ""
+        return self._engine
 
     async def _make_session_network(self, session_id: str, name: str) -> str:
         found = await self._networks_named(name)
