@@ -193,8 +193,9 @@ class Registry:
 def build_labelled(tmp: Path, repo: str, labels: dict[str, str], variant: str = "",
                    base: str = "backendai/python-kernel:latest") -> str:
     """A small image ``FROM`` the kernel image with ``labels`` and a marker file
-    (``/etc/backendai-test-image``, its tag), tagged with :func:`image_tag`."""
-    tag = image_tag(repo, variant)
+    (``/etc/backendai-test-image``, its tag), tagged with :func:`image_tag` and a token
+    of this call (two tests building one repo and variant at once never share a tag)."""
+    tag = image_tag(repo, "-".join(filter(None, (variant, secrets.token_hex(3)))))
     d = tmp / f"img-{secrets.token_hex(3)}"
     d.mkdir(parents=True)
     (d / "marker").write_text(tag + "\n")
