@@ -53,7 +53,7 @@ def test_a_user_manages_dotfiles_and_sees_templates(world):
         page.fill("#df-path", "../escape")
         page.click("#backendai-dotfile-create [type=submit]")
         page.wait_for_function("document.getElementById('backendai-dotfile-create-error')"
-                               ".textContent.includes('Could not add ../escape')")
+                               "?.textContent.includes('Could not add ../escape')")
         assert listed() == []
         errors.clear()  # Chromium logs the refused call (a 400) as a console error
         # Added: confirmed after the reload, listed, stored.

@@ -401,7 +401,7 @@ def test_domain_admin_creates_user_sets_quota_and_sees_queue(world, browser):
         row.locator(".backendai-quota-form [type=submit]").click()
         page.wait_for_function(
             "document.querySelector('tr[data-name=\"teamproj\"] .backendai-quota')"
-            ".textContent.trim() === '4 cores, 8 GiB memory'")
+            "?.textContent.trim() === '4 cores, 8 GiB memory'")  # (re-rendered: null a moment)
         a.shot("console-projects")
         got = world["hub"].api("GET", f"/backendai/projects/{pid}")
         assert got.json()["total_resource_slots"] == {"cpu": "4", "mem": str(8 * 2**30)}

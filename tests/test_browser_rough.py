@@ -375,7 +375,7 @@ def test_console_creates_projects_with_members_and_policies(world, browser):
         page.fill("#pj-name", "bad name!")
         page.click("#backendai-project-create [type=submit]")
         page.wait_for_function("document.getElementById('backendai-project-create-error')"
-                               ".textContent.startsWith('Could not')")
+                               "?.textContent.startsWith('Could not')")
         assert err.inner_text().startswith("Could not create project bad name!: name")
         assert sa.ok("GET", "/projects", params={"name": "bad name!"})["total"] == 0
         errors.clear()  # the refused call (400), logged by Chromium
@@ -399,7 +399,7 @@ def test_console_creates_projects_with_members_and_policies(world, browser):
         page.fill("#po-sessions", "many")
         page.click("#backendai-policy-create [type=submit]")
         page.wait_for_function("document.getElementById('backendai-policy-create-error')"
-                               ".textContent.startsWith('Could not')")
+                               "?.textContent.startsWith('Could not')")
         assert "max_concurrent_sessions" in err.inner_text()
         assert sa("GET", "/keypair-resource-policies/tight").status_code == 404
         errors.clear()
