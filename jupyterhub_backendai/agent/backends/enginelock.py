@@ -12,8 +12,9 @@ id and one of ``STRIPES`` stripes that the thing's name falls in (so that a host
 a bounded number of these files however many sessions come and go, and two names
 rarely wait for each other): an agent of another user can take it too (the file is opened
 read-only; ``flock`` needs no write access), and a file that cannot be opened is logged
-and the lock skipped. Agents of different hosts sharing one remote engine do not share
-it: the caller settles twins that are made anyway (the oldest is kept).
+and the lock skipped. Agents that do not see one temporary directory (of different
+hosts on one remote engine, or services with a private ``/tmp``) do not share it: the
+caller settles twins that are made anyway (the oldest is kept).
 """
 
 from __future__ import annotations
