@@ -6,8 +6,11 @@ packages that ``scripts/test`` installs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import glob
+import json
 import os
 import pwd
 import secrets
@@ -69,14 +72,50 @@ def _worker_band(bands: tuple[int, int, int]) -> tuple[int, int]:
 _hand_out = threading.Lock()
 
 
+# Ports handed out on this host by any suite, with the time. A second suite at once has
+# workers of the same indexes, so it walks the same bands (from another point: its run
+# token), and a port that one suite had handed out, and that its hub's proxy had not yet
+# bound, looked free to the other too: both started a server on it (EADDRINUSE; two
+# suites at once, stop 32). A port handed out is nobody else's for HELD seconds.
+LEDGER = os.path.join(tempfile.gettempdir(), "bai-test-ports.json")
+HELD = 600.0
+
+
+@contextlib.contextmanager
+def _ledger():
+    """The ports handed out in the last HELD seconds (port -> time), under a host-wide
+    lock; what the caller adds is written back."""
+    fd = os.open(LEDGER + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            with open(LEDGER) as f:
+                held = json.load(f)
+        except (OSError, ValueError):
+            held = {}
+        now = time.time()
+        held = {p: t for p, t in held.items() if now - t < HELD}
+        yield held
+        tmp = f"{LEDGER}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(held, f)
+        os.replace(tmp, LEDGER)
+    finally:
+        os.close(fd)  # (and the lock with it)
+
+
 def port_block(width: int) -> int:
     """The first port of ``width + 1`` free host ports for an agent's port range, never
-    handed out twice by this process while its band has room, and never to two workers."""
-    with _hand_out:
-        return _port_block(width)
+    handed out twice by this process while its band has room, and never to two workers
+    or two suites."""
+    with _hand_out, _ledger() as held:
+        first = _port_block(width, held)
+        now = time.time()
+        held.update((str(p), now) for p in range(first, first + width + 1))
+        return first
 
 
-def _port_block(width: int) -> int:
+def _port_block(width: int, held: dict) -> int:
     start, size = _worker_band(_BANDS)
     end = start + size
     # (a second suite at once starts at another block of the band: its run token)
@@ -86,7 +125,7 @@ def _port_block(width: int) -> int:
             first = start
         block = range(first, first + width + 1)
         _next_block["at"] = first + width + 1
-        if all(_port_free(p) for p in block):
+        if all(str(p) not in held and _port_free(p) for p in block):
             return first
         first += width + 1
     raise RuntimeError(f"no {width + 1} free ports left in {start}-{end}")
@@ -141,17 +180,19 @@ _next_free: dict[str, int] = {}
 
 
 def free_port() -> int:
-    """A port nothing holds now, that no other worker of this run hands out."""
-    with _hand_out:
-        return _free_port()
+    """A port nothing holds now, that no other worker or suite on this host hands out."""
+    with _hand_out, _ledger() as held:
+        port = _free_port(held)
+        held[str(port)] = time.time()
+        return port
 
 
-def _free_port() -> int:
+def _free_port(held: dict) -> int:
     start, size = _worker_band(_FREE_BAND)
     at = _next_free.get("at", start + int(RUN, 16) % size)
     for _ in range(size):
         port, at = at, start + (at - start + 1) % size
-        if _port_free(port):
+        if str(port) not in held and _port_free(port):
             _next_free["at"] = at
             return port
     raise RuntimeError(f"no free port left in {start}-{start + size - 1}")
