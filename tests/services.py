@@ -76,9 +76,11 @@ _hand_out = threading.Lock()
 # workers of the same indexes, so it walks the same bands (from another point: its run
 # token), and a port that one suite had handed out, and that its hub's proxy had not yet
 # bound, looked free to the other too: both started a server on it (EADDRINUSE; two
-# suites at once, stop 32). A port handed out is nobody else's for HELD seconds.
+# suites at once, stop 32). A port handed out is nobody else's for HELD seconds (a server
+# binds it within a minute: a hub's start times out after 60 s). An agent's port range
+# (port_block) is not in it: the agent checks each port when it takes it.
 LEDGER = os.path.join(tempfile.gettempdir(), "bai-test-ports.json")
-HELD = 600.0
+HELD = 120.0
 
 
 @contextlib.contextmanager
@@ -106,16 +108,12 @@ def _ledger():
 
 def port_block(width: int) -> int:
     """The first port of ``width + 1`` free host ports for an agent's port range, never
-    handed out twice by this process while its band has room, and never to two workers
-    or two suites."""
-    with _hand_out, _ledger() as held:
-        first = _port_block(width, held)
-        now = time.time()
-        held.update((str(p), now) for p in range(first, first + width + 1))
-        return first
+    handed out twice by this process while its band has room, and never to two workers."""
+    with _hand_out:
+        return _port_block(width)
 
 
-def _port_block(width: int, held: dict) -> int:
+def _port_block(width: int) -> int:
     start, size = _worker_band(_BANDS)
     end = start + size
     # (a second suite at once starts at another block of the band: its run token)
@@ -125,7 +123,7 @@ def _port_block(width: int, held: dict) -> int:
             first = start
         block = range(first, first + width + 1)
         _next_block["at"] = first + width + 1
-        if all(str(p) not in held and _port_free(p) for p in block):
+        if all(_port_free(p) for p in block):
             return first
         first += width + 1
     raise RuntimeError(f"no {width + 1} free ports left in {start}-{end}")
