@@ -6,11 +6,8 @@ packages that ``scripts/test`` installs.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import glob
-import json
 import os
 import pwd
 import secrets
@@ -70,40 +67,6 @@ def _worker_band(bands: tuple[int, int, int]) -> tuple[int, int]:
 # Ports are handed out in turn: one thread at a time (a test or benchmark asking from
 # several threads at once got the same port twice: EADDRINUSE in one of them).
 _hand_out = threading.Lock()
-
-
-# Ports handed out on this host by any suite, with the time. A second suite at once has
-# workers of the same indexes, so it walks the same bands (from another point: its run
-# token), and a port that one suite had handed out, and that its hub's proxy had not yet
-# bound, looked free to the other too: both started a server on it (EADDRINUSE; two
-# suites at once, stop 32). A port handed out is nobody else's for HELD seconds (a server
-# binds it within a minute: a hub's start times out after 60 s). An agent's port range
-# (port_block) is not in it: the agent checks each port when it takes it.
-LEDGER = os.path.join(tempfile.gettempdir(), "bai-test-ports.json")
-HELD = 120.0
-
-
-@contextlib.contextmanager
-def _ledger():
-    """The ports handed out in the last HELD seconds (port -> time), under a host-wide
-    lock; what the caller adds is written back."""
-    fd = os.open(LEDGER + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            with open(LEDGER) as f:
-                held = json.load(f)
-        except (OSError, ValueError):
-            held = {}
-        now = time.time()
-        held = {p: t for p, t in held.items() if now - t < HELD}
-        yield held
-        tmp = f"{LEDGER}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(held, f)
-        os.replace(tmp, LEDGER)
-    finally:
-        os.close(fd)  # (and the lock with it)
 
 
 def port_block(width: int) -> int:
@@ -178,19 +141,17 @@ _next_free: dict[str, int] = {}
 
 
 def free_port() -> int:
-    """A port nothing holds now, that no other worker or suite on this host hands out."""
-    with _hand_out, _ledger() as held:
-        port = _free_port(held)
-        held[str(port)] = time.time()
-        return port
+    """A port nothing holds now, that no other worker of this run hands out."""
+    with _hand_out:
+        return _free_port()
 
 
-def _free_port(held: dict) -> int:
+def _free_port() -> int:
     start, size = _worker_band(_FREE_BAND)
     at = _next_free.get("at", start + int(RUN, 16) % size)
     for _ in range(size):
         port, at = at, start + (at - start + 1) % size
-        if str(port) not in held and _port_free(port):
+        if _port_free(port):
             _next_free["at"] = at
             return port
     raise RuntimeError(f"no free port left in {start}-{start + size - 1}")

@@ -73,26 +73,3 @@ def test_a_clean_run_passes(tmp_path, docker_image):
         timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "left behind" not in r.stdout
-
-
-def test_two_suites_at_once_never_hand_out_one_port(tmp_path):
-    """Two suites at once on one host have workers of the same indexes, so they walk the
-    same port bands; a port one had handed out and its server had not yet bound looked
-    free to the other (a hub's proxy then failed with EADDRINUSE, stop 32). Here two
-    processes of one worker index and even one run token (so one starting point) ask for
-    ports at the same time: they never get one port both."""
-    code = textwrap.dedent("""
-        import json
-        from tests.services import free_port
-        print(json.dumps([free_port() for _ in range(60)]))
-    """)
-    env = dict(os.environ, PYTEST_XDIST_WORKER="gw3", BACKENDAI_TEST_RUN=secrets.token_hex(4),
-               TMPDIR=str(tmp_path))  # (a ledger of their own, beside this run's)
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for _ in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
-    a, b = (set(__import__("json").loads(out)) for out, _ in outs)
-    assert len(a) == len(b) == 60
-    assert not a & b, sorted(a & b)[:10]
