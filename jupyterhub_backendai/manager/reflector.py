@@ -58,6 +58,7 @@ class SessionReflector:
         self._stale: set[str] = set()
         self._wanted: set[str] = set()
         self._read: asyncio.Task | None = None
+        self._dropped: set[str] = set()  # forgotten while a read was in flight
         self.reads = 0  # queries made (tests, metrics)
 
     async def state(self, sid: str) -> SessionState | None:
@@ -68,16 +69,23 @@ class SessionReflector:
                 and loop.time() - known[0] < self.mgr.status_poll_interval:
             return known[1]
         self._wanted.add(sid)
-        while sid in self._wanted:
+        while True:
             if self._read is None:
                 self._read = asyncio.ensure_future(self._read_wanted())
-            await asyncio.shield(self._read)
-        return self._states[sid][1]
+            # The read's own answer, not ``_states``: a spawner's stop may forget ``sid``
+            # between the read and this waiter's turn. A sid wanted after the read began
+            # is not in its answer: the next read takes it.
+            read = await asyncio.shield(self._read)
+            if sid in read:
+                return read[sid]
+            self._wanted.add(sid)
 
     def forget(self, sid: str) -> None:
         """No spawner polls ``sid`` any more (it stopped)."""
         self._states.pop(sid, None)
         self._stale.discard(sid)
+        if self._read is not None:
+            self._dropped.add(sid)  # the read in flight answers it but does not keep it
 
     def changed(self, sid: str) -> None:
         if sid in self._states:
@@ -86,7 +94,8 @@ class SessionReflector:
     def changed_all(self) -> None:
         self._stale.update(self._states)
 
-    async def _read_wanted(self) -> None:
+    async def _read_wanted(self) -> dict[str, SessionState | None]:
+        """One query for every wanted, aged or changed session; its answer by sid."""
         try:
             await asyncio.sleep(0)  # the polls of this moment join the read
             loop = asyncio.get_running_loop()
@@ -99,8 +108,11 @@ class SessionReflector:
             found = await self.mgr.db_read(session_states, sorted(sids))
             self.reads += 1
             now = loop.time()
-            for sid in sids:
-                st = found.get(sid)
-                self._states[sid] = (now, st)
+            read = {sid: found.get(sid) for sid in sids}
+            for sid, st in read.items():
+                if sid not in self._dropped:
+                    self._states[sid] = (now, st)
+            return read
         finally:
             self._read = None
+            self._dropped.clear()

@@ -41,6 +41,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import logging
 import re
 import urllib.parse
 import uuid
@@ -54,6 +55,7 @@ from ...manager import vfolders
 from ..keypair_auth import keypair_auth
 from .base import CompatBase
 
+log = logging.getLogger(__name__)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # session id -> the Jupyter kernel id kept for it (checked before each use).
 _KERNELS: dict[str, str] = {}
@@ -62,6 +64,8 @@ _KERNELS: dict[str, str] = {}
 MAX_STREAMS_PER_USER = 8
 # Seconds between the checks that the access an open stream was granted still holds.
 ACCESS_CHECK = 2.0
+# Checks in a row that could not be made (they raised) after which the stream ends.
+ACCESS_UNCONFIRMED = 3
 # user id -> their execute streams open now (in this process).
 _STREAMS: dict[str, int] = {}
 
@@ -171,17 +175,39 @@ async def access_ended(manager, p, sid: str) -> str:
     shared: the session's state by every poll (manager/reflector.py), the keypair's by
     every signed request (its lookup cache, emptied by this hub's changes)."""
     auth = keypair_auth(manager)
+    unconfirmed = 0
     while True:
         await asyncio.sleep(ACCESS_CHECK)
-        state = await manager.reflector.state(sid)
-        if state is None or state.dead:
-            return "the session ended"
-        rec = (await auth.lookup(p.access_key) if p.access_key
-               else await auth.hub_user_record(p.username))
-        if rec is None or (p.access_key and not rec.keypair_active):
-            return "the keypair was deactivated or deleted"
-        if rec.user_status != UserStatus.ACTIVE or (p.access_key and not rec.domain_active):
-            return f"user {p.username!r} is no longer active"
+        try:
+            why = await _access_refusal(manager, auth, p, sid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            # Fail closed: a stream whose access cannot be confirmed for a while ends
+            # (a check that raised must not leave it open for good).
+            unconfirmed += 1
+            log.warning("could not confirm the access of %s's stream into session %s",
+                        p.username, sid, exc_info=True)
+            if unconfirmed >= ACCESS_UNCONFIRMED:
+                return f"the hub could not confirm it ({type(e).__name__})"
+            continue
+        unconfirmed = 0
+        if why is not None:
+            return why
+
+
+async def _access_refusal(manager, auth, p, sid: str) -> str | None:
+    """Why the access of principal ``p`` to session ``sid`` has ended; None: it holds."""
+    state = await manager.reflector.state(sid)
+    if state is None or state.dead:
+        return "the session ended"
+    rec = (await auth.lookup(p.access_key) if p.access_key
+           else await auth.hub_user_record(p.username))
+    if rec is None or (p.access_key and not rec.keypair_active):
+        return "the keypair was deactivated or deleted"
+    if rec.user_status != UserStatus.ACTIVE or (p.access_key and not rec.domain_active):
+        return f"user {p.username!r} is no longer active"
+    return None
 
 
 class _JupyterServer:
