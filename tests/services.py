@@ -7,6 +7,7 @@ packages that ``scripts/test`` installs.
 from __future__ import annotations
 
 import errno
+import fcntl
 import glob
 import os
 import pwd
@@ -57,11 +58,50 @@ _next_block: dict[str, int] = {}
 
 
 def _worker_band(bands: tuple[int, int, int]) -> tuple[int, int]:
-    """(first port, size) of this xdist worker's band of ``(lo, hi, bands)``."""
+    """(first port, size) of this process's band of ``(lo, hi, bands)``: its xdist
+    worker's band, and of that the part of its suite slot (:func:`suite_slot`)."""
     lo, hi, n = bands
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % n
     size = (hi - lo) // n
-    return lo + worker * size, size
+    part = size // SUITE_SLOTS
+    return lo + _worker_index() % n * size + suite_slot() * part, part
+
+
+def _worker_index() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+
+
+# Two suites on one machine at once (CI beside a developer's run): the processes of one
+# worker index in both would walk the same band, and a port one of them had handed out,
+# not yet bound by its server, looked free to the other (EADDRINUSE: a pair of suites
+# lost 14 module setups, stop 32). So each worker's band is split in SUITE_SLOTS parts,
+# and a process takes the part of the slot whose lock it holds: an flock per worker index
+# and slot, held for the process's life (the kernel drops it when the process ends, also
+# when it is killed). No other live process of that worker index has that part.
+SUITE_SLOTS = 2
+_slot: list[int] = []
+
+
+def suite_slot() -> int:
+    """This process's suite slot: the first whose lock no other live process of this
+    worker index holds (taken once; a third suite at once shares one by its run token,
+    as before slots, and is told so)."""
+    if not _slot:
+        lock_dir = os.environ.get("BACKENDAI_TEST_LOCK_DIR") or tempfile.gettempdir()
+        for k in range(SUITE_SLOTS):
+            path = os.path.join(lock_dir, f"backendai-test-ports-gw{_worker_index()}-{k}.lock")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            _slot.append(k)  # fd stays open (and locked) until the process ends
+            break
+        else:
+            _slot.append(int(RUN, 16) % SUITE_SLOTS)
+            print(f"[services] every port slot of worker {_worker_index()} is held by "
+                  f"other suites: sharing slot {_slot[0]}", file=sys.stderr)
+    return _slot[0]
 
 
 # Ports are handed out in turn: one thread at a time (a test or benchmark asking from

@@ -3,6 +3,10 @@ same port to two threads."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
 from . import services
@@ -31,3 +35,45 @@ def test_threads_asking_at_once_get_distinct_ports():
     for t in threads:
         t.join()
     assert len(got) == len(set(got)) == 160
+
+
+def test_two_suites_at_once_never_hand_out_one_port(tmp_path):
+    """Two suites on one machine at once (stop 32's pair lost 14 module setups to
+    EADDRINUSE): processes of one worker index, even of one run token, alive together,
+    get disjoint ports and port blocks (their suite slots). A third at once has no slot
+    left: it says so, and shares one as before slots. Each process is a real Python
+    process of the suite's own hand-out, with a lock directory of this test's own."""
+    code = ("import json, sys; from tests import services as s; "
+            "print(json.dumps({'slot': getattr(s, 'suite_slot', lambda: None)(), "
+            "'ports': [s.free_port() for _ in range(60)], "
+            "'blocks': [s.port_block(200) for _ in range(3)]}), flush=True); "
+            "sys.stdin.read()")
+    env = {**os.environ, "PYTEST_XDIST_WORKER": "gw5", "BACKENDAI_TEST_RUN": "0badcafe",
+           "BACKENDAI_TEST_LOCK_DIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = []
+    try:
+        got = []
+        for _ in range(3):
+            p = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+            procs.append(p)
+            got.append(json.loads(p.stdout.readline()))
+        first, second, third = got
+        assert not set(first["ports"]) & set(second["ports"])
+        assert {first["slot"], second["slot"]} == {0, 1}
+        blocks = [set(range(b, b + 201)) for g in (first, second) for b in g["blocks"]]
+        for i, a in enumerate(blocks):
+            for b in blocks[i + 1:]:
+                assert not a & b
+        # The third: no slot of its own, and it says so.
+        procs[2].stdin.close()
+        assert procs[2].wait(10) == 0
+        assert "held by other suites" in procs[2].stderr.read()
+        assert third["slot"] in (0, 1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait(10)
