@@ -66,6 +66,10 @@ def reg(tmp_path_factory):
         subprocess.run(["docker", "build", "-q", "-t", fat, str(d)], check=True,
                        capture_output=True)
         built.append(fat)
+        # That layer's id (random data: no image but this fixture's own holds it).
+        r.fat_layer = json.loads(subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", fat],
+            check=True, capture_output=True, text=True).stdout)[-1]
         refs = {}
         for tag, labels in (("v1", {"ai.backend.resource.min.cpu": "1"}),
                             ("v2", {"ai.backend.test.variant": "two"}),
@@ -110,6 +114,32 @@ async def _batch(mgr, user, name, image, command="cat /etc/backendai-test-image"
 
 def _no_image(ref: str) -> None:
     subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+
+
+def _no_layer_of(reg_: Registry) -> None:
+    """No image in the engine holds the registry images' 64 MiB layer, so that the next
+    pull downloads it (and shows bytes): removing one tag is not enough when any other
+    image holds the layer (another tag, a commit, an image left untagged while its
+    container was still going). In C2 a pull found every layer there and showed no
+    bytes. The layer is of random data, this fixture's own: every holder is removed; one
+    that cannot be is named, with the containers that use it."""
+
+    def holders() -> list[str]:
+        ids = subprocess.run(["docker", "image", "ls", "-a", "-q", "--no-trunc"],
+                             capture_output=True, text=True).stdout.split()
+        out = subprocess.run(["docker", "image", "inspect", "--format",
+                              "{{.Id}} {{json .RootFS.Layers}}", *ids],
+                             capture_output=True, text=True).stdout if ids else ""
+        return [line.split(" ", 1)[0] for line in out.splitlines()
+                if reg_.fat_layer in line]
+
+    for image in holders():
+        subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
+    left = holders()
+    users = [subprocess.run(["docker", "ps", "-a", "--filter", f"ancestor={i}", "--format",
+                             "{{.Names}} {{.Status}}"], capture_output=True,
+                            text=True).stdout for i in left]
+    assert not left, f"images still hold the registry's layer: {left}, used by {users}"
 
 
 def test_a_fresh_catalogue_holds_the_agents_images_and_nothing_built_later(db_url, tmp_path):
@@ -374,7 +404,7 @@ def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path):
     image (its marker file, its digest)."""
 
     v1 = reg.refs["v1"]
-    _no_image(v1)
+    _no_layer_of(reg)
 
     async def run():
         async with running_manager(db_url, tmp_path, "docker",
@@ -515,7 +545,7 @@ def test_agent_pull_progress_counts_bytes(reg, tmp_path, db_url):
     image present afterwards; a second call with the image present pulls nothing."""
 
     v2 = reg.refs["v2"]
-    _no_image(v2)
+    _no_layer_of(reg)
 
     async def run():
         async with running_manager(db_url, tmp_path, "docker") as mgr:
@@ -558,7 +588,7 @@ def test_agent_daemon_pulls_over_its_api_with_progress(reg, redis_server, tmp_pa
     from jupyterhub_backendai.manager.agent_client import HTTPAgentClient
 
     v2 = reg.refs["v2"]
-    _no_image(v2)
+    _no_layer_of(reg)
     daemon = _DockerAgentDaemon(tmp_path / "agent", new_agent_id("pull"),
                                 redis_server.fresh_url(), None, token="pull-token")
     daemon.start()
