@@ -141,7 +141,7 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         # keeps there is the one the notebook was opened under: Untitled.ipynb, even after
         # the rename. The next lab opened that from the layout and, when it ran into the
         # missing file first, said "File Load Error" in a dialog over the file list (a
-        # fresh-clone run, stop 37). So the user closes the notebook's tab before the stop,
+        # fresh-clone run, stop 33). So the user closes the notebook's tab before the stop,
         # and the stop waits until the workspace has recorded that.
         page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current "
                      ".lm-TabBar-tabCloseIcon").first.click()

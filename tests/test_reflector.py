@@ -125,9 +125,9 @@ def test_a_poll_answered_while_its_server_stops_still_gets_its_state(db_url, tmp
     """A spawner's stop forgets its session (``forget``) at any moment, also between the
     read that answers a poll and the poll's own turn. Before, that poll then raised
     ``KeyError``: the access watch of an open execute stream (``access_ended``) died of
-    it when a deactivation stopped the user's server, and the stream stayed open (CI,
-    stop 37). The stop is made to land in that window: right as the read answers (after
-    the read, before the poll's turn). A stop during the read must not leave the
+    it when a deactivation stopped the user's server, and the stream stayed open (CI of
+    stop 32's submission). The stop is made to land in that window: right as the read
+    answers (after the read, before the poll's turn). A stop during the read must not leave the
     session kept (read again by every later read) either."""
 
     def configure(c):
