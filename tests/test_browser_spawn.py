@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.docker]
 
 # The whole hub's start_timeout: the good server must start within it, the quota-pending
 # one fails when it runs out (a little before, with its reason: Spawner._start_budget).
-START_TIMEOUT = 30
+# 60 s: with two suites on the 2 cores (load 19, stop 33's pair) the good server's
+# container was still being created at 30 s in both suites.
+START_TIMEOUT = 60
 QUOTA_REASON = ("pending: quota exceeded: your keypair's resource policy allows 0.5 cores in "
                 "total; 0.5 cores are in use and this session asks for 0.5 more "
                 "(keypair policy 'default', total_resource_slots)")
