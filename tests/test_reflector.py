@@ -120,6 +120,16 @@ def test_another_managers_change_reaches_the_poll_through_the_bus(postgres, redi
     asyncio.run(run())
 
 
+async def _running_session(mgr) -> tuple[str, str]:
+    """A new user and a running batch session of theirs: (username, session id)."""
+    user = await make_user(mgr)
+    sid = await mgr.enqueue(
+        username=user, name="s", image="local/python", slots=SLOTS, environ={},
+        service_prefix="/", session_type="batch", startup_command="sleep 600")
+    await wait_status(mgr, sid, {"RUNNING"})
+    return user, sid
+
+
 @pytest.mark.parametrize("when", ["as the read answers", "during the read"])
 def test_a_poll_answered_while_its_server_stops_still_gets_its_state(db_url, tmp_path, when):
     """A spawner's stop forgets its session (``forget``) at any moment, also between the
@@ -136,11 +146,7 @@ def test_a_poll_answered_while_its_server_stops_still_gets_its_state(db_url, tmp
 
     async def run():
         async with running_manager(db_url, tmp_path, "local", configure=configure) as mgr:
-            user = await make_user(mgr)
-            sid = await mgr.enqueue(
-                username=user, name="s", image="local/python", slots=SLOTS, environ={},
-                service_prefix="/", session_type="batch", startup_command="sleep 600")
-            await wait_status(mgr, sid, {"RUNNING"})
+            user, sid = await _running_session(mgr)
             real_read = mgr.db_read
             stops = []
 
@@ -191,11 +197,7 @@ def test_a_streams_access_watch_that_cannot_check_ends_the_stream(db_url, tmp_pa
 
     async def run():
         async with running_manager(db_url, tmp_path, "local", configure=configure) as mgr:
-            user = await make_user(mgr)
-            sid = await mgr.enqueue(
-                username=user, name="s", image="local/python", slots=SLOTS, environ={},
-                service_prefix="/", session_type="batch", startup_command="sleep 600")
-            await wait_status(mgr, sid, {"RUNNING"})
+            user, sid = await _running_session(mgr)
             p = await mgr.db(lambda s: load_principal(s, username=user))
             real_state = mgr.reflector.state
             faults = []  # True: that check's read fails
