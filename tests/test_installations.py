@@ -338,3 +338,42 @@ def test_agents_starting_at_once_share_one_agent_network(tmp_path):
         for leftover in (named(f"t{RUN}-twin-.*") + named(f"t{RUN}-fresh-.*")
                          + named(f"backendai-session-t{RUN}-twin-.*")):
             subprocess.run(["docker", "network", "rm", leftover], capture_output=True)
+
+
+def test_the_agent_network_never_takes_the_session_pool(tmp_path):
+    """Left to Docker, the agent network took the next of Docker's default pools in
+    turn, and once that was 172.30.0.0/16 (the whole default ``session_subnets``) no
+    session got a network: "no free subnet", in every hub of the run (a fresh-clone run,
+    stop 33). Here the session pool is 172.16.0.0/12, which holds every 172.x pool Docker
+    would give: the agent network is made outside it, and a session network is then made
+    in it."""
+    import asyncio
+    import ipaddress
+    import uuid
+
+    import aiodocker
+
+    from jupyterhub_backendai.agent.backends.docker import DockerBackend
+
+    pool = ipaddress.ip_network("172.16.0.0/12")
+
+    async def run() -> None:
+        name = f"t{RUN}-pool-{uuid.uuid4().hex[:8]}"
+        b = DockerBackend(f"t{RUN}-pool", network=name, session_subnets=str(pool),
+                          session_prefix=28)
+        b.docker = aiodocker.Docker()
+        try:
+            info = await b._agent_network()
+            subnets = [ipaddress.ip_network(c["Subnet"]) for c in info["IPAM"]["Config"]]
+            assert subnets and not any(s.overlaps(pool) for s in subnets), subnets
+            sid = uuid.uuid4().hex
+            net = await (await b.docker.networks.get(await b._session_network(sid))).show()
+            got = ipaddress.ip_network(net["IPAM"]["Config"][0]["Subnet"])
+            assert got.subnet_of(pool), got
+            await (await b.docker.networks.get(net["Id"])).delete()
+        finally:
+            await b.docker.close()
+            for nid in _docker("network", "ls", "-q", "--filter", f"name=^{name}$").split():
+                _docker("network", "rm", nid)
+
+    asyncio.run(run())

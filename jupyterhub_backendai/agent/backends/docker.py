@@ -362,12 +362,16 @@ class DockerBackend(Backend):
                             # kernel joins it, none removes it): no installation label.
                             "Labels": {L_NETWORK: "agent"},
                             "Options": {ICC_OPTION: "false"},
+                            "IPAM": {"Config": [await self._agent_subnet()]},
                         })
                     except DockerError as e:
-                        if e.status != 409:  # 409: an agent of another host made it first
+                        # 409: an agent of another host made it first; an overlap: another
+                        # tool's network took that subnet meanwhile (chosen again).
+                        if e.status != 409 and "overlap" not in str(e.message).lower():
                             raise
                     continue  # listed again: an agent of another host may have made a twin
             keep = found[0]
+            self._check_agent_subnet(keep)
             for twin in found[1:]:
                 try:
                     await (await self.docker.networks.get(twin["Id"])).delete()
@@ -384,6 +388,42 @@ class DockerBackend(Backend):
                     raise
         raise AgentError(f"docker network {self.network} could not be made: it disappears "
                          "as soon as it is made (is something else removing it?)")
+
+    async def _agent_subnet(self) -> dict:
+        """The IPAM config (subnet, gateway) of a /24 for the agent network, in Docker's own default pools (172.17-31.0.0/16,
+        then 192.168.0.0/16) but outside ``session_subnets`` and every network of the
+        engine. Left to Docker, the agent network took the next of its pools in turn,
+        and once that was 172.30.0.0/16, the whole default session pool: no session got
+        a network ("no free subnet"; a fresh-clone run, stop 33)."""
+        used = [u for u in await self._used_subnets() if u.version == 4]
+        if self.session_subnets.version == 4:
+            used.append(self.session_subnets)
+        pools = [ipaddress.ip_network(f"172.{i}.0.0/16") for i in range(17, 32)]
+        pools.append(ipaddress.ip_network("192.168.0.0/16"))
+        for pool_net in pools:
+            if any(pool_net.subnet_of(u) for u in used):
+                continue
+            for block in pool_net.subnets(new_prefix=24):
+                if not any(block.overlaps(u) for u in used):
+                    return {"Subnet": str(block), "Gateway": str(block.network_address + 1)}
+        raise AgentError(f"no free /24 for docker network {self.network} in Docker's default "
+                         f"pools outside Agent.session_subnets ({self.session_subnets})")
+
+    def _check_agent_subnet(self, net: dict) -> None:
+        """Says so when the agent network (made before its subnet was chosen, or by
+        someone else) lies in ``session_subnets``: sessions cannot get those subnets."""
+        for cfg in (net.get("IPAM") or {}).get("Config") or []:
+            try:
+                subnet = ipaddress.ip_network(cfg.get("Subnet") or "", strict=False)
+            except ValueError:
+                continue
+            if subnet.version == self.session_subnets.version \
+                    and subnet.overlaps(self.session_subnets):
+                log.warning(
+                    "docker network %s has subnet %s, inside Agent.session_subnets (%s): "
+                    "sessions cannot have those addresses. Stop this engine's agents, "
+                    "remove the network (no kernel joins it) and start them again: it is "
+                    "made again outside the pool", self.network, subnet, self.session_subnets)
 
     async def _guard_isolation(self) -> None:
         """The rules that keep session networks apart while networks come and go
