@@ -390,9 +390,10 @@ class DockerBackend(Backend):
                          "as soon as it is made (is something else removing it?)")
 
     async def _agent_subnet(self) -> dict:
-        """The IPAM config (subnet, gateway) of a /24 for the agent network, in Docker's own default pools (172.17-31.0.0/16,
-        then 192.168.0.0/16) but outside ``session_subnets`` and every network of the
-        engine. Left to Docker, the agent network took the next of its pools in turn,
+        """The IPAM config (subnet, gateway) of a /24 for the agent network, in Docker's
+        own default pools (172.17-31.0.0/16, then 192.168.0.0/16) but outside
+        ``session_subnets`` and every network of the engine (the host's routes are not
+        read: the engine may be remote). Left to Docker, the agent network took the next of its pools in turn,
         and once that was 172.30.0.0/16, the whole default session pool: no session got
         a network ("no free subnet"; a fresh-clone run, stop 33)."""
         used = [u for u in await self._used_subnets() if u.version == 4]
