@@ -79,6 +79,18 @@ _SSHREVOKE = Path(sshrevoke.__file__).read_text()
 _RESERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _subnets(net: dict) -> list:
+    """The subnets of an engine's network record (its IPAM configs; unparsable ones left
+    out)."""
+    out = []
+    for cfg in (net.get("IPAM") or {}).get("Config") or []:
+        try:
+            out.append(ipaddress.ip_network(cfg.get("Subnet") or "", strict=False))
+        except ValueError:
+            continue
+    return out
+
+
 def _reserved() -> set:
     return _RESERVED.setdefault(asyncio.get_running_loop(), set())
 
@@ -393,17 +405,15 @@ class DockerBackend(Backend):
         """The IPAM config (subnet, gateway) of a /24 for the agent network, in Docker's
         own default pools (172.17-31.0.0/16, then 192.168.0.0/16) but outside
         ``session_subnets`` and every network of the engine (the host's routes are not
-        read: the engine may be remote). Left to Docker, the agent network took the next of its pools in turn,
-        and once that was 172.30.0.0/16, the whole default session pool: no session got
-        a network ("no free subnet"; a fresh-clone run, stop 33)."""
+        read: the engine may be remote). Left to Docker, the agent network took the next
+        of its pools in turn, and once that was 172.30.0.0/16, the whole default session
+        pool: no session got a network ("no free subnet"; a fresh-clone run, stop 33)."""
         used = [u for u in await self._used_subnets() if u.version == 4]
         if self.session_subnets.version == 4:
             used.append(self.session_subnets)
         pools = [ipaddress.ip_network(f"172.{i}.0.0/16") for i in range(17, 32)]
         pools.append(ipaddress.ip_network("192.168.0.0/16"))
         for pool_net in pools:
-            if any(pool_net.subnet_of(u) for u in used):
-                continue
             for block in pool_net.subnets(new_prefix=24):
                 if not any(block.overlaps(u) for u in used):
                     return {"Subnet": str(block), "Gateway": str(block.network_address + 1)}
@@ -413,11 +423,7 @@ class DockerBackend(Backend):
     def _check_agent_subnet(self, net: dict) -> None:
         """Says so when the agent network (made before its subnet was chosen, or by
         someone else) lies in ``session_subnets``: sessions cannot get those subnets."""
-        for cfg in (net.get("IPAM") or {}).get("Config") or []:
-            try:
-                subnet = ipaddress.ip_network(cfg.get("Subnet") or "", strict=False)
-            except ValueError:
-                continue
+        for subnet in _subnets(net):
             if subnet.version == self.session_subnets.version \
                     and subnet.overlaps(self.session_subnets):
                 log.warning(
@@ -454,14 +460,7 @@ class DockerBackend(Backend):
         return f"backendai-session-{session_id}"
 
     async def _used_subnets(self) -> list:
-        out = []
-        for net in await self.docker.networks.list():
-            for cfg in (net.get("IPAM") or {}).get("Config") or []:
-                try:
-                    out.append(ipaddress.ip_network(cfg.get("Subnet") or "", strict=False))
-                except ValueError:
-                    continue
-        return out
+        return [subnet for net in await self.docker.networks.list() for subnet in _subnets(net)]
 
     async def _networks_named(self, name: str) -> list[dict]:
         """Networks of exactly this name, the oldest first (the engine's name filter
