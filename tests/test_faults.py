@@ -43,6 +43,16 @@ def _sessions(sm, name):
             select(Session).where(Session.name == name).order_by(Session.created_at))]
 
 
+def _lapsed(sm, name) -> bool:
+    """The newest session ``name`` is no longer awaited by a spawner: its wait lapsed,
+    or it ended."""
+    with sm() as s:
+        row = s.scalars(select(Session).where(Session.name == name)
+                        .order_by(Session.created_at.desc())).first()
+        return row.alive_marker is None or (
+            row.awaited_until is not None and row.awaited_until < utcnow())
+
+
 def _wait_until(fn, timeout=90, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -85,8 +95,10 @@ def test_hub_killed_while_a_server_waits_on_quota(make_hub, db_url, docker_image
 
     _kill_hub(hub)
     hub.start()
-    # JupyterHub forgot the pending start: the session ends with the reason, even
-    # though capacity frees up now.
+    # JupyterHub forgot the pending start. Once the spawner's wait lapsed (4 s after
+    # its last renewal: no hub renews it now), the session ends with the reason, even
+    # though capacity frees up now: no pass places it in between.
+    _wait_until(lambda: _lapsed(sm, "late"), what="late's wait lapsed")
     hub.stop_server("admin", "first")
     status, info = _wait_until(
         lambda: _sessions(sm, "late")[-1][0] in ("CANCELLED", "TERMINATED") and _sessions(sm, "late")[-1],

@@ -337,6 +337,39 @@ def test_pending_timeout_cancels_and_holds_nothing(w, sm):
     assert check_consistency(sm) == []
 
 
+def _await(sm, sid: str, seconds: float) -> None:
+    """A JupyterHub spawner's wait on ``sid``, ending ``seconds`` from now (negative:
+    it lapsed, as when the hub that asked was killed)."""
+    with sm.begin() as s:
+        s.get(Session, sid).awaited_until = utcnow() + dt.timedelta(seconds=seconds)
+
+
+def test_a_session_nobody_awaits_any_more_is_never_placed(w, sm):
+    """The hub that asked for it stopped (its spawner's wait lapsed): the lifecycle's
+    Abandoned handler ends it, and no pass places it in between, neither a full pass
+    nor the pass after a release that reuses the remembered queue."""
+    w.agent("a1", cpu=1, mem="64g")
+    one_user(w)
+    w.enqueue("alice", "first")
+    late = w.enqueue("alice", "late")
+    w.enqueue("alice", "other")
+    _await(sm, late, 60)
+    assert w.names(schedule_pass(sm, "default")) == ["first"]
+    assert schedule_pass(sm, "default") == []  # remembered: late and other wait
+    _await(sm, late, -1)
+    w.finish("first")
+    # The release frees the room late would take first: other gets it.
+    assert w.names(schedule_pass(sm, "default")) == ["other"]
+    assert w.status("late") == "PENDING"
+    w.finish("other")
+    assert schedule_pass(sm, "default", force=True) == []
+    assert w.status("late") == "PENDING" and w.occupied("a1") == {}
+    # Its wait renewed (a slow hub, not a dead one): placed.
+    _await(sm, late, 60)
+    assert w.names(schedule_pass(sm, "default", force=True)) == ["late"]
+    assert check_consistency(sm) == []
+
+
 # -- selectors --------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import Text, cast, func, select, text
+from sqlalchemy import Text, cast, func, or_, select, text
 from sqlalchemy.orm import Session as DBSession
 
 from ...common.slots import ResourceSlot
@@ -27,6 +27,7 @@ from ...models import (
     Session,
     session_dependencies,
 )
+from ...models.base import utcnow
 from .options import SchedulerOptions
 from .pool import AgentPool, PoolAgent
 from .state import GroupInfo, PassContext, PendingSession, Policy, Usage
@@ -118,10 +119,20 @@ def _as_text(col):
     return cast(col, Text)
 
 
+def _awaited():
+    """A PENDING session is placed only while someone waits for it: a JupyterHub
+    spawner's wait (``awaited_until``) that lapsed means the hub that asked stopped,
+    and the lifecycle's ``Abandoned`` handler ends the session (CANCELLED). Placing it
+    in between would start a server nobody will use (and end it TERMINATED later).
+    The wall clock, not a pass's ``now`` (a test's time for its rules)."""
+    return or_(S.c.awaited_until.is_(None), S.c.awaited_until >= utcnow())
+
+
 def load_pending(db: DBSession, group: str,
                  since: dt.datetime | None = None) -> list[PendingSession]:
-    """The group's PENDING sessions (created after ``since`` if given), locked."""
-    pending_cond = (S.c.status == SessionStatus.PENDING, S.c.resource_group == group)
+    """The group's PENDING sessions (created after ``since`` if given) that someone
+    still waits for (:func:`_awaited`), locked."""
+    pending_cond = (S.c.status == SessionStatus.PENDING, S.c.resource_group == group, _awaited())
     if since is not None:
         pending_cond += (S.c.created_at > since,)
     rows = db.execute(
@@ -223,12 +234,14 @@ def load_dependencies(db: DBSession, group: str) -> dict[str, list[tuple]]:
 
 
 def lock_pending(db: DBSession, ids: list[str]) -> set[str]:
-    """Lock those of ``ids`` that are still PENDING and not locked by another
-    transaction (a cancellation under way); return them."""
+    """Lock those of ``ids`` that are still PENDING, still awaited (:func:`_awaited`)
+    and not locked by another transaction (a cancellation under way); return them."""
     got: set[str] = set()
+    awaited = _awaited()
     for i in range(0, len(ids), 5000):
         got.update(db.scalars(
-            select(S.c.id).where(S.c.id.in_(ids[i:i + 5000]), S.c.status == SessionStatus.PENDING)
+            select(S.c.id).where(S.c.id.in_(ids[i:i + 5000]), S.c.status == SessionStatus.PENDING,
+                                 awaited)
             .with_for_update(skip_locked=True)))
     return got
 
