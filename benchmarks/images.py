@@ -62,7 +62,7 @@ from jupyterhub_backendai.manager import registries  # noqa: E402
 from jupyterhub_backendai.manager.access import Principal  # noqa: E402
 from tests.inproc import DEAD, make_user, running_manager, wait_status  # noqa: E402
 from tests.registry import Registry, build_labelled, remove_images  # noqa: E402
-from tests.services import image_tag  # noqa: E402
+from tests.services import foreign_subnets, image_tag  # noqa: E402
 
 ROOT = Principal(user_id="root", username="root", email="root@example.com", role="superadmin",
                  domain="default")
@@ -127,7 +127,8 @@ async def main(args) -> None:
     reg = Registry().start()
     ref = None
     try:
-        subprocess.run(["docker", "network", "create", NETWORK], check=True,
+        subprocess.run(["docker", "network", "create", "--subnet", foreign_subnets()[0], NETWORK],
+                       check=True,
                        capture_output=True)
         print("building and pushing the image (once) ...", flush=True)
         ref = build_and_push(reg, tmp)

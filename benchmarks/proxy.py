@@ -77,7 +77,7 @@ import spawn as stock  # noqa: E402
 
 from tests.conftest import shutdown_hub as close_hub  # noqa: E402
 from tests.hub import CHP, KERNEL_IMAGE  # noqa: E402
-from tests.services import free_port, wait_port  # noqa: E402
+from tests.services import foreign_subnets, free_port, wait_port  # noqa: E402
 from tests.test_service_ports import World, start_hub  # noqa: E402
 
 APP_PORT = 8070
@@ -183,7 +183,7 @@ def start_direct() -> tuple[str, str, str]:
     """(b): the app alone in a container of the image, on the benchmark's own network,
     its port published on 127.0.0.1. Returns (container, network, base URL)."""
     net = f"bai-bench-proxy-{os.getpid()}"
-    docker("network", "create", "--label", LABEL, net)
+    docker("network", "create", "--subnet", foreign_subnets()[0], "--label", LABEL, net)
     try:
         cid = docker("run", "-d", "--rm", "--label", LABEL, "--network", net, "--cpus",
                      stock.CPU, "-m", stock.MEM, "-p", f"127.0.0.1::{APP_PORT}",

@@ -61,7 +61,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tests.hub import CHP, KERNEL_IMAGE, Hub  # noqa: E402
-from tests.services import free_port, wait_port  # noqa: E402
+from tests.services import foreign_subnets, free_port, wait_port  # noqa: E402
 
 NETWORK = "backendai"
 CPU = "0.5"
@@ -88,7 +88,8 @@ def ensure_image() -> None:
 def ensure_network() -> str:
     """The agent's bridge network (created like the agent does if missing); its gateway IP."""
     if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
-        docker("network", "create", "--driver", "bridge", "--label", "ai.backend.network=agent", NETWORK)
+        docker("network", "create", "--driver", "bridge", "--subnet", foreign_subnets()[0],
+               "--label", "ai.backend.network=agent", NETWORK)
     gw = docker("network", "inspect", NETWORK, "-f", "{{range .IPAM.Config}}{{.Gateway}} {{end}}").split()
     if not gw:
         sys.exit(f"docker network {NETWORK} has no gateway")

@@ -197,6 +197,34 @@ def _free_port() -> int:
     raise RuntimeError(f"no free port left in {start}-{start + size - 1}")
 
 
+def foreign_subnets(n: int = 1) -> list[str]:
+    """``n`` /24s for networks a test makes as another tool would (``docker network
+    create``): in 192.168.128.0/17, outside every network of the engine now, at random
+    (another worker or suite picks elsewhere; a create that meets one made meanwhile
+    fails on the overlap, loudly). Left to Docker, such a network gets a whole /16 of
+    its default pools, and once that was 172.30.0.0/16, the default session pool of
+    every hub and agent of the run: their sessions got no network (stop 34)."""
+    import ipaddress
+    import json
+    import random
+
+    ids = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    used = []
+    if ids:
+        shown = subprocess.run(["docker", "network", "inspect", *ids], capture_output=True,
+                               text=True, timeout=60).stdout
+        for net in json.loads(shown or "[]"):
+            for cfg in (net.get("IPAM") or {}).get("Config") or []:
+                try:
+                    used.append(ipaddress.ip_network(cfg.get("Subnet") or "", strict=False))
+                except ValueError:
+                    pass
+    free = [str(b) for b in ipaddress.ip_network("192.168.128.0/17").subnets(new_prefix=24)
+            if not any(b.overlaps(u) for u in used)]
+    return random.sample(free, n)
+
+
 def wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from .chromium import chromium
-from .services import RUN
+from .services import RUN, foreign_subnets
 
 IMAGE = "backendai/debian-base:bookworm"
 
@@ -78,7 +78,8 @@ def _fetch_across_a_new_network(browser, server, n: int = 10) -> list[str]:
             assert time.monotonic() < deadline, f"{server.arrivals} requests reached the server"
             time.sleep(0.02)
         name = f"bt{RUN}-{secrets.token_hex(3)}"
-        net = _docker("network", "create", "--driver", "bridge", name)
+        (subnet,) = foreign_subnets()  # not a /16 of Docker's choice: the session pool
+        net = _docker("network", "create", "--driver", "bridge", "--subnet", subnet, name)
         try:
             bridge = "br-" + net[:12]
             shown = subprocess.run(["ip", "-4", "addr", "show", bridge], capture_output=True,

@@ -30,7 +30,7 @@ from jupyterhub_backendai.models import Agent, Kernel, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .hub import REPO, Hub
-from .services import RUN
+from .services import RUN, foreign_subnets
 
 FAST = ["--BackendAIManager.reconcile_interval=1"]
 CONFIG = os.path.join(REPO, "jupyterhub_backendai", "share", "jupyterhub_config.py")
@@ -276,11 +276,14 @@ def test_agents_starting_at_once_share_one_agent_network(tmp_path):
 
     async def twins(docker: aiodocker.Docker, name: str) -> None:
         for _ in range(20):  # racing creates until the engine makes two of one name
-            async def create():
+            async def create(subnet: str):
+                # A subnet of its own each (as the agent chooses one; left to Docker,
+                # a network takes a whole /16, perhaps the run's session pool).
                 with contextlib.suppress(DockerError):
                     await docker.networks.create({"Name": name, "Driver": "bridge",
-                                                  "Labels": {"ai.backend.network": "agent"}})
-            await asyncio.gather(*(create() for _ in range(8)))
+                                                  "Labels": {"ai.backend.network": "agent"},
+                                                  "IPAM": {"Config": [{"Subnet": subnet}]}})
+            await asyncio.gather(*(create(subnet) for subnet in foreign_subnets(8)))
             if len(named(name)) > 1:
                 return
             for nid in named(name):
@@ -377,3 +380,40 @@ def test_the_agent_network_never_takes_the_session_pool(tmp_path):
                 _docker("network", "rm", nid)
 
     asyncio.run(run())
+
+
+def test_a_network_that_holds_the_session_pool_is_named(tmp_path):
+    """Another tool's network made without a subnet gets a whole default pool of
+    Docker's, and once that is the session pool no session can have a network (a
+    suite's own test did that to the others, stop 34). The session's start fails, and
+    says which network holds the pool and what to do."""
+    import asyncio
+    import uuid
+
+    import aiodocker
+
+    from jupyterhub_backendai.agent.backends.docker import DockerBackend
+    from jupyterhub_backendai.common.errors import AgentError
+
+    (pool,) = foreign_subnets()
+    foreign = f"t{RUN}-foreign-{uuid.uuid4().hex[:8]}"
+
+    async def run() -> str:
+        b = DockerBackend(f"t{RUN}-taken", network=f"t{RUN}-unused", session_subnets=pool,
+                          session_prefix=26)
+        b.docker = aiodocker.Docker()
+        try:
+            with pytest.raises(AgentError) as got:
+                await b._session_network(uuid.uuid4().hex)
+            return str(got.value)
+        finally:
+            await b.docker.close()
+
+    _docker("network", "create", "--driver", "bridge", "--subnet", pool, foreign)
+    try:
+        said = asyncio.run(run())
+    finally:
+        _docker("network", "rm", foreign)
+    assert f"in {pool} (Agent.session_subnets)" in said, said
+    assert f"the pool's addresses are held by {foreign} ({pool}): remove it or choose " \
+           "another Agent.session_subnets" in said, said

@@ -55,6 +55,10 @@ def _subnets(net: dict) -> list:
     return out
 
 
+def _all_subnets(nets: list[dict]) -> list:
+    return [subnet for net in nets for subnet in _subnets(net)]
+
+
 def _reserved() -> set:
     return _RESERVED.setdefault(asyncio.get_running_loop(), set())
 
@@ -238,7 +242,7 @@ class DockerNetworks:
         return f"backendai-session-{session_id}"
 
     async def _used_subnets(self) -> list:
-        return [subnet for net in await self.docker.networks.list() for subnet in _subnets(net)]
+        return _all_subnets(await self.docker.networks.list())
 
     async def _networks_named(self, name: str) -> list[dict]:
         """Networks of exactly this name, the oldest first (the engine's name filter
@@ -268,7 +272,8 @@ class DockerNetworks:
         found = await self._networks_named(name)
         if found:
             return found[0]["Id"]
-        used = await self._used_subnets()
+        nets = await self.docker.networks.list()
+        used = _all_subnets(nets)
         candidates = list(self.session_subnets.subnets(new_prefix=self.session_prefix))
         # Start where the session id points, so that agents sharing an engine rarely
         # try the same subnet at once; an overlap is answered by trying the next.
@@ -300,11 +305,16 @@ class DockerNetworks:
                     if e.status == 409:  # another agent of this engine made it just now
                         break
                     last_error = e.message
+                    if "overlap" in (e.message or "").lower():
+                        # A network made meanwhile (another agent's, another tool's
+                        # with a subnet of Docker's choice): the next tries skip it.
+                        nets = await self.docker.networks.list()
+                        used = _all_subnets(nets)
                     if tries >= 8:
                         raise AgentError(
                             f"docker could not make a network for session {session_id} in "
                             f"{self.session_subnets} (Agent.session_subnets): {last_error}"
-                        ) from None
+                            + self._pool_takers(nets)) from None
                     continue
                 # Another agent may have made one of the same name at the same moment:
                 # all agents keep the oldest id, the others are removed.
@@ -323,7 +333,23 @@ class DockerNetworks:
             return found[0]["Id"]
         raise AgentError(
             f"docker could not make a network for session {session_id} in "
-            f"{self.session_subnets} (Agent.session_subnets): {last_error}")
+            f"{self.session_subnets} (Agent.session_subnets): {last_error}"
+            + self._pool_takers(nets))
+
+    def _pool_takers(self, nets: list[dict]) -> str:
+        """The networks other than session networks that hold addresses of
+        ``session_subnets`` (a tool's network left to Docker's choice takes a whole
+        default pool, as 172.30.0.0/16 is), said with the remedy; "" when none."""
+        takers = [f"{n.get('Name')} ({subnet})" for n in nets
+                  if (n.get("Labels") or {}).get(L_NETWORK) != "session"
+                  for subnet in _subnets(n)
+                  if subnet.version == self.session_subnets.version
+                  and subnet.overlaps(self.session_subnets)]
+        if not takers:
+            return ""
+        return (f"; the pool's addresses are held by {', '.join(takers)}: remove "
+                f"{'it' if len(takers) == 1 else 'them'} or choose another "
+                "Agent.session_subnets")
 
     async def _overlay_network(self, session_id: str, main: bool) -> str:
         """multinode: the Swarm overlay network of a session whose kernels run on more
