@@ -1,8 +1,10 @@
 """Backend.AI's official CLI (backend.ai-client 23.9.10 on Python 3.11, and 26.9.6 on
 Python 3.13 for the 26.09 test) against a running hub.
 
-The CLI runs as a subprocess from its own virtual environment (.venv-bai23/.venv-bai26, made by
-scripts/install-backendai-clients.sh, which scripts/install-test-deps.sh runs), with
+The CLI runs as a process of its own virtual environment (.venv-bai23/.venv-bai26, made by
+scripts/install-backendai-clients.sh, which scripts/install-test-deps.sh runs), forked from
+a process of that environment that imported it once (tests/clifork.py: the import was most
+of each command's CPU; ``BAI_FORK=0`` runs the console script itself every time), with
 ``BACKEND_ENDPOINT=<hub>/hub/api/backendai`` and a keypair made through the admin API;
 sessions are real sessions of this platform (Docker containers of the kernel image).
 Each test checks what the CLI printed and then the platform's state through the admin API.
@@ -23,6 +25,7 @@ import requests
 
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
+from . import clifork
 from .api_world import PASSWORD, PREFIX, new_user, park_session, superadmin
 from .conftest import shutdown_hub
 from .hub import Hub
@@ -49,8 +52,8 @@ def hub(tmp_path_factory, docker_image):
 class BAI:
     """The official CLI, signed with one user's keypair."""
 
-    def __init__(self, hub: Hub, user: dict, home: str, cli: str = CLI):
-        self.hub, self.user, self.cli = hub, user, cli
+    def __init__(self, hub: Hub, user: dict, home: str, cli: str = CLI, fork: bool = True):
+        self.hub, self.user, self.cli, self.fork = hub, user, cli, fork
         kp = user["keypair"]
         self.env = {
             "PATH": os.environ["PATH"], "HOME": home, "LANG": "C.UTF-8",
@@ -58,9 +61,15 @@ class BAI:
             "BACKEND_ACCESS_KEY": kp["access_key"], "BACKEND_SECRET_KEY": kp["secret_key"],
         }
 
+    @property
+    def exe(self) -> str:
+        """What runs the CLI: its console script, through a fork server that imported
+        it once (tests/clifork.py), or the script itself (``fork=False``)."""
+        return clifork.executable(self.cli) if self.fork else self.cli
+
     def __call__(self, *args: str, rc: int | None = 0, answer: str = "", cwd=None) -> str:
         try:
-            p = subprocess.run([self.cli, *args], env=self.env, capture_output=True,
+            p = subprocess.run([self.exe, *args], env=self.env, capture_output=True,
                                text=True, timeout=300, input=answer, cwd=cwd)
         except subprocess.TimeoutExpired as e:
             raise AssertionError(f"{args} timed out; hub log:\n{self.hub.log()[-5000:]}") from e
@@ -105,6 +114,14 @@ def test_version_negotiation_and_errors(hub, alice):
     assert r.json()["type"] == "https://api.backend.ai/probs/auth-failed"
     # A session id that does not exist: the CLI's own words, exit code 1.
     out = alice("session", "info", str(uuid.uuid4()), rc=1)
+    assert "There is no such compute session." in out
+    # The console script run as itself (every other command here runs forked from a
+    # process that imported it, tests/clifork.py): the same words and exit codes.
+    real = BAI(hub, alice.user, alice.env["HOME"], fork=False)
+    assert real.exe == CLI
+    out = real("vfolder", "info", "no-such-folder", rc=1)
+    assert "Not found: no vfolder 'no-such-folder'" in out
+    out = real("session", "info", str(uuid.uuid4()), rc=1)
     assert "There is no such compute session." in out
 
 

@@ -123,7 +123,7 @@ def app_proxy(bai: BAI, ref: str, app: str):
     """``backend.ai app REF APP -b 127.0.0.1:PORT`` running; yields its base URL once the
     CLI says it listens. Interrupted (Ctrl-C, as a user ends it) afterwards."""
     port = free_port()
-    proc = subprocess.Popen([bai.cli, "app", ref, app, "-b", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([bai.exe, "app", ref, app, "-b", f"127.0.0.1:{port}"],
                             env={**bai.env, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -260,7 +260,7 @@ def test_app_forwards_a_sessions_jupyter_through_the_hub(hub, alice, bob26, tmp_
 
     # another user's session: refused, nothing forwarded
     for bai in (bob26,):
-        p = subprocess.run([bai.cli, "app", dashed, "jupyter", "-b", f"127.0.0.1:{free_port()}"],
+        p = subprocess.run([bai.exe, "app", dashed, "jupyter", "-b", f"127.0.0.1:{free_port()}"],
                            env=bai.env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 1 and "404" in p.stdout + p.stderr, p.stdout + p.stderr
     from websockets.exceptions import InvalidStatus

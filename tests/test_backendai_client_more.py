@@ -476,7 +476,7 @@ def test_session_restart(hub, alice, tmp_path):
 def cli_run(bai: BAI, *args: str, timeout: float = 90) -> tuple[int, str]:
     """The CLI with a shorter limit than BAI's (a command that would wait forever, as the
     app proxy's listener, fails the test instead of holding it); (exit code, output)."""
-    p = subprocess.run([bai.cli, *args], env=bai.env, capture_output=True, text=True,
+    p = subprocess.run([bai.exe, *args], env=bai.env, capture_output=True, text=True,
                        timeout=timeout, input="y\n")
     return p.returncode, p.stdout + p.stderr
 

@@ -93,6 +93,8 @@ def _tunnelled(bai, *args: str, cwd: str) -> str:
     client). Nothing is retried: ssh's own output and exit status are what is checked."""
     done = os.path.join(_wrappers(), f"exit-{uuid.uuid4().hex}")
     env = {**bai.env, "PATH": f"{_wrappers()}:{bai.env['PATH']}", "BAI_TEST_EXIT": done}
+    # The console script itself, not forked (tests/clifork.py): its processes are this
+    # one's children, which the second Ctrl-C below is sent to.
     proc = subprocess.Popen([bai.cli, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out: list[str] = []
@@ -207,7 +209,7 @@ def test_ssh_into_a_session_through_the_hub(hub, tmp_path):
     out = bob("session", "download", dashed, "id_container", rc=1, cwd=bob.env["HOME"])
     assert "404" in out and f"no session {dashed!r}" in out, out
     assert "id_container" not in os.listdir(bob.env["HOME"])
-    p = subprocess.run([bob.cli, "app", dashed, "sshd", "-b", f"127.0.0.1:{free_port()}"],
+    p = subprocess.run([bob.exe, "app", dashed, "sshd", "-b", f"127.0.0.1:{free_port()}"],
                        env=bob.env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "404" in p.stdout + p.stderr, p.stdout + p.stderr
     # the raw tunnel is the sshd's own: its banner comes through the local port
