@@ -13,6 +13,9 @@ sys.path.insert(0, "/opt/backendai")
 import backendai_kernel_services  # noqa: E402
 
 backendai_kernel_services.configure(c)  # noqa: F821
+# A directory listing that an entry renamed or removed meanwhile does not fail
+# (backendai_kernel_contents: JupyterLab said "Directory not found" for the home).
+c.ServerApp.contents_manager_class = "backendai_kernel_contents.ListingContentsManager"  # noqa: F821
 # No large request body from a client without access to this server (backendai_kernel_bodies).
 c.ServerApp.jpserver_extensions.update({"backendai_kernel_bodies": True})  # noqa: F821
 # JupyterLab's news plugin ("Would you like to get notified about official Jupyter
