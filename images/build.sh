@@ -114,12 +114,15 @@ BASE_ID=$(image_id "$BASE_IMAGE")
 # ---------------------------------------------------------------- (b) kernel image
 # The hub's body limit, shared with the image (images/kernel/backendai_kernel_bodies.py).
 BODYLIMIT=$REPO/jupyterhub_backendai/common/bodylimit.py
+# The page config that turns JupyterLab's news plugin off, shared with the hub's local
+# kernels (jupyterhub_backendai/share/jupyter-config).
+NO_NEWS=$REPO/jupyterhub_backendai/share/jupyter-config/labconfig/page_config.json
 # Hash of every file under images/kernel (names + contents) plus the base image id, so a
 # rebuilt base also triggers a kernel rebuild.
 HASH=$(
     cd "$KERNEL_DIR"
     { find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; echo "base $BASE_ID"
-      sha256sum <"$BODYLIMIT"; } \
+      sha256sum <"$BODYLIMIT"; sha256sum <"$NO_NEWS"; } \
         | sha256sum | cut -c1-64
 )
 CURRENT=$(docker image inspect -f '{{index .Config.Labels "ai.backend.build-hash"}}' "$KERNEL_IMAGE" 2>/dev/null || true)
@@ -138,6 +141,7 @@ CTX=$(mktemp -d "$CACHE_DIR/context.XXXXXX")
 trap "rm -rf '$CTX'" EXIT
 cp -a "$KERNEL_DIR"/. "$CTX"/
 cp "$BODYLIMIT" "$CTX/backendai_bodylimit.py"
+cp "$NO_NEWS" "$CTX/no-news-page_config.json"
 # The host CA bundle lets pip work behind TLS-intercepting proxies; it is used in the
 # builder stage only and does not end up in the final image.
 if [[ -r $HOST_CA ]]; then cp "$HOST_CA" "$CTX/build-ca.crt"

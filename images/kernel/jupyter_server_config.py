@@ -23,17 +23,10 @@ c.ServerApp.jpserver_extensions.update({"backendai_kernel_bodies": True})  # noq
 # hub's c.BackendAISpawner.jupyterlab_news passes BACKENDAI_JUPYTERLAB_NEWS=1.
 if os.environ.get("BACKENDAI_JUPYTERLAB_NEWS", "0") != "1":
     c.LabApp.news_url = None  # noqa: F821
-
-    def _no_news(handler, page_config):
-        # disabledExtensions reaches the hook as the front end's list of names
-        off = list(page_config.get("disabledExtensions") or [])
-        if "@jupyterlab/apputils-extension:announcements" not in off:
-            off.append("@jupyterlab/apputils-extension:announcements")
-        page_config["disabledExtensions"] = off
-        return page_config
-
-    # A plain dict, never ``.update`` on the config: that leaves a LazyConfigValue, which
-    # jupyterhub-singleuser's extension cannot read (it ended every server at start).
-    _settings = dict(c.ServerApp.tornado_settings) if "tornado_settings" in c.ServerApp else {}  # noqa: F821
-    _settings["page_config_hook"] = _no_news
-    c.ServerApp.tornado_settings = _settings  # noqa: F821
+    # The plugin off in JupyterLab's page config: a labconfig/page_config.json on the
+    # Jupyter config path, which JupyterLab reads for each page (a page_config_hook in
+    # the server's settings does not last: jupyterhub-singleuser's extension puts its
+    # own there, and the popup showed in every Docker session).
+    os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+        p for p in ("/opt/backendai/jupyter-config-no-news",
+                    os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
