@@ -208,18 +208,13 @@ def foreign_subnets(n: int = 1) -> list[str]:
     import json
     import random
 
+    from jupyterhub_backendai.agent.backends.networks import subnets_of
+
     ids = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True, text=True,
                          check=True, timeout=60).stdout.split()
-    used = []
-    if ids:
-        shown = subprocess.run(["docker", "network", "inspect", *ids], capture_output=True,
-                               text=True, timeout=60).stdout
-        for net in json.loads(shown or "[]"):
-            for cfg in (net.get("IPAM") or {}).get("Config") or []:
-                try:
-                    used.append(ipaddress.ip_network(cfg.get("Subnet") or "", strict=False))
-                except ValueError:
-                    pass
+    shown = subprocess.run(["docker", "network", "inspect", *ids], capture_output=True,
+                           text=True, timeout=60).stdout if ids else ""
+    used = subnets_of(json.loads(shown or "[]"))
     free = [str(b) for b in ipaddress.ip_network("192.168.128.0/17").subnets(new_prefix=24)
             if not any(b.overlaps(u) for u in used)]
     return random.sample(free, n)

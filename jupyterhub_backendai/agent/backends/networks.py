@@ -55,7 +55,8 @@ def _subnets(net: dict) -> list:
     return out
 
 
-def _all_subnets(nets: list[dict]) -> list:
+def subnets_of(nets: list[dict]) -> list:
+    """The subnets of the engine's network records ``nets``."""
     return [subnet for net in nets for subnet in _subnets(net)]
 
 
@@ -242,7 +243,7 @@ class DockerNetworks:
         return f"backendai-session-{session_id}"
 
     async def _used_subnets(self) -> list:
-        return _all_subnets(await self.docker.networks.list())
+        return subnets_of(await self.docker.networks.list())
 
     async def _networks_named(self, name: str) -> list[dict]:
         """Networks of exactly this name, the oldest first (the engine's name filter
@@ -273,7 +274,7 @@ class DockerNetworks:
         if found:
             return found[0]["Id"]
         nets = await self.docker.networks.list()
-        used = _all_subnets(nets)
+        used = subnets_of(nets)
         candidates = list(self.session_subnets.subnets(new_prefix=self.session_prefix))
         # Start where the session id points, so that agents sharing an engine rarely
         # try the same subnet at once; an overlap is answered by trying the next.
@@ -309,7 +310,7 @@ class DockerNetworks:
                         # A network made meanwhile (another agent's, another tool's
                         # with a subnet of Docker's choice): the next tries skip it.
                         nets = await self.docker.networks.list()
-                        used = _all_subnets(nets)
+                        used = subnets_of(nets)
                     if tries >= 8:
                         raise AgentError(
                             f"docker could not make a network for session {session_id} in "
