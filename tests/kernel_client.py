@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
+import re
 import uuid
 
 import requests
 from websockets.sync.client import connect
+
+
+def lab_page_config(page: requests.Response) -> dict:
+    """The page config (``jupyter-config-data``) of a JupyterLab page the server sent."""
+    assert page.status_code == 200, page.text[:500]
+    m = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                  page.text, re.S)
+    assert m, page.text[:2000]
+    return json.loads(html.unescape(m.group(1)))
 
 
 def execute(base: str, prefix: str, token: str, code: str, timeout: float = 60) -> str:

@@ -169,10 +169,8 @@ def test_jupyterlab_news_plugin_is_off_in_sessions(world):
     JupyterLab's page config disables its announcements plugin (the "official Jupyter
     news?" popup and the internet fetches behind it). A local-process kernel: the hub's
     own JupyterLab, the same version as the kernel image's."""
-    import html
-    import json
-
     from .api_world import PASSWORD as PW
+    from .kernel_client import lab_page_config
 
     hub, user = world["hub"], world["user"]
     name = user["username"]
@@ -181,12 +179,7 @@ def test_jupyterlab_news_plugin_is_off_in_sessions(world):
     try:
         hub.wait_ready(name, "lab")
         web = hub.login(user["email"], PW)
-        page = web.get(hub.base + f"/user/{name}/lab/lab", timeout=60)
-        assert page.status_code == 200, page.text[:500]
-        m = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
-                      page.text, re.S)
-        assert m, page.text[:2000]
-        config = json.loads(html.unescape(m.group(1)))
+        config = lab_page_config(web.get(hub.base + f"/user/{name}/lab/lab", timeout=60))
         assert "@jupyterlab/apputils-extension:announcements" in config["disabledExtensions"]
         assert config["hubUser"] == name  # this is the session's own JupyterLab
     finally:

@@ -6,15 +6,12 @@ backend, each on SQLite and PostgreSQL, through a real hub and configurable-http
 
 from __future__ import annotations
 
-import html
-import json
-import re
 import subprocess
 
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .conftest import containers_of
-from .kernel_client import execute
+from .kernel_client import execute, lab_page_config
 
 
 def _agent_row(hub):
@@ -49,12 +46,7 @@ def test_login_spawn_execute_stop(make_hub, db_url, backend):
     # JupyterLab's news plugin is off (c.BackendAISpawner.jupyterlab_news, default): no
     # "Would you like to get notified about official Jupyter news?" popup. In Docker
     # sessions it used to be on: jupyterhub-singleuser replaced the image's page hook.
-    lab = hub_get(hub, prefix + "lab", token)
-    assert lab.status_code == 200, lab.text[:500]
-    config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
-                       lab.text, re.S)
-    assert config, lab.text[:2000]
-    disabled = json.loads(html.unescape(config.group(1)))["disabledExtensions"]
+    disabled = lab_page_config(hub_get(hub, prefix + "lab", token))["disabledExtensions"]
     assert "@jupyterlab/apputils-extension:announcements" in disabled, disabled
     who = execute(hub.base, prefix, token, "import getpass, os; print(getpass.getuser(), os.getcwd())")
     user, cwd = who.split()
