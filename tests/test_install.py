@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -225,6 +226,14 @@ def test_readme_install_and_start(case, artifacts, tmp_path):
         for name in ("backendai.sqlite", "jupyterhub.sqlite", "jupyterhub_cookie_secret",
                      "installation-id", "hub.lock"):
             assert mode(name) == 0o600, name
+        # Both databases in WAL (docs/architecture.md "Seams"), their logs as private.
+        for name in ("backendai.sqlite", "jupyterhub.sqlite"):
+            db = sqlite3.connect(f"file:{os.path.join(hub.state, name)}?mode=ro", uri=True)
+            try:
+                assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal", name
+            finally:
+                db.close()
+            assert mode(name + "-wal") == 0o600, name
         hub.stop_server("admin", "", token=token)
         assert first["secret_key"] not in hub.log()
     finally:

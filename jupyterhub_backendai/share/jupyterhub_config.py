@@ -31,6 +31,12 @@ try:
 except _installation.InstallationError as _e:
     raise SystemExit(f"jupyterhub-backendai: {_e}") from None
 c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
+# JupyterHub's SQLite database as the platform's own: WAL, synchronous=NORMAL (no fsync
+# at each commit; JupyterHub commits on its event loop). A config of your own that keeps
+# JupyterHub on SQLite can call this too; PostgreSQL or MySQL URLs are not touched.
+from jupyterhub_backendai.models.db import sqlite_wal_everywhere as _sqlite_wal  # noqa: E402
+
+_sqlite_wal()
 c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
 # BACKENDAI_HUB_URL (default http://localhost:8000/): where the proxy listens and
 # users log in. When its host is a name, every user's servers get their own origin
