@@ -45,6 +45,7 @@ Ctrl-C or an error.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import secrets
 import shutil
@@ -88,8 +89,12 @@ def ensure_image() -> None:
 def ensure_network() -> str:
     """The agent's bridge network (created like the agent does if missing); its gateway IP."""
     if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
-        docker("network", "create", "--driver", "bridge", "--subnet", foreign_subnets()[0],
-               "--label", "ai.backend.network=agent", NETWORK)
+        subnet = foreign_subnets()[0]
+        # The gateway said (its first address, as Docker picks): with --subnet alone the
+        # engine records none in the network's IPAM config.
+        gateway = str(next(ipaddress.ip_network(subnet).hosts()))
+        docker("network", "create", "--driver", "bridge", "--subnet", subnet,
+               "--gateway", gateway, "--label", "ai.backend.network=agent", NETWORK)
     gw = docker("network", "inspect", NETWORK, "-f", "{{range .IPAM.Config}}{{.Gateway}} {{end}}").split()
     if not gw:
         sys.exit(f"docker network {NETWORK} has no gateway")

@@ -13,6 +13,8 @@ hidden can be started (:func:`resolve_image`); an alias names a catalogued image
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 
 from sqlalchemy import delete, or_, select, update
@@ -26,6 +28,8 @@ from .ops import reads, writes
 from .registries import LOCAL, PULL_POLICIES, docker_auth, registry_host, registry_secrets
 
 __all__ = ["LOCAL", "PULL_POLICIES", "docker_auth", "registry_host"]
+
+log = logging.getLogger(__name__)
 
 # -- the answers ----------------------------------------------------------------------
 
@@ -388,27 +392,38 @@ async def ensure_on_agents(mgr, sid: str, image: str, clients: dict) -> None:
         return
     reg = await mgr.ops.registry_secrets(entry["source"])
     auth = docker_auth(reg)
-    state: dict = {"last": None, "writing": False}
+    # Progress goes to the record at most every 0.2 s, by one writer in order; the last
+    # one (100%) is written before the session moves on, never after its next step.
+    state: dict = {"last": None, "writer": None, "pulled": False}
+    wake = asyncio.Event()
 
     def on_progress(p: dict) -> None:
         state["last"] = describe(p)
-        if not state["writing"]:
-            state["writing"] = True
-            asyncio.get_running_loop().create_task(flush())
+        if state["writer"] is None or state["writer"].done():
+            state["writer"] = asyncio.get_running_loop().create_task(flush())
 
     async def flush() -> None:
-        try:
-            while state["last"] is not None:
-                info, state["last"] = state["last"], None
-                if await mgr.db(_note_pull, sid, info):
-                    mgr.changed(sid)
-                await asyncio.sleep(0.2)
-        finally:
-            state["writing"] = False
+        while state["last"] is not None:
+            info, state["last"] = state["last"], None
+            if await mgr.db(_note_pull, sid, info):
+                mgr.changed(sid)
+            if not state["pulled"]:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), 0.2)
 
     policy = entry.get("pull_policy") or reg["pull_policy"]
     # One agent: it makes the session's network while it pulls (not an overlay's).
     prepare = sid if len(clients) == 1 else None
-    await asyncio.gather(*(c.pull_image(image, auth, policy, on_progress, session_id=prepare)
-                           for c in clients.values()))
+    try:
+        await asyncio.gather(*(c.pull_image(image, auth, policy, on_progress,
+                                            session_id=prepare)
+                               for c in clients.values()))
+    finally:
+        state["pulled"] = True
+        wake.set()
+    if state["writer"] is not None:
+        try:
+            await state["writer"]
+        except Exception:  # the progress is a courtesy: never what fails a start
+            log.warning("session %s: its pull's progress was not recorded", sid, exc_info=True)
     await asyncio.gather(*(c.image_info(image) for c in clients.values()))
