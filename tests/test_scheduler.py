@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from jupyterhub_backendai.common.errors import Forbidden, QuotaExceeded
 from jupyterhub_backendai.common.slots import ResourceSlot
+from jupyterhub_backendai.common.times import parse_utc
 from jupyterhub_backendai.manager.lifecycle.record import set_status
 from jupyterhub_backendai.manager.scheduler import (
     admit,
@@ -368,6 +369,25 @@ def test_a_session_nobody_awaits_any_more_is_never_placed(w, sm):
     _await(sm, late, 60)
     assert w.names(schedule_pass(sm, "default", force=True)) == ["late"]
     assert check_consistency(sm) == []
+
+
+def test_a_history_never_goes_back_in_time(w, sm):
+    """A pass takes its time before it reads the queue, so it may place a session that
+    was enqueued after that moment: its SCHEDULED stamp is then its creation, never a
+    time before its PENDING (the Backend.AI client's `session status-history` lists the
+    stamps in time order)."""
+    w.agent("a1", cpu=8, mem="64g")
+    one_user(w)
+    before = utcnow()
+    w.enqueue("alice", "late")
+    assert w.names(schedule_pass(sm, "default", now=before)) == ["late"]
+    hist = {k: parse_utc(v) for k, v in w.session("late").status_history.items()}
+    assert hist["PENDING"] <= hist["SCHEDULED"] <= utcnow(), hist
+    # A pass whose time is after the session's creation stamps its own time.
+    w.enqueue("alice", "next")
+    later = utcnow() + dt.timedelta(seconds=5)
+    assert w.names(schedule_pass(sm, "default", now=later)) == ["next"]
+    assert parse_utc(w.session("next").status_history["SCHEDULED"]) == later
 
 
 # -- selectors --------------------------------------------------------------------

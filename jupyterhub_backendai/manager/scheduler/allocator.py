@@ -20,6 +20,7 @@ from sqlalchemy import bindparam, cast, column, update, values
 from sqlalchemy.orm import Session as DBSession
 
 from ...common.types import SessionStatus
+from ...models.base import utcnow
 from .pool import AgentPool
 from .snapshot import RG, A, K, S
 from .state import PassContext, PendingSession, Verdict
@@ -94,7 +95,7 @@ class PlacementWriter:
     def for_pass(cls, db: DBSession, now: dt.datetime) -> PlacementWriter | None:
         conn = db.connection()
         if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg2":
-            return cls(conn, now.isoformat())
+            return cls(conn, written_at(now).isoformat())
         return None
 
     def submit(self, batch: list) -> None:
@@ -283,6 +284,14 @@ def history_text(sess: PendingSession, status: str, stamp: str) -> JSONText:
     return JSONText(json.dumps(hist))
 
 
+def written_at(now: dt.datetime) -> dt.datetime:
+    """The time a pass stamps in the histories it writes: the clock after the pass read
+    the queue (the pass's ``now`` is taken before, and a session enqueued in between is
+    read and may be placed, so its PENDING would follow its SCHEDULED), or ``now`` where
+    a caller (a test) put it later."""
+    return max(now, utcnow())
+
+
 def placement_rows(placed: list[tuple[PendingSession, list[str]]], stamp: str):
     """The kernel and session rows of placements: (kernel rows, session rows)."""
     kernel_rows = []
@@ -306,7 +315,8 @@ def commit(db: DBSession, alloc: Allocation, pool: AgentPool, ctx: PassContext,
            state_before: dict) -> None:
     """Write the pass's decisions (the placements a writer did not write already)."""
     now = ctx.now
-    kernel_rows, session_rows = placement_rows(alloc.placed[alloc.flushed:], now.isoformat())
+    stamp = written_at(now).isoformat()
+    kernel_rows, session_rows = placement_rows(alloc.placed[alloc.flushed:], stamp)
     bulk_update(db, K, kernel_rows)
     bulk_update(db, S, session_rows)
     bulk_update(
@@ -324,7 +334,7 @@ def commit(db: DBSession, alloc: Allocation, pool: AgentPool, ctx: PassContext,
         bulk_update(
             db, S,
             [{"id": s.id, "status": SessionStatus.CANCELLED, "status_info": v.message,
-              "status_history": history_text(s, SessionStatus.CANCELLED, now.isoformat()),
+              "status_history": history_text(s, SessionStatus.CANCELLED, stamp),
               "alive_marker": None, "terminated_at": now, "result": "FAILURE"}
              for s, v in alloc.cancelled],
         )
