@@ -14,7 +14,7 @@ from jupyterhub_backendai.models import Base, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 
 from .conftest import _kill_local_kernels
-from .hub import Hub
+from .hub import Hub, HubSession
 
 PREFIX = "/hub/api/backendai"
 PASSWORD = "pass-word-123"
@@ -58,7 +58,7 @@ class Client:
         self.hub = hub
         self.token = token
         self.name = name
-        self.http = requests.Session()
+        self.http = HubSession()
 
     def __call__(self, method: str, path: str, *, json=None, data=None, headers=None,
                  params=None) -> requests.Response:

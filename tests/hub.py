@@ -29,6 +29,28 @@ ADMIN_PASSWORD = "admin-pass-123"
 LIVE: list[Hub] = []
 
 
+class HubSession(requests.Session):
+    """A ``requests`` session that opens a new connection after 4 s idle.
+    configurable-http-proxy (Node's HTTP server) closes a keep-alive connection idle for
+    5 s, and a request sent on it at that moment gets no answer ("Remote end closed
+    connection without response": the isolation matrix's POST, after a slow snapshot of
+    the record). Browsers send such a request again; ``requests`` does not."""
+
+    IDLE_S = 4.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._idle_since = time.monotonic()
+
+    def request(self, *args, **kw):
+        if time.monotonic() - self._idle_since > self.IDLE_S:
+            self.close()  # the pools go; the next request makes a new one
+        try:
+            return super().request(*args, **kw)
+        finally:
+            self._idle_since = time.monotonic()
+
+
 class Hub:
     def __init__(self, *, db_url: str, backend: str, slots: dict | None = None, extra_env=None,
                  config: str | None = None, extra_args: list[str] | tuple = (),
@@ -126,7 +148,7 @@ class Hub:
     # -- HTTP ------------------------------------------------------------------
 
     def login(self, email: str = ADMIN_EMAIL, password: str = ADMIN_PASSWORD) -> requests.Session:
-        s = requests.Session()
+        s = HubSession()
         s.verify = self.verify
         s.get(self.base + "/hub/login")
         r = s.post(self.base + "/hub/login",

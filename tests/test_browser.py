@@ -64,7 +64,6 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
     # The API token first: once the server runs, a fresh requests login also collects the
     # single-user server's _xsrf cookie and Hub.token_for's cookies.get("_xsrf") turns ambiguous.
     assert hub.admin_token
-    t0 = time.monotonic()
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(30_000)
     page = context.new_page()
@@ -165,4 +164,3 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
     assert len(containers_of(hub.agent_id)) == 1
     hub.stop_server("admin", "")
     assert containers_of(hub.agent_id) == []
-    assert time.monotonic() - t0 < 90

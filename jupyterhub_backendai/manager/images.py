@@ -409,7 +409,8 @@ async def ensure_on_agents(mgr, sid: str, image: str, clients: dict) -> None:
                 mgr.changed(sid)
             if not state["pulled"]:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), 0.2)
+                    async with asyncio.timeout(0.2):
+                        await wake.wait()
 
     policy = entry.get("pull_policy") or reg["pull_policy"]
     # One agent: it makes the session's network while it pulls (not an overlay's).
