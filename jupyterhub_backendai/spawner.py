@@ -11,6 +11,7 @@ hub's ``start_timeout`` runs out, which stops and removes it.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 
@@ -129,6 +130,7 @@ class BackendAISpawner(Spawner):
     # Whether JupyterHub has taken this server over (its first poll() after start()).
     _handed_over = False
     _request = None  # the CheckedRequest of what apply_user_options built (enqueue's input)
+    _form_checked = None  # (options, _check_options of them) of the last form submitted
     _environ: dict = {}  # user_options' "environ" (Backend.AI's config.environ), checked
 
     @property
@@ -285,7 +287,16 @@ class BackendAISpawner(Spawner):
     def _options_from_form_default(self):
         return self._parse_form
 
-    def _parse_form(self, formdata: dict) -> dict:
+    async def _parse_form(self, formdata: dict) -> dict:
+        """The form's options, checked here already: JupyterHub gives a start one second
+        before it answers the form with the progress page (SpawnHandler
+        ``_wrap_spawn_single_user``), so a refusal found later by ``apply_user_options``
+        (a loaded hub, a slow database) showed there and not on the form with a 400."""
+        opts = self._form_options(formdata)
+        self._form_checked = (copy.deepcopy(opts), await self._check_options(opts))
+        return opts
+
+    def _form_options(self, formdata: dict) -> dict:
         # Kept for the form shown again if this submission is refused (see _SUBMITTED).
         _SUBMITTED[self.user.name] = {
             **{k: v[0] for k in _FORM_FIELDS
@@ -316,7 +327,22 @@ class BackendAISpawner(Spawner):
         return self._apply_options
 
     async def _apply_options(self, spawner, user_options: dict) -> None:
-        """Validate the request before anything is created: a bad one gets a 400."""
+        """Validate the request before anything is created: a bad one gets a 400. What
+        the form sent was checked by ``_parse_form`` already and is not checked again."""
+        form, self._form_checked = self._form_checked, None
+        if form is not None and form[0] == user_options:
+            checked, environ, request = form[1]
+        else:
+            checked, environ, request = await self._check_options(user_options)
+        self._request = checked  # start() enqueues it as checked: not looked up again
+        self._environ = environ
+        _SUBMITTED.pop(self.user.name, None)  # accepted: the next form starts from the defaults
+        self.mem_limit = int(request.slots[MEM])
+        self.cpu_limit = float(request.slots[CPU])
+
+    async def _check_options(self, user_options: dict) -> tuple:
+        """(the checked request, its environment, the request) of ``user_options``, or
+        the 400 that says what is wrong with them."""
         opts = {"cpu": self.default_cpu, "mem": self.default_mem, "gpu": self.default_gpu}
         if not isinstance(user_options, dict):
             raise _user_error("user_options must be an object")
@@ -358,11 +384,7 @@ class BackendAISpawner(Spawner):
                 raise SessionRequestError(over)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
-        self._request = checked  # start() enqueues it as checked: not looked up again
-        self._environ = environ
-        _SUBMITTED.pop(self.user.name, None)  # accepted: the next form starts from the defaults
-        self.mem_limit = int(request.slots[MEM])
-        self.cpu_limit = float(request.slots[CPU])
+        return checked, environ, request
 
     async def _preset_options(self, user_options: dict, group: str | None = None) -> dict:
         """The request with its preset (``{"preset": slug}``) applied: the preset's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -124,6 +125,52 @@ def test_malformed_form(hub):
         assert "<script>x</script>" not in r.text
         assert "HTTP 400" not in r.text and "SpawnException" not in r.text
         assert "Please match the requested format" not in r.text
+    _nothing_left(hub)
+
+
+@pytest.mark.parametrize("hub", ["postgresql"], indirect=True)
+def test_a_slow_check_still_refuses_on_the_form(hub):
+    """JupyterHub gives a form's start one second, then answers with the progress page;
+    a check that took longer (a loaded hub: CI's run of stop 39) showed its refusal there
+    with a 200, not on the form. Here the catalogue's table is locked in PostgreSQL while
+    the form is sent, so that the check waits past that second: the form still says why,
+    with a 400."""
+    import threading
+
+    from sqlalchemy import text
+
+    s = hub.login()
+    xsrf = s.cookies.get("_xsrf")
+    got: dict = {}
+
+    def submit() -> None:
+        got["r"] = s.post(hub.base + "/hub/spawn/admin/bad", allow_redirects=False,
+                          data={"image": "no-such/image:2", "cpu": "1", "mem": "1g",
+                                "_xsrf": xsrf})
+
+    engine = make_engine(hub.db_url)
+    try:
+        with engine.connect() as c:
+            c.execute(text("LOCK TABLE images IN ACCESS EXCLUSIVE MODE"))
+            t = threading.Thread(target=submit)
+            t.start()
+            for _ in range(300):  # until the hub's check waits for the lock
+                with engine.connect() as watch:
+                    if watch.scalar(text("SELECT count(*) FROM pg_locks l JOIN pg_class r "
+                                         "ON r.oid = l.relation WHERE r.relname = 'images' "
+                                         "AND NOT l.granted")):
+                        break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the form's check never read the catalogue")
+            time.sleep(1.5)  # the fault itself: a check slower than JupyterHub's second
+            c.rollback()
+        t.join(60)
+    finally:
+        engine.dispose()
+    r = got["r"]
+    assert r.status_code == 400, (r.status_code, r.headers.get("Location"))
+    assert "image &#39;no-such/image:2&#39; is not in the catalogue" in r.text, r.text[-2000:]
     _nothing_left(hub)
 
 

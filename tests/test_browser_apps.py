@@ -48,15 +48,26 @@ def lab(world):
 
 def _open_tile(context, page, title: str):
     tile = page.locator(f".jp-LauncherCard[title^='{title} ']")  # 'Title [↗]': a new tab
-    try:
-        tile.first.wait_for(timeout=60_000)
-    except Exception:
+
+    def failed(what: str, e: Exception) -> AssertionError:
         cards = page.locator(".jp-LauncherCard").evaluate_all(
             "els => els.map(e => e.getAttribute('title') + ' | ' + e.innerText)")
-        screenshot(page, "apps-launcher-without-the-tile.png", full_page=True)
-        raise AssertionError(f"no tile {title!r}; tiles: {cards}") from None
-    with context.expect_page(timeout=60_000) as new:
-        tile.first.click()
+        dialogs = page.locator(".jp-Dialog").all_inner_texts()
+        screenshot(page, "apps-launcher-" + re.sub(r"\W+", "-", title) + ".png", full_page=True)
+        return AssertionError(f"tile {title!r} {what}: {e}; tiles: {cards}; dialogs: {dialogs}")
+
+    try:
+        tile.first.wait_for(timeout=60_000)
+        # Clickable (shown, still, nothing over it) before the page's wait starts: a click
+        # that waited inside that wait ran out its time and hid why (CI's run of stop 39).
+        tile.first.click(trial=True, timeout=60_000)
+    except Exception as e:
+        raise failed("is not there to click", e) from None
+    try:
+        with context.expect_page(timeout=60_000) as new:
+            tile.first.click()
+    except Exception as e:
+        raise failed("opened no tab", e) from None
     app = new.value
     app.wait_for_load_state()
     return app

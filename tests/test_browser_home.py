@@ -74,27 +74,6 @@ def _spawn_through_form(page, hub, shots: str, tag: str) -> None:
     page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
 
 
-def _wait_workspace_without(page, hub, gone: str, timeout: float = 30) -> None:
-    """Until the user's JupyterLab workspace (its server's workspaces API, with the page's
-    own cookies) no longer opens ``gone`` at the next load: not in its layout, no widget
-    state of it (its list of recent documents may keep the name: that opens nothing)."""
-    url = hub.base + "/user/admin/lab/api/workspaces/default"
-    deadline = time.monotonic() + timeout
-    opens: object = None
-    while time.monotonic() < deadline:
-        r = page.request.get(url)
-        if r.ok:
-            data = r.json().get("data") or {}
-            opens = {k: v for k, v in data.items() if k != "docmanager:recents"
-                     and (gone in k or gone in json.dumps(v))}
-            if not opens:
-                return
-        else:
-            opens = f"HTTP {r.status}"
-        time.sleep(0.2)
-    raise AssertionError(f"the workspace still opens {gone} after {timeout} s: {opens}")
-
-
 def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_path):  # noqa: F811
     shots = artifacts_dir("test_browser_home")
     hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="docker")
@@ -126,11 +105,15 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         cell.click()
         page.keyboard.type(f"print('{MARK}')")
         page.keyboard.press("Control+s")
-        # JupyterLab asks for a name at the first save.
+        # JupyterLab asks for a name at the first save: the user keeps the one it gave.
+        # (A renamed notebook stays in JupyterLab's workspace under its first name, and
+        # the next lab, restoring its layout, says "File Load Error" for that name until
+        # the workspace has caught up with the closed tab, which a loaded machine took
+        # longer than 30 s to do (CI's run of stop 39). That is JupyterLab's own.)
         dialog = page.locator(".jp-Dialog")
-        dialog.locator("input").first.fill("kept.ipynb")
+        saved = dialog.locator("input").first.input_value()
+        assert saved == "Untitled.ipynb", saved
         dialog.locator("button", has_text="Rename and Save").click()
-        saved = "kept.ipynb"
         path = os.path.join(_home_dir(hub), saved)
         deadline = time.monotonic() + 30
         text = ""
@@ -143,31 +126,13 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         cells = json.loads(text)["cells"]
         assert "".join(cells[0]["source"]) == f"print('{MARK}')"
         screenshot(page, os.path.join(shots, "first-lab.png"), full_page=True)
-        # JupyterLab keeps its layout (the open notebook) in its workspace, and the name it
-        # keeps there is the one the notebook was opened under: Untitled.ipynb, even after
-        # the rename. The next lab opened that from the layout and, when it ran into the
-        # missing file first, said "File Load Error" in a dialog over the file list (a
-        # fresh-clone run, stop 33). So the user closes the notebook's tab before the stop,
-        # and the stop waits until the workspace has recorded that.
-        # The notebook may be changed again after the save (its kernel's metadata, once
-        # the kernel is up: a pair of suites at load 19): closing it then asks "Save your
-        # work", and the user saves.
-        page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current "
-                     ".lm-TabBar-tabCloseIcon").first.click()
-        tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab", has_text=saved)
-        deadline = time.monotonic() + 60
-        while tab.count():
-            assert time.monotonic() < deadline, "the notebook's tab did not close"
-            ask = page.locator(".jp-Dialog", has_text="Save your work")
-            if ask.count():
-                ask.locator("button", has_text="Save").first.click()
-            time.sleep(0.2)
-        _wait_workspace_without(page, hub, "Untitled.ipynb")
 
         # -- stop, start again: the notebook is there --------------------------------------
         hub.stop_server("admin", "")
         assert containers_of(hub.agent_id) == []
         _spawn_through_form(page, hub, shots, "second")
+        # The lab restores the notebook's tab from its workspace; the user opens it from
+        # the file list too (that shows the tab it has, or opens it if it was not restored).
         item = page.locator(".jp-DirListing-item", has_text=saved)
         item.first.wait_for(timeout=60_000)
         item.first.dblclick()
