@@ -1,4 +1,11 @@
-"""The official Backend.AI CLI, run without paying its import each time.
+"""The official Backend.AI CLI, and the tests' hubs, run without paying their imports
+each time.
+
+Hubs (:func:`hub`, used by ``tests/hub.py``): each test process forks its hubs from a
+second fork server that imported JupyterHub and the platform once (``HUB_PRELOAD``). A
+hub start took 2.2-2.5 CPU-s until it answered, 0.8-0.9 forked (about 150 starts a
+suite). The hub is ``python -m jupyterhub_backendai.launcher`` as before, in a session of
+its own; only its imports were done before its command line was known.
 
 Every ``backend.ai`` command imports the whole client first (its commands are loaded
 from entry points at import): 0.5 CPU-s of a 0.8 s run for 23.09, more for 26.09, and
@@ -41,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _STATUS = struct.Struct("!i")
@@ -61,6 +69,10 @@ def status():
         b += got
     return struct.unpack("!i", b)[0]
 pid = status()
+if {pidfile!r}:
+    with open({pidfile!r} + ".tmp", "w") as f:
+        f.write(str(pid))
+    os.replace({pidfile!r} + ".tmp", {pidfile!r})
 def forward(sig, frame):
     try:
         os.kill(pid, sig)
@@ -70,7 +82,8 @@ for sig in {signals!r}:
     signal.signal(sig, forward)
 code = status()
 if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (those cannot be caught)
+        signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 sys.exit(code)
 """
@@ -97,11 +110,97 @@ def executable(script: str) -> str:
         return launcher
 
 
+def hub(args: list[str], pidfile: str, **popen) -> subprocess.Popen | ForkedProcess:
+    """``python -m jupyterhub_backendai.launcher *args`` (a test's hub), forked from this
+    process's hub fork server: JupyterHub and the platform imported once per test
+    process instead of once per hub (3-5 CPU-s a hub start, about 150 starts a suite).
+    The hub becomes the leader of a session of its own (as ``start_new_session``), and
+    what is returned stands for it: its ``pid`` is the hub's, signals go to the hub, and
+    ``poll``/``wait`` give its exit status. ``BAI_FORK=0``: the real command, a Popen."""
+    if os.environ.get("BAI_FORK", "1") == "0":
+        return subprocess.Popen([sys.executable, "-m", HUB_MODULE, *args],
+                                start_new_session=True, **popen)
+    with _lock:
+        got = _servers.get(HUB_MODULE)
+        if got is None or got[0].poll() is not None:
+            got = _servers[HUB_MODULE] = _start(HUB_MODULE)
+    try:
+        os.unlink(pidfile)  # (a hub started again: its last pid file)
+    except FileNotFoundError:
+        pass
+    launcher = pidfile + ".launcher"  # (one per hub: it writes that hub's pid file)
+    with open(launcher, "w") as f:
+        f.write(_LAUNCHER.format(python=sys.executable, sock=_sock(got[1]),
+                                 signals=[int(s) for s in FORWARDED], pidfile=pidfile))
+    os.chmod(launcher, 0o755)
+    proc = subprocess.Popen([launcher, *args], start_new_session=True, **popen)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(pidfile):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the hub fork server forked no hub (launcher: {proc.poll()})")
+        time.sleep(0.01)
+    with open(pidfile) as f:
+        return ForkedProcess(proc, int(f.read()))
+
+
+HUB_MODULE = "jupyterhub_backendai.launcher"
+# Imported by the hub fork server before it forks: what a hub start imports (JupyterHub
+# through hubmain, with its guard against the optional iri checker first; the platform).
+# (Not pynvml: a test's NVML stand-in may take its place.)
+HUB_PRELOAD = ("jupyterhub_backendai.hubmain", "jupyterhub_backendai.cli",
+               "jupyterhub_backendai.spawner", "jupyterhub_backendai.manager.core",
+               "jupyterhub_backendai.api.handlers", "jupyterhub_backendai.api.models",
+               "jupyterhub_backendai.pages", "jupyterhub_backendai.agent.backends.docker",
+               "dockerspawner", "sqlalchemy.dialects.sqlite.aiosqlite", "tornado.websocket",
+               "requests")
+
+
+class ForkedProcess:
+    """A forked hub, as much of ``subprocess.Popen`` as the tests use: ``pid`` is the
+    hub's own; its exit status comes through its launcher (which exits with it)."""
+
+    def __init__(self, launcher: subprocess.Popen, pid: int):
+        self.launcher = launcher
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.launcher.returncode
+
+    def poll(self) -> int | None:
+        return self.launcher.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.launcher.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        if self.launcher.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _sock(launcher: str) -> str:
+    return os.path.join(os.path.dirname(launcher), "server.sock")
+
+
 def _start(script: str) -> tuple[subprocess.Popen, str]:
     where = tempfile.mkdtemp(prefix="backendai-clifork-")
     sock = os.path.join(where, "server.sock")
-    python = os.path.join(os.path.dirname(script), "python")
-    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": where}
+    if script == HUB_MODULE:  # this interpreter; the test's environment (for the imports)
+        python = sys.executable
+        env = {**os.environ, "HOME": os.environ.get("HOME", where)}
+    else:
+        python = os.path.join(os.path.dirname(script), "python")
+        env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": where}
     proc = subprocess.Popen([python, __file__, sock, script], env=env, cwd=where,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -114,7 +213,7 @@ def _start(script: str) -> tuple[subprocess.Popen, str]:
     launcher = os.path.join(where, "backend.ai")
     with open(launcher, "w") as f:
         f.write(_LAUNCHER.format(python=sys.executable, sock=sock,
-                                 signals=[int(s) for s in FORWARDED]))
+                                 signals=[int(s) for s in FORWARDED], pidfile=""))
     os.chmod(launcher, 0o755)
     atexit.register(_stop, proc, where)
     return proc, launcher
@@ -190,10 +289,17 @@ def _child(req: dict, fds: list[int], script: str, keep_closed: list[int]) -> No
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        sys.argv = [script, *req["argv"]]
         import runpy
         try:
-            runpy.run_path(script, run_name="__main__")
+            if script == HUB_MODULE:
+                os.setsid()
+                sys.path[0] = os.getcwd()  # as ``python -m`` has it
+                sys.argv = [script, *req["argv"]]  # (run_module sets argv[0] to its file)
+                sys.modules.pop(script, None)  # (imported by the preload: run afresh)
+                runpy.run_module(script, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [script, *req["argv"]]
+                runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as e:
             if e.code is None:
@@ -229,9 +335,15 @@ def _child(req: dict, fds: list[int], script: str, keep_closed: list[int]) -> No
 
 def serve(sock_path: str, script: str) -> None:
     import selectors
-    with open(script) as f:
-        code = compile(f.read(), script, "exec")
-    exec(code, {"__name__": "__clifork_preload__", "__file__": script})
+    if script == HUB_MODULE:
+        sys.path[0] = os.getcwd()  # (not tests/, whose module names would shadow)
+        import importlib
+        for name in HUB_PRELOAD:
+            importlib.import_module(name)
+    else:
+        with open(script) as f:
+            code = compile(f.read(), script, "exec")
+        exec(code, {"__name__": "__clifork_preload__", "__file__": script})
     if threading.active_count() != 1:
         print(f"importing {script} started threads: a fork would lose them", flush=True)
         sys.exit(2)

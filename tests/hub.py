@@ -14,6 +14,7 @@ import requests
 
 from jupyterhub_backendai.common import installation
 
+from . import clifork
 from .services import INSTALLATION_PREFIX, free_port, port_block, wait_port
 from .services import agent_id as new_agent_id
 
@@ -98,16 +99,19 @@ class Hub:
         self.db_url = db_url
         self.backend = backend
         self.image = KERNEL_IMAGE if backend == "docker" else "local/python"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | clifork.ForkedProcess | None = None
         self._token: str | None = None
 
     def start(self) -> Hub:
         log = open(os.path.join(self.dir, "hub.log"), "ab")
-        args = [self.python, "-m", "jupyterhub_backendai.launcher", *self.extra_args]
-        if self.config:
-            args += ["-f", self.config]
-        self.proc = subprocess.Popen(args, env=self.env, cwd=self.dir, stdout=log, stderr=log,
-                                     start_new_session=True)
+        args = [*self.extra_args, *(["-f", self.config] if self.config else [])]
+        if self.python == sys.executable:  # forked, imports done (tests/clifork.py)
+            self.proc = clifork.hub(args, os.path.join(self.dir, "hub.pid"), env=self.env,
+                                    cwd=self.dir, stdout=log, stderr=log)
+        else:
+            self.proc = subprocess.Popen([self.python, "-m", clifork.HUB_MODULE, *args],
+                                         env=self.env, cwd=self.dir, stdout=log, stderr=log,
+                                         start_new_session=True)
         if self not in LIVE:
             LIVE.append(self)
         try:
