@@ -355,6 +355,8 @@ def serve(sock_path: str, script: str) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *a: None)
+    stopping: list[int] = []  # SIGTERM (the test process's exit): the children go too
+    signal.signal(signal.SIGTERM, lambda sig, frame: stopping.append(sig))
     sel = selectors.DefaultSelector()
     sel.register(srv, selectors.EVENT_READ, None)
     sel.register(wake_r, selectors.EVENT_READ, None)
@@ -424,10 +426,10 @@ def serve(sock_path: str, script: str) -> None:
                     except ProcessLookupError:
                         pass
         reap()
-        if os.getppid() != parent:  # the test process ended without stopping us
+        if stopping or os.getppid() != parent:  # (or it ended without stopping us)
             for pid in list(children):
-                try:
-                    os.kill(pid, signal.SIGKILL)
+                try:  # a hub leads a process group of its own: all of it
+                    os.kill(-pid if script == HUB_MODULE else pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             return
