@@ -263,6 +263,7 @@ def test_a_new_users_whole_day_with_the_26_09_cli(hub, reg, tmp_path):
     names = [ln.split()[0] for ln in out.splitlines() if ln.startswith(("session_", "kernel_"))]
     assert names[0] == "session_enqueued" and "session_started" in names, out
     assert names[-2:] == ["session_success", "session_terminated"], out
+    assert "401" not in out and "replay" not in out, out  # no reconnect after the end
     me("session", "rm", name)
     # commit a running batch session (what it wrote outside its folders) to an image,
     # then start a session of that image: the file is in it

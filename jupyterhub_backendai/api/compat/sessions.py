@@ -459,7 +459,7 @@ class SessionEventsHandler(CompatBase):
     """``session events`` / ``watch``: ``GET /events/session?sessionId=|sessionName=&scope=``,
     server-sent events from the record's transitions (the same watch as the spawner's
     progress): first the statuses already passed, then each change, until the session
-    ended. Events are Backend.AI's names (``session_enqueued`` ... ``session_terminated``,
+    ended; then ``server_close``, the client's sign not to reconnect. Events are Backend.AI's names (``session_enqueued`` ... ``session_terminated``,
     ``kernel_*`` for the main kernel); their data carries ``sessionId``, ``sessionName``,
     ``ownerAccessKey``, ``reason`` and ``exitCode``."""
 
@@ -479,6 +479,10 @@ class SessionEventsHandler(CompatBase):
         async with contextlib.aclosing(self.manager.watch(sid)) as changes:
             if not await self._stream(changes, scope, sent):
                 return
+        # The session ended: the stream ends, and says so. Backend.AI's client reconnects
+        # to a stream that closed without ``server_close`` (after its retry time, with
+        # the same signed request, which the replay check then refused with a 401).
+        self.write("event: server_close\ndata: {}\n\n")
         self.finish()
 
     async def _stream(self, changes, scope: str, sent: set[str]) -> bool:
