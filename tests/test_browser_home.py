@@ -131,13 +131,24 @@ def test_notebook_survives_stop_and_start(make_hub, docker_image, browser, tmp_p
         hub.stop_server("admin", "")
         assert containers_of(hub.agent_id) == []
         _spawn_through_form(page, hub, shots, "second")
-        # The lab restores the notebook's tab from its workspace; the user opens it from
-        # the file list too (that shows the tab it has, or opens it if it was not restored).
+        # The lab restores the notebook's tab from its workspace (the user opens it from
+        # the file list where it did not). A notebook saved before its kernel had started
+        # names no kernel, and JupyterLab asks for one when it opens it again ("Select
+        # Kernel", CI's run A of 2026-11-29): the user takes the one it offers.
         item = page.locator(".jp-DirListing-item", has_text=saved)
         item.first.wait_for(timeout=60_000)
-        item.first.dblclick()
-        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell",
-                     has_text=MARK).first.wait_for(timeout=60_000)
+        cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", has_text=MARK)
+        ask = page.locator(".jp-Dialog", has_text="Select Kernel")
+        opened = False
+        deadline = time.monotonic() + 60
+        while not (cell.count() and cell.first.is_visible() and not ask.count()):
+            assert time.monotonic() < deadline, page.locator(".jp-Dialog").all_inner_texts()
+            if ask.count():
+                ask.locator("button", has_text="Select").last.click()
+            elif not opened and not cell.count() and not page.locator(".jp-Dialog").count():
+                item.first.dblclick()
+                opened = True
+            time.sleep(0.2)
         screenshot(page, os.path.join(shots, "second-lab-notebook.png"), full_page=True)
 
         # -- a terminal: the kernel environment's python and pip; the '.'-folder ---------
