@@ -130,7 +130,7 @@ class BackendAISpawner(Spawner):
     # Whether JupyterHub has taken this server over (its first poll() after start()).
     _handed_over = False
     _request = None  # the CheckedRequest of what apply_user_options built (enqueue's input)
-    _form_checked = None  # (options, _check_options of them) of the last form submitted
+    _form_checked = None  # (options, _check_options of them, when) of the last form
     _environ: dict = {}  # user_options' "environ" (Backend.AI's config.environ), checked
 
     @property
@@ -293,7 +293,8 @@ class BackendAISpawner(Spawner):
         ``_wrap_spawn_single_user``), so a refusal found later by ``apply_user_options``
         (a loaded hub, a slow database) showed there and not on the form with a 400."""
         opts = self._form_options(formdata)
-        self._form_checked = (copy.deepcopy(opts), await self._check_options(opts))
+        self._form_checked = (copy.deepcopy(opts), await self._check_options(opts),
+                              time.monotonic())
         return opts
 
     def _form_options(self, formdata: dict) -> dict:
@@ -330,7 +331,9 @@ class BackendAISpawner(Spawner):
         """Validate the request before anything is created: a bad one gets a 400. What
         the form sent was checked by ``_parse_form`` already and is not checked again."""
         form, self._form_checked = self._form_checked, None
-        if form is not None and form[0] == user_options:
+        # (only right after it: a check kept from a start JupyterHub refused, e.g. at its
+        # concurrent spawn limit, would skip the quota for a later request of the API)
+        if form is not None and form[0] == user_options and time.monotonic() - form[2] < 30:
             checked, environ, request = form[1]
         else:
             checked, environ, request = await self._check_options(user_options)
