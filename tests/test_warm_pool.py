@@ -105,8 +105,20 @@ def wait_for(what, predicate, timeout=120.0):
 
 
 def wait_ready_pool(hub, preset, n):
-    return wait_for(f"{n} pooled kernels ready", lambda: pool(hub, preset)["ready"] >= n
-                    and pool(hub, preset))
+    """Until ``n`` pooled kernels are ready: each is a container and a Jupyter server
+    started, and a loaded machine took over 120 s for two (run B of 2026-11-29, the
+    hub's event loop held for seconds), so the bound is 240 s; a timeout says what the
+    pool showed last."""
+    last: dict = {}
+
+    def ready():
+        last.update(pool(hub, preset))
+        return last["ready"] >= n and dict(last)
+
+    try:
+        return wait_for(f"{n} pooled kernels ready", ready, timeout=240.0)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the pool showed {last}") from None
 
 
 def observe(hub, user: dict, server: str) -> dict:
