@@ -32,8 +32,8 @@ only that the modules were imported before the command line was known. The clien
 its configuration (``BACKEND_*``) when a command runs, not at import, and the server
 refuses to serve if importing started a thread (a fork copies only the forking
 thread). ``BAI_FORK=0`` makes :func:`executable` return the real script (every command
-then imports the client again), and ``test_backendai_client.py`` runs one test with the
-real script always.
+then imports the client again) and ``tests/hub.py`` start each hub as its own
+interpreter, and ``test_backendai_client.py`` runs one test with the real script always.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def executable(script: str) -> str:
     """A launcher that runs the console script ``script`` (``<venv>/bin/backend.ai``)
     through this process's fork server for its environment (started on first use), or
     ``script`` itself under ``BAI_FORK=0``."""
-    if os.environ.get("BAI_FORK", "1") == "0":
+    if not forking():
         return script
     with _lock:
         got = _servers.get(script)
@@ -110,16 +110,18 @@ def executable(script: str) -> str:
         return launcher
 
 
-def hub(args: list[str], pidfile: str, **popen) -> subprocess.Popen | ForkedProcess:
+def forking() -> bool:
+    """Whether commands and hubs are forked (``BAI_FORK=0``: each runs as itself)."""
+    return os.environ.get("BAI_FORK", "1") != "0"
+
+
+def hub(args: list[str], pidfile: str, **popen) -> ForkedProcess:
     """``python -m jupyterhub_backendai.launcher *args`` (a test's hub), forked from this
     process's hub fork server: JupyterHub and the platform imported once per test
-    process instead of once per hub (3-5 CPU-s a hub start, about 150 starts a suite).
-    The hub becomes the leader of a session of its own (as ``start_new_session``), and
-    what is returned stands for it: its ``pid`` is the hub's, signals go to the hub, and
-    ``poll``/``wait`` give its exit status. ``BAI_FORK=0``: the real command, a Popen."""
-    if os.environ.get("BAI_FORK", "1") == "0":
-        return subprocess.Popen([sys.executable, "-m", HUB_MODULE, *args],
-                                start_new_session=True, **popen)
+    process instead of once per hub (see above). The hub becomes the leader of a session
+    of its own (as ``start_new_session``), and what is returned stands for it: its
+    ``pid`` is the hub's, signals go to the hub, and ``poll``/``wait`` give its exit
+    status."""
     with _lock:
         got = _servers.get(HUB_MODULE)
         if got is None or got[0].poll() is not None:

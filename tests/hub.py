@@ -105,7 +105,7 @@ class Hub:
     def start(self) -> Hub:
         log = open(os.path.join(self.dir, "hub.log"), "ab")
         args = [*self.extra_args, *(["-f", self.config] if self.config else [])]
-        if self.python == sys.executable:  # forked, imports done (tests/clifork.py)
+        if self.python == sys.executable and clifork.forking():  # imports done (clifork.py)
             self.proc = clifork.hub(args, os.path.join(self.dir, "hub.pid"), env=self.env,
                                     cwd=self.dir, stdout=log, stderr=log)
         else:

@@ -40,7 +40,7 @@ def test_a_database_outage_is_a_503_everywhere_and_credentials_survive_it(tmp_pa
         def login() -> requests.Response:
             """What a browser does: the login page, then its form posted (with the
             page's own _xsrf: a token kept from an earlier page may no longer match the
-            cookie, a 403 of JupyterHub's XSRF check, not of the outage)."""
+            cookie, and a 403 came once, most likely JupyterHub's XSRF check)."""
             s = requests.Session()
             page = s.get(hub.base + "/hub/login", timeout=60)
             if page.status_code != 200:

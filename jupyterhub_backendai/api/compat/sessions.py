@@ -459,8 +459,9 @@ class SessionEventsHandler(CompatBase):
     """``session events`` / ``watch``: ``GET /events/session?sessionId=|sessionName=&scope=``,
     server-sent events from the record's transitions (the same watch as the spawner's
     progress): first the statuses already passed, then each change, until the session
-    ended; then ``server_close``, the client's sign not to reconnect. Events are Backend.AI's names (``session_enqueued`` ... ``session_terminated``,
-    ``kernel_*`` for the main kernel); their data carries ``sessionId``, ``sessionName``,
+    ended; then ``server_close``, the client's sign not to reconnect. Events are
+    Backend.AI's names (``session_enqueued`` ... ``session_terminated``, ``kernel_*`` for
+    the main kernel); their data carries ``sessionId``, ``sessionName``,
     ``ownerAccessKey``, ``reason`` and ``exitCode``."""
 
     async def get(self):
