@@ -99,36 +99,53 @@ class Starter:
             if not await mgr.db(record.claim, sid, {SessionStatus.SCHEDULED}, mgr.owner_id,
                                 mgr.claim_lease, dead_owner):
                 return
-            sess = await mgr.db(record.load_session, sid)
+
+            def load(s):
+                sess = record.load_session(s, sid)
+                if sess is None:
+                    return None, {}
+                ids = {k.agent_id for k in sess.kernels}
+                return sess, {a.id: (a.addr, a.backend)
+                              for a in s.scalars(select(Agent).where(Agent.id.in_(ids)))}
+
+            sess, agents = await mgr.db(load)
             if sess is None:
                 return
             kernels = list(sess.kernels)
-            agents = await mgr.db(
-                lambda s: {
-                    a.id: (a.addr, a.backend)
-                    for a in s.scalars(select(Agent).where(Agent.id.in_({k.agent_id for k in kernels})))
-                }
-            )
             clients = {aid: mgr.agents.client(aid, addr) for aid, (addr, _) in agents.items()}
             if not await self.transition(
                 sid, {SessionStatus.SCHEDULED}, SessionStatus.PREPARING, "checking the image"
             ):
                 return
-            await images.ensure_on_agents(mgr, sid, sess.image, clients)  # issue 25: pull
-            mounts = await self.mount_specs(
-                sess, mount_points=any(b != "local" for _, b in agents.values()))
+
+            async def prepare():
+                """What the kernels' specs need besides the image: read (and the
+                folders checked) while the image is pulled."""
+                mounts = await self.mount_specs(
+                    sess, mount_points=any(b != "local" for _, b in agents.values()))
+                owner = await mgr.db_read(lambda s: s.get(User, sess.user_id).username)
+                ssh_key = None
+                if sess.resource_group in mgr.ssh_resource_groups:  # issue 12: opted in
+                    ssh_key = await mgr.db_read(
+                        sshkeys.session_public_key, sess, mgr.ssh_resource_groups)
+                bounds = await mgr.db_read(kernel_bounds, sess.access_key, sess.project_id)
+                return mounts, owner, ssh_key, bounds
+
+            # Issue 25: the pull and the rest of the preparation side by side. Both run to
+            # their end; the pull's failure is the one reported when both fail.
+            pulled, prepared = await asyncio.gather(
+                images.ensure_on_agents(mgr, sid, sess.image, clients), prepare(),
+                return_exceptions=True)
+            for outcome in (pulled, prepared):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            mounts, owner, ssh_key, bounds = prepared
             n = len(kernels)
             what = "starting the container" if n == 1 else f"starting {n} containers"
             if not await self.transition(
                 sid, {SessionStatus.PREPARING}, SessionStatus.CREATING, what
             ):
                 return
-            owner = await mgr.db(lambda s: s.get(User, sess.user_id).username)
-            ssh_key = None
-            if sess.resource_group in mgr.ssh_resource_groups:  # issue 12: opted in
-                ssh_key = await mgr.db_read(
-                    sshkeys.session_public_key, sess, mgr.ssh_resource_groups)
-            bounds = await mgr.db_read(kernel_bounds, sess.access_key, sess.project_id)
             # Issue 30: a warm pool's kernel, when one matches (its id becomes the kernel's).
             pooled = await mgr.warmpool.take(sess, kernels, mounts, bounds, ssh_key)
             specs = self.kernel_specs(sess, kernels, agents, owner, mounts, ssh_key=ssh_key,
