@@ -5,6 +5,7 @@ Every test that takes ``db_url`` runs twice: on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ def _controller(config) -> bool:
 
 
 def pytest_configure(config):
+    _balance.on = _controller(config)
     if _controller(config):
         from . import engine_check
 
@@ -47,6 +49,8 @@ def pytest_runtest_logreport(report):
 
         sys.stdout.write(f"\n[failed] {report.nodeid} ({report.when})\n")
         sys.stdout.flush()
+    if _balance.on:  # the controller (a worker's report is also the controller's)
+        _balance.add(report)
 
 
 def pytest_report_header(config):
@@ -59,41 +63,42 @@ def pytest_report_header(config):
 # A module's tests stay on one worker, so that its module fixtures (hubs, servers, clients)
 # start once; except the modules in SPREAD, whose tests share no fixture above function
 # scope: each of their tests goes to whichever worker is free. Work goes out heaviest
-# first (WEIGHT), so that no long module starts last and holds the run up alone.
-# WEIGHT: seconds each module took in a parallel run (scripts/test, 4 workers, 2 cores,
-# 2026-11-27); a module not listed goes after these, in collection order.
-WEIGHT = {
-    "test_faults": 493, "test_backendai_client": 304, "test_service_ports": 201,
-    "test_lifecycle": 184, "test_mounts": 135, "test_quota_e2e": 112, "test_binder": 99,
-    "test_api_schema": 97, "test_soak": 89, "test_cli": 83, "test_auth": 81,
-    "test_multikernel": 80, "test_api_isolation": 77, "test_install": 77, "test_fixtures": 75,
-    "test_batch": 75, "test_lifetime": 73, "test_multinode_swarm": 70, "test_attack_monitor": 69,
-    "test_e2e": 68, "test_ssh_port": 67, "test_vfolders_api": 66, "test_spawn_ux": 64,
-    "test_home": 63, "test_attack_browser": 62,
-    # measured alone (-n 0) when they were written
-    "test_hub_host": 100, "test_execute_stream": 200, "test_attacks_agent": 120,
-    "test_client_address": 110, "test_ssh_revoke": 90, "test_tus": 150,
-    "test_session_tokens": 35, "test_reflector": 15,
-    "test_kernel_bounds": 60, "test_bus_outage": 25, "test_bus_auth": 10, "test_btrfs": 35,
-    "test_backendai_client_more": 235, "test_browser_rough": 45,
-    "test_resource_presets": 25, "test_usage": 60, "test_images": 150, "test_images_cli": 30,
-    "test_browser_sessions": 200, "test_browser_folders": 45, "test_browser_groups": 60,
-    "test_warm_pool": 180, "test_usage_sampled": 50, "test_vfolders_limit": 40,
-    "test_backendai_client_apps": 150, "test_backendai_client_templates": 180,
-    "test_backendai_client_ssh": 150, "test_dotfiles_local": 25,
-}
+# first, so that no long unit starts last and holds the run up alone (longest first:
+# the classic rule for spreading jobs over machines). The weights are the seconds each
+# unit (a module, or a test of SPREAD) took in a whole parallel run, kept in
+# tests/weights.json; `BACKENDAI_TEST_WEIGHTS_OUT=<file> bash scripts/test` writes them
+# anew. A unit not in the file (a new module or test) goes first, as if it were the
+# heaviest: an unknown one at the end could hold the run up; at the start it costs
+# little.
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
           "test_e2e", "test_session_tokens", "test_reflector"}
+WEIGHTS_FILE = os.path.join(os.path.dirname(__file__), "weights.json")
 
 
 def _module(nodeid: str) -> str:
     return os.path.basename(nodeid.split("::", 1)[0])[:-3]
 
 
+def _unit(nodeid: str) -> str:
+    """The unit xdist hands to one worker: the module, or the test for SPREAD modules."""
+    module = _module(nodeid)
+    return nodeid if module in SPREAD else module
+
+
+def _weights() -> dict[str, float]:
+    try:
+        with open(WEIGHTS_FILE) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Heaviest modules first (a stable sort: the order within a module is kept)."""
-    items.sort(key=lambda item: -WEIGHT.get(_module(item.nodeid), 0))
+    """Heaviest units first (a stable sort: the order within a module is kept)."""
+    weights = _weights()
+    unknown = max(weights.values(), default=0) + 1
+    items.sort(key=lambda item: -weights.get(_unit(item.nodeid), unknown))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -107,6 +112,45 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     config.option.loadscopereorder = False  # the order above, not by number of tests
     return Scheduling(config, log)
+
+
+class _Balance:
+    """What each unit and each worker took in this run (the controller's view: every
+    setup, call and teardown a worker reported), said at the end of the run and, with
+    BACKENDAI_TEST_WEIGHTS_OUT, written as the next run's weights."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.units: dict[str, float] = {}
+        self.workers: dict[str, float] = {}
+
+    def add(self, report) -> None:
+        self.units[_unit(report.nodeid)] = self.units.get(_unit(report.nodeid), 0.0) + report.duration
+        node = getattr(report, "node", None)
+        worker = node.gateway.id if node is not None else "main"
+        self.workers[worker] = self.workers.get(worker, 0.0) + report.duration
+
+    def summary(self, tr) -> None:
+        if not self.units:
+            return
+        tr.write_sep("=", "heaviest units (each on one worker) and each worker's busy time")
+        for unit, secs in sorted(self.units.items(), key=lambda kv: -kv[1])[:15]:
+            tr.write_line(f"{secs:8.1f}s {unit}")
+        tr.write_line("busy: " + ", ".join(f"{w} {s / 60:.1f} min"
+                                           for w, s in sorted(self.workers.items())))
+        out = os.environ.get("BACKENDAI_TEST_WEIGHTS_OUT")
+        if out:
+            with open(out, "w") as f:
+                json.dump({u: round(s, 1) for u, s in sorted(self.units.items())}, f, indent=0)
+                f.write("\n")
+            tr.write_line(f"weights written to {out}")
+
+
+_balance = _Balance()
+
+
+def pytest_terminal_summary(terminalreporter):
+    _balance.summary(terminalreporter)
 
 
 @pytest.hookimpl(trylast=True)
