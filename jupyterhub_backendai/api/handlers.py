@@ -19,7 +19,7 @@ from tornado import web
 
 from ..common.errors import BackendAIError, Forbidden, InvalidRequest
 from ..common.types import SessionStatus, UserRole, UserStatus, VFolderOwnership, VFolderStatus
-from ..manager import images, vfolders
+from ..manager import images, vffiles, vfolders
 from ..manager.usage import parse_period
 from . import hubsync, models, restart, spec
 from .base import APIBase, document
@@ -588,13 +588,13 @@ class VFolderFilesHandler(APIBase):
         q, _, _ = self.query(params=_params("get", "/vfolders/{id}/files"))
         path = vfolders.check_path(q.get("path", ""))
         where = await self.manager.ops.file_access(self.principal, fid, "list")
-        self.reply(await vfolders.list_files(self.manager, where, path))
+        self.reply(await vffiles.list_files(self.manager, where, path))
 
     async def delete(self, fid):
         q, _, _ = self.query(params=_params("delete", "/vfolders/{id}/files"))
         path = vfolders.check_path(q["path"], allow_root=False)
         where = await self.manager.ops.file_access(self.principal, fid, "delete")
-        await vfolders.delete_files(self.manager, where, path, q.get("recursive", False))
+        await vffiles.delete_files(self.manager, where, path, q.get("recursive", False))
         self.reply(None, 204)
 
 
@@ -604,7 +604,7 @@ class VFolderMkdirHandler(APIBase):
         body = self.body("VFolderMkdir")
         path = vfolders.check_path(body["path"], allow_root=False)
         where = await self.manager.ops.file_access(self.principal, fid, "write")
-        await vfolders.mkdir(self.manager, where, path, parents=body.get("parents", False))
+        await vffiles.mkdir(self.manager, where, path, parents=body.get("parents", False))
         self.reply({"path": path}, 201)
 
 
@@ -615,7 +615,7 @@ class VFolderRenameHandler(APIBase):
         src = vfolders.check_path(body["path"], allow_root=False)
         dst = vfolders.check_path(body["new_path"], "new_path", allow_root=False)
         where = await self.manager.ops.file_access(self.principal, fid, "write")
-        await vfolders.rename(self.manager, where, src, dst)
+        await vffiles.rename(self.manager, where, src, dst)
         self.reply({"path": dst})
 
 
@@ -661,7 +661,7 @@ class VFolderUploadHandler(APIBase):
                 yield chunk
 
         self._task = asyncio.ensure_future(
-            vfolders.upload(self.manager, where, self._path, chunks()))
+            vffiles.upload(self.manager, where, self._path, chunks()))
 
     async def data_received(self, chunk: bytes):
         if self._task is None or self._task.done():
@@ -692,7 +692,7 @@ class VFolderDownloadHandler(APIBase):
         q, _, _ = self.query(params=_params("get", "/vfolders/{id}/download"))
         path = vfolders.check_path(q["path"], allow_root=False)
         where = await self.manager.ops.file_access(self.principal, fid, "download")
-        size, chunks = await vfolders.download(self.manager, where, path)
+        size, chunks = await vffiles.download(self.manager, where, path)
         name = path.rsplit("/", 1)[-1]
         self.set_header("Content-Type", "application/octet-stream")
         self.set_header("Content-Length", str(size))

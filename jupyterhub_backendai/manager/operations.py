@@ -35,6 +35,7 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     tenancy,
     usage,
     vfolders,
+    vfshares,
     warmpool,
 )
 from .ops import lookup

@@ -21,7 +21,18 @@ from ..common.slots import CPU, CUDA, KNOWN_SLOTS, MEM
 from ..common.times import parse_utc
 from ..common.types import AgentStatus, SessionStatus
 from ..models import Agent, Kernel, Keypair, Project, Session, User
-from . import access, admin, images, lifetimes, registries, templates, tenancy, vfolders, warmpool
+from . import (
+    access,
+    admin,
+    images,
+    lifetimes,
+    registries,
+    templates,
+    tenancy,
+    vfolders,
+    vfshares,
+    warmpool,
+)
 from .ops import reads
 from .scheduler.snapshot import load_limits, load_policies, load_usage
 from .scheduler.state import slot_limit
@@ -151,7 +162,7 @@ def console_folder(db, p: access.Principal, fid: str) -> dict:
     (a user folder the caller manages)."""
     f = vfolders.get_folder(db, p, fid)
     f["manage"] = vfolders.can_manage_folder(p, db.get(vfolders.VFolder, fid))
-    f["shares"] = (vfolders.list_shares(db, p, fid, 0, MAX_ROWS)["items"]
+    f["shares"] = (vfshares.list_shares(db, p, fid, 0, MAX_ROWS)["items"]
                    if f["ownership_type"] == "user" and f["manage"] else [])
     return f
 

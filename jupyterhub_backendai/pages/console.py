@@ -24,7 +24,7 @@ from ..api import spec
 from ..common.errors import BackendAIError
 from ..common.slots import format_bytes, format_slots, parse_size
 from ..common.types import ALIVE_STATUSES, SessionStatus, UserRole
-from ..manager import access, vfolders
+from ..manager import access, vffiles, vfolders
 from ..manager.core import BackendAIManager
 from ..manager.pageviews import SESSION_ROWS
 from ..manager.usage import FIGURES, GROUP_BY, parse_period
@@ -379,7 +379,7 @@ class FolderPage(PageBase):
         folder = await self.read("console_folder", p, fid)
         where = await self.read("file_access", p, fid, "list")
         try:
-            listing = await vfolders.list_files(self.manager, where, path)
+            listing = await vffiles.list_files(self.manager, where, path)
         except BackendAIError as e:
             raise web.HTTPError(e.status_code, "%s", e.detail) from None
         items = sorted(listing["items"], key=lambda e: (e.get("type") != "dir", e["name"]))
@@ -393,7 +393,7 @@ class FolderPage(PageBase):
             # In the trash: where it came from (the name is that path, encoded).
             e["origin"] = trash_origin(e["name"]) if path == TRASH else None
         if not path and any(e["name"] == TRASH for e in items):
-            trash = await vfolders.list_files(self.manager, where, TRASH)
+            trash = await vffiles.list_files(self.manager, where, TRASH)
             trash_count = len(trash["items"])
             items = [e for e in items if e["name"] != TRASH]
         try:

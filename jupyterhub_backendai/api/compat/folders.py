@@ -20,7 +20,7 @@ from ...common.errors import (
     Unauthorized,
 )
 from ...common.slots import parse_size
-from ...manager import vfolders
+from ...manager import vffiles, vfolders
 from ...manager.compatviews import as_hex as _as_hex
 from ...manager.compatviews import dashed
 from ...storageproxy import transfer
@@ -129,7 +129,7 @@ class FolderRenameFileHandler(CompatBase):
                                   allow_root=False)
         fid = await self.manager.ops.resolve_folder(self.principal, ref)
         where = await self.manager.ops.file_access(self.principal, fid, "write")
-        await vfolders.rename(self.manager, where, path, dst)
+        await vffiles.rename(self.manager, where, path, dst)
         self.reply({})
 
 
@@ -148,14 +148,14 @@ class FolderMoveFileHandler(CompatBase):
             dst = base
         else:
             try:
-                listing = await vfolders.list_files(self.manager, where, dst)
+                listing = await vffiles.list_files(self.manager, where, dst)
             except BackendAIError:
                 listing = None  # not a directory (or not there): DST is the new path
             if listing is not None:
                 dst = f"{dst}/{base}"
         if dst == src:
             raise InvalidRequest(f"src and dst are the same path {src!r}")
-        await vfolders.rename(self.manager, where, src, dst)
+        await vffiles.rename(self.manager, where, src, dst)
         self.reply({})
 
 
@@ -322,7 +322,7 @@ class FolderFilesHandler(CompatBase):
         path = vfolders.check_path("" if path in (".", "/") else str(path))
         fid = await self.manager.ops.resolve_folder(self.principal, ref)
         where = await self.manager.ops.file_access(self.principal, fid, "list")
-        listing = await vfolders.list_files(self.manager, where, path)
+        listing = await vffiles.list_files(self.manager, where, path)
         files = []
         for item in listing["items"]:
             mode = {"dir": "drwxr-xr-x", "file": "-rw-r--r--", "symlink": "lrwxrwxrwx"}.get(
@@ -354,7 +354,7 @@ class FolderMkdirHandler(CompatBase):
         for raw in paths:
             path = vfolders.check_path(raw, allow_root=False)
             try:
-                await vfolders.mkdir(self.manager, where, path, parents=bool(body.get("parents")))
+                await vffiles.mkdir(self.manager, where, path, parents=bool(body.get("parents")))
             except Conflict:
                 if not body.get("exist_ok"):
                     raise
@@ -375,7 +375,7 @@ class FolderDeleteFilesHandler(CompatBase):
         fid = await self.manager.ops.resolve_folder(self.principal, ref)
         where = await self.manager.ops.file_access(self.principal, fid, "delete")
         for path in paths:
-            await vfolders.delete_files(self.manager, where, path, bool(body.get("recursive")))
+            await vffiles.delete_files(self.manager, where, path, bool(body.get("recursive")))
         self.reply({})
 
 
@@ -426,13 +426,13 @@ class FolderRequestUploadHandler(CompatBase):
                 raise StorageQuotaExceeded(
                     f"vfolder {where['name']!r}: its quota scope is limited to {limit} bytes "
                     f"and {used} are used; {path!r} needs {size}")
-        await vfolders.check_folder_room(self.manager, where, path, size)
+        await vffiles.check_folder_room(self.manager, where, path, size)
         if size == 0:  # tus clients send no PATCH for an empty file
             async def nothing():
                 return
                 yield b""
 
-            await vfolders.upload(self.manager, where, path, nothing())
+            await vffiles.upload(self.manager, where, path, nothing())
         token = _tokens(self).sign(
             transfer.upload_claims(volume, where["quota_scope_id"], where["id"], path, size,
                                    self.principal.user_id))
