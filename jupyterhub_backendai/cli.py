@@ -39,7 +39,6 @@ that matches nothing is an error, not an empty list.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -48,13 +47,10 @@ import sys
 import urllib.parse
 from typing import Any
 
-import aiohttp
-import yarl
-
-from .common import signing
+from .adminclient import ApiClient, ApiError
+from .clioutput import render
 from .common.errors import BackendAIError
 
-API_PREFIX = "hub/api/backendai"
 EXIT_API_ERROR = 1
 EXIT_USAGE = 2
 
@@ -180,129 +176,6 @@ def _on_the_record(args: argparse.Namespace) -> Any:
 
 BOOTSTRAP = {"db-upgrade", "create-superadmin", "create-domain", "create-project",
              "create-user", "create-keypair", "reset-password", "fixture"}
-
-
-# -- the API client ------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """The API answered with an error (its problem document) or could not be reached."""
-
-    def __init__(self, status: int | None, title: str, detail: str = "") -> None:
-        super().__init__(f"{status or ''} {title}: {detail}".strip())
-        self.status = status
-        self.title = title
-        self.detail = detail
-
-
-class ApiClient:
-    """Signed requests to the hub's admin API (aiohttp, each call on its own loop)."""
-
-    def __init__(self, endpoint: str, access_key: str, secret_key: str,
-                 timeout: float = 60.0) -> None:
-        self.base = api_base(endpoint)
-        self.access_key = access_key
-        self.secret_key = secret_key
-        self.timeout = timeout
-
-    def url(self, path: str, query: dict | None = None) -> str:
-        url = self.base + "/" + path.lstrip("/")
-        params = [(k, str(v).lower() if isinstance(v, bool) else str(v))
-                  for k, v in (query or {}).items() if v is not None]
-        if params:
-            url += ("&" if "?" in url else "?") + urllib.parse.urlencode(params)
-        return url
-
-    def _send(self, method: str, path: str, query: dict | None, data: Any,
-              content_type: str, sink: Any = None) -> bytes:
-        """One signed request; the response body (or, with ``sink``, written to it)."""
-        url = self.url(path, query)
-        # The body's hash is signed too (X-BackendAI-Content-SHA256), so captured headers
-        # cannot carry another body; streamed uploads cannot be hashed before sending.
-        headers = signing.sign_request(method, url, self.access_key, self.secret_key,
-                                       content_type=content_type,
-                                       body=None if hasattr(data, "read") else (data or b""))
-        # Send exactly the host[:port] that was signed.
-        headers["Host"] = urllib.parse.urlsplit(url).netloc
-        headers["Accept"] = "application/json"
-        if hasattr(data, "read"):  # a file, streamed
-            headers["Content-Length"] = str(os.fstat(data.fileno()).st_size)
-        return asyncio.run(self._exchange(method.upper(), url, headers, data, sink))
-
-    async def _exchange(self, method: str, url: str, headers: dict, data: Any,
-                        sink: Any) -> bytes:
-        # aiohttp: the project's one HTTP client stack (the hub's clients use it too).
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
-                                        sock_read=self.timeout)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as http, \
-                    http.request(method, yarl.URL(url, encoded=True), data=data,
-                                 headers=headers) as resp:
-                if resp.status >= 400:
-                    raise _problem(resp.status, resp.reason or "error", await resp.read())
-                if sink is None:
-                    return await resp.read()
-                async for chunk in resp.content.iter_chunked(1 << 20):
-                    sink.write(chunk)
-                return b""
-        except aiohttp.ClientConnectorError as e:
-            raise ApiError(None, f"cannot reach {self.base}", str(e.os_error or e)) from None
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
-            raise ApiError(None, f"cannot reach {self.base}", str(e) or type(e).__name__) from None
-
-    def upload(self, path: str, query: dict, file: Any) -> Any:
-        """PUT a file's bytes (streamed from the open binary ``file``)."""
-        return json.loads(self._send("PUT", path, query, file, "application/octet-stream"))
-
-    def download(self, path: str, query: dict, sink: Any) -> None:
-        """GET bytes into the writable binary ``sink``."""
-        self._send("GET", path, query, None, signing.DEFAULT_CONTENT_TYPE, sink)
-
-    def request(self, method: str, path: str, *, query: dict | None = None,
-                body: Any = None) -> Any:
-        """Send one request; returns the decoded JSON body (None for an empty one)."""
-        data = None if body is None else json.dumps(body).encode()
-        raw = self._send(method, path, query, data, signing.DEFAULT_CONTENT_TYPE)
-        if not raw:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw.decode(errors="replace")
-
-    def list_all(self, path: str, query: dict | None = None, page: int = 100) -> dict:
-        """Every item of a paginated list, following ``offset``/``limit``."""
-        items: list = []
-        offset = 0
-        while True:
-            got = self.request("GET", path, query={**(query or {}), "offset": offset, "limit": page})
-            items.extend(got["items"])
-            offset += len(got["items"])
-            if not got["items"] or offset >= got["total"]:
-                return {"items": items, "total": got["total"], "offset": 0, "limit": len(items)}
-
-
-def api_base(endpoint: str) -> str:
-    """The API's URL from the hub's URL (``http://host:8000/`` -> ``.../hub/api/backendai``)."""
-    endpoint = endpoint.strip().rstrip("/")
-    parts = urllib.parse.urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ApiError(None, "bad endpoint", f"{endpoint!r} is not an http(s) URL of the hub")
-    if endpoint.endswith("/" + API_PREFIX):
-        return endpoint
-    return endpoint + "/" + API_PREFIX
-
-
-def _problem(status: int, reason: str, raw: bytes) -> ApiError:
-    title, detail = reason, ""
-    try:
-        doc = json.loads(raw)
-        if isinstance(doc, dict):
-            title = doc.get("title") or title
-            detail = doc.get("detail") or doc.get("message") or ""
-    except ValueError:
-        detail = raw.decode(errors="replace").strip()[:500]
-    return ApiError(status, str(title), str(detail))
 
 
 # Entities of the API: command name -> (collection path, what identifies one item).
@@ -964,101 +837,6 @@ def main(argv: list[str] | None = None) -> int:
         if text:
             print(text)
     return 0
-
-
-# -- output for people ---------------------------------------------------------------
-
-# The columns a list shows, per command (those its items have); others: every field
-# whose value is a scalar. `--json` gives everything.
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "domains": ("name", "is_active", "total_resource_slots", "description"),
-    "projects": ("id", "name", "domain_name", "is_active", "total_resource_slots"),
-    "users": ("id", "username", "email", "role", "domain_name", "status"),
-    "keypairs": ("access_key", "user_id", "is_active", "is_default", "rate_limit",
-                 "resource_policy", "last_used"),
-    "keypair-resource-policies": ("name", "total_resource_slots", "max_concurrent_sessions",
-                                  "idle_timeout", "max_session_lifetime",
-                                  "max_lifetime_extension"),
-    "resource-groups": ("name", "is_active", "is_public", "scheduler", "description"),
-    "resource-presets": ("name", "resource_slots", "resource_group", "description"),
-    "agents": ("id", "status", "resource_group", "schedulable", "available_slots",
-               "occupied_slots", "last_heartbeat"),
-    "sessions": ("id", "name", "type", "status", "image", "requested_slots", "created_at"),
-    "vfolders": ("id", "name", "host", "ownership_type", "status"),
-    "usage": ("name", "sessions", "hours", "cpu_hours", "mem_gib_hours", "gpu_hours",
-              "used_cpu_hours", "used_mem_gib_hours"),
-}
-_ISO_RE = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?(Z|[+-]00:?00)?$")
-
-
-def cell(key: str, value: Any) -> str:
-    """One value in words: yes/no, '-' for none, slots in human units, a time to the
-    minute (UTC), anything nested as compact JSON."""
-    from .common.slots import format_slots
-
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, dict) and key.endswith("slots"):
-        try:
-            return format_slots(value) if value else "-"
-        except (ValueError, TypeError, ArithmeticError, BackendAIError):
-            pass
-    if isinstance(value, str):
-        m = _ISO_RE.match(value)
-        return f"{m.group(1)} {m.group(2)} UTC" if m else value
-    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
-        return ", ".join(str(v) for v in value) or "-"
-    if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"), default=str)
-    return str(value)
-
-
-def table(items: list[dict], columns: tuple[str, ...] | None = None) -> str:
-    """Rows under a header, columns padded to their widest cell."""
-    if not items:
-        return "(none)"
-    keys = [c for c in columns or () if any(c in it for it in items)]
-    if not keys:
-        keys = [k for k, v in items[0].items() if not isinstance(v, dict | list)]
-    rows = [[k.upper().replace("_", " ") for k in keys]]
-    rows += [[cell(k, it.get(k)) for k in keys] for it in items]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(keys))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
-
-
-def render(out: Any, cmd: str | None = None) -> str:
-    """What a command got, for people: a list as a table (and how many of how many),
-    one item as its fields and values, anything else as it is."""
-    if out is None:
-        return "done"
-    if isinstance(out, dict) and isinstance(out.get("items"), list) and all(
-            isinstance(x, dict) for x in out["items"]):
-        if isinstance(out.get("total"), dict):  # a report: its rows, then the totals
-            return table([*out["items"], {"name": "Total", **out["total"]}],
-                         COLUMNS.get(cmd or ""))
-        text = table(out["items"], COLUMNS.get(cmd or ""))
-        total = out.get("total")
-        if isinstance(total, int) and out["items"]:
-            first = int(out.get("offset") or 0)
-            text += (f"\n({len(out['items'])} of {total})" if first == 0 else
-                     f"\n({first + 1}-{first + len(out['items'])} of {total})")
-        return text
-    if isinstance(out, list) and all(isinstance(x, dict) for x in out):
-        return table(out, COLUMNS.get(cmd or ""))
-    if isinstance(out, dict):
-        width = max((len(k) for k in out), default=0)
-        lines = []
-        for k, v in out.items():
-            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-                lines.append(f"{k}:")
-                lines.extend("  " + line for line in table(v).splitlines())
-            else:
-                lines.append(f"{k.ljust(width)}  {cell(k, v)}")
-        return "\n".join(lines)
-    return str(out)
 
 
 if __name__ == "__main__":

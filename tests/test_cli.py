@@ -546,7 +546,7 @@ def test_api_client_signs_the_body_hash():
     import http.server
     import threading
 
-    from jupyterhub_backendai.cli import ApiClient
+    from jupyterhub_backendai.adminclient import ApiClient
     from jupyterhub_backendai.common import signing
 
     seen = {}
