@@ -62,14 +62,15 @@ def pytest_report_header(config):
 #
 # A module's tests stay on one worker, so that its module fixtures (hubs, servers, clients)
 # start once; except the modules in SPREAD, whose tests share no fixture above function
-# scope: each of their tests goes to whichever worker is free. Work goes out heaviest
-# first, so that no long unit starts last and holds the run up alone (longest first:
-# the classic rule for spreading jobs over machines). The weights are the seconds each
-# unit (a module, or a test of SPREAD) took in a whole parallel run, kept in
-# tests/weights.json; `BACKENDAI_TEST_WEIGHTS_OUT=<file> bash scripts/test` writes them
-# anew. A unit not in the file (a new module or test) goes first, as if it were the
-# heaviest: an unknown one at the end could hold the run up; at the start it costs
-# little.
+# scope: each of their tests goes to whichever worker is free. Work goes out by weight,
+# heaviest first (tests/weights.json: seconds per module, the table of 2026-11-27); a unit
+# the file does not name goes first, and that includes every test of a SPREAD module
+# (the file names modules, and those units are tests). That order ran the whole suite in
+# 33-34 min (runs C and E, 2026-11-29). The strict longest-first order by the units'
+# measured seconds (`BACKENDAI_TEST_WEIGHTS_OUT=<file> bash scripts/test` writes them;
+# that file put in place of this one) took 46 min on the same machine (run D): the
+# heaviest end-to-end modules all at once at the start, the CPU-bound ones after them
+# 2-6x slower (docs/benchmarks.md, "Test suite").
 SPREAD = {"test_faults", "test_lifecycle", "test_mounts", "test_quota_e2e", "test_binder",
           "test_api_schema", "test_auth", "test_multikernel", "test_batch", "test_lifetime",
           "test_e2e", "test_session_tokens", "test_reflector"}
