@@ -63,9 +63,9 @@ def pytest_report_header(config):
 # A module's tests stay on one worker, so that its module fixtures (hubs, servers, clients)
 # start once; except the modules in SPREAD, whose tests share no fixture above function
 # scope: each of their tests goes to whichever worker is free. Work goes out by weight,
-# heaviest first (tests/weights.json: seconds per module, the table of 2026-11-27); a unit
-# the file does not name goes first, and that includes every test of a SPREAD module
-# (the file names modules, and those units are tests). That order ran the whole suite in
+# heaviest first (tests/weights.json: seconds per module, the table of 2026-11-27, less
+# the SPREAD modules); a unit the file does not name goes first, and that includes every
+# test of a SPREAD module (the file names modules, and those units are tests). That order ran the whole suite in
 # 33-34 min (runs C and E, 2026-11-29). The strict longest-first order by the units'
 # measured seconds (`BACKENDAI_TEST_WEIGHTS_OUT=<file> bash scripts/test` writes them;
 # that file put in place of this one) took 46 min on the same machine (run D): the
@@ -118,7 +118,8 @@ def pytest_xdist_make_scheduler(config, log):
 class _Balance:
     """What each unit and each worker took in this run (the controller's view: every
     setup, call and teardown a worker reported), said at the end of the run and, with
-    BACKENDAI_TEST_WEIGHTS_OUT, written as the next run's weights."""
+    BACKENDAI_TEST_WEIGHTS_OUT, written to that file (to compare an order with; the
+    order kept is tests/weights.json's, see above)."""
 
     def __init__(self) -> None:
         self.on = False
@@ -126,7 +127,8 @@ class _Balance:
         self.workers: dict[str, float] = {}
 
     def add(self, report) -> None:
-        self.units[_unit(report.nodeid)] = self.units.get(_unit(report.nodeid), 0.0) + report.duration
+        unit = _unit(report.nodeid)
+        self.units[unit] = self.units.get(unit, 0.0) + report.duration
         node = getattr(report, "node", None)
         worker = node.gateway.id if node is not None else "main"
         self.workers[worker] = self.workers.get(worker, 0.0) + report.duration
