@@ -2,19 +2,24 @@
 
     python benchmarks/hubstart.py [--rounds N]
 
-Two measurements, rounds interleaved so that load from elsewhere hits both alike:
+Three measurements, rounds interleaved so that load from elsewhere hits both alike:
 
   import:  ``python -m jupyterhub --version`` (JupyterHub's own entry point, the baseline)
            against ``python -m jupyterhub_backendai.hubmain --version`` (the launcher's):
            both import JupyterHub's application and stop; the difference is the optional
            ``iri`` format checker that hubmain keeps from loading (its module docstring).
+  server:  ``jupyterhub-singleuser --version`` (the baseline) against
+           ``backendai-singleuser --version`` (what the local backend starts for a
+           session's Jupyter server, singleusermain.py): both import the server and stop;
+           the difference is the same optional checker.
   start:   the whole start as the tests and an operator run it (tests/hub.py: the launcher
            on a fresh SQLite state directory, migrations, the first superadmin, JupyterHub,
            CHP, the in-process local agent) until GET /hub/api/ answers 200 through the proxy.
 
 The last line printed is machine-readable:
 
-    plain_import_s=<f> hubmain_import_s=<f> ratio=<f> hub_start_p50_s=<f>
+    plain_import_s=<f> hubmain_import_s=<f> ratio=<f> plain_server_s=<f>
+    server_s=<f> server_ratio=<f> hub_start_p50_s=<f>
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ def _run(module: str) -> float:
     return time.monotonic() - t
 
 
+def _script(name: str) -> float:
+    t = time.monotonic()
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), name), "--version"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - t
+
+
 def _hub_start() -> float:
     from tests.hub import Hub
 
@@ -57,19 +69,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     _run("jupyterhub")  # warm the file cache for both
-    plain, ours, starts = [], [], []
+    _script("jupyterhub-singleuser")
+    plain, ours, splain, sours, starts = [], [], [], [], []
     for i in range(args.rounds):
         first, second = ("jupyterhub", "jupyterhub_backendai.hubmain")[:: 1 if i % 2 else -1]
         a, b = _run(first), _run(second)
         (plain if first == "jupyterhub" else ours).append(a)
         (ours if first == "jupyterhub" else plain).append(b)
+        first, second = ("jupyterhub-singleuser", "backendai-singleuser")[:: 1 if i % 2 else -1]
+        a, b = _script(first), _script(second)
+        (splain if first == "jupyterhub-singleuser" else sours).append(a)
+        (sours if first == "jupyterhub-singleuser" else splain).append(b)
         starts.append(_hub_start())
-    p, o, s = (statistics.median(x) for x in (plain, ours, starts))
+    p, o, sp, so, s = (statistics.median(x) for x in (plain, ours, splain, sours, starts))
     print(f"import (median of {args.rounds}): python -m jupyterhub {p:.2f} s, "
           f"python -m jupyterhub_backendai.hubmain {o:.2f} s")
+    print(f"server import (median of {args.rounds}): jupyterhub-singleuser {sp:.2f} s, "
+          f"backendai-singleuser {so:.2f} s")
     print(f"hub start to answering (median of {args.rounds}): {s:.2f} s "
           f"(all: {', '.join(f'{x:.2f}' for x in starts)})")
     print(f"plain_import_s={p:.3f} hubmain_import_s={o:.3f} ratio={o / p:.3f} "
+          f"plain_server_s={sp:.3f} server_s={so:.3f} server_ratio={so / sp:.3f} "
           f"hub_start_p50_s={s:.3f}")
 
 

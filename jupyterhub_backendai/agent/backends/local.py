@@ -39,8 +39,16 @@ LOCAL_IMAGE = "local/python"
 
 
 def _default_cmd() -> list[str]:
-    exe = shutil.which("jupyterhub-singleuser", path=os.path.dirname(sys.executable))
-    return [exe or "jupyterhub-singleuser"]
+    """The session's Jupyter server: this environment's ``backendai-singleuser``
+    (``jupyterhub-singleuser`` without jsonschema's slow optional ``iri`` checker:
+    singleusermain.py), or its ``jupyterhub-singleuser`` where the platform's scripts are
+    not installed beside the interpreter."""
+    here = os.path.dirname(sys.executable)
+    for name in ("backendai-singleuser", "jupyterhub-singleuser"):
+        exe = shutil.which(name, path=here)
+        if exe:
+            return [exe]
+    return ["jupyterhub-singleuser"]
 
 
 class LocalBackend(Backend):
