@@ -4,9 +4,9 @@ starts it for a session's Jupyter server (agent/backends/local.py).
 One thing differs, as in :mod:`.hubmain` for the hub: jsonschema's optional checker for
 the ``iri`` and ``iri-reference`` formats (the ``rfc3987_syntax`` package, pulled in
 through ``jupyter_server`` -> ``jupyter_events`` -> ``jsonschema[format-nongpl]``) is
-kept from loading. It compiles its Earley grammars when imported: 1.1-1.3 s of CPU in
-every server start on this project's machines, about a third of the server's imports
-(benchmarks/hubstart.py). No schema the server validates uses those formats
+kept from loading. It compiles its Earley grammars when imported: 1.6-2.1 s of CPU at
+every server start on this project's machines, more than half of the server's imports
+(benchmarks/hubstart.py: ``--version`` in 3.22 s against 1.40 s). No schema the server validates uses those formats
 (jupyter_events' event schemas), and jsonschema treats the package as optional.
 
 Only the server's process is concerned: the session's kernels (ipykernel) and terminals
