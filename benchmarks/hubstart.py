@@ -7,7 +7,7 @@ Three measurements, rounds interleaved so that load from elsewhere hits both ali
   import:  ``python -m jupyterhub --version`` (JupyterHub's own entry point, the baseline)
            against ``python -m jupyterhub_backendai.hubmain --version`` (the launcher's):
            both import JupyterHub's application and stop; the difference is the optional
-           ``iri`` format checker that hubmain keeps from loading (its module docstring).
+           ``iri`` format checker that hubmain keeps from loading (iriguard.py says why).
   server:  ``jupyterhub-singleuser --version`` (the baseline) against
            ``backendai-singleuser --version`` (what the local backend starts for a
            session's Jupyter server, singleusermain.py): both import the server and stop;
@@ -51,6 +51,15 @@ def _script(name: str) -> float:
     return time.monotonic() - t
 
 
+def _pair(i: int, measure, baseline: str, ours: str) -> tuple[float, float]:
+    """(baseline's time, ours) measured one after the other, the order alternating with
+    the round ``i`` so that neither always runs on the other's warm caches."""
+    if i % 2:
+        return measure(baseline), measure(ours)
+    o = measure(ours)
+    return measure(baseline), o
+
+
 def _hub_start() -> float:
     from tests.hub import Hub
 
@@ -72,14 +81,12 @@ def main() -> None:
     _script("jupyterhub-singleuser")
     plain, ours, splain, sours, starts = [], [], [], [], []
     for i in range(args.rounds):
-        first, second = ("jupyterhub", "jupyterhub_backendai.hubmain")[:: 1 if i % 2 else -1]
-        a, b = _run(first), _run(second)
-        (plain if first == "jupyterhub" else ours).append(a)
-        (ours if first == "jupyterhub" else plain).append(b)
-        first, second = ("jupyterhub-singleuser", "backendai-singleuser")[:: 1 if i % 2 else -1]
-        a, b = _script(first), _script(second)
-        (splain if first == "jupyterhub-singleuser" else sours).append(a)
-        (sours if first == "jupyterhub-singleuser" else splain).append(b)
+        base, our = _pair(i, _run, "jupyterhub", "jupyterhub_backendai.hubmain")
+        plain.append(base)
+        ours.append(our)
+        base, our = _pair(i, _script, "jupyterhub-singleuser", "backendai-singleuser")
+        splain.append(base)
+        sours.append(our)
         starts.append(_hub_start())
     p, o, sp, so, s = (statistics.median(x) for x in (plain, ours, splain, sours, starts))
     print(f"import (median of {args.rounds}): python -m jupyterhub {p:.2f} s, "

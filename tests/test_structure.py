@@ -21,6 +21,7 @@ NAME = PKG.name
 # The front ends: what serves users and admins. They ask the manager by name and never
 # touch the record themselves.
 FRONT_ENDS = ("api", "pages", "spawner", "auth", "cli", "hubgate", "launcher", "hubmain",
+              "singleusermain",
               "appfront")
 RECORD = ("models", "sqlalchemy")
 
