@@ -465,7 +465,8 @@ class BackendAISpawner(Spawner):
         self._handed_over = False
         renewer = asyncio.ensure_future(self._renew_wait(self.session_id, lease))
         try:
-            url = await self._until_ready(deadline)
+            with self.manager.waiting_here(self.session_id):
+                url = await self._until_ready(deadline)
         finally:
             renewer.cancel()
         # Until JupyterHub's first poll() the session counts as awaited (a hub killed

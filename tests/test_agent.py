@@ -683,8 +683,11 @@ def test_the_pool_waiter_waits_out_the_binding_file_being_given_to_it(tmp_path):
             assert time.monotonic() < deadline and running(), logs()
             time.sleep(0.1)
         bind = conf / "pool-bind.json"
-        bind.write_text(json.dumps({"environ": {"HOME": "/home/work"}}))
-        bind.chmod(0o600)  # root's, as Docker's archive makes it first
+        # Root's and 0600 from its first instant, as Docker's archive makes it (written
+        # and then chmodded, it was readable in between and the waiter took it).
+        fd = os.open(bind, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"environ": {"HOME": "/home/work"}}))
         time.sleep(1.0)
         assert running(), logs()  # before: PermissionError, exit 1
         os.chown(bind, 1000, 1000)

@@ -150,7 +150,12 @@ def test_binder_demo(binder, tmp_path):
             tile.wait_for(timeout=120_000)
             mark("lab")
 
-            with ctx.expect_page(timeout=30_000) as opened:
+            # Playwright hands the new tab over once its first response came, and
+            # jupyter-server-proxy answers that first request once it has started the hub
+            # (binder/jupyter_server_config.py gives it 120 s): CI's loaded run needed more
+            # than the 30 s this waited.
+            tile.click(trial=True)  # shown, still, nothing over it
+            with ctx.expect_page(timeout=150_000) as opened:
                 tile.click()
             hub = pages["hub"] = opened.value
             # The first request starts the hub (postBuild did the migrations).
@@ -165,7 +170,7 @@ def test_binder_demo(binder, tmp_path):
             # The demo project's shared vfolder (postBuild's fixture made it).
             hub.get_by_label(SHARED_LABEL).check()
             hub.click("button[type=submit]")
-            hub.wait_for_url(re.compile(re.escape(hub_url) + r"user/alice/lab"), timeout=180_000)
+            hub.wait_for_url(re.compile(re.escape(hub_url) + r"user/alice/lab"), timeout=180_000, wait_until="commit")
             mark("session")
 
             card = hub.locator('.jp-LauncherCard[data-category="Notebook"]').first
@@ -248,7 +253,7 @@ def test_binder_demo(binder, tmp_path):
             hub.wait_for_url(re.compile(r"/backendai-hub/hub/spawn"))
             hub.get_by_label(SHARED_LABEL).check()
             hub.click("button[type=submit]")
-            hub.wait_for_url(re.compile(re.escape(hub_url) + r"user/bob/lab"), timeout=180_000)
+            hub.wait_for_url(re.compile(re.escape(hub_url) + r"user/bob/lab"), timeout=180_000, wait_until="commit")
             hub.locator("#jp-main-dock-panel").wait_for(timeout=120_000)
             # What bob's JupyterLab shows in shared/ (its file browser's API).
             seen = hub.evaluate(

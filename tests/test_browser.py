@@ -105,7 +105,7 @@ def test_login_spawn_terminal_stop(make_hub, docker_image, browser, tmp_path):
                 time.sleep(0.05)
 
         # -- JupyterLab ---------------------------------------------------------------
-        page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=60_000)
+        page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=60_000, wait_until="commit")
         page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
         # The page subscribes about a second after the POST, and progress() starts from the
         # session's state at that moment, so the earliest states may be past by then.

@@ -4,6 +4,7 @@ the hub's login, at ``<server>/<name>/``."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -165,10 +166,17 @@ def test_app_opens_from_its_launcher_tile(world, lab, title, path, check, tmp_pa
         # module, in no open-source build) and goes on without it: its 404 is expected.
         mine = [t for p, t in logged if p == app and not re.search(r"/vsda[._]", t)]
         assert not mine, mine
-    except BaseException:
-        app.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-        print(f"screenshot: {tmp_path / 'failure.png'}; url {app.url}")
-        raise
+    except Exception as e:
+        # What the page showed and logged, in the failure itself (CI's report keeps only
+        # the message: its run of stop 41 said no more than that the workbench never came).
+        with contextlib.suppress(Exception):
+            app.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+        try:
+            shown = app.evaluate("document.body ? document.body.innerText.slice(0, 1500) : ''")
+        except Exception as why:
+            shown = f"(unreadable: {why})"
+        raise AssertionError(f"{str(e).splitlines()[0]} at {app.url}; the page's console errors: "
+                             f"{[t for p, t in logged if p == app]}; its text: {shown!r}") from e
     finally:
         context.remove_listener("console", listener)
         app.close()

@@ -70,7 +70,7 @@ def _spawn_through_form(page, hub, shots: str, tag: str) -> None:
             screenshot(page, os.path.join(shots, f"{tag}-progress.png"), full_page=True)
         except Exception:  # the page moved on to JupyterLab meanwhile
             pass
-    page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=90_000)
+    page.wait_for_url(re.compile(r"/user/admin/lab"), timeout=90_000, wait_until="commit")
     page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
 
 

@@ -147,7 +147,7 @@ def test_session_from_preset_lab_file_stop_download(world, browser, tmp_path):
         page.wait_for_url(re.compile(r"/hub/spawn-pending/webuser/work"))
         page.locator("#progress-message").wait_for()
         u.shot("spawn-progress")
-        page.wait_for_url(re.compile(r"/user/webuser/work/lab"), timeout=120_000)
+        page.wait_for_url(re.compile(r"/user/webuser/work/lab"), timeout=120_000, wait_until="commit")
         page.locator("#jp-main-dock-panel").wait_for(timeout=90_000)
         events = page.evaluate("JSON.parse(sessionStorage.getItem('bai-progress') || '[]')")
         messages = [e.get("message", "") for e in events]

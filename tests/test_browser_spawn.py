@@ -188,9 +188,17 @@ def test_form_in_human_units_bad_memory_refused_then_lab(hub, browser):
         tab.errors.clear()
 
         # -- a good one: every state on the progress page, then JupyterLab ---------------------
+        builds: list[str] = []
+        page.on("request", lambda r: "/lab/api/build" in r.url and builds.append(r.url))
         _fill(hub, page, "0.5", "1.5 GiB")
-        page.wait_for_url(re.compile(r"/user/admin/work/lab"), timeout=(START_TIMEOUT + 30) * 1000)
+        page.wait_for_url(re.compile(r"/user/admin/work/lab"), timeout=(START_TIMEOUT + 30) * 1000,
+                          wait_until="commit")
         page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
+        # The image's JupyterLab cannot be rebuilt by its user: no build check (a
+        # `node` run in the kernel at each first load), no Build menu.
+        config = page.evaluate("JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+        assert (config["buildCheck"], config["buildAvailable"]) == (False, False), config
+        assert builds == [], builds
         events = page.evaluate("JSON.parse(sessionStorage.getItem('bai-progress') || '[]')")
         messages = [e.get("message", "") for e in events]
         print("progress messages:", messages)

@@ -124,7 +124,8 @@ def test_hub_killed_while_a_server_starts(make_hub, db_url, docker_image, state)
     hub = make_hub(db_url=db_url, backend="docker", extra_args=FAST,
                    extra_env={"BACKENDAI_FAULT_HOLD": f"{state}=600"})
     sm = _sm(hub)
-    assert hub.spawn("admin", "s").status_code == 202
+    r = hub.spawn("admin", "s")
+    assert r.status_code == 202, r.text
     _wait_until(lambda: _sessions(sm, "s") and _sessions(sm, "s")[-1][0] == state, what=state)
     if state == "CREATING":
         time.sleep(0.5)  # into the hold; nothing is created before it ends
@@ -146,7 +147,8 @@ def test_hub_killed_while_a_server_starts(make_hub, db_url, docker_image, state)
             row.retries >= 1 or state == "SCHEDULED", row.status_history
     assert hub.server_model("admin", "s") is None
     _agree(hub, sm, set())
-    assert hub.spawn("admin", "s").status_code in (201, 202)
+    r = hub.spawn("admin", "s")
+    assert r.status_code in (201, 202), r.text
     hub.wait_ready("admin", "s")
     _agree(hub, sm, {"s"})
     hub.stop_server("admin", "s")

@@ -199,6 +199,31 @@ def test_zero_limits_end_nothing(db_url, tmp_path):
     asyncio.run(run())
 
 
+def test_a_late_renewal_here_is_not_abandonment(db_url, tmp_path):
+    """A spawner of this process waits on its session, and its renewal of the wait comes
+    late (a starved hub: CI saw its own pass end the server it was starting, and the
+    spawn answered 500): the session is not ended as abandoned. Once nobody here waits,
+    the lapsed wait ends it, with the reason (the hub that asked is gone)."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local", configure=_configure) as mgr:
+            user = await make_user(mgr)
+            sid = await mgr.enqueue(username=user, name="s", image=image_for("local"), slots=SLOTS,
+                                    environ={}, service_prefix="/", awaited_for=60)
+            with mgr.waiting_here(sid):
+                await wait_status(mgr, sid, ("RUNNING",))
+                await mgr.await_session(sid, -5)  # the last renewal ran out 5 s ago
+                await asyncio.sleep(1.5)  # the driver's rounds (every 0.1 s here)
+                sess = await mgr.get_session(sid)
+                assert (sess.status, sess.status_info) == ("RUNNING", "running")
+            sess = await wait_status(mgr, sid, DEAD)
+            assert sess.status_info == ("JupyterHub no longer waits for this server (the hub "
+                                        "stopped while it was starting); start it again")
+            await assert_nothing_left(mgr)
+
+    asyncio.run(run())
+
+
 def test_record_activity_only_moves_forward(db_url, tmp_path):
     async def run():
         async with running_manager(db_url, tmp_path, "local", configure=_configure) as mgr:

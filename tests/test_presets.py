@@ -348,7 +348,7 @@ def test_presets_in_chromium(world):
         hub.wait_ready("presetmember", "inbrowser", token=user["token"])
         # The pending page goes on to JupyterLab by itself; a screenshot taken while it
         # navigates has no frame to capture, so wait for the lab's main area first.
-        page.wait_for_url(re.compile(r"/user/presetmember/inbrowser/lab"), timeout=120_000)
+        page.wait_for_url(re.compile(r"/user/presetmember/inbrowser/lab"), timeout=120_000, wait_until="commit")
         page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
         page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=60_000)
         screenshot(page, "presets-started.png")

@@ -471,6 +471,9 @@ class BackendAIManager(SingletonConfigurable):
     async def await_session(self, sid: str, seconds: float | None) -> None:
         await self.sessions.await_session(sid, seconds)
 
+    def waiting_here(self, sid: str):
+        return self.sessions.waiting_here(sid)
+
     async def user_projects(self, username: str) -> list[str]:
         return await self.sessions.user_projects(username)
 

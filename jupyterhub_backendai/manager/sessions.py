@@ -10,6 +10,7 @@ tenancy and admission in :meth:`Sessions.enqueue`), capacity in the scheduler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator
@@ -50,6 +51,11 @@ class CheckedRequest:
 class Sessions:
     def __init__(self, mgr) -> None:
         self.mgr = mgr
+        # Sessions a spawner of this process is waiting on now (start() running): never
+        # abandoned here, however late its renewals of ``awaited_until`` come. Under load
+        # a starved hub renewed a 4 s wait late, and its own pass ended the session it was
+        # starting ("JupyterHub no longer waits ..."): a lease judges another process.
+        self.waited_here: set[str] = set()
 
     # -- the request ---------------------------------------------------------------------
 
@@ -428,6 +434,16 @@ class Sessions:
         """A spawner waits on ``sid`` for ``seconds`` more (renewed while it waits), or
         None: JupyterHub knows the server now (see ``spawner_wait_lease``)."""
         await self.mgr.db(record.await_session, sid, seconds)
+
+    @contextlib.contextmanager
+    def waiting_here(self, sid: str):
+        """While the body runs, a spawner of this process waits on ``sid``: this
+        process's passes do not end it as abandoned (:attr:`waited_here`)."""
+        self.waited_here.add(sid)
+        try:
+            yield
+        finally:
+            self.waited_here.discard(sid)
 
     async def record_activity(self, sid: str, when: dt.datetime) -> bool:
         """Note activity of session ``sid`` at ``when`` (naive means UTC).

@@ -239,6 +239,8 @@ class Abandoned(Handler):
         for sid in await self.mgr.db_read(record.abandoned_sessions, rnd.now):
             if sid in rnd.handled:
                 continue  # its handler first (a start's leftovers removed); ended next round
+            if sid in self.mgr.sessions.waited_here:
+                continue  # a spawner of this process waits on it: its renewal is late, not gone
             self.end(sid, S.TERMINATED,
                      "JupyterHub no longer waits for this server (the hub stopped while it "
                      "was starting); start it again", record.FAILURE)
