@@ -52,9 +52,9 @@ class Sessions:
     def __init__(self, mgr) -> None:
         self.mgr = mgr
         # Sessions a spawner of this process is waiting on now (start() running): never
-        # abandoned here, however late its renewals of ``awaited_until`` come. Under load
-        # a starved hub renewed a 4 s wait late, and its own pass ended the session it was
-        # starting ("JupyterHub no longer waits ..."): a lease judges another process.
+        # abandoned here, however late its renewals of ``awaited_until`` come: a hub starved
+        # of CPU can renew a short wait late, and its own round would end the session it is
+        # starting ("JupyterHub no longer waits ..."). The lease judges other processes.
         self.waited_here: set[str] = set()
 
     # -- the request ---------------------------------------------------------------------
