@@ -14,6 +14,7 @@ import asyncio
 import copy
 import os
 import time
+from urllib.parse import urlsplit
 
 import aiohttp
 from jupyterhub.spawner import Spawner, SpawnException
@@ -517,19 +518,30 @@ class BackendAISpawner(Spawner):
         return url
 
     async def _wait_http(self, url: str, start_deadline: float) -> None:
-        """Until the server answers HTTP. The session's end wakes this at once (a manager
-        event); the record is re-read only then, or every ``status_poll_interval``."""
+        """Until the session's Jupyter server answers: 200 from its own ``{base_url}api``.
+
+        Any other answer is another server on the port its kernel was given: another
+        installation's on this host took the same free port between the agent's check and
+        this server's bind (two binder demos at once; a 404 counted as "up", and JupyterHub
+        sent the user to the other installation's server). Waited past, and named if it
+        lasts. (A server under the very same prefix would still pass: the agent's random
+        place in its port range makes that meeting rare.) The
+        session's end wakes this at once (a manager event); the record is re-read only
+        then, or every ``status_poll_interval``."""
         ready_deadline = time.monotonic() + self.ready_timeout
         delay = 0.02
         checked = time.monotonic()
         changed = True
+        foreign: int | None = None  # the status another server answered with
         # aiohttp, the hub's one HTTP client stack of ours (aiodocker brings it anyway;
         # the agents' and storage proxies' clients use it too: common/httpbase.py).
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
             while True:
                 try:
-                    async with http.get(url, allow_redirects=False):
-                        return  # any HTTP answer means the server is up
+                    async with http.get(url, allow_redirects=False) as resp:
+                        if resp.status == 200:
+                            return
+                        foreign = resp.status
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     # no answer yet (docker's port proxy accepts and closes while
                     # nothing listens)
@@ -548,6 +560,15 @@ class BackendAISpawner(Spawner):
                 now = time.monotonic()
                 if now > ready_deadline or now > start_deadline:
                     waited = self.ready_timeout if now > ready_deadline else self.start_timeout
+                    if foreign is not None:
+                        port = urlsplit(url).port
+                        raise _user_error(
+                            f"The session runs, but its port {port} answers as another server "
+                            f"(HTTP {foreign} at {urlsplit(url).path}), not its Jupyter server, "
+                            f"after {waited} s: another program on the agent's host holds it",
+                            reason="timeout",
+                            status_code=500,
+                        )
                     raise _user_error(
                         f"The session runs, but the Jupyter server in it did not answer within {waited} s",
                         reason="timeout",

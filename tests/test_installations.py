@@ -20,6 +20,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -417,3 +418,69 @@ def test_a_network_that_holds_the_session_pool_is_named(tmp_path):
     assert f"in {pool} (Agent.session_subnets)" in said, said
     assert f"the pool's addresses are held by {foreign} ({pool}): remove it or choose " \
            "another Agent.session_subnets" in said, said
+
+
+# Another installation's Jupyter server (a real one, under its own prefix) on the port
+# this hub's agent gave its kernel: it took the port in the moment between the agent's
+# check that the port was free and the kernel's own bind (CI: two binder demos at once,
+# both agents on the default port range).
+FOREIGN_SERVER = '''#!{python}
+import os, sys, urllib.parse
+url = urllib.parse.urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
+os.execv(sys.executable, [sys.executable, "-m", "jupyter_server", "--ServerApp.ip=" + url.hostname,
+         "--ServerApp.port=%d" % url.port, "--ServerApp.port_retries=0",
+         "--ServerApp.base_url=/user/someone-else/", "--IdentityProvider.token=",
+         "--ServerApp.allow_root=True", "--ServerApp.open_browser=False",
+         "--ServerApp.root_dir=/tmp"])
+'''
+
+
+def test_another_installations_server_on_the_kernels_port_is_never_taken_for_it(make_hub, tmp_path):
+    """The spawner takes only its own server's answer (200 from its prefix's ``api``) as
+    ready: before, any HTTP answer was, and JupyterHub sent the user on to the other
+    installation's server. The start fails with the port and what answered; nothing of
+    the session is left."""
+    from .test_spawn_ux import _events
+
+    bindir = tempfile.mkdtemp(prefix="bai-foreign-")  # the kernel's user reads it
+    try:
+        os.chmod(bindir, 0o755)
+        script = os.path.join(bindir, "foreign-server")
+        with open(script, "w") as f:
+            f.write(FOREIGN_SERVER.format(python=sys.executable))
+        os.chmod(script, 0o755)
+        hub = make_hub(db_url=f"sqlite:///{tmp_path}/backendai.sqlite", backend="local",
+                       extra_env={"BACKENDAI_START_TIMEOUT": "25"},
+                       extra_args=[f"--Agent.local_cmd={script}"])
+        r = hub.spawn("admin", "x")
+        assert r.status_code == 202, r.text  # not ready (201): it is not the session's server
+        events = _events(hub, "admin", "x")
+        final = events[-1]
+        assert final.get("failed"), events
+        assert "answers as another server (HTTP 404 at /user/admin/x/api), not its Jupyter " \
+               "server" in final["message"], final
+        assert hub.server_model("admin", "x") is None
+        engine = make_engine(hub.db_url)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with make_sessionmaker(engine)() as s:
+                    status = s.scalar(select(Session.status).where(Session.name == "x"))
+                    port = s.scalar(select(Kernel.service_ports).join(
+                        Session, Session.id == Kernel.session_id).where(Session.name == "x"))
+                if status in ("TERMINATED", "ERROR", "CANCELLED") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert status in ("TERMINATED", "ERROR"), status
+        finally:
+            engine.dispose()
+        host_port = port[0]["host_port"]
+        deadline = time.monotonic() + 15
+        while True:  # the foreign server, the session's process, went with it
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", host_port)) != 0:
+                    break
+            assert time.monotonic() < deadline, f"port {host_port} still answers"
+            time.sleep(0.2)
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)

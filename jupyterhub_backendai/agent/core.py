@@ -12,6 +12,7 @@ import collections
 import math
 import os
 import platform
+import random
 import re
 import socket
 import time
@@ -650,9 +651,18 @@ class Agent(LoggingConfigurable):
         self._kernel_slots.pop(kernel_id, None)
 
     def _take_ports(self, n: int) -> list[int]:
+        """``n`` host ports of :attr:`port_range` that this agent has not handed out and
+        nothing listens on now, looked for from a random place in the range: another
+        installation on this host (its own agent, the same default range) checks the same
+        ports, and what is free at the check is taken only when the kernel's server binds
+        it, seconds later. From the first port on, two hubs started together gave their
+        first servers the same port (the spawner's readiness check now tells them apart)."""
         lo, hi = self.port_range
+        width = hi - lo + 1
+        first = random.randrange(width)
         got = []
-        for port in range(lo, hi + 1):
+        for i in range(width):
+            port = lo + (first + i) % width
             if len(got) == n:
                 break
             if port in self._used_ports or not _port_free(self.bind_host, port):
