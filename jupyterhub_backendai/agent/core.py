@@ -283,6 +283,8 @@ class Agent(LoggingConfigurable):
         self.gpus = GPUAllocator(self.topology)
         self.capacity = ResourceSlot()
         self._used_ports: set[int] = set()
+        # Where in port_range this agent starts looking (_take_ports): its own, at random.
+        self._ports_from = random.random()
         self._kernel_ports: dict[str, list[int]] = {}
         self._lock = asyncio.Lock()
         #: kernel id -> the slots it asked for (free slots in the statistics).
@@ -652,14 +654,16 @@ class Agent(LoggingConfigurable):
 
     def _take_ports(self, n: int) -> list[int]:
         """``n`` host ports of :attr:`port_range` that this agent has not handed out and
-        nothing listens on now, looked for from a random place in the range: another
-        installation on this host (its own agent, the same default range) checks the same
-        ports, and what is free at the check is taken only when the kernel's server binds
-        it, seconds later. From the first port on, two hubs started together gave their
-        first servers the same port (the spawner's readiness check now tells them apart)."""
+        nothing listens on now, the first free ones from this agent's own place in the
+        range (chosen at random when it starts; a port given back is the next one handed
+        out again). Another installation on this host (its own agent, the same default
+        range) checks the same ports, and what is free at the check is taken only when
+        the kernel's server binds it, seconds later: from the range's first port, two hubs
+        started together gave their first servers the same port (the spawner's readiness
+        check now tells them apart)."""
         lo, hi = self.port_range
         width = hi - lo + 1
-        first = random.randrange(width)
+        first = int(self._ports_from * width)
         got = []
         for i in range(width):
             port = lo + (first + i) % width
