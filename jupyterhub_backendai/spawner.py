@@ -524,8 +524,7 @@ class BackendAISpawner(Spawner):
         installation's on this host took the same free port between the agent's check and
         this server's bind (two binder demos at once; a 404 counted as "up", and JupyterHub
         sent the user to the other installation's server). Waited past, and named if it
-        lasts. (A server under the very same prefix would still pass: the agent's random
-        place in its port range makes that meeting rare.) The session's end wakes this at
+        lasts. (A server under the very same prefix would still pass.) The session's end wakes this at
         once (a manager event); the record is re-read only then, or every
         ``status_poll_interval``."""
         ready_deadline = time.monotonic() + self.ready_timeout

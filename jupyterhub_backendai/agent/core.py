@@ -12,7 +12,6 @@ import collections
 import math
 import os
 import platform
-import random
 import re
 import socket
 import time
@@ -283,8 +282,6 @@ class Agent(LoggingConfigurable):
         self.gpus = GPUAllocator(self.topology)
         self.capacity = ResourceSlot()
         self._used_ports: set[int] = set()
-        # Where in port_range this agent starts looking (_take_ports): its own, at random.
-        self._ports_from = random.random()
         self._kernel_ports: dict[str, list[int]] = {}
         self._lock = asyncio.Lock()
         #: kernel id -> the slots it asked for (free slots in the statistics).
@@ -653,20 +650,14 @@ class Agent(LoggingConfigurable):
         self._kernel_slots.pop(kernel_id, None)
 
     def _take_ports(self, n: int) -> list[int]:
-        """``n`` host ports of :attr:`port_range` that this agent has not handed out and
-        nothing listens on now, the first free ones from this agent's own place in the
-        range (chosen at random when it starts; a port given back is the next one handed
-        out again). Another installation on this host (its own agent, the same default
-        range) checks the same ports, and what is free at the check is taken only when
-        the kernel's server binds it, seconds later: from the range's first port, two hubs
-        started together gave their first servers the same port (the spawner's readiness
-        check now tells them apart)."""
+        """The first ``n`` host ports of :attr:`port_range` that this agent has not handed
+        out and nothing listens on now. Another installation on this host (its own agent,
+        the same default range) checks the same ports, and what is free at the check is
+        taken only when the kernel's server binds it, seconds later: the spawner's
+        readiness check tells the two servers apart (spawner.py, ``_wait_http``)."""
         lo, hi = self.port_range
-        width = hi - lo + 1
-        first = int(self._ports_from * width)
         got = []
-        for i in range(width):
-            port = lo + (first + i) % width
+        for port in range(lo, hi + 1):
             if len(got) == n:
                 break
             if port in self._used_ports or not _port_free(self.bind_host, port):
