@@ -524,8 +524,8 @@ class BackendAISpawner(Spawner):
         installation's on this host took the same free port between the agent's check and
         this server's bind (two binder demos at once; a 404 counted as "up", and JupyterHub
         sent the user to the other installation's server). Waited past, and named if it
-        lasts. (A server under the very same prefix would still pass.) The session's end wakes this at
-        once (a manager event); the record is re-read only then, or every
+        lasts. (A server under the very same prefix would still pass.) The session's end
+        wakes this at once (a manager event); the record is re-read only then, or every
         ``status_poll_interval``."""
         ready_deadline = time.monotonic() + self.ready_timeout
         delay = 0.02
@@ -560,19 +560,15 @@ class BackendAISpawner(Spawner):
                 if now > ready_deadline or now > start_deadline:
                     waited = self.ready_timeout if now > ready_deadline else self.start_timeout
                     if foreign is not None:
-                        port = urlsplit(url).port
-                        raise _user_error(
-                            f"The session runs, but its port {port} answers as another server "
-                            f"(HTTP {foreign} at {urlsplit(url).path}), not its Jupyter server, "
-                            f"after {waited} s: another program on the agent's host holds it",
-                            reason="timeout",
-                            status_code=500,
-                        )
-                    raise _user_error(
-                        f"The session runs, but the Jupyter server in it did not answer within {waited} s",
-                        reason="timeout",
-                        status_code=500,
-                    )
+                        where = urlsplit(url)
+                        message = (f"The session runs, but its port {where.port} answers as another "
+                                   f"server (HTTP {foreign} at {where.path}), not its Jupyter "
+                                   f"server, after {waited} s: another program on the agent's host "
+                                   "holds it")
+                    else:
+                        message = ("The session runs, but the Jupyter server in it did not answer "
+                                   f"within {waited} s")
+                    raise _user_error(message, reason="timeout", status_code=500)
                 changed = await self.manager.wait_change(self.session_id, delay)
                 delay = min(delay * 1.5, 0.25)
 
