@@ -462,6 +462,54 @@ def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path, monkeypatch):
         _no_image(v1)
 
 
+def test_an_agents_copy_catalogued_first_becomes_its_registrys(reg, db_url, tmp_path):
+    """An engine holds a registry's image before the registry is added (pulled by hand,
+    or by an agent of an earlier installation): a rescan of ``local`` catalogues it as
+    the agents' own. The registry's rescan then makes it the registry's, with the
+    admin's description and alias kept, and an agent that lacks it pulls it: before,
+    the entry stayed ``local`` and every start on such an agent failed "not available on
+    this agent" (the Swarm tests' second engine, run R3 of 2026-11-29)."""
+
+    built = build_labelled(tmp_path, "registry-copied", {"ai.backend.test.copied": "1"},
+                           variant="copied")
+    copied = reg.push(built, REPO, f"copied-{os.urandom(3).hex()}")
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", retries=0,
+                                   configure=_config(reg)) as mgr:
+            user = await make_user(mgr)
+            reg.docker("pull", copied)  # the engine's copy, under the registry's name
+            await mgr.registries.rescan(ROOT, "local")
+            entry = await mgr.ops.resolve_image(copied)
+            assert entry["source"] == "local", entry
+            await mgr.ops.update_image(ROOT, copied, {"description": "kept"})
+            await mgr.ops.alias_image(ROOT, "copied-lab", copied)
+
+            await _add_registry(mgr, reg)
+            got = await mgr.registries.rescan(ROOT, "lab")
+            assert got["updated"] >= 1, got
+            entry = await mgr.ops.resolve_image("copied-lab")
+            assert (entry["name"], entry["source"]) == (copied, "lab"), entry
+            mine = {i["name"]: i for i in await _registry_images(mgr)}[copied]
+            assert (mine["description"], mine["aliases"]) == ("kept", ["copied-lab"]), mine
+            # A later rescan of the agents' images leaves it the registry's.
+            await mgr.registries.rescan(ROOT, "local")
+            assert (await mgr.ops.resolve_image(copied))["source"] == "lab"
+
+            _no_image(copied)  # this agent now lacks it: a start pulls it
+            s = await wait_status(mgr, await _batch(mgr, user, "copied", copied), DEAD)
+            assert (s.status, s.result) == ("TERMINATED", "SUCCESS"), s.status_info
+            assert built in s.kernels[0].logs
+            assert mgr.agent.puller.pulls_started == 1
+            assert containers_of(mgr.agent.agent_id) == []
+
+    try:
+        asyncio.run(run())
+    finally:
+        _no_image(copied)
+        remove_images(built)
+
+
 def test_failed_pulls_end_in_words_and_leave_nothing(reg, db_url, tmp_path):
     """A wrong credential and a tag gone from the registry each end the session ERROR
     with the registry's reason in plain words at the first try (the registry would

@@ -236,7 +236,14 @@ def dealias_image(db, p: Principal, alias: str) -> None:
 def record_scan(db, source: str, found: list[dict]) -> dict:
     """Record what a rescan of ``source`` found (dicts: name, repo, tag, digest,
     architecture, size_bytes, labels); images of that source no longer found go (with
-    their aliases). Admin choices (hidden, description, default) stay with a name."""
+    their aliases). Admin choices (hidden, description, default) stay with a name.
+
+    A name already catalogued from another source keeps it (the first wins), but for
+    one: a registry's image that was catalogued as an agent's own (``local``: an engine
+    held a copy before the registry was added) becomes the registry's. The registry is
+    where an agent lacking it pulls it from; left ``local``, such an agent was told it
+    is "not available" however often it was asked (found by the Swarm tests, whose
+    second engine lacked what the first had pulled)."""
     if source != LOCAL and db.get(ContainerRegistry, source, with_for_update=True) is None:
         raise NotFound(f"container registry {source!r} was removed while it was rescanned")
     now = utcnow()
@@ -246,12 +253,17 @@ def record_scan(db, source: str, found: list[dict]) -> dict:
         img = known.pop(f["name"], None)
         if img is None:
             other = db.get(Image, f["name"])
-            if other is not None:  # the same reference from another source: first wins
-                continue
-            img = Image(name=f["name"], source=source, description="", hidden=False,
-                        is_default=False)
-            db.add(img)
-            added += 1
+            if other is not None and (source == LOCAL or other.source != LOCAL):
+                continue  # the same reference from another source: the first wins
+            if other is not None:  # an agent's copy of this registry's image: now its
+                other.source = source
+                img = other
+                updated += 1
+            else:
+                img = Image(name=f["name"], source=source, description="", hidden=False,
+                            is_default=False)
+                db.add(img)
+                added += 1
         elif img.digest != f.get("digest", "") or img.labels != f.get("labels", {}):
             updated += 1
         img.repo, img.tag = f["repo"], f["tag"]

@@ -139,6 +139,7 @@ class DockerNetworks:
         keeps the oldest (:meth:`_networks_named`) and removes the others (no kernel
         joins this network, so a twin is empty; one that is not stays, named in the
         log)."""
+        tried: list[str] = []  # what each attempt saw: the failure says it
         for _ in range(3):
             async with enginelock.held(await self._engine_id(), self.network):
                 found = await self._networks_named(self.network)
@@ -148,8 +149,9 @@ class DockerNetworks:
                     # _session_network); it gives the hub's API an address on this host
                     # that every kernel reaches: its gateway. Containers that join it
                     # anyway (another tool's) cannot reach each other.
+                    subnet = await self._agent_subnet()
                     try:
-                        await self.docker.networks.create({
+                        made = await self.docker.networks.create({
                             "Name": self.network,
                             "Driver": "bridge",
                             "CheckDuplicate": True,
@@ -157,13 +159,16 @@ class DockerNetworks:
                             # kernel joins it, none removes it): no installation label.
                             "Labels": {L_NETWORK: "agent"},
                             "Options": {ICC_OPTION: "false"},
-                            "IPAM": {"Config": [await self._agent_subnet()]},
+                            "IPAM": {"Config": [subnet]},
                         })
+                        tried.append(f"made as {made.id[:12]} in {subnet['Subnet']}, then "
+                                     "not listed")
                     except DockerError as e:
                         # 409: an agent of another host made it first; an overlap: another
                         # tool's network took that subnet meanwhile (chosen again).
                         if e.status != 409 and "overlap" not in str(e.message).lower():
                             raise
+                        tried.append(f"{subnet['Subnet']} refused: {e.message}")
                     continue  # listed again: an agent of another host may have made a twin
             keep = found[0]
             self._check_agent_subnet(keep)
@@ -181,8 +186,9 @@ class DockerNetworks:
             except DockerError as e:
                 if e.status != 404:
                     raise
-        raise AgentError(f"docker network {self.network} could not be made: it disappears "
-                         "as soon as it is made (is something else removing it?)")
+                tried.append(f"listed as {keep['Id'][:12]}, then gone")
+        raise AgentError(f"docker network {self.network} could not be made in 3 attempts: "
+                         + "; ".join(tried))
 
     async def _agent_subnet(self) -> dict:
         """The IPAM config (subnet, gateway) of a /24 for the agent network, in Docker's
