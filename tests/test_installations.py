@@ -13,6 +13,7 @@ tests/hub.py), so their agent ids and labels carry it (tests/engine_check.py).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import tempfile
 import time
 
 import pytest
+import requests
 from sqlalchemy import select
 
 from jupyterhub_backendai.common import installation
@@ -484,3 +486,50 @@ def test_another_installations_server_on_the_kernels_port_is_never_taken_for_it(
             time.sleep(0.2)
     finally:
         shutil.rmtree(bindir, ignore_errors=True)
+
+
+def test_two_installations_starting_servers_at_once_on_one_port_range(make_hub, tmp_path):
+    """Two installations on one host, their agents on the same port range (as two
+    Binder demos on the default range are), each starts a server at the same moment.
+    Both agents found the range's first port free, since neither server had bound it
+    yet, and one of the servers then failed to bind it ("kernel exited with code 1":
+    the second suite of a pair, 2026-11-30). Now an agent claims a port host-wide when
+    it hands it out (agent/portclaims.py): both servers start, on two ports, and each
+    answers through its own hub; stopped, the claims go with the kernels."""
+    from jupyterhub_backendai.agent.portclaims import claim_path
+
+    first = make_hub(db_url=f"sqlite:///{tmp_path}/one.sqlite", backend="local")
+    span = first.env["BACKENDAI_AGENT_PORT_RANGE"]
+    second = make_hub(db_url=f"sqlite:///{tmp_path}/two.sqlite", backend="local",
+                      extra_env={"BACKENDAI_AGENT_PORT_RANGE": span})
+    hubs = (first, second)
+    tokens = [h.admin_token for h in hubs]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda h: h.spawn("admin", "x"), hubs))
+    for r in answers:
+        assert r.status_code in (201, 202), r.text
+    for h in hubs:
+        h.wait_ready("admin", "x", timeout=120)
+    ports = []
+    for h in hubs:
+        engine = make_engine(h.db_url)
+        try:
+            with make_sessionmaker(engine)() as s:
+                sp = s.scalar(select(Kernel.service_ports).join(
+                    Session, Session.id == Kernel.session_id).where(Session.name == "x"))
+        finally:
+            engine.dispose()
+        ports.append(sp[0]["host_port"])
+    lo = int(span.split("-")[0])
+    assert sorted(ports) == [lo, lo + 1], ports  # the range's first two: one each
+    for h, token in zip(hubs, tokens, strict=True):
+        r = requests.get(f"{h.base}/user/admin/x/api/status",
+                         headers={"Authorization": f"token {token}"}, timeout=30)
+        assert r.status_code == 200, r.text
+    assert all(os.path.exists(claim_path(p)) for p in ports)
+    for h in hubs:
+        h.stop_server("admin", "x")
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(claim_path(p)) for p in ports):
+        assert time.monotonic() < deadline, f"claims of {ports} still there"
+        time.sleep(0.2)

@@ -28,6 +28,7 @@ from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
 from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
 from .backends.pull import Puller
+from .portclaims import PortClaims
 from .resources import hostinfo
 from .resources.cuda import (
     DeviceSource,
@@ -282,6 +283,9 @@ class Agent(LoggingConfigurable):
         self.gpus = GPUAllocator(self.topology)
         self.capacity = ResourceSlot()
         self._used_ports: set[int] = set()
+        # Claimed host-wide while a kernel has them: another installation's agent on this
+        # host skips them even before the kernel's server binds them (portclaims.py).
+        self._port_claims = PortClaims()
         self._kernel_ports: dict[str, list[int]] = {}
         self._lock = asyncio.Lock()
         #: kernel id -> the slots it asked for (free slots in the statistics).
@@ -389,6 +393,7 @@ class Agent(LoggingConfigurable):
             self._hub_listen_task.cancel()
         if self.impl:
             await self.impl.close()
+        self._port_claims.give_back_all()
 
     def docker_configured(self) -> str | None:
         """Where a Docker engine is expected (a configured URL, DOCKER_HOST, or the
@@ -638,6 +643,8 @@ class Agent(LoggingConfigurable):
         ports = [p["host_port"] for p in rec.service_ports if p.get("host_port")]
         self._kernel_ports[rec.kernel_id] = ports
         self._used_ports.update(ports)
+        for p in ports:  # (best effort: what the kernel binds, the listener check sees)
+            self._port_claims.take(p)
         # Devices by UUID (older records: indices), so none is handed out twice.
         self.gpus.adopt(rec.kernel_id, rec.cuda_uuids or rec.cuda_devices)
         if rec.alive:
@@ -646,24 +653,31 @@ class Agent(LoggingConfigurable):
     def _release(self, kernel_id: str) -> None:
         for p in self._kernel_ports.pop(kernel_id, []):
             self._used_ports.discard(p)
+            self._port_claims.give_back(p)
         self.gpus.release(kernel_id)
         self._kernel_slots.pop(kernel_id, None)
 
     def _take_ports(self, n: int) -> list[int]:
         """The first ``n`` host ports of :attr:`port_range` that this agent has not handed
-        out and nothing listens on now. Another installation on this host (its own agent,
-        the same default range) checks the same ports, and what is free at the check is
-        taken only when the kernel's server binds it, seconds later: the spawner's
-        readiness check tells the two servers apart (spawner.py, ``_wait_http``)."""
+        out, no agent of this host has claimed (:mod:`.portclaims`: another installation,
+        its agent on the same default range, whose kernel has not bound them yet) and
+        nothing listens on now; claimed until the kernel is released. A server of
+        another kind on a port (not an agent's) is told apart by the spawner's readiness
+        check (spawner.py, ``_wait_http``)."""
         lo, hi = self.port_range
-        got = []
+        got: list[int] = []
         for port in range(lo, hi + 1):
             if len(got) == n:
                 break
-            if port in self._used_ports or not _port_free(self.bind_host, port):
+            if port in self._used_ports or not self._port_claims.take(port):
+                continue
+            if not _port_free(self.bind_host, port):
+                self._port_claims.give_back(port)
                 continue
             got.append(port)
         if len(got) < n:
+            for port in got:
+                self._port_claims.give_back(port)
             raise AgentError(f"no free host port left in {lo}-{hi}")
         return got
 
@@ -729,7 +743,12 @@ class Agent(LoggingConfigurable):
         async with self._lock:
             ports = self._take_ports(n_ports)
             # All or nothing: raises with nothing taken when the devices are not free.
-            gpu = self.gpus.take(spec["kernel_id"], n_gpu, n_mig, cpu=slots.get(CPU))
+            try:
+                gpu = self.gpus.take(spec["kernel_id"], n_gpu, n_mig, cpu=slots.get(CPU))
+            except BaseException:
+                for p in ports:
+                    self._port_claims.give_back(p)
+                raise
             devices = gpu.indices
             self._kernel_ports[spec["kernel_id"]] = ports
             self._used_ports.update(ports)
