@@ -67,9 +67,10 @@ def _open_tile(context, page, title: str):
     # Playwright hands over a new tab only once its first response has come (its docs:
     # "the earliest moment that page is available is when it has navigated to the
     # initial url"), and jupyter-server-proxy answers an app's first request when the
-    # app has started: code-server may take up to its service's 60 s timeout
-    # (images/kernel/service-defs/vscode.json), and it took that long on CI's loaded
-    # run of stop 39 (the tab was "not opened" in 60 s). So the wait is longer than that.
+    # app has started: code-server may take up to its service's 120 s timeout
+    # (images/kernel/service-defs/vscode.json; 60 s until two suites at once outran it,
+    # pair S of 2026-11-30: "could not start vscode in time"), and it took 60 s on CI's
+    # loaded run of stop 39. So the wait is longer than that.
     try:
         with context.expect_page(timeout=150_000) as new:
             tile.first.click()
