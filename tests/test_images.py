@@ -468,7 +468,7 @@ def test_an_agents_copy_catalogued_first_becomes_its_registrys(reg, db_url, tmp_
     the agents' own. The registry's rescan then makes it the registry's, with the
     admin's description and alias kept, and an agent that lacks it pulls it: before,
     the entry stayed ``local`` and every start on such an agent failed "not available on
-    this agent" (the Swarm tests' second engine, run R3 of 2026-11-29)."""
+    this agent" (the Swarm tests' second engine, run R3 of 2026-11-30)."""
 
     built = build_labelled(tmp_path, "registry-copied", {"ai.backend.test.copied": "1"},
                            variant="copied")

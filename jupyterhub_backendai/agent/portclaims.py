@@ -84,6 +84,3 @@ class PortClaims:
     def give_back_all(self) -> None:
         for port in list(self._held):
             self.give_back(port)
-
-    def __contains__(self, port: int) -> bool:
-        return port in self._held
