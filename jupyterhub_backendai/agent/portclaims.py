@@ -9,8 +9,10 @@ started together did. So an agent claims each port it hands out, for as long as 
 kernel has it: an ``flock`` on a file of that port in the temporary directory, which
 every agent of the host tries before it looks at the port, removed when the claim ends
 (a lock taken on a file no longer at its path counts as not taken). The lock goes with
-the process that held it, so a crashed agent's claims end with it (what its kernels
-still bind, the check for a listener sees).
+the process that held it, so a killed agent's claims end with it (what its kernels
+still bind, the check for a listener sees); its files stay, empty and unlocked, until
+the next claim of their port takes and removes them (at most one per port of a range,
+like the 64 files of :mod:`.backends.enginelock`).
 
 The file is opened read-only (``flock`` needs no write access: agents of other users
 take it too); one that cannot be opened is logged once and the port checked as before,
