@@ -164,6 +164,7 @@ def pytest_sessionfinish(session, exitstatus):
     from . import engine_check
 
     engine_check.remove_agent_network()
+    engine_check.remove_free_port_claims()
     ours, others = engine_check.leftovers(getattr(session.config, "_engine_before", None))
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if others and tr:

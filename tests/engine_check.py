@@ -11,6 +11,7 @@ the single process of a serial run), after every worker has finished.
 
 from __future__ import annotations
 
+import glob
 import shutil
 import subprocess
 
@@ -54,6 +55,23 @@ def leftovers(before: dict[str, str] | None) -> tuple[list[str], list[str]]:
     others = sorted(f"{k} {d}" for k, d in after.items()
                     if before is not None and k not in before and RUN not in d)
     return ours, others
+
+
+def remove_free_port_claims() -> list[int]:
+    """Removes the host-port claim files (agent/portclaims.py) nobody holds: those the
+    agents of hubs a test killed left (a killed agent's lock ends with it, its file
+    stays). A claim another suite's agent holds now is left alone (it cannot be taken).
+    Returns the ports whose files were removed."""
+    from jupyterhub_backendai.agent.portclaims import PortClaims, claim_path
+
+    claims = PortClaims()
+    removed = []
+    for path in glob.glob(claim_path(0).replace("-0.lock", "-*.lock")):
+        port = path.rsplit("-", 1)[1].split(".")[0]
+        if port.isdigit() and claims.take(int(port)):
+            claims.give_back(int(port))  # (removes the file while it holds its lock)
+            removed.append(int(port))
+    return removed
 
 
 def remove_agent_network() -> None:
