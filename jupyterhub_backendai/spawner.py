@@ -520,11 +520,11 @@ class BackendAISpawner(Spawner):
     async def _wait_http(self, url: str, start_deadline: float) -> None:
         """Until the session's Jupyter server answers: 200 from its own ``{base_url}api``.
 
-        Any other answer is another server on the port its kernel was given: another
-        installation's on this host took the same free port between the agent's check and
-        this server's bind (two binder demos at once; a 404 counted as "up", and JupyterHub
-        sent the user to the other installation's server). Waited past, and named if it
-        lasts. (A server under the very same prefix would still pass.) The session's end
+        Any other answer is another server on the port its kernel was given (a 404 once
+        counted as "up", and JupyterHub sent the user to another installation's server):
+        waited past, and named if it lasts. Agents of one host never hand out one port
+        twice (agent/portclaims.py); a server that is no agent's, under the very same
+        prefix, would still pass. The session's end
         wakes this at once (a manager event); the record is re-read only then, or every
         ``status_poll_interval``."""
         ready_deadline = time.monotonic() + self.ready_timeout

@@ -57,21 +57,19 @@ def leftovers(before: dict[str, str] | None) -> tuple[list[str], list[str]]:
     return ours, others
 
 
-def remove_free_port_claims() -> list[int]:
+def remove_free_port_claims() -> None:
     """Removes the host-port claim files (agent/portclaims.py) nobody holds: those the
     agents of hubs a test killed left (a killed agent's lock ends with it, its file
-    stays). A claim another suite's agent holds now is left alone (it cannot be taken).
-    Returns the ports whose files were removed."""
+    stays), each taken and given back as an agent would. A claim another suite's agent
+    holds now cannot be taken and is left alone."""
     from jupyterhub_backendai.agent.portclaims import PortClaims, claim_path
 
     claims = PortClaims()
-    removed = []
-    for path in glob.glob(claim_path(0).replace("-0.lock", "-*.lock")):
-        port = path.rsplit("-", 1)[1].split(".")[0]
+    head, tail = claim_path("*").split("*")
+    for path in glob.glob(claim_path("*")):
+        port = path[len(head):-len(tail)]
         if port.isdigit() and claims.take(int(port)):
-            claims.give_back(int(port))  # (removes the file while it holds its lock)
-            removed.append(int(port))
-    return removed
+            claims.give_back(int(port))
 
 
 def remove_agent_network() -> None:

@@ -422,10 +422,9 @@ def test_a_network_that_holds_the_session_pool_is_named(tmp_path):
            "another Agent.session_subnets" in said, said
 
 
-# Another installation's Jupyter server (a real one, under its own prefix) on the port
-# this hub's agent gave its kernel: it took the port in the moment between the agent's
-# check that the port was free and the kernel's own bind (CI: two binder demos at once,
-# both agents on the default port range).
+# Another Jupyter server (a real one, under its own prefix) on the port this hub's agent
+# gave its kernel: one that no agent's claim keeps off it (agent/portclaims.py keeps
+# other installations' agents off; two binder demos at once once met there).
 FOREIGN_SERVER = '''#!{python}
 import os, sys, urllib.parse
 url = urllib.parse.urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])

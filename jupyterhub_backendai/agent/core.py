@@ -651,9 +651,9 @@ class Agent(LoggingConfigurable):
             self._kernel_slots[rec.kernel_id] = ResourceSlot.from_json(rec.slots or {})
 
     def _release(self, kernel_id: str) -> None:
-        for p in self._kernel_ports.pop(kernel_id, []):
-            self._used_ports.discard(p)
-            self._port_claims.give_back(p)
+        ports = self._kernel_ports.pop(kernel_id, [])
+        self._used_ports.difference_update(ports)
+        self._port_claims.give_back(*ports)
         self.gpus.release(kernel_id)
         self._kernel_slots.pop(kernel_id, None)
 
@@ -676,8 +676,7 @@ class Agent(LoggingConfigurable):
                 continue
             got.append(port)
         if len(got) < n:
-            for port in got:
-                self._port_claims.give_back(port)
+            self._port_claims.give_back(*got)
             raise AgentError(f"no free host port left in {lo}-{hi}")
         return got
 
@@ -746,8 +745,7 @@ class Agent(LoggingConfigurable):
             try:
                 gpu = self.gpus.take(spec["kernel_id"], n_gpu, n_mig, cpu=slots.get(CPU))
             except BaseException:
-                for p in ports:
-                    self._port_claims.give_back(p)
+                self._port_claims.give_back(*ports)
                 raise
             devices = gpu.indices
             self._kernel_ports[spec["kernel_id"]] = ports

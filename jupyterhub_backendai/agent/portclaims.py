@@ -31,8 +31,11 @@ import tempfile
 log = logging.getLogger(__name__)
 
 
-def claim_path(port: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"backendai-port-{port}.lock")
+FILE = "backendai-port-{}.lock"  # one per port, in the temporary directory
+
+
+def claim_path(port: int | str) -> str:
+    return os.path.join(tempfile.gettempdir(), FILE.format(port))
 
 
 class PortClaims:
@@ -73,16 +76,16 @@ class PortClaims:
         self._held[port] = fd
         return True
 
-    def give_back(self, port: int) -> None:
-        fd = self._held.pop(port, None)
-        if fd is None:
-            return
-        try:  # removed while still locked (a host keeps no file per port it ever used)
-            os.unlink(claim_path(port))
-        except OSError:
-            pass  # (another user's file in a sticky /tmp: it stays, harmless)
-        os.close(fd)  # and with it the lock
+    def give_back(self, *ports: int) -> None:
+        for port in ports:
+            fd = self._held.pop(port, None)
+            if fd is None:
+                continue
+            try:  # removed while still locked (a host keeps no file per port it ever used)
+                os.unlink(claim_path(port))
+            except OSError:
+                pass  # (another user's file in a sticky /tmp: it stays, harmless)
+            os.close(fd)  # and with it the lock
 
     def give_back_all(self) -> None:
-        for port in list(self._held):
-            self.give_back(port)
+        self.give_back(*self._held)

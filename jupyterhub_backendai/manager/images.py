@@ -252,18 +252,17 @@ def record_scan(db, source: str, found: list[dict]) -> dict:
     for f in found:
         img = known.pop(f["name"], None)
         if img is None:
-            other = db.get(Image, f["name"])
-            if other is not None and (source == LOCAL or other.source != LOCAL):
-                continue  # the same reference from another source: the first wins
-            if other is not None:  # an agent's copy of this registry's image: now its
-                other.source = source
-                img = other
-                updated += 1
-            else:
+            img = db.get(Image, f["name"])  # the same reference from another source?
+            if img is None:
                 img = Image(name=f["name"], source=source, description="", hidden=False,
                             is_default=False)
                 db.add(img)
                 added += 1
+            elif source != LOCAL and img.source == LOCAL:
+                img.source = source  # an agent's copy of this registry's image: now its
+                updated += 1
+            else:
+                continue  # the first source wins
         elif img.digest != f.get("digest", "") or img.labels != f.get("labels", {}):
             updated += 1
         img.repo, img.tag = f["repo"], f["tag"]
