@@ -90,7 +90,7 @@ def test_capacity_ports_and_gpu_mapping(tmp_path):
         await again.destroy_kernel(a["kernel_id"])
         await again.destroy_kernel(b["kernel_id"])
         assert await again.list_kernels() == []
-        assert again.gpus.owners() == {} and again._used_ports == set()
+        assert again.gpus.owners() == {} and again.ports.used == set()
         await again.stop()
 
     asyncio.run(run())
@@ -128,7 +128,7 @@ def test_mounts_are_checked_before_anything_starts(tmp_path):
                 raise AssertionError(f"accepted {mounts!r}")
             except InvalidRequest as e:
                 assert reason in e.detail, (reason, e.detail)
-        assert await agent.list_kernels() == [] and agent._used_ports == set()
+        assert await agent.list_kernels() == [] and agent.ports.used == set()
         await agent.stop()
 
     asyncio.run(run())
@@ -177,7 +177,7 @@ def test_local_backend_links_vfolders_while_a_kernel_uses_them(tmp_path):
             raise AssertionError("a mount replaced the user's own folder")
         except InvalidRequest as e:
             assert "already has a file or folder of that name" in e.detail
-        assert await agent.list_kernels() == [] and agent._used_ports == set()
+        assert await agent.list_kernels() == [] and agent.ports.used == set()
         os.rmdir(link)
 
         # A kernel that exits by itself gives its link back too.

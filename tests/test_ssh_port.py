@@ -306,7 +306,7 @@ def test_group_without_ssh_publishes_nothing_and_failed_starts_give_ports_back(
             assert sess.status == "RUNNING", sess.status_info
             [k] = sess.kernels
             assert k.service_ports == []
-            assert agent._kernel_ports[k.id] == []
+            assert agent.ports.of[k.id] == []
             [cid] = containers_of(agent.agent_id)
             bindings = subprocess.run(
                 ["docker", "inspect", "-f", "{{json .HostConfig.PortBindings}}", cid],
@@ -322,7 +322,7 @@ def test_group_without_ssh_publishes_nothing_and_failed_starts_give_ports_back(
             sess = await wait_status(mgr, sid, ("ERROR", "RUNNING", "TERMINATED"))
             assert sess.status == "ERROR", sess.status_info
             assert "docker" in (sess.status_info or ""), sess.status_info
-            assert agent._used_ports == set() and agent._kernel_ports == {}
+            assert agent.ports.used == set() and agent.ports.of == {}
             assert containers_of(agent.agent_id) == []
 
             # And with a container that starts, the same agent publishes the sshd.
@@ -333,8 +333,8 @@ def test_group_without_ssh_publishes_nothing_and_failed_starts_give_ports_back(
             [k] = sess.kernels
             assert [p["name"] for p in k.service_ports] == ["sshd", "sftp"]
             port = k.service_ports[0]["host_port"]
-            assert agent._used_ports == {port}
+            assert agent.ports.used == {port}
             await mgr.destroy_session(sid)
-            assert agent._used_ports == set()
+            assert agent.ports.used == set()
 
     asyncio.run(run())

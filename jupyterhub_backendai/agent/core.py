@@ -13,7 +13,6 @@ import math
 import os
 import platform
 import re
-import socket
 import time
 from decimal import Decimal
 
@@ -28,7 +27,7 @@ from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
 from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
 from .backends.pull import Puller
-from .portclaims import PortClaims
+from .portclaims import HostPorts
 from .resources import hostinfo
 from .resources.cuda import (
     DeviceSource,
@@ -282,11 +281,10 @@ class Agent(LoggingConfigurable):
         self.topology = GPUTopology()
         self.gpus = GPUAllocator(self.topology)
         self.capacity = ResourceSlot()
-        self._used_ports: set[int] = set()
-        # Claimed host-wide while a kernel has them: another installation's agent on this
-        # host skips them even before the kernel's server binds them (portclaims.py).
-        self._port_claims = PortClaims()
-        self._kernel_ports: dict[str, list[int]] = {}
+        # The kernels' host ports, claimed host-wide while a kernel has them: another
+        # installation's agent on this host skips them even before the kernel's server
+        # binds them (portclaims.py).
+        self.ports = HostPorts()
         self._lock = asyncio.Lock()
         #: kernel id -> the slots it asked for (free slots in the statistics).
         self._kernel_slots: dict[str, ResourceSlot] = {}
@@ -393,7 +391,7 @@ class Agent(LoggingConfigurable):
             self._hub_listen_task.cancel()
         if self.impl:
             await self.impl.close()
-        self._port_claims.give_back_all()
+        self.ports.release_all()
 
     def docker_configured(self) -> str | None:
         """Where a Docker engine is expected (a configured URL, DOCKER_HOST, or the
@@ -640,45 +638,17 @@ class Agent(LoggingConfigurable):
     # -- kernels -------------------------------------------------------------
 
     def _adopt(self, rec: KernelRecord) -> None:
-        ports = [p["host_port"] for p in rec.service_ports if p.get("host_port")]
-        self._kernel_ports[rec.kernel_id] = ports
-        self._used_ports.update(ports)
-        for p in ports:  # (best effort: what the kernel binds, the listener check sees)
-            self._port_claims.take(p)
+        self.ports.adopt(rec.kernel_id,
+                         [p["host_port"] for p in rec.service_ports if p.get("host_port")])
         # Devices by UUID (older records: indices), so none is handed out twice.
         self.gpus.adopt(rec.kernel_id, rec.cuda_uuids or rec.cuda_devices)
         if rec.alive:
             self._kernel_slots[rec.kernel_id] = ResourceSlot.from_json(rec.slots or {})
 
     def _release(self, kernel_id: str) -> None:
-        ports = self._kernel_ports.pop(kernel_id, [])
-        self._used_ports.difference_update(ports)
-        self._port_claims.give_back(*ports)
+        self.ports.release(kernel_id)
         self.gpus.release(kernel_id)
         self._kernel_slots.pop(kernel_id, None)
-
-    def _take_ports(self, n: int) -> list[int]:
-        """The first ``n`` host ports of :attr:`port_range` that this agent has not handed
-        out, no agent of this host has claimed (:mod:`.portclaims`: another installation,
-        its agent on the same default range, whose kernel has not bound them yet) and
-        nothing listens on now; claimed until the kernel is released. A server of
-        another kind on a port (not an agent's) is told apart by the spawner's readiness
-        check (spawner.py, ``_wait_http``)."""
-        lo, hi = self.port_range
-        got: list[int] = []
-        for port in range(lo, hi + 1):
-            if len(got) == n:
-                break
-            if port in self._used_ports or not self._port_claims.take(port):
-                continue
-            if not _port_free(self.bind_host, port):
-                self._port_claims.give_back(port)
-                continue
-            got.append(port)
-        if len(got) < n:
-            self._port_claims.give_back(*got)
-            raise AgentError(f"no free host port left in {lo}-{hi}")
-        return got
 
     async def image_info(self, name: str) -> ImageInfo:
         return await self.impl.inspect_image(name)
@@ -740,16 +710,15 @@ class Agent(LoggingConfigurable):
         else:
             spec.pop("ssh_public_key", None)
         async with self._lock:
-            ports = self._take_ports(n_ports)
+            ports = self.ports.take(spec["kernel_id"], n_ports, self.port_range,
+                                    self.bind_host)
             # All or nothing: raises with nothing taken when the devices are not free.
             try:
                 gpu = self.gpus.take(spec["kernel_id"], n_gpu, n_mig, cpu=slots.get(CPU))
             except BaseException:
-                self._port_claims.give_back(*ports)
+                self.ports.release(spec["kernel_id"])
                 raise
             devices = gpu.indices
-            self._kernel_ports[spec["kernel_id"]] = ports
-            self._used_ports.update(ports)
             self._kernel_slots[spec["kernel_id"]] = slots
         # Backends hand devices to the kernel by UUID; cpuset: the CPUs next to them.
         spec = dict(spec, cuda_uuids=gpu.uuids, cpuset=gpu.cpuset)
@@ -1002,12 +971,3 @@ def _parse_user(spec: str) -> tuple[int, int]:
             "(see Agent.unsafe_local_kernels_as_root)")
     return ids
 
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
