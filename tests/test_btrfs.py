@@ -12,9 +12,11 @@ a folder's mount point does not stay in the home folder.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
+import threading
 import uuid
 
 import pytest
@@ -369,3 +371,56 @@ def test_a_folders_own_limit_stops_a_kernel_the_api_and_tus_below_its_scope(hub,
     assert volume.folder_quota(clone["quota_scope_id"], clone["id"])["limit_bytes"] == 24 * MiB
     for x in (f, other, clone):
         c.ok("DELETE", f"/vfolders/{x['id']}")
+
+
+def test_usage_reads_while_other_folders_come_and_go(hub, volume):
+    """``btrfs qgroup show`` reads the quota tree in several searches and fails ("cannot
+    find the qgroup") when a qgroup goes between them: a folder deleted, or one btrfs
+    drops once a deleted subvolume is cleaned. A listing beside such a deletion once
+    showed a folder's ``used_bytes`` as null; the read is now repeated. Here folders come
+    and go on the hub's volume (a scope of their own, as another user's would) while a
+    user's two folders are read, directly and through the API's listing."""
+    sa = superadmin(hub)
+    u, _ = _user(sa)
+    c = u["client"]
+    mine = [c.ok("POST", "/vfolders", json={"name": n}) for n in ("r1", "r2")]
+    with open(os.path.join(_path(volume, mine[0]), "data"), "wb") as fh:
+        fh.write(os.urandom(4 * MiB))
+    scope = f"user:{uuid.uuid4().hex}"
+    stop, deleted, errors = threading.Event(), [], []
+
+    def churn():
+        while not stop.is_set():
+            fid = uuid.uuid4().hex
+            volume.create_folder(scope, fid)
+            with open(os.path.join(volume.folder_path(scope, fid), "x"), "wb") as fh:
+                fh.write(os.urandom(MiB))
+            volume.delete_folder(scope, fid)
+            deleted.append(fid)
+
+    def read(f):
+        try:
+            return volume.folder_usage(f["quota_scope_id"], f["id"])["used_bytes"]
+        except Exception as e:  # what the API's listing used to turn into null
+            errors.append(repr(e))
+
+    churners = [threading.Thread(target=churn) for _ in range(2)]
+    for t in churners:
+        t.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for i in range(1500):
+                used = list(pool.map(read, mine))
+                assert not errors, errors
+                assert used[0] >= 4 * MiB and used[1] is not None, used
+                if i % 25 == 0:
+                    listed = {x["name"]: x for x in c.ok("GET", "/vfolders")["items"]}
+                    assert listed["r1"]["used_bytes"] >= 4 * MiB, listed["r1"]
+                    assert listed["r2"]["used_bytes"] is not None, listed["r2"]
+    finally:
+        stop.set()
+        for t in churners:
+            t.join()
+    assert len(deleted) > 100, len(deleted)  # the race was run, not missed
+    for f in mine:
+        c.ok("DELETE", f"/vfolders/{f['id']}")

@@ -188,7 +188,9 @@ async def with_usage(manager, folders: list[dict], parallel: int = 8,
                 usage = await manager.storage.folder_usage(f["host"], f["quota_scope_id"],
                                                            f["id"])
                 f["used_bytes"] = int(usage["used_bytes"])
-            except Exception:
+            except Exception as e:
+                # The listing still comes; why a folder's usage is missing is in the log.
+                manager.log.warning("no usage of folder %s on %s: %s", f["id"], f["host"], e)
                 f["used_bytes"] = None
 
     await asyncio.gather(*(one(f) for f in folders))

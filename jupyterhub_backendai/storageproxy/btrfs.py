@@ -49,6 +49,7 @@ import secrets
 import struct
 import subprocess
 import threading
+import time
 
 from ..common.errors import BackendAIError, Conflict, StorageQuotaExceeded
 from .volumes import (
@@ -70,6 +71,8 @@ _IOC_QUOTA_CTL = 0xC0000000 | (16 << 16) | (0x94 << 8) | 40
 _QUOTA_CTL_ENABLE_SIMPLE = 4  # BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA
 _SUBVOL_ROOT_INO = 256  # BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume
 _QGROUP_LINE = re.compile(r"^(\d+/\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)")
+# How often a quota-tree read that raced with a qgroup's removal is tried (qgroups()).
+_QGROUP_READS = 8
 
 
 class BtrfsError(BackendAIError):
@@ -139,12 +142,25 @@ def enable_simple_quotas(path: str) -> None:
 def qgroups(path: str, sync: bool = True) -> dict[str, dict]:
     """Every qgroup of the file system at ``path``: ``{"0/257": {"rfer", "excl",
     "max_rfer"}}`` (``max_rfer`` None without a limit). ``sync`` commits the running
-    transaction first, so that bytes just written are counted."""
+    transaction first, so that bytes just written are counted.
+
+    ``btrfs qgroup show`` reads the quota tree in several searches, and fails ("cannot
+    find the qgroup 0/<id>") when a qgroup goes between them: one destroyed with its
+    folder, or one btrfs drops by itself once a deleted subvolume is cleaned. That is a
+    read of a tree that changed, not an error of the file system: it is read again."""
     args = ["qgroup", "show", "--raw", "-re"]
     if sync:
         args.append("--sync")
+    for attempt in range(_QGROUP_READS):
+        try:
+            text = btrfs(*args, path)
+            break
+        except BtrfsError as e:
+            if "cannot find the qgroup" not in str(e) or attempt == _QGROUP_READS - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
     out = {}
-    for line in btrfs(*args, path).splitlines():
+    for line in text.splitlines():
         m = _QGROUP_LINE.match(line.strip())
         if m:
             qid, rfer, excl, max_rfer, _ = m.groups()
