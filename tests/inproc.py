@@ -18,7 +18,7 @@ from traitlets.config import Config
 from jupyterhub_backendai.agent.core import Agent as LocalAgent
 from jupyterhub_backendai.manager import tenancy
 from jupyterhub_backendai.manager.core import BackendAIManager
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.manager.scheduler import check_consistency
 from jupyterhub_backendai.models import Agent, KeypairResourcePolicy, Session
 
 from .hub import KERNEL_IMAGE

@@ -18,7 +18,7 @@ import asyncio
 import os
 
 from jupyterhub_backendai.common.slots import ResourceSlot
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.manager.scheduler import check_consistency
 from jupyterhub_backendai.models import Agent
 
 from .conftest import _kill_local_kernels

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from jupyterhub_backendai.common.slots import ResourceSlot
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.manager.scheduler import check_consistency
 from jupyterhub_backendai.models import Session
 from jupyterhub_backendai.models.base import utcnow
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import requests
 from sqlalchemy import select
 
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.manager.scheduler import check_consistency
 from jupyterhub_backendai.models import Agent, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.common.types import SessionStatus
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.manager.scheduler import check_consistency
 from jupyterhub_backendai.models import Agent, Project, Session
 from jupyterhub_backendai.models.db import make_engine, make_sessionmaker
 from jupyterhub_backendai.spawner import _passed_states

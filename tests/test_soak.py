@@ -31,7 +31,7 @@ from traitlets.config import Config
 from jupyterhub_backendai.common.errors import BackendAIError
 from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.manager.core import BackendAIManager
-from jupyterhub_backendai.manager.scheduler.dispatcher import check_consistency
+from jupyterhub_backendai.manager.scheduler import check_consistency
 from jupyterhub_backendai.models import Agent, Session
 
 from .cluster_nodes import Cluster

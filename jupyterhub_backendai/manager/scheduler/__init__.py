@@ -6,15 +6,13 @@ A pipeline in the shape of Backend.AI's Sokovan: a sequencer orders the queue
 capacity (:mod:`.agent_selectors`, :mod:`.pool`), the allocator commits
 (:mod:`.allocator`). :mod:`.dispatcher` runs a pass and documents the
 guarantees (no head-of-line blocking, no starvation, no over-commit);
-:mod:`.admission` refuses at enqueue what could never be placed.
+:mod:`.admission` refuses at enqueue what could never be placed; :mod:`.audit` checks
+the record after the fact and reports per group.
 """
 
 from .admission import admit
-from .dispatcher import (
-    check_consistency,
-    schedule_pass,
-    scheduler_stats,
-)
+from .audit import check_consistency, scheduler_stats
+from .dispatcher import schedule_pass
 
 __all__ = [
     "admit",
