@@ -66,16 +66,21 @@ loop-mounted btrfs: ``clone`` of a folder holding ``--size-mb`` of random bytes 
 snapshot) against ``cp -r --reflink=never`` (a full copy, what a clone costs where the
 file system cannot share blocks: vfs on ext4) and against plain ``cp -r``; ``usage``
 of a folder of ``--files`` (default 100,000) small files from the qgroups against
-the walk vfs does (``VFSVolume.folder_usage``, page cache warm). Medians of
+the walk vfs does (``VFSVolume.folder_usage``, page cache warm); and the usage of a
+folder listing's ``--listing`` (default 500, the API's largest page) folders in one read
+(``folders_usage``, what a listing asks now) against one ``folder_usage`` each, eight at
+a time (what a listing asked before: each a ``btrfs qgroup show --sync``). Medians of
 ``--rounds``. The last line:
 
     clone_s=<f> cp_s=<f> cp_reflink_s=<f> clone_ratio=<f> usage_s=<f> walk_s=<f> usage_ratio=<f>
+    listing_s=<f> listing_each_s=<f> listing_ratio=<f>
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import filecmp
 import os
@@ -723,13 +728,13 @@ async def bench(size_mb: int, rounds: int, small: int, concurrency: int, work: s
     return out
 
 
-def bench_btrfs_ops(size_mb: int, files: int, rounds: int, work: str) -> dict:
+def bench_btrfs_ops(size_mb: int, files: int, rounds: int, work: str, listing: int = 500) -> dict:
     """Clone and usage on a btrfs volume against their baselines (see the docstring)."""
     from jupyterhub_backendai.storageproxy.btrfs import BtrfsVolume
     from jupyterhub_backendai.storageproxy.volumes import VFSVolume
 
     out: dict[str, list[float]] = {"clone": [], "cp": [], "cp_reflink": [], "usage": [],
-                                   "walk": []}
+                                   "walk": [], "listing": [], "listing_each": []}
     size = max(4 << 30, 3 * size_mb * CHUNK + (1 << 30))
     with btrfs_fs(work, size) as mnt:
         vol = BtrfsVolume("bench", os.path.join(mnt, "vol"))
@@ -747,6 +752,9 @@ def bench_btrfs_ops(size_mb: int, files: int, rounds: int, work: str) -> dict:
             for i in range(min(1000, files - d * 1000)):
                 with open(os.path.join(top, str(d), str(i)), "wb") as f:
                     f.write(b"x" * 100)
+        listed = [(scope, uuid.uuid4().hex) for _ in range(listing)]
+        for sc, fid in listed:
+            vol.create_folder(sc, fid)
         os.sync()
         src = vol.folder_path(scope, big)
         for r in range(rounds):
@@ -771,6 +779,17 @@ def bench_btrfs_ops(size_mb: int, files: int, rounds: int, work: str) -> dict:
             t = time.perf_counter()
             q = vol.folder_usage(scope, many)
             out["usage"].append(time.perf_counter() - t)
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                t = time.perf_counter()
+                each = list(pool.map(lambda f: vol.folder_usage(*f), listed))
+                out["listing_each"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            batch = vol.folders_usage(listed)
+            out["listing"].append(time.perf_counter() - t)
+            assert batch == each, "one read and one read each disagree"
+            print(f"round {r + 1}: usage of {listing} folders in one read "
+                  f"{out['listing'][-1]:.3f} s, one each (8 at a time) "
+                  f"{out['listing_each'][-1]:.3f} s", flush=True)
             print(f"round {r + 1}: clone {out['clone'][-1]:.4f} s, cp -r (no reflink) "
                   f"{out['cp'][-1]:.2f} s, cp -r {out['cp_reflink'][-1]:.3f} s; usage "
                   f"{out['usage'][-1]:.4f} s ({q['used_bytes']} bytes on disk), walk "
@@ -778,6 +797,8 @@ def bench_btrfs_ops(size_mb: int, files: int, rounds: int, work: str) -> dict:
                   f"{used['used_bytes']} bytes)", flush=True)
         vol.delete_folder(scope, big)
         vol.delete_folder(scope, many)
+        for sc, fid in listed:
+            vol.delete_folder(sc, fid)
     return {k: statistics.median(v) for k, v in out.items()}
 
 
@@ -803,14 +824,18 @@ def main():
                     help="measure clone and usage on btrfs against cp -r and a walk instead")
     ap.add_argument("--files", type=int, default=100_000,
                     help="files of the folder whose usage --btrfs-ops measures")
+    ap.add_argument("--listing", type=int, default=500,
+                    help="folders of the listing whose usage --btrfs-ops measures")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bai-storage-bench-")
     try:
         if args.btrfs_ops:
-            m = bench_btrfs_ops(args.size_mb, args.files, args.rounds, work)
+            m = bench_btrfs_ops(args.size_mb, args.files, args.rounds, work, args.listing)
             print(f"clone_s={m['clone']:.4f} cp_s={m['cp']:.2f} cp_reflink_s={m['cp_reflink']:.3f} "
                   f"clone_ratio={m['cp'] / m['clone']:.0f} usage_s={m['usage']:.4f} "
-                  f"walk_s={m['walk']:.3f} usage_ratio={m['walk'] / m['usage']:.0f}")
+                  f"walk_s={m['walk']:.3f} usage_ratio={m['walk'] / m['usage']:.0f} "
+                  f"listing_s={m['listing']:.3f} listing_each_s={m['listing_each']:.3f} "
+                  f"listing_ratio={m['listing_each'] / m['listing']:.0f}")
             return
         with contextlib.ExitStack() as stack:
             where = work

@@ -169,6 +169,42 @@ async def test_usage_counts_bytes_and_files_without_following_links(env):
     assert await env.client.scope_usage("volume1", empty_scope) == {"used_bytes": 0, "file_count": 0}
 
 
+async def test_many_folders_usage_in_one_request_in_order(env):
+    """What a folder listing asks: each folder's usage in one request, in the order asked,
+    null for one that is not there (deleted meanwhile), the same as one by one."""
+    other = uuid.uuid4().hex
+    await env.client.create_folder("volume1", env.scope, other)
+    await env.upload("a", stream(b"a" * 700))
+    await env.client.upload("volume1", env.scope, other, "b", stream(b"b" * 40))
+    gone = (env.scope, uuid.uuid4().hex)
+    asked = [(env.scope, other), gone, (env.scope, env.folder)]
+    got = await env.client.folders_usage("volume1", asked)
+    assert got == [{"used_bytes": 40, "file_count": 1}, None,
+                   {"used_bytes": 700, "file_count": 1}]
+    assert got[2] == await env.folder_usage()
+    assert await env.client.folders_usage("volume1", []) == []
+    with pytest.raises(InvalidRequest) as e:  # a bad id anywhere: the whole request
+        await env.client.folders_usage("volume1", [(env.scope, "../../etc")])
+    assert e.value.status_code == 400
+    with pytest.raises(NotFound):
+        await env.client.folders_usage("nope", asked)
+
+
+async def test_many_folders_usage_refuses_a_malformed_body(daemon):
+    """The daemon's ``folders-usage`` route says what its body must be, and bounds it."""
+    client = HTTPStorageClient(daemon.url, daemon.token)
+    try:
+        for body in ({}, {"folders": "x"}, {"folders": [["user:x", "y"]]},
+                     {"folders": [{"quota_scope_id": 1, "folder_id": "y"}]},
+                     {"folders": [{"quota_scope_id": "user:" + "0" * 32,
+                                   "folder_id": "0" * 32}] * 1001}):
+            with pytest.raises(InvalidRequest) as e:
+                await client._call("POST", "/v1/volumes/volume1/folders-usage", body=body)
+            assert e.value.status_code == 400 and "folders" in e.value.detail, body
+    finally:
+        await client.close()
+
+
 async def test_quota_scope_limit_is_stored_and_cleared(env):
     await env.upload("f", stream(b"f" * 300))
     assert await env.client.quota_scope("volume1", env.scope) == {"limit_bytes": None, "used_bytes": 300}

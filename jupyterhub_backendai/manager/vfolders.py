@@ -167,33 +167,31 @@ def vfolder_out(db: DBSession, f: VFolder, p: Principal | None = None) -> dict:
     return responses.VFolder.body(responses.With(f, my_permission=mine, used_bytes=None))
 
 
-async def with_usage(manager, folders: list[dict], parallel: int = 8,
-                     walk: bool = False) -> list[dict]:
-    """Folders as the API lists them, each with ``used_bytes`` from its storage,
-    ``parallel`` asked at once; None where the storage does not answer (the listing
-    still comes). Usage is read where it is cheap (btrfs: its qgroup); on a vfs volume
-    it is a walk of the whole folder, so only with ``walk`` (one folder's own view), and
-    a listing leaves it None there."""
-    gate = asyncio.Semaphore(parallel)
-    cheap = set() if walk else {h for h, v in (await _volumes(manager)).items()
-                                if v.get("backend") == "btrfs"}
+async def with_usage(manager, folders: list[dict], walk: bool = False) -> list[dict]:
+    """Folders as the API lists them, each with ``used_bytes`` from its storage: one
+    request per storage host for all of its folders (on btrfs one read of the quota
+    tree); None where the storage does not answer (the listing still comes, and the log
+    says why). Usage is read where it is cheap (btrfs: its qgroups); on a vfs volume it is
+    a walk of the whole folder, so only with ``walk`` (one folder's own view), and a
+    listing leaves it None there."""
+    cheap = None if walk else {h for h, v in (await _volumes(manager)).items()
+                               if v.get("backend") == "btrfs"}
+    by_host: dict[str, list[dict]] = {}
+    for f in folders:
+        if f.get("status") == VFolderStatus.READY and (cheap is None or f["host"] in cheap):
+            by_host.setdefault(f["host"], []).append(f)
 
-    async def one(f):
-        if f.get("status") != VFolderStatus.READY:
-            return
-        if not walk and f["host"] not in cheap:
-            return
-        async with gate:
-            try:
-                usage = await manager.storage.folder_usage(f["host"], f["quota_scope_id"],
-                                                           f["id"])
-                f["used_bytes"] = int(usage["used_bytes"])
-            except Exception as e:
-                # The listing still comes; why a folder's usage is missing is in the log.
-                manager.log.warning("no usage of folder %s on %s: %s", f["id"], f["host"], e)
-                f["used_bytes"] = None
+    async def one_host(host: str, fs: list[dict]) -> None:
+        try:
+            got = await manager.storage.folders_usage(
+                host, [(f["quota_scope_id"], f["id"]) for f in fs])
+        except Exception as e:
+            manager.log.warning("no usage of %d folders on %s: %s", len(fs), host, e)
+            got = [None] * len(fs)
+        for f, usage in zip(fs, got, strict=True):
+            f["used_bytes"] = int(usage["used_bytes"]) if usage else None
 
-    await asyncio.gather(*(one(f) for f in folders))
+    await asyncio.gather(*(one_host(h, fs) for h, fs in by_host.items()))
     return folders
 
 

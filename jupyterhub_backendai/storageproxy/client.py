@@ -52,6 +52,12 @@ class StorageClient:
         """``{"used_bytes", "file_count"}`` of a folder (404 when it does not exist)."""
         raise NotImplementedError
 
+    async def folders_usage(self, volume: str, folders: list[tuple[str, str]]
+                            ) -> list[dict | None]:
+        """:meth:`folder_usage` of each ``(quota_scope_id, folder_id)`` in one request (on
+        btrfs one read of the quota tree), in order; None for a folder that does not exist."""
+        raise NotImplementedError
+
     async def scope_usage(self, volume: str, quota_scope_id: str) -> dict:
         """``{"used_bytes", "file_count"}`` of every folder of a quota scope."""
         raise NotImplementedError
@@ -136,6 +142,10 @@ class InProcessStorageClient(StorageClient):
 
     async def folder_usage(self, volume, quota_scope_id, folder_id):
         return await asyncio.to_thread(self.volume(volume).folder_usage, quota_scope_id, folder_id)
+
+    async def folders_usage(self, volume, folders):
+        return await asyncio.to_thread(self.volume(volume).folders_usage,
+                                       [(str(s), str(f)) for s, f in folders])
 
     async def scope_usage(self, volume, quota_scope_id):
         return await asyncio.to_thread(self.volume(volume).scope_usage, quota_scope_id)
@@ -266,6 +276,11 @@ class HTTPStorageClient(StorageClient):
 
     async def folder_usage(self, volume, quota_scope_id, folder_id):
         return await self._call("GET", self._folder(volume, quota_scope_id, folder_id) + "/usage")
+
+    async def folders_usage(self, volume, folders):
+        body = {"folders": [{"quota_scope_id": s, "folder_id": f} for s, f in folders]}
+        return (await self._call("POST", f"/v1/volumes/{_q(volume)}/folders-usage",
+                                 body=body))["items"]
 
     async def clone_folder(self, volume, quota_scope_id, folder_id, target_scope_id,
                            target_folder_id):
@@ -409,6 +424,10 @@ class StorageRegistry:
     async def folder_usage(self, host: str, quota_scope_id: str, folder_id: str) -> dict:
         client, volume = self.resolve(host)
         return await client.folder_usage(volume, quota_scope_id, folder_id)
+
+    async def folders_usage(self, host: str, folders: list[tuple[str, str]]) -> list[dict | None]:
+        client, volume = self.resolve(host)
+        return await client.folders_usage(volume, folders)
 
     async def set_folder_quota(self, host: str, quota_scope_id: str, folder_id: str,
                                limit_bytes: int | None) -> None:

@@ -26,6 +26,9 @@ from .client import InProcessStorageClient
 from .transfer import TransferTokens
 from .volumes import CHUNK_SIZE, Upload
 
+# The most folders one usage request names (the admin API's largest page is 500).
+MAX_USAGE_BATCH = 1000
+
 
 def problems(method):
     """Answer a :class:`BackendAIError` raised by a handler as problem+json."""
@@ -107,6 +110,24 @@ class FolderUsageHandler(_Handler):
     @problems
     async def get(self, volume, scope, folder):
         self.write_json(await self.storage.folder_usage(volume, scope, folder))
+
+
+class FoldersUsageHandler(_Handler):
+    """``POST /v1/volumes/{vol}/folders-usage``: many folders' usage in one request (a
+    listing's); ``{"folders": [{"quota_scope_id", "folder_id"}, ...]}`` (at most
+    :data:`MAX_USAGE_BATCH`) -> ``{"items": [usage or null, ...]}`` in the same order."""
+
+    @problems
+    async def post(self, volume):
+        folders = self.body().get("folders")
+        if not isinstance(folders, list) or len(folders) > MAX_USAGE_BATCH or not all(
+                isinstance(f, dict) and isinstance(f.get("quota_scope_id"), str)
+                and isinstance(f.get("folder_id"), str) for f in folders):
+            raise InvalidRequest(
+                f"the body needs folders: a list of at most {MAX_USAGE_BATCH} objects with "
+                "quota_scope_id and folder_id (strings)")
+        pairs = [(f["quota_scope_id"], f["folder_id"]) for f in folders]
+        self.write_json({"items": await self.storage.folders_usage(volume, pairs)})
 
 
 class FolderQuotaHandler(_Handler):
@@ -283,6 +304,7 @@ def make_app(storage: InProcessStorageClient, auth: NodeAuth | str, max_upload_b
     return web.Application(
         [
             (r"/v1/volumes", VolumesHandler),
+            (r"/v1/volumes/([^/]+)/folders-usage", FoldersUsageHandler),
             (scope, QuotaScopeHandler),
             (scope + "/usage", ScopeUsageHandler),
             (folder, FolderHandler),

@@ -534,6 +534,17 @@ class VFSVolume:
             os.close(fd)
         return {"used_bytes": used, "file_count": count}
 
+    def folders_usage(self, folders: list[tuple[str, str]]) -> list[dict | None]:
+        """:meth:`folder_usage` of each ``(quota_scope_id, folder_id)``, in order; None for
+        one that does not exist (a listing's folder deleted meanwhile)."""
+        out: list[dict | None] = []
+        for scope, fid in folders:
+            try:
+                out.append(self.folder_usage(scope, fid))
+            except NotFound:
+                out.append(None)
+        return out
+
     def scope_usage(self, quota_scope_id: str) -> dict:
         """The same over every folder of a quota scope (zero for a scope with none)."""
         try:
