@@ -12,7 +12,16 @@ from sqlalchemy.orm import sessionmaker
 
 from ...common.slots import ResourceSlot
 from ...common.types import ALIVE_STATUSES, SessionStatus
-from ...models import Agent, Domain, Kernel, Keypair, KeypairResourcePolicy, Project, Session
+from ...models import (
+    Agent,
+    Domain,
+    Kernel,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    ResourceGroup,
+    Session,
+)
 from ...models.base import utcnow
 from .options import SchedulerOptions
 from .snapshot import HOLDING_STATUSES
@@ -142,8 +151,6 @@ def check_consistency(sm: sessionmaker) -> list[str]:
 def scheduler_stats(sm: sessionmaker) -> dict:
     """Per resource group: sequencer, selector, queue length, oldest wait (s),
     pending sessions by reason, reservations, live (placed) sessions. For the admin API."""
-    from ...models import ResourceGroup
-
     now = utcnow()
     out: dict = {}
     with sm() as db:
@@ -178,4 +185,3 @@ def scheduler_stats(sm: sessionmaker) -> dict:
             if rg in out:
                 out[rg]["live"] = n
     return out
-
