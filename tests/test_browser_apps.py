@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 
 import pytest
 
 from .chromium import chromium, console_error, screenshot
-from .conftest import shutdown_hub
+from .conftest import containers_of, shutdown_hub
 from .test_service_ports import World, start_hub
 
 pytestmark = [pytest.mark.browser]
@@ -45,6 +46,24 @@ def lab(world):
         errors = page.locator(".jp-Dialog").all_inner_texts()
         assert not errors, (errors, failed[-30:], world.hub.log()[-3000:])
         yield context, page
+
+
+def _kernel_state(world) -> str:
+    """The session's container for a failure's message: its state (OOM-killed, restarted)
+    and the last lines of its Jupyter server's log, where jupyter-server-proxy writes each
+    app's output and why it gave up on one (two suites at once once met "could not start
+    vscode in time": code-server starts in 1-2 s on a quiet machine)."""
+    try:
+        [cid] = containers_of(world.hub.agent_id)
+        state = subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        events = subprocess.run(["docker", "exec", cid, "cat", "/sys/fs/cgroup/memory.events"],
+                                capture_output=True, text=True, timeout=30).stdout.split()
+        log = subprocess.run(["docker", "logs", "--tail", "60", cid], capture_output=True,
+                             text=True, timeout=30)
+        return f"state {state}; memory.events {events}; log:\n{log.stdout}{log.stderr}"
+    except Exception as e:
+        return f"(unreadable: {e})"
 
 
 def _open_tile(context, page, title: str):
@@ -177,7 +196,8 @@ def test_app_opens_from_its_launcher_tile(world, lab, title, path, check, tmp_pa
         except Exception as why:
             shown = f"(unreadable: {why})"
         raise AssertionError(f"{str(e).splitlines()[0]} at {app.url}; the page's console errors: "
-                             f"{[t for p, t in logged if p == app]}; its text: {shown!r}") from e
+                             f"{[t for p, t in logged if p == app]}; its text: {shown!r}; "
+                             f"the session's container: {_kernel_state(world)}") from e
     finally:
         context.remove_listener("console", listener)
         app.close()
