@@ -154,6 +154,12 @@ def _port_free(port: int) -> bool:
         with socket.socket(family) as s:
             if family == socket.AF_INET6:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # As every server binds (tornado, docker-proxy) and as the agent checks its
+            # ports (agent/portclaims.py): a port whose only sockets are closed connections
+            # in TIME_WAIT is free. Without it, the kernels' ports of the modules just
+            # before stayed "taken" for a minute, and a worker's band once held no free
+            # block for a new hub (runs R2 and CC: "no 201 free ports left").
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError as e:
