@@ -11,7 +11,6 @@ the single process of a serial run), after every worker has finished.
 
 from __future__ import annotations
 
-import glob
 import shutil
 import subprocess
 
@@ -58,18 +57,14 @@ def leftovers(before: dict[str, str] | None) -> tuple[list[str], list[str]]:
 
 
 def remove_free_port_claims() -> None:
-    """Removes the host-port claim files (agent/portclaims.py) nobody holds: those the
-    agents of hubs a test killed left (a killed agent's lock ends with it, its file
-    stays), each taken and given back as an agent would. A claim another suite's agent
-    holds now cannot be taken and is left alone."""
-    from jupyterhub_backendai.agent.portclaims import PortClaims, claim_path
+    """Removes the host claim files (agent/hostclaims.py: ports and GPUs) nobody holds:
+    those the agents of hubs a test killed left (a killed agent's lock ends with it, its
+    file stays), each taken and given back as an agent would. A claim another suite's
+    agent holds now cannot be taken and is left alone."""
+    from jupyterhub_backendai.agent.hostclaims import HostClaims
 
-    claims = PortClaims()
-    head, tail = claim_path("*").split("*")
-    for path in glob.glob(claim_path("*")):
-        port = path[len(head):-len(tail)]
-        if port.isdigit() and claims.take(int(port)):
-            claims.give_back(int(port))
+    for kind in ("port", "gpu"):
+        HostClaims(kind).remove_stale()
 
 
 def remove_agent_network() -> None:

@@ -27,6 +27,7 @@ from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
 from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
 from .backends.pull import Puller
+from .hostclaims import HostClaims
 from .portclaims import HostPorts
 from .resources import hostinfo
 from .resources.cuda import (
@@ -213,6 +214,14 @@ class Agent(LoggingConfigurable):
         instead of the driver. Its devices are described, not real (nothing is handed
         to containers) and its live figures are made up.""",
     ).tag(config=True)
+    device_mask = List(
+        Unicode(),
+        help="""GPUs and MIG instances this agent leaves alone, by index or UUID (as the
+        device mask of Backend.AI's accelerator plugins): not in its capacity, never
+        handed out. Two installations on one GPU host each get their own GPUs this way;
+        without it, the devices a kernel of one holds are claimed host-wide and the
+        other's requests for them fail with that reason rather than share a GPU.""",
+    ).tag(config=True)
     state_dir = Unicode(help="Where the agent keeps its state.").tag(config=True)
 
     @default("state_dir")
@@ -353,9 +362,14 @@ class Agent(LoggingConfigurable):
                           "says %s)", moved, self.resource_group)
             self.resource_group = moved
         self.impl = await self._make_backend()
-        self.topology = self.device_source.topology()
+        self.topology = self.device_source.topology().without(self.device_mask)
         self.devices = self.topology.devices
-        self.gpus = GPUAllocator(self.topology, host_cpus=host_cpus())
+        # Real devices are claimed host-wide while a kernel has them (hostclaims.py): an
+        # agent of another installation on this host passes over them. Described ones
+        # (a stand-in, Agent.fake_cuda_devices) are nobody's to share.
+        self.gpus = GPUAllocator(
+            self.topology, host_cpus=host_cpus(),
+            claims=None if self.device_source.fake else HostClaims("gpu"))
         self.capacity = self._detect_capacity()
         await self.impl.init(self._on_kernel_exit)
         gateway = getattr(self.impl, "gateway", None)
@@ -392,6 +406,7 @@ class Agent(LoggingConfigurable):
         if self.impl:
             await self.impl.close()
         self.ports.release_all()
+        self.gpus.release_all()
 
     def docker_configured(self) -> str | None:
         """Where a Docker engine is expected (a configured URL, DOCKER_HOST, or the
@@ -584,7 +599,9 @@ class Agent(LoggingConfigurable):
             self.log.exception("GPU statistics failed")
             return []
         owners = self.gpus.owners()
-        return [dict(d, kernel_id=owners.get(d["uuid"])) for d in use]
+        mine = {d.uuid for d in self.devices} | {m.uuid for d in self.devices
+                                                  for m in d.mig_instances}
+        return [dict(d, kernel_id=owners.get(d["uuid"])) for d in use if d["uuid"] in mine]
 
     async def collect_stats(self) -> dict:
         """Live statistics (:mod:`.stats`): free slots and per-kernel usage."""

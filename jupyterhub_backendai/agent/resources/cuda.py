@@ -16,7 +16,7 @@ import itertools
 import logging
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ...common.slots import mig_slot  # cuda.mig-<profile>: one definition of slot names
 
@@ -98,6 +98,24 @@ class GPUTopology:
         if i == j:
             return Link(pcie_level=0)
         return self.links.get((min(i, j), max(i, j)), Link())
+
+    def without(self, mask) -> GPUTopology:
+        """This topology less the GPUs and MIG instances in ``mask`` (indices or UUIDs,
+        as Backend.AI's device mask names them): a masked GPU goes with its instances.
+        Indices stay as NVML gives them."""
+        mask = {str(m).strip() for m in mask or ()} - {""}
+        if not mask:
+            return self
+        keep = []
+        for d in self.devices:
+            if str(d.index) in mask or d.uuid in mask:
+                continue
+            migs = tuple(m for m in d.mig_instances if m.uuid not in mask)
+            keep.append(d if migs == d.mig_instances else replace(d, mig_instances=migs))
+        kept = {d.index for d in keep}
+        return GPUTopology(
+            devices=keep, driver=self.driver, problem=self.problem,
+            links={k: v for k, v in self.links.items() if k[0] in kept and k[1] in kept})
 
     def to_json(self) -> dict:
         return {

@@ -17,7 +17,10 @@ The kernel's CPU set is the CPUs next to its devices (their NUMA node) that this
 agent may use, unless that is fewer CPUs than the kernel asked for.
 
 Ownership is by UUID, rebuilt from the kernels' records when the agent restarts,
-so a device is never given to two kernels.
+so a device is never given to two kernels. Across the agents of one host (two
+installations on one GPU machine) a device is claimed host-wide while a kernel has it
+(``claims``, :mod:`..hostclaims`): one another agent holds is passed over as if busy,
+and a request that then finds too few says so.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from decimal import Decimal
 
 from ...common.errors import AgentError, InvalidRequest
 from ...common.slots import CUDA, MIG_PREFIX
+from ..hostclaims import HostClaims
 from .cuda import CUDADevice, GPUTopology, MIGInstance, format_cpuset
 
 log = logging.getLogger(__name__)
@@ -54,15 +58,18 @@ class GPUAllocator:
     ``host_cpus``: the CPUs a cpuset may use (None: any the devices name).
     ``search_limit``: most device sets compared exhaustively; beyond it a greedy
     search from every free device is used.
+    ``claims``: host-wide claims by UUID (None: this agent's books only, for devices
+    that are described, not handed to containers).
     """
 
     def __init__(self, topology: GPUTopology, host_cpus: Iterable[int] | None = None,
-                 search_limit: int = 20000):
+                 search_limit: int = 20000, claims: HostClaims | None = None):
         self.topology = topology
         self.whole = {d.index: d for d in topology.devices if not d.mig_enabled}
         self.migs = {m.uuid: m for d in topology.devices for m in d.mig_instances}
         self.host_cpus = frozenset(host_cpus) if host_cpus is not None else None
         self.search_limit = search_limit
+        self.claims = claims
         self._owner: dict[str, str] = {}
 
     # -- state -------------------------------------------------------------------
@@ -101,34 +108,74 @@ class GPUAllocator:
             holder = self._owner.setdefault(key, kernel_id)
             if holder != kernel_id:
                 log.error("device %s is recorded for kernels %s and %s", key, holder, kernel_id)
+            elif self.claims is not None and not self.claims.take(key):
+                log.error("device %s of kernel %s is claimed by another agent of this host "
+                          "too (two installations given the same GPUs: see Agent.device_mask)",
+                          key, kernel_id)
 
     def release(self, kernel_id: str) -> None:
-        for key in [k for k, v in self._owner.items() if v == kernel_id]:
+        keys = [k for k, v in self._owner.items() if v == kernel_id]
+        for key in keys:
             del self._owner[key]
+        if self.claims is not None:
+            self.claims.give_back(*keys)
+
+    def release_all(self) -> None:
+        """The host-wide claims given back (the agent stops); its books stay."""
+        if self.claims is not None:
+            self.claims.give_back_all()
 
     # -- choosing ------------------------------------------------------------------
 
     def take(self, kernel_id: str, n: int, mig: dict[str, int] | None = None,
              cpu: Decimal | float | None = None) -> GPUAllocation:
         """Pick ``n`` whole devices and ``mig`` ({profile: count}) instances for a kernel
-        and mark them its own; raise AgentError (nothing taken) when they are not free."""
-        free = self.free_indices()
+        and mark them its own, claimed host-wide; raise AgentError (nothing taken) when
+        they are not free. A device another agent of the host claims is passed over and
+        the choice made again without it."""
+        elsewhere: set[str] = set()  # UUIDs another agent of this host holds
+        while True:
+            alloc = self._choose_alloc(n, mig, cpu, elsewhere)
+            refused = self._claim(alloc.uuids)
+            if refused is None:
+                break
+            elsewhere.add(refused)
+        for u in alloc.uuids:
+            self._owner[u] = kernel_id
+        return alloc
+
+    def _choose_alloc(self, n: int, mig: dict[str, int] | None, cpu,
+                      elsewhere: set[str]) -> GPUAllocation:
+        free = [i for i in self.free_indices() if self.whole[i].uuid not in elsewhere]
         if n > len(free):
-            raise AgentError(f"only {len(free)} free CUDA devices, {n} requested")
+            raise AgentError(f"only {len(free)} free CUDA devices, {n} requested"
+                             + _held_elsewhere(sum(d.uuid in elsewhere
+                                                   for d in self.whole.values())))
         chosen = self.choose(n, free) if n else []
         instances = []
         for profile, count in sorted((mig or {}).items()):
-            got = self._choose_mig(profile, count, taken={m.uuid for m in instances})
-            instances += got
+            instances += self._choose_mig(profile, count,
+                                          taken={m.uuid for m in instances} | elsewhere)
         alloc = GPUAllocation(
             indices=chosen, mig=instances,
             uuids=[self.whole[i].uuid for i in chosen] + [m.uuid for m in instances],
         )
         alloc.cpuset = self._cpuset([self.whole[i] for i in chosen] + [
             self.topology.devices[m.parent_index] for m in instances], cpu)
-        for u in alloc.uuids:
-            self._owner[u] = kernel_id
         return alloc
+
+    def _claim(self, uuids: list[str]) -> str | None:
+        """Claims ``uuids`` host-wide, all or none: the first another agent holds (with
+        none of them taken), or None."""
+        if self.claims is None:
+            return None
+        taken = []
+        for u in uuids:
+            if not self.claims.take(u):
+                self.claims.give_back(*taken)
+                return u
+            taken.append(u)
+        return None
 
     def rank(self, a: int, b: int) -> int:
         link = self.topology.link(a, b)
@@ -175,7 +222,10 @@ class GPUAllocator:
         if count > len(free):
             raise AgentError(
                 f"only {len(free)} free MIG instances of profile {profile} "
-                f"({MIG_PREFIX}{profile}), {count} requested")
+                f"({MIG_PREFIX}{profile}), {count} requested"
+                + _held_elsewhere(sum(m.profile == profile and m.uuid in taken
+                                      and m.uuid not in self._owner
+                                      for m in self.migs.values())))
         # Fill GPUs that are partly used first, so that whole partitions stay free.
         busy = {}
         for u in self._owner:
@@ -196,6 +246,13 @@ class GPUAllocator:
         if cpu is not None and len(cpus) < Decimal(str(cpu)):
             return None  # pinning would give the kernel fewer cores than it asked for
         return format_cpuset(cpus)
+
+
+def _held_elsewhere(n: int) -> str:
+    if not n:
+        return ""
+    return (f"; {n} more held by another agent of this host (another installation on "
+            "the same GPUs: give each agent its own with Agent.device_mask)")
 
 
 def mig_request(slots: dict) -> dict[str, int]:
