@@ -196,3 +196,14 @@ def leftovers(agent: LocalAgent) -> list[str]:
     if agent.impl.name == "docker":
         return containers_of(agent.agent_id)
     return local_kernels(agent)
+
+
+async def gpu_batch(mgr: BackendAIManager, user: str, name: str, slots: dict) -> str:
+    """A batch session on the local backend that prints the devices it was given
+    (``VISIBLE=<CUDA_VISIBLE_DEVICES> NV=<NVIDIA_VISIBLE_DEVICES>``), then stays until
+    it is destroyed."""
+    return await mgr.enqueue(
+        username=user, name=name, image="local/python", environ={}, service_prefix="/",
+        slots={"cpu": "0.5", "mem": str(256 * 2**20), **slots}, session_type="batch",
+        startup_command='echo "VISIBLE=$CUDA_VISIBLE_DEVICES NV=$NVIDIA_VISIBLE_DEVICES"; '
+                        "sleep 120")

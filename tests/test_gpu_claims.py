@@ -34,7 +34,7 @@ from jupyterhub_backendai.agent.resources.gpu_alloc import GPUAllocator
 from jupyterhub_backendai.agent.resources.nvml_standin import stand_in
 from jupyterhub_backendai.common.errors import AgentError
 
-from .inproc import agent_config, make_user, running_manager, wait_status
+from .inproc import agent_config, gpu_batch, make_user, running_manager, wait_status
 
 # The other installation's agent: the same allocator on the same machine, in a process
 # of its own, driven line by line ("take <kernel> <n> [mig-profile]", "release <kernel>").
@@ -174,13 +174,6 @@ async def _gpu_agent(mgr, tmp_path, name: str, mask=()) -> LocalAgent:
     return agent
 
 
-async def _gpu_batch(mgr, user, name, slots) -> str:
-    return await mgr.enqueue(
-        username=user, name=name, image="local/python", environ={}, service_prefix="/",
-        slots={"cpu": "0.5", "mem": str(256 * 2**20), **slots}, session_type="batch",
-        startup_command='echo "VISIBLE=$CUDA_VISIBLE_DEVICES"; sleep 120')
-
-
 def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch):
     """Two managers, each with its own database and agent on the same (stand-in) GPU
     host: the second installation's session that asks for the GPU the first one's kernel
@@ -202,10 +195,10 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch):
             alice = await make_user(one)
             bob = await make_user(two, email="bob@example.com")
 
-            first = await _gpu_batch(one, alice, "first", {"cuda.device": 1})
+            first = await gpu_batch(one, alice, "first", {"cuda.device": 1})
             await wait_status(one, first, ("RUNNING",))
             assert gpu1.uuid in a1.gpus.owners()
-            second = await _gpu_batch(two, bob, "second", {"cuda.device": 1})
+            second = await gpu_batch(two, bob, "second", {"cuda.device": 1})
             failed = await wait_status(two, second, ("ERROR",))
             assert "held by another agent of this host" in (failed.status_info or ""), \
                 failed.status_info
@@ -213,7 +206,7 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch):
 
             await one.destroy_session(first)
             await wait_status(one, first, ("TERMINATED", "CANCELLED"))
-            third = await _gpu_batch(two, bob, "third", {"cuda.device": 1})
+            third = await gpu_batch(two, bob, "third", {"cuda.device": 1})
             await wait_status(two, third, ("RUNNING",))
             kernel = (await two.get_session(third)).kernels[0]
             assert a2.gpus.owners() == {gpu1.uuid: kernel.id}

@@ -36,6 +36,7 @@ from .inproc import (
     DEAD,
     agent_config,
     assert_consistent,
+    gpu_batch,
     make_user,
     occupied,
     running_manager,
@@ -54,15 +55,6 @@ async def _mig_agent(mgr, tmp_path) -> LocalAgent:
     agent.device_source = NVMLDeviceSource(stand_in("a100-mig"))  # the stand-in, not a GPU
     await mgr.attach_agent(agent)
     return agent
-
-
-async def _batch(mgr, user, name, slots) -> str:
-    # The kernel prints what it was given, then stays until it is destroyed.
-    return await mgr.enqueue(
-        username=user, name=name, image="local/python", environ={}, service_prefix="/",
-        slots={"cpu": "0.5", "mem": str(256 * 2**20), **slots}, session_type="batch",
-        startup_command='echo "VISIBLE=$CUDA_VISIBLE_DEVICES NV=$NVIDIA_VISIBLE_DEVICES"; '
-                        "sleep 120")
 
 
 async def _visible(mgr, sid) -> str:
@@ -93,9 +85,9 @@ def test_mig_slots_through_the_manager(tmp_path):
                 "cuda.device": 1, "cuda.mig-3g.40gb": 1, "cuda.mig-2g.20gb": 1, MIG: 2}
             user = await make_user(mgr)
 
-            first = await _batch(mgr, user, "mig-a", {MIG: 1})
+            first = await gpu_batch(mgr, user, "mig-a", {MIG: 1})
             await wait_status(mgr, first, ("RUNNING",))
-            second = await _batch(mgr, user, "mig-b", {MIG: "1"})
+            second = await gpu_batch(mgr, user, "mig-b", {MIG: "1"})
             await wait_status(mgr, second, ("RUNNING",))
             got = {await _visible(mgr, first), await _visible(mgr, second)}
             assert got == {m.uuid for m in small}  # each its own instance of that profile
@@ -104,7 +96,7 @@ def test_mig_slots_through_the_manager(tmp_path):
                 assert sess.kernels[0].agent_id == agent.agent_id
 
             # Both 1g.10gb instances are taken: the third waits and says for what.
-            third = await _batch(mgr, user, "mig-c", {MIG: 1})
+            third = await gpu_batch(mgr, user, "mig-c", {MIG: 1})
             await wait_status(mgr, third, ("PENDING",))
             for _ in range(100):
                 pending = await mgr.get_session(third)
@@ -115,23 +107,23 @@ def test_mig_slots_through_the_manager(tmp_path):
             assert "waiting for resources" in pending.status_info and MIG in pending.status_info
 
             # A whole-device request gets GPU 1, never the MIG-mode GPU 0 ...
-            whole = await _batch(mgr, user, "whole", {"cuda.device": 1})
+            whole = await gpu_batch(mgr, user, "whole", {"cuda.device": 1})
             await wait_status(mgr, whole, ("RUNNING",))
             assert await _visible(mgr, whole) == gpu1.uuid
             # ... and two whole devices are more than any agent has: a 400, nothing made.
             before = await mgr.db(lambda s: s.scalar(select(func.count()).select_from(Session)))
             with pytest.raises(InvalidRequest, match="GPU"):
-                await _batch(mgr, user, "two", {"cuda.device": 2})
+                await gpu_batch(mgr, user, "two", {"cuda.device": 2})
             # A bad profile: a 400 in plain words, nothing made.
             with pytest.raises(SessionRequestError) as e:
-                await _batch(mgr, user, "bad", {"cuda.mig-1g.10": 1})
+                await gpu_batch(mgr, user, "bad", {"cuda.mig-1g.10": 1})
             assert str(e.value.detail) == (
                 "slots: 'cuda.mig-1g.10' is not a MIG slot: the profile after 'cuda.mig-' must "
                 "be an NVML MIG profile such as 1g.10gb, 3g.40gb or 1g.10gb+me")
             assert e.value.status_code == 400
             # A profile no agent has: refused at once (not queued forever).
             with pytest.raises(InvalidRequest, match="cuda.mig-7g.80gb"):
-                await _batch(mgr, user, "big", {"cuda.mig-7g.80gb": 1})
+                await gpu_batch(mgr, user, "big", {"cuda.mig-7g.80gb": 1})
             after = await mgr.db(lambda s: s.scalar(select(func.count()).select_from(Session)))
             assert after == before
 
