@@ -11,10 +11,9 @@ bus calls after a gap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .core import BackendAIManager
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 # The broadcast of a session's state change to every manager (common/events.py).
 SESSION_CHANGED = "session_changed"
@@ -23,10 +22,24 @@ SESSION_CHANGED = "session_changed"
 BATCH = 1000
 
 
+class Manager(Protocol):
+    """What the fan-out needs of its manager (:class:`.core.BackendAIManager`): the three
+    readers, the bus, its id, and a way to run a broadcast in the background."""
+
+    owner_id: str
+    events: Any  # lifecycle.events: the waiters
+    session_lists: Any  # session_lists: the API's lists
+    reflector: Any  # reflector: the spawners'
+    bus: Any  # common.events: the event bus
+    log: logging.Logger
+
+    def background(self, coro: Coroutine) -> Any: ...
+
+
 class SessionChanges:
     """The fan-out of session changes for one manager (``manager.changes``)."""
 
-    def __init__(self, manager: BackendAIManager):
+    def __init__(self, manager: Manager):
         self.m = manager
         self.closed = False
 
