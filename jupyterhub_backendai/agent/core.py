@@ -28,6 +28,8 @@ from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
 from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
 from .backends.pull import Puller
 from .hostclaims import HostClaims
+from .hubrelay import serve_hub_api_on
+from .mountpoints import MOUNT_ROOT, check_mounts
 from .portclaims import HostPorts
 from .resources import hostinfo
 from .resources.cuda import (
@@ -874,96 +876,6 @@ def thread_environ(slots: dict, environ: dict) -> dict:
 
 
 DOCKER_SOCKET = "/var/run/docker.sock"
-# (gateway, port) pairs the hub's API listens on in this process (agents share them).
-_HUB_LISTENING: set[tuple[str, int]] = set()
-
-
-async def serve_hub_api_on(address: str, log) -> None:
-    """Inside a hub whose API listens on loopback only: make it listen on ``address``
-    (the agent network's gateway) too, once the hub's HTTP server exists. Kernels
-    reach the API there; it listens nowhere else. Outside a hub, or when the hub's
-    API listens on another address (the operator's choice), nothing is done."""
-    import sys
-    from urllib.parse import urlsplit
-
-    from tornado.netutil import bind_sockets
-
-    app_mod = sys.modules.get("jupyterhub.app")
-    if app_mod is None or not app_mod.JupyterHub.initialized():
-        return
-    hub = app_mod.JupyterHub.instance()
-    if hub.hub_bind_url:
-        bind = urlsplit(hub.hub_bind_url)
-        if bind.scheme not in ("http", "https"):
-            return  # a unix socket: nothing to add
-        host, port = bind.hostname, bind.port
-    else:
-        host, port = hub.hub_ip, hub.hub_port
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        return
-    key = (address, port)
-    if key in _HUB_LISTENING:
-        return
-    _HUB_LISTENING.add(key)
-    # Listen at once: the hub makes its HTTP server in start(), after the manager (and
-    # this agent) began, and a kernel adopted from before a restart may call the API in
-    # between. The kernel's connection waits in the socket's backlog until the server
-    # takes the socket over, instead of being refused.
-    try:
-        sockets = bind_sockets(port, address=address)
-    except OSError as e:
-        _HUB_LISTENING.discard(key)
-        log.error("the hub's API could not listen on %s:%s, kernels will not reach it: %s",
-                  address, port, e)
-        return
-    while getattr(hub, "http_server", None) is None:
-        await asyncio.sleep(0.05)
-    hub.http_server.add_sockets(sockets)
-    log.info("hub API also listening on %s:%s (the agent network's gateway, for kernels)",
-             address, port)
-
-
-MOUNT_ROOT = "/home/work"
-MOUNT_MODES = ("ro", "rw")
-
-
-def check_mounts(mounts) -> list[dict]:
-    """Check a kernel's ``mounts``: ``[{"source": a directory on this node, "target":
-    "/home/work/<name>" (or "/home/work" itself: the user's home folder), "mode": "ro" |
-    "rw"}]``; raise InvalidRequest otherwise.
-
-    A target is one path component under /home/work (what the backends can
-    place: a bind mount, or a link in the local backend's working folder), and
-    two mounts never share one.
-    """
-    if mounts is None:
-        return []
-    if not isinstance(mounts, list):
-        raise InvalidRequest("mounts must be a list")
-    out, targets = [], set()
-    for m in mounts:
-        if not isinstance(m, dict) or set(m) - {"source", "target", "mode"}:
-            raise InvalidRequest(f"a mount is {{source, target, mode}}, not {m!r}")
-        source, target, mode = m.get("source"), m.get("target"), m.get("mode", "rw")
-        if mode not in MOUNT_MODES:
-            raise InvalidRequest(f"mount mode must be ro or rw, not {mode!r}")
-        if target == MOUNT_ROOT:
-            pass  # the user's home folder: /home/work itself
-        elif not isinstance(target, str) or not target.startswith(MOUNT_ROOT + "/"):
-            raise InvalidRequest(f"mount target must be {MOUNT_ROOT}/<name>, not {target!r}")
-        elif not (name := target[len(MOUNT_ROOT) + 1:]) or "/" in name or name in (".", "..") \
-                or "\0" in name:
-            raise InvalidRequest(
-                f"mount target must be one folder directly under {MOUNT_ROOT}, not {target!r}")
-        if target in targets:
-            raise InvalidRequest(f"two mounts at {target}")
-        if not isinstance(source, str) or not os.path.isabs(source):
-            raise InvalidRequest(f"mount source must be an absolute path, not {source!r}")
-        if not os.path.isdir(source):
-            raise InvalidRequest(f"mount source {source} of {target} is not a directory on this agent")
-        targets.add(target)
-        out.append({"source": os.path.normpath(source), "target": target, "mode": mode})
-    return out
 
 
 def _parse_user(spec: str) -> tuple[int, int]:

@@ -10,12 +10,16 @@ other container of this agent mounts a folder there from the same home
 mount). A directory that is not empty (files the user wrote at that path while the
 folder was not mounted) is left as it is, and so is anything that is not a
 directory: ``rmdir`` follows no link.
+
+Also the check of a kernel's mounts as the manager asks for them (:func:`check_mounts`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+
+from ..common.errors import InvalidRequest
 
 MOUNT_ROOT = "/home/work"
 
@@ -62,3 +66,45 @@ def remove_unused(gone: dict, others: list[dict]) -> list[str]:
             continue
         removed.append(path)
     return removed
+
+
+MOUNT_MODES = ("ro", "rw")
+
+
+def check_mounts(mounts) -> list[dict]:
+    """Check a kernel's ``mounts``: ``[{"source": a directory on this node, "target":
+    "/home/work/<name>" (or "/home/work" itself: the user's home folder), "mode": "ro" |
+    "rw"}]``; raise InvalidRequest otherwise.
+
+    A target is one path component under /home/work (what the backends can
+    place: a bind mount, or a link in the local backend's working folder), and
+    two mounts never share one.
+    """
+    if mounts is None:
+        return []
+    if not isinstance(mounts, list):
+        raise InvalidRequest("mounts must be a list")
+    out, targets = [], set()
+    for m in mounts:
+        if not isinstance(m, dict) or set(m) - {"source", "target", "mode"}:
+            raise InvalidRequest(f"a mount is {{source, target, mode}}, not {m!r}")
+        source, target, mode = m.get("source"), m.get("target"), m.get("mode", "rw")
+        if mode not in MOUNT_MODES:
+            raise InvalidRequest(f"mount mode must be ro or rw, not {mode!r}")
+        if target == MOUNT_ROOT:
+            pass  # the user's home folder: /home/work itself
+        elif not isinstance(target, str) or not target.startswith(MOUNT_ROOT + "/"):
+            raise InvalidRequest(f"mount target must be {MOUNT_ROOT}/<name>, not {target!r}")
+        elif not (name := target[len(MOUNT_ROOT) + 1:]) or "/" in name or name in (".", "..") \
+                or "\0" in name:
+            raise InvalidRequest(
+                f"mount target must be one folder directly under {MOUNT_ROOT}, not {target!r}")
+        if target in targets:
+            raise InvalidRequest(f"two mounts at {target}")
+        if not isinstance(source, str) or not os.path.isabs(source):
+            raise InvalidRequest(f"mount source must be an absolute path, not {source!r}")
+        if not os.path.isdir(source):
+            raise InvalidRequest(f"mount source {source} of {target} is not a directory on this agent")
+        targets.add(target)
+        out.append({"source": os.path.normpath(source), "target": target, "mode": mode})
+    return out

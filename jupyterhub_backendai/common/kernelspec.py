@@ -50,7 +50,7 @@ class KernelSpec(BaseModel):
     command: str | None = None
     cluster_hostname: str | None = None
     network_alias: str | None = None
-    # {"source", "target", "mode"}: checked by the agent (agent/core.py check_mounts)
+    # {"source", "target", "mode"}: checked by the agent (agent/mountpoints.py check_mounts)
     mounts: tuple[dict, ...] = ()
     cluster_role: Literal["main", "sub"] = "main"
     cluster_agents: int = Field(1, ge=1)
