@@ -21,6 +21,8 @@ from sqlalchemy import func, select
 from jupyterhub_backendai.common.errors import BackendAIError, InvalidRequest
 from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.common.types import VFolderStatus
+from jupyterhub_backendai.manager import vfolders
+from jupyterhub_backendai.manager.access import Principal
 from jupyterhub_backendai.manager.vfolders import quota_scope_of_project, quota_scope_of_user
 from jupyterhub_backendai.models import (
     Domain,
@@ -457,6 +459,19 @@ def test_a_folder_on_a_storage_proxy_daemon(db_url, backend, tmp_path):
                     assert f.read() == "over-http\n"
 
                 daemon.stop()
+                # A new folder there: the proxy is away, not the host unknown; no row stays.
+                row = await mgr.db_read(lambda s: s.scalar(select(User).where(
+                    User.username == alice)))
+                who = Principal(user_id=row.id, username=row.username, email=row.email,
+                                role=row.role, domain=row.domain_name)
+                with pytest.raises(BackendAIError) as e:
+                    await vfolders.create(mgr, who, {"name": "later", "host": "remote:volume1"})
+                assert e.value.status_code == 503
+                assert e.value.detail.startswith(
+                    "host: the storage proxy 'remote' of 'remote:volume1' does not answer ("), \
+                    e.value.detail
+                assert not await mgr.db_read(lambda s: s.scalar(
+                    select(func.count()).select_from(VFolder).where(VFolder.name == "later")))
                 sess, _ = await run_batch(mgr, backend, alice, "true", ["far"], "unreachable")
                 assert sess.status == "ERROR"
                 assert sess.status_info.startswith(

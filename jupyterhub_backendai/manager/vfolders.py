@@ -426,16 +426,18 @@ def _storage_error(e: Exception, what: str) -> BackendAIError:
     return BackendAIError(f"the storage could not {what}: {e}", status_code=503)
 
 
-async def _volumes(manager) -> dict[str, dict]:
+async def _volumes(manager, away: dict[str, str] | None = None) -> dict[str, dict]:
     """Every host the storage proxies serve now, with its volume's info; an unreachable
-    proxy's hosts are left out (a folder cannot be made there anyway)."""
+    proxy's hosts are left out (a folder cannot be made there anyway), and named in
+    ``away`` (proxy -> why) when it is given."""
     volumes = {}
     for proxy, client in manager.storage.clients.items():
         try:
             for v in await client.volumes():
                 volumes[f"{proxy}:{v['name']}"] = v
-        except Exception:
-            continue
+        except Exception as e:
+            if away is not None:
+                away[proxy] = str(getattr(e, "detail", "") or e) or type(e).__name__
     return volumes
 
 
@@ -471,8 +473,15 @@ async def _made(manager, p: Principal, body: dict, hosts: list[str], make, what,
 
 
 async def create(manager, p: Principal, body: dict, *, home: bool = False) -> dict:
-    """Create a folder: its row, then its directory; nothing stays when either fails."""
-    known = sorted(await _volumes(manager))
+    """Create a folder: its row, then its directory; nothing stays when either fails.
+    A host whose storage proxy does not answer is said to be away (503), not unknown."""
+    away: dict[str, str] = {}
+    known = sorted(await _volumes(manager, away))
+    host = body.get("host") or manager.default_vfolder_host
+    proxy = host.partition(":")[0]
+    if proxy in away and host not in known:
+        raise BackendAIError(f"host: the storage proxy {proxy!r} of {host!r} does not answer "
+                             f"({away[proxy]}); no folder was made", status_code=503)
 
     async def make(f):
         await manager.storage.create_folder(f["host"], f["quota_scope_id"], f["id"])
