@@ -233,3 +233,29 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch):
                        if k.startswith("cuda.mig-")) == len(mig_uuids) - 1
 
     asyncio.run(run())
+
+
+def test_a_mask_leaves_gaps_in_the_indices(tmp_path):
+    """GPU 0 masked, GPU 1 in MIG mode: the agent's devices are [GPU 1], and a MIG
+    instance of it is found by its GPU's index, not its place in the list (the CPUs
+    next to it come from GPU 1)."""
+    from dataclasses import replace
+
+    from jupyterhub_backendai.agent.resources.cuda import GPUTopology
+
+    mig_gpu, whole_gpu = NVMLDeviceSource(stand_in("a100-mig")).topology().devices
+    # The same two GPUs the other way round: the whole one first, the MIG one second,
+    # each next to CPUs of its own.
+    swapped = GPUTopology(devices=[
+        replace(whole_gpu, index=0, cpus=(0, 1)),
+        replace(mig_gpu, index=1, cpus=(2, 3), mig_instances=tuple(
+            replace(m, parent_index=1) for m in mig_gpu.mig_instances)),
+    ])
+    masked = swapped.without([whole_gpu.uuid])
+    assert [d.index for d in masked.devices] == [1]
+    alloc = GPUAllocator(masked, claims=HostClaims("gpu", str(tmp_path)))
+    assert alloc.capacity().get("cuda.device") is None
+    got = alloc.take("k", 0, {"1g.10gb": 1}, cpu=1)
+    assert got.cpuset == "2-3" and got.uuids[0].startswith("MIG-")
+    with pytest.raises(AgentError, match="only 0 free CUDA devices, 1 requested"):
+        alloc.take("k2", 1)

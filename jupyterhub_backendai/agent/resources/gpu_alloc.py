@@ -67,6 +67,7 @@ class GPUAllocator:
         self.topology = topology
         self.whole = {d.index: d for d in topology.devices if not d.mig_enabled}
         self.migs = {m.uuid: m for d in topology.devices for m in d.mig_instances}
+        self.by_index = {d.index: d for d in topology.devices}  # (a mask leaves gaps)
         self.host_cpus = frozenset(host_cpus) if host_cpus is not None else None
         self.search_limit = search_limit
         self.claims = claims
@@ -161,7 +162,7 @@ class GPUAllocator:
             uuids=[self.whole[i].uuid for i in chosen] + [m.uuid for m in instances],
         )
         alloc.cpuset = self._cpuset([self.whole[i] for i in chosen] + [
-            self.topology.devices[m.parent_index] for m in instances], cpu)
+            self.by_index[m.parent_index] for m in instances], cpu)
         return alloc
 
     def _claim(self, uuids: list[str]) -> str | None:
