@@ -174,7 +174,7 @@ async def _gpu_agent(mgr, tmp_path, name: str, mask=()) -> LocalAgent:
     return agent
 
 
-def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch):
+def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
     """Two managers, each with its own database and agent on the same (stand-in) GPU
     host: the second installation's session that asks for the GPU the first one's kernel
     holds ends with that reason instead of sharing it; once the first ends, it gets it.
@@ -227,10 +227,15 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch):
                 "cuda.device": 1}
             stats = await m2.collect_stats()
             assert [g["uuid"] for g in stats["gpus"]] == [gpu1.uuid]
-            # One MIG instance masked by its UUID: that slot counts one fewer.
-            m3 = await _gpu_agent(one, tmp_path / "one", "mask-mig", mask=[mig_uuids[-1]])
+            # One MIG instance masked by its UUID: that slot counts one fewer. A name that
+            # is no device of the host (a typo) masks nothing, and the log says so.
+            caplog.clear()
+            m3 = await _gpu_agent(one, tmp_path / "one", "mask-mig",
+                                  mask=[mig_uuids[-1], "GPU-typo"])
             assert sum(int(v) for k, v in m3.capacity.items()
                        if k.startswith("cuda.mig-")) == len(mig_uuids) - 1
+            assert "Agent.device_mask names no GPU or MIG instance of this host: GPU-typo" \
+                in caplog.text
 
     asyncio.run(run())
 

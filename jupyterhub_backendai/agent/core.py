@@ -364,7 +364,14 @@ class Agent(LoggingConfigurable):
                           "says %s)", moved, self.resource_group)
             self.resource_group = moved
         self.impl = await self._make_backend()
-        self.topology = self.device_source.topology().without(self.device_mask)
+        found = self.device_source.topology()
+        self.topology = found.without(self.device_mask)
+        named = {str(d.index) for d in found.devices} | {d.uuid for d in found.devices} | {
+            m.uuid for d in found.devices for m in d.mig_instances}
+        if stray := sorted({str(m).strip() for m in self.device_mask} - named - {""}):
+            self.log.warning("Agent.device_mask names no GPU or MIG instance of this host: %s "
+                             "(its devices: %s)", ", ".join(stray),
+                             ", ".join(f"{d.index} {d.uuid}" for d in found.devices) or "none")
         self.devices = self.topology.devices
         # Real devices are claimed host-wide while a kernel has them (hostclaims.py): an
         # agent of another installation on this host passes over them. Described ones
