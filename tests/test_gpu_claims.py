@@ -33,6 +33,7 @@ from jupyterhub_backendai.agent.resources.cuda import NVMLDeviceSource
 from jupyterhub_backendai.agent.resources.gpu_alloc import GPUAllocator
 from jupyterhub_backendai.agent.resources.nvml_standin import stand_in
 from jupyterhub_backendai.common.errors import AgentError
+from jupyterhub_backendai.models import Agent
 
 from .inproc import agent_config, gpu_batch, make_user, running_manager, wait_status
 
@@ -168,17 +169,33 @@ async def _gpu_agent(mgr, tmp_path, name: str, mask=()) -> LocalAgent:
     c.merge(mgr.test_config)
     agent_config(c, tmp_path, "local", slots={"cpu": 8, "mem": "8g"}, name=name)
     c.Agent.device_mask = list(mask)
+    c.Agent.heartbeat_interval = 3600.0  # each heartbeat sent by the test
     agent = LocalAgent(mgr.bus, config=c)
     agent.device_source = _AsIfReal(stand_in("a100-mig"))
     await mgr.attach_agent(agent)
     return agent
 
 
+async def _away(mgr, agent) -> dict:
+    """The slots the manager's record of ``agent`` counts as held by another agent of
+    its host, once the agent's heartbeat (sent now) has reached it."""
+    await agent.heartbeat()
+    want = {k: str(v) for k, v in agent.gpus.away().items()} or None
+    for _ in range(400):
+        row = await mgr.db_read(lambda s: s.get(Agent, agent.agent_id))
+        if (row.away_slots or None) == want:
+            return want or {}
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the manager's record says {row.away_slots}, the agent {want}")
+
+
 def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
     """Two managers, each with its own database and agent on the same (stand-in) GPU
-    host: the second installation's session that asks for the GPU the first one's kernel
-    holds ends with that reason instead of sharing it; once the first ends, it gets it.
-    With ``device_mask`` splitting the host, each agent offers only its own GPUs."""
+    host. While the first installation's kernel holds the whole GPU, the second's agent
+    says so in its heartbeat and its scheduler counts the GPU as taken: a session that
+    asks for it waits. One placed there before the agent could say so ends with the
+    reason instead of sharing the device. Once the first kernel ends, the waiting one
+    gets it. With ``device_mask`` splitting the host, each agent offers only its own."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's claims only
 
     async def run():
@@ -192,24 +209,43 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
             a2 = await _gpu_agent(two, tmp_path / "two", "gpu-two")
             gpu1 = a1.devices[1]
             assert not gpu1.mig_enabled and a2.devices[1].uuid == gpu1.uuid
+            assert await _away(two, a2) == {}
             alice = await make_user(one)
             bob = await make_user(two, email="bob@example.com")
 
             first = await gpu_batch(one, alice, "first", {"cuda.device": 1})
             await wait_status(one, first, ("RUNNING",))
             assert gpu1.uuid in a1.gpus.owners()
+            # Read from the host's lock table, without taking a lock: a2 sees it away,
+            # a1 sees its own kernel's device (occupied in its books, not away).
+            assert {k: int(v) for k, v in a2.gpus.away().items()} == {"cuda.device": 1}
+            assert a1.gpus.away() == {}
+
+            # Placed on what a2's last heartbeat offered: the claim refuses it.
             second = await gpu_batch(two, bob, "second", {"cuda.device": 1})
             failed = await wait_status(two, second, ("ERROR",))
             assert "held by another agent of this host" in (failed.status_info or ""), \
                 failed.status_info
             assert a2.gpus.owners() == {}  # nothing half-taken
 
+            # Once a2 has said so, a request for the GPU waits for it.
+            assert await _away(two, a2) == {"cuda.device": "1"}
+            third = await gpu_batch(two, bob, "third", {"cuda.device": 1})
+            for _ in range(100):
+                waiting = await two.get_session(third)
+                if "cuda.device" in (waiting.status_info or ""):
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting.status == "PENDING", (waiting.status, waiting.status_info)
+            assert "waiting for resources" in waiting.status_info, waiting.status_info
+
             await one.destroy_session(first)
             await wait_status(one, first, ("TERMINATED", "CANCELLED"))
-            third = await gpu_batch(two, bob, "third", {"cuda.device": 1})
+            assert await _away(two, a2) == {}
             await wait_status(two, third, ("RUNNING",))
             kernel = (await two.get_session(third)).kernels[0]
             assert a2.gpus.owners() == {gpu1.uuid: kernel.id}
+            assert {k: int(v) for k, v in a1.gpus.away().items()} == {"cuda.device": 1}
             await two.destroy_session(third)
             await wait_status(two, third, ("TERMINATED", "CANCELLED"))
 

@@ -221,8 +221,8 @@ class Agent(LoggingConfigurable):
         help="""GPUs and MIG instances this agent leaves alone, by index or UUID (as the
         device mask of Backend.AI's accelerator plugins): not in its capacity, never
         handed out. Two installations on one GPU host each get their own GPUs this way;
-        without it, the devices a kernel of one holds are claimed host-wide and the
-        other's requests for them fail with that reason rather than share a GPU.""",
+        without it, the devices a kernel of one holds are claimed host-wide, and the
+        other's requests for them wait until they are free rather than share a GPU.""",
     ).tag(config=True)
     state_dir = Unicode(help="Where the agent keeps its state.").tag(config=True)
 
@@ -561,14 +561,17 @@ class Agent(LoggingConfigurable):
     async def holdings(self) -> dict:
         """What this agent holds, for the scheduler's preference (issues 25 and 30):
         ``images``, the labelled images on its engine, and ``pool``, its ready pooled
-        kernels per warm pool key (unbound, running, not being started or bound)."""
+        kernels per warm pool key (unbound, running, not being started or bound); and
+        what it cannot offer now: ``away``, its GPUs another agent of this host (another
+        installation's) holds, by slot (the scheduler counts them as taken)."""
         images = sorted({i.name for i in await self.impl.list_images()})
         pool: dict[str, int] = {}
         if getattr(self.impl, "pools", False):
             for r in await self.impl.list_kernels():
                 if r.pooled and r.alive and r.kernel_id not in self._pool_busy:
                     pool[r.pooled] = pool.get(r.pooled, 0) + 1
-        return {"images": images, "pool": pool}
+        away = {k: str(v) for k, v in self.gpus.away().items()}
+        return {"images": images, "pool": pool, "away": away}
 
     async def _announce(self) -> None:
         await self.event_bus.publish(

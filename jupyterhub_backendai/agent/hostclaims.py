@@ -96,6 +96,49 @@ class HostClaims:
         self._held[key] = fd
         return True
 
+    def held_elsewhere(self, keys) -> set[str]:
+        """Of ``keys``, those another agent holds now (another process's lock on the
+        claim file, or another claims object's), read from the kernel's lock table
+        (``/proc/locks``) without taking any lock: reading never makes another agent's
+        claim fail. Empty where the table cannot be read."""
+        wanted: dict[tuple[int, int, int], str] = {}
+        for key in map(str, keys):
+            if key in self._held:
+                continue
+            try:
+                st = os.stat(self.path(key), follow_symlinks=False)
+            except OSError:
+                continue  # no file: nobody claims it
+            wanted[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = key
+        if not wanted:
+            return set()
+        try:
+            with open("/proc/locks", encoding="ascii", errors="replace") as f:
+                table = f.read()
+        except OSError:
+            return set()
+        # btrfs gives a file's subvolume an anonymous device of its own in stat, where the
+        # lock table names the filesystem's (anonymous too, major 0): there the inode
+        # alone decides.
+        anonymous = {ino: key for (major, _minor, ino), key in wanted.items() if major == 0}
+        held = set()
+        for line in table.splitlines():
+            # "1: FLOCK  ADVISORY  WRITE 4242 08:01:123456 0 EOF"; a waiter's line has
+            # "->" after the number and holds nothing.
+            parts = line.split()
+            if len(parts) < 6 or parts[1] != "FLOCK":
+                continue
+            try:
+                major, minor, ino = parts[5].split(":")
+                where = (int(major, 16), int(minor, 16), int(ino))
+            except ValueError:
+                continue
+            if where in wanted:
+                held.add(wanted[where])
+            elif where[0] == 0 and where[2] in anonymous:
+                held.add(anonymous[where[2]])
+        return held
+
     def give_back(self, *keys: int | str) -> None:
         for key in map(str, keys):
             if key not in self._held:

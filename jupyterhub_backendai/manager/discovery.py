@@ -483,7 +483,7 @@ class HeartbeatWriter:
     SQL = (
         "UPDATE agents SET addr = %s, architecture = %s, backend = %s, version = %s, "
         "available_slots = %s::json, last_heartbeat = %s, images = %s::json, "
-        "pool_ready = %s::json "
+        "pool_ready = %s::json, away_slots = %s::json "
         "WHERE id = %s AND status = %s AND resource_group = %s"
     )
 
@@ -527,7 +527,7 @@ class HeartbeatWriter:
         params = (
             info.get("addr", ""), info.get("architecture", ""), info.get("backend", ""),
             info.get("version", ""), self._slots(ResourceSlot.from_json(info["available_slots"])),
-            utcnow(), *(json.dumps(held.get(k)) for k in ("images", "pool_ready")),
+            utcnow(), *(json.dumps(held.get(k)) for k in ("images", "pool_ready", "away_slots")),
             info["id"], AgentStatus.ALIVE, info["resource_group"],
         )
         if self._conn is None:

@@ -473,8 +473,9 @@ def upsert_agent(s, info: dict) -> str | None:
 
 def _holdings(info: dict) -> dict:
     """What a heartbeat says the agent holds (issues 25 and 30), as the agent row's
-    columns: the labelled images on its engine and its ready pooled kernels per warm
-    pool. Only what it says: a registration (``info()``) leaves the row's as they are."""
+    columns: the labelled images on its engine, its ready pooled kernels per warm pool,
+    and its slots another agent of its host holds now. Only what it says: a registration
+    (``info()``) leaves the row's as they are."""
     out = {}
     if "images" in info:
         images = info["images"]
@@ -483,6 +484,13 @@ def _holdings(info: dict) -> dict:
         pool = info["pool"]
         out["pool_ready"] = ({str(k): v for k, v in pool.items() if isinstance(v, int) and v > 0}
                              if isinstance(pool, dict) else None)
+    if "away" in info:
+        away = info["away"]
+        try:
+            slots = ResourceSlot.from_json(away).nonzero() if isinstance(away, dict) else None
+        except Exception:
+            slots = None  # (an agent's word that does not parse: as if it had not said)
+        out["away_slots"] = slots.to_json() if slots else None
     return out
 
 

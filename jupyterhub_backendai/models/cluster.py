@@ -53,3 +53,6 @@ class Agent(Base):
     # its ready pooled kernels per warm pool ({pool key: count}).
     images: Mapped[list | None] = mapped_column(JSON, nullable=True, default=None)
     pool_ready: Mapped[dict | None] = mapped_column(JSON, nullable=True, default=None)
+    # Its slots another agent of the same host holds now (GPUs of another installation:
+    # agent/hostclaims.py), {slot: amount}: the scheduler counts them as taken.
+    away_slots: Mapped[dict | None] = mapped_column(JSON, nullable=True, default=None)

@@ -83,6 +83,19 @@ class GPUAllocator:
             cap[m.slot] = cap.get(m.slot, Decimal(0)) + 1
         return cap
 
+    def away(self) -> dict[str, Decimal]:
+        """The devices and MIG instances (by slot) another agent of this host holds now:
+        not this agent's to offer while that agent's kernels have them ({} without
+        claims or when none is held elsewhere)."""
+        if self.claims is None:
+            return {}
+        uuids = {d.uuid: CUDA for d in self.whole.values()} | {
+            u: m.slot for u, m in self.migs.items()}
+        out: dict[str, Decimal] = {}
+        for u in self.claims.held_elsewhere(u for u in uuids if u not in self._owner):
+            out[uuids[u]] = out.get(uuids[u], Decimal(0)) + 1
+        return out
+
     def owners(self) -> dict[str, str]:
         """{device or MIG instance UUID: kernel id}"""
         return dict(self._owner)

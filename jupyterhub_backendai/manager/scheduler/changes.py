@@ -70,12 +70,14 @@ def fingerprint(db: DBSession, group: str) -> tuple:
         agents = db.execute(text(
             "SELECT count(*), md5(string_agg(id || ':' || coalesce(status, '') || ':' ||"
             " coalesce(schedulable::text, '') || ':' || coalesce(architecture, '') || ':' ||"
-            " coalesce(available_slots::text, '') || ':' || coalesce(occupied_slots::text, ''),"
+            " coalesce(available_slots::text, '') || ':' || coalesce(occupied_slots::text, '')"
+            " || ':' || coalesce(away_slots::text, ''),"
             " ',' ORDER BY id)) FROM agents WHERE resource_group = :g"), {"g": group}).all()
     else:
         agents = db.execute(
             select(A.c.id, A.c.status, A.c.schedulable, A.c.architecture,
-                   A.c.available_slots.cast(String), A.c.occupied_slots.cast(String))
+                   A.c.available_slots.cast(String), A.c.occupied_slots.cast(String),
+                   A.c.away_slots.cast(String))
             .where(A.c.resource_group == group).order_by(A.c.id)
         ).all()
     grp = db.execute(select(RG).where(RG.c.name == group)).all()

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from decimal import Decimal
 
 from sqlalchemy import Text, cast, func, or_, select, text
 from sqlalchemy.orm import Session as DBSession
@@ -29,7 +30,7 @@ from ...models import (
 )
 from ...models.base import utcnow
 from .options import SchedulerOptions
-from .pool import AgentPool, PoolAgent
+from .pool import ZERO, AgentPool, PoolAgent
 from .state import GroupInfo, PassContext, PendingSession, Policy, Usage
 
 S = Session.__table__
@@ -267,10 +268,10 @@ def load_agents(db: DBSession, group: str) -> list[PoolAgent]:
     out = []
     parse = _FullSlotCache()
     held = _JSONCache()
-    for aid, arch, avail, occ, backend, images, ready in db.execute(
+    for aid, arch, avail, occ, backend, images, ready, away in db.execute(
         select(A.c.id, A.c.architecture, _as_text(A.c.available_slots),
                _as_text(A.c.occupied_slots), A.c.backend, _as_text(A.c.images),
-               _as_text(A.c.pool_ready))
+               _as_text(A.c.pool_ready), _as_text(A.c.away_slots))
         .where(
             A.c.resource_group == group,
             A.c.status == AgentStatus.ALIVE,
@@ -282,7 +283,12 @@ def load_agents(db: DBSession, group: str) -> list[PoolAgent]:
         # Agents are mostly alike: each distinct text is parsed once; the pool changes
         # ``occupied`` and ``free`` in place, so those are the agent's own copies.
         avail, occ, free = parse(avail, occ)
-        out.append(PoolAgent(aid, arch or "", avail, _copy_slots(occ), _copy_slots(free),
+        free = _copy_slots(free)
+        if away is not None:  # its GPUs another agent of its host holds now: taken
+            for slot, amount in (held(away, dict) or {}).items():
+                if slot in free:
+                    free[slot] = max(free[slot] - Decimal(str(amount)), ZERO)
+        out.append(PoolAgent(aid, arch or "", avail, _copy_slots(occ), free,
                              held(images, frozenset), held(ready, dict), backend or ""))
     return out
 
