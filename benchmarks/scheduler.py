@@ -215,7 +215,11 @@ def run(url: str, agents: int, pending: int, verbose: bool = True,
         cancelled_pass = dict(dispatcher.LAST_PASS)
         released_placed += len(got)
     cancelled.sort()
-    problems = dispatcher.check_consistency(sm)
+    # (in the scheduler's audit module since the third session of 2026-11-30)
+    check = getattr(dispatcher, "check_consistency", None)
+    if check is None:
+        from jupyterhub_backendai.manager.scheduler import check_consistency as check
+    problems = check(sm)
     engine.dispose()
     seconds = sum(p["total_s"] for p in passes)
     placing = [p for p in passes if p["placed"]]
