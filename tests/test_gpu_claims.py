@@ -33,7 +33,10 @@ from jupyterhub_backendai.agent.resources.cuda import NVMLDeviceSource
 from jupyterhub_backendai.agent.resources.gpu_alloc import GPUAllocator
 from jupyterhub_backendai.agent.resources.nvml_standin import stand_in
 from jupyterhub_backendai.common.errors import AgentError
+from jupyterhub_backendai.manager import admin
+from jupyterhub_backendai.manager.access import Principal
 from jupyterhub_backendai.models import Agent
+from jupyterhub_backendai.pages.console import _agent_view, human_slots
 
 from .inproc import agent_config, gpu_batch, make_user, running_manager, wait_status
 
@@ -156,6 +159,10 @@ def test_mig_instances_are_claimed_host_wide(tmp_path, other_agents):
     assert other.ask("take k-theirs-2 0 2g.20gb")["uuids"]  # the refused one took nothing
 
 
+ROOT = Principal(user_id="root", username="root", email="root@example.com", role="superadmin",
+                 domain="default")
+
+
 class _AsIfReal(NVMLDeviceSource):
     """The stand-in read as an agent on a GPU host reads its driver: its devices are
     claimed host-wide. (The local backend hands devices to a kernel as environment
@@ -228,8 +235,13 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
                 failed.status_info
             assert a2.gpus.owners() == {}  # nothing half-taken
 
-            # Once a2 has said so, a request for the GPU waits for it.
+            # Once a2 has said so, a request for the GPU waits for it; the admin API and
+            # the console say where the GPU is.
             assert await _away(two, a2) == {"cuda.device": "1"}
+            shown = await two.db_read(admin.get_agent, ROOT, a2.agent_id)
+            assert shown["away_slots"] == {"cuda.device": "1"}
+            row = next(r for r in _agent_view(shown)["use"] if r["slot"] == "cuda.device")
+            assert row["away"] == human_slots({"cuda.device": 1})
             third = await gpu_batch(two, bob, "third", {"cuda.device": 1})
             for _ in range(100):
                 waiting = await two.get_session(third)
@@ -242,6 +254,8 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
             await one.destroy_session(first)
             await wait_status(one, first, ("TERMINATED", "CANCELLED"))
             assert await _away(two, a2) == {}
+            shown = await two.db_read(admin.get_agent, ROOT, a2.agent_id)
+            assert shown["away_slots"] == {}
             await wait_status(two, third, ("RUNNING",))
             kernel = (await two.get_session(third)).kernels[0]
             assert a2.gpus.owners() == {gpu1.uuid: kernel.id}

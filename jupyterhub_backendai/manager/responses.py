@@ -290,6 +290,10 @@ class Agent(Response):
     backend: str
     available_slots: SlotsOut
     occupied_slots: SlotsOut
+    away_slots: Annotated[dict[str, str], BeforeValidator(lambda v: _slots(v) or {}), Field(
+        description="Its GPUs that another agent of the same host (another installation's "
+                    "kernels) holds now, as its last heartbeat said; the scheduler counts "
+                    "them as taken.")]
     schedulable: bool
     version: str
     first_contact: Time

@@ -541,9 +541,11 @@ def _agent_view(a: dict, live: dict | None = None) -> dict:
     for key in sorted(set(avail) | set(used), key=lambda k: ("cpu", "mem", "cuda.device").index(k)
                       if k in ("cpu", "mem", "cuda.device") else 9):
         total, taken = float(avail.get(key, 0)), float(used.get(key, 0))
+        elsewhere = (a.get("away_slots") or {}).get(key)
         rows.append({"slot": key, "used": human_slots({key: used.get(key, 0)}),
                      "total": human_slots({key: avail.get(key, 0)}),
-                     "percent": round(100 * taken / total) if total else 0})
+                     "percent": round(100 * taken / total) if total else 0,
+                     "away": human_slots({key: elsewhere}) if elsewhere else ""})
     return {**a, "use": rows, "live": live}
 
 
