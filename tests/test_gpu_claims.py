@@ -183,10 +183,12 @@ async def _gpu_agent(mgr, tmp_path, name: str, mask=()) -> LocalAgent:
     return agent
 
 
-async def _away(mgr, agent) -> dict:
+async def _away(mgr, agent, send: bool = True) -> dict:
     """The slots the manager's record of ``agent`` counts as held by another agent of
-    its host, once the agent's heartbeat (sent now) has reached it."""
-    await agent.heartbeat()
+    its host, once the agent's heartbeat (sent now; with ``send`` false, one the agent
+    sent by itself) has reached it."""
+    if send:
+        await agent.heartbeat()
     want = {k: str(v) for k, v in agent.gpus.away().items()} or None
     for _ in range(400):
         row = await mgr.db_read(lambda s: s.get(Agent, agent.agent_id))
@@ -201,8 +203,9 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
     host. While the first installation's kernel holds the whole GPU, the second's agent
     says so in its heartbeat and its scheduler counts the GPU as taken: a session that
     asks for it waits. One placed there before the agent could say so ends with the
-    reason instead of sharing the device. Once the first kernel ends, the waiting one
-    gets it. With ``device_mask`` splitting the host, each agent offers only its own."""
+    reason instead of sharing the device (here, without retries), and the refusal makes
+    the agent say it at once. Once the first kernel ends, the waiting one gets it. With
+    ``device_mask`` splitting the host, each agent offers only its own."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's claims only
 
     async def run():
@@ -235,9 +238,10 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
                 failed.status_info
             assert a2.gpus.owners() == {}  # nothing half-taken
 
-            # Once a2 has said so, a request for the GPU waits for it; the admin API and
-            # the console say where the GPU is.
-            assert await _away(two, a2) == {"cuda.device": "1"}
+            # The refusal made a2 say so at once (its next heartbeat is an hour away): a
+            # request for the GPU now waits for it; the admin API and the console say
+            # where the GPU is.
+            assert await _away(two, a2, send=False) == {"cuda.device": "1"}
             shown = await two.db_read(admin.get_agent, ROOT, a2.agent_id)
             assert shown["away_slots"] == {"cuda.device": "1"}
             row = next(r for r in _agent_view(shown)["use"] if r["slot"] == "cuda.device")

@@ -744,8 +744,13 @@ class Agent(LoggingConfigurable):
             # All or nothing: raises with nothing taken when the devices are not free.
             try:
                 gpu = self.gpus.take(spec["kernel_id"], n_gpu, n_mig, cpu=slots.get(CPU))
-            except BaseException:
+            except BaseException as e:
                 self.ports.release(spec["kernel_id"])
+                if isinstance(e, AgentError) and self.gpus.away():
+                    # Devices another agent of this host holds: the scheduler hears of
+                    # them now, not at the next heartbeat, so that the session's retry
+                    # waits for them in the queue instead of meeting the claim again.
+                    self.report_soon()
                 raise
             devices = gpu.indices
             self._kernel_slots[spec["kernel_id"]] = slots
