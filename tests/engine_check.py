@@ -11,6 +11,7 @@ the single process of a serial run), after every worker has finished.
 
 from __future__ import annotations
 
+import glob
 import shutil
 import subprocess
 
@@ -64,7 +65,12 @@ def remove_free_port_claims() -> None:
     from jupyterhub_backendai.agent.hostclaims import HostClaims
 
     for kind in ("port", "gpu"):
-        HostClaims(kind).remove_stale()
+        claims = HostClaims(kind)
+        head, tail = claims.path("*").split("*")
+        for path in glob.glob(claims.path("*")):
+            key = path[len(head):len(path) - len(tail)]
+            if key and claims.take(key):
+                claims.give_back(key)
 
 
 def remove_agent_network() -> None:

@@ -366,9 +366,7 @@ class Agent(LoggingConfigurable):
         self.impl = await self._make_backend()
         found = self.device_source.topology()
         self.topology = found.without(self.device_mask)
-        named = {str(d.index) for d in found.devices} | {d.uuid for d in found.devices} | {
-            m.uuid for d in found.devices for m in d.mig_instances}
-        if stray := sorted({str(m).strip() for m in self.device_mask} - named - {""}):
+        if stray := found.unknown(self.device_mask):
             self.log.warning("Agent.device_mask names no GPU or MIG instance of this host: %s "
                              "(its devices: %s)", ", ".join(stray),
                              ", ".join(f"{d.index} {d.uuid}" for d in found.devices) or "none")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import glob
 import logging
 import os
 import re
@@ -60,9 +59,6 @@ class HostClaims:
 
     def path(self, key: int | str) -> str:
         return claim_path(self.kind, key, self.directory)
-
-    def holds(self, key: int | str) -> bool:
-        return str(key) in self._held
 
     def take(self, key: int | str) -> bool:
         """Claim ``key``; False when another agent (of any process) holds it."""
@@ -154,16 +150,3 @@ class HostClaims:
 
     def give_back_all(self) -> None:
         self.give_back(*list(self._held))
-
-    def remove_stale(self) -> int:
-        """Takes and gives back every claim file of this kind that nobody holds (those
-        killed agents left); a claim another agent holds is left alone. Returns how
-        many were removed."""
-        head, tail = self.path("*").split("*")
-        removed = 0
-        for path in glob.glob(self.path("*")):
-            key = path[len(head):len(path) - len(tail)]
-            if key and key not in self._held and self.take(key):
-                self.give_back(key)
-                removed += 1
-        return removed

@@ -479,7 +479,7 @@ async def create(manager, p: Principal, body: dict, *, home: bool = False) -> di
     known = sorted(await _volumes(manager, away))
     host = body.get("host") or manager.default_vfolder_host
     proxy = host.partition(":")[0]
-    if proxy in away and host not in known:
+    if proxy in away:  # (none of its hosts is known then)
         raise BackendAIError(f"host: the storage proxy {proxy!r} of {host!r} does not answer "
                              f"({away[proxy]}); no folder was made", status_code=503)
 

@@ -103,7 +103,7 @@ class GPUTopology:
         """This topology less the GPUs and MIG instances in ``mask`` (indices or UUIDs,
         as Backend.AI's device mask names them): a masked GPU goes with its instances.
         Indices stay as NVML gives them."""
-        mask = {str(m).strip() for m in mask or ()} - {""}
+        mask = _mask(mask)
         if not mask:
             return self
         keep = []
@@ -117,6 +117,12 @@ class GPUTopology:
             devices=keep, driver=self.driver, problem=self.problem,
             links={k: v for k, v in self.links.items() if k[0] in kept and k[1] in kept})
 
+    def unknown(self, mask) -> list[str]:
+        """The entries of ``mask`` that name no GPU (index or UUID) or MIG instance here."""
+        named = {n for d in self.devices for n in (str(d.index), d.uuid)} | {
+            m.uuid for d in self.devices for m in d.mig_instances}
+        return sorted(_mask(mask) - named)
+
     def to_json(self) -> dict:
         return {
             "driver": self.driver,
@@ -127,6 +133,11 @@ class GPUTopology:
                 for (i, j), ln in sorted(self.links.items())
             ],
         }
+
+
+def _mask(mask) -> set[str]:
+    """A device mask's entries as the names they are compared with."""
+    return {str(m).strip() for m in mask or ()} - {""}
 
 
 def format_cpuset(cpus) -> str:
