@@ -215,6 +215,7 @@ class HubVariant:
     body: dict | None = None
 
     meter: CpuMeter | None = None
+    verbose = False
 
     def __init__(self):
         self.http = requests.Session()
@@ -235,21 +236,26 @@ class HubVariant:
         self.n += n
         headers = {"Authorization": f"token {self.token}"}
 
-        def one(server: str) -> None:
+        def one(server: str) -> tuple[float, float]:
             http = requests.Session()
             r = http.post(f"{self.base}/hub/api/users/{USER}/servers/{server}", headers=headers,
                           json=self.body, timeout=READY_TIMEOUT)
+            answered = time.perf_counter() - t0
             if r.status_code not in (201, 202):
                 raise RuntimeError(f"{self.name}: spawn answered {r.status_code}: {r.text}")
             wait_status(http, f"{self.base}/user/{USER}/{server}/api/status", headers,
                         time.monotonic() + READY_TIMEOUT)
+            return answered, time.perf_counter() - t0
 
         if self.meter:
             self.meter.start()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
-            list(pool.map(one, servers))
+            each = list(pool.map(one, servers))
         elapsed = time.perf_counter() - t0
+        if self.verbose:
+            log(f"  {self.name}: each (POST answered / ready, s): " + "  ".join(
+                f"{a:.2f}/{b:.2f}" for a, b in sorted(each, key=lambda e: e[1])))
         if self.meter:
             self.meter.stop(self.containers())
         for server in servers:
@@ -494,6 +500,7 @@ class DockerRun:
     name = "docker_run"
 
     meter: CpuMeter | None = None
+    verbose = False
 
     def __init__(self):
         self.http = requests.Session()
@@ -564,6 +571,15 @@ def pct(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def print_cpu(variants: list) -> None:
+    print("CPU-seconds per round, p50 (the warm-up round left out):")
+    print(f"{'':<15}" + "".join(f"{k:>9}" for k in CPU_PARTS))
+    for v in variants:
+        rounds = v.meter.rounds[1:] or v.meter.rounds
+        print(f"{v.name:<15}" + "".join(
+            f"{statistics.median(r_[k] for r_ in rounds):>9.2f}" for k in CPU_PARTS))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10, help="measured rounds (default 10)")
@@ -573,11 +589,14 @@ def main() -> int:
     ap.add_argument("--pool", type=int, default=0, metavar="SIZE",
                     help="our hub keeps a warm pool of SIZE kernels of the same limits")
     ap.add_argument("--cpu", action="store_true",
-                    help="with --concurrent: CPU-seconds per round by part (hub, engine, "
+                    help="with --concurrent or --pool: CPU-seconds per round by part (hub, engine, "
                          "kernels, the rest), p50s printed at the end")
     ap.add_argument("--no-build", action="store_true",
                     help="take the kernel image as the engine holds it (no images/build.sh: "
                          "images/ may hold someone's unfinished change)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="with --concurrent: when each server's POST was answered and when it "
+                         "was ready, per round")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -610,6 +629,7 @@ def main() -> int:
         for make in makers:
             v = make()
             variants.append(v)  # before start(): a half-started variant is cleaned up too
+            v.verbose = args.verbose
             log(f"starting {v.name} ...")
             v.start()
             if args.cpu:
@@ -654,6 +674,8 @@ def main() -> int:
         p50 = {name: statistics.median(ts) for name, ts in times.items()}
         for name, ts in times.items():
             print(f"{name:<15}{p50[name]:>8.3f}{min(ts):>8.3f}{max(ts):>8.3f}")
+        if args.cpu:
+            print_cpu(variants)
         ok = p50["ours"] < 0.5
         print(f"ours p50 {p50['ours']:.3f} s (target < 0.5 s: {'met' if ok else 'MISSED'})")
         print(f"pool={args.pool} concurrent={n} ours_p50_s={p50['ours']:.3f} "
@@ -668,12 +690,7 @@ def main() -> int:
             print(f"{name:<15}{p50[name]:>8.3f}{min(ts):>8.3f}{max(ts):>8.3f}")
         r = p50["ours"] / p50["docker_run"]
         if args.cpu:
-            print("CPU-seconds per round, p50 (the warm-up round left out):")
-            print(f"{'':<15}" + "".join(f"{k:>9}" for k in CPU_PARTS))
-            for v in variants:
-                rounds = v.meter.rounds[1:] or v.meter.rounds
-                print(f"{v.name:<15}" + "".join(
-                    f"{statistics.median(r_[k] for r_ in rounds):>9.2f}" for k in CPU_PARTS))
+            print_cpu(variants)
         print(f"ratio ours/docker_run (p50) = {r:.3f}  (target <= 1.1: {'met' if r <= 1.1 else 'MISSED'})")
         print(f"concurrent={n} ours_p50_s={p50['ours']:.3f} docker_run_p50_s={p50['docker_run']:.3f} "
               f"ratio_vs_docker_run={r:.3f}", flush=True)

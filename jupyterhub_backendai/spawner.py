@@ -514,7 +514,8 @@ class BackendAISpawner(Spawner):
         port = sess.kernels[0].service_ports[0]
         host = sess.kernels[0].kernel_host
         url = f"http://{host}:{port['host_port']}"
-        await self._wait_http(url + self.server.base_url + "api", deadline)
+        with self.manager.answering(self.session_id):
+            await self._wait_http(url + self.server.base_url + "api", deadline)
         return url
 
     async def _wait_http(self, url: str, start_deadline: float) -> None:

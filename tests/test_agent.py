@@ -664,7 +664,7 @@ def test_the_pool_waiter_waits_out_the_binding_file_being_given_to_it(tmp_path):
     waiter.chmod(0o755)
     name = f"bai-test-waiter-{new_id()[:8]}"
     subprocess.run(["docker", "run", "-d", "--name", name, "--user", "1000:1000",
-                    "--network", "none", "-v", f"{conf}:/home/config",
+                    "--network", "none", "-v", f"{conf}:{warmpool.INBOX}",
                     "-v", f"{waiter}:/waiter:ro", "--entrypoint", "python3",
                     "backendai/python-kernel:latest", "/waiter"],
                    check=True, capture_output=True)
@@ -682,7 +682,7 @@ def test_the_pool_waiter_waits_out_the_binding_file_being_given_to_it(tmp_path):
         while warmpool.READY_LINE not in logs():
             assert time.monotonic() < deadline and running(), logs()
             time.sleep(0.1)
-        bind = conf / "pool-bind.json"
+        bind = conf / warmpool.BIND_NAME
         # Root's and 0600 from its first instant, as Docker's archive makes it (written
         # and then chmodded, it was readable in between and the waiter took it).
         fd = os.open(bind, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

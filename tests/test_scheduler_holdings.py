@@ -323,3 +323,91 @@ def test_a_session_goes_to_the_agent_with_its_pooled_kernel_and_binds_it(db_url,
     # The agents stopped with their pools empty: no mount of theirs stays on the host.
     with open("/proc/self/mountinfo") as f:
         assert not [line for line in f if str(tmp_path) in line]
+
+
+def test_the_pool_refills_after_the_starts_in_flight_and_warms_up_on_spare_cpu(db_url, tmp_path):
+    """Issue 30, the morning rush with a warm pool: a refill started beside five pooled
+    starts took the CPU their servers needed (1.6 s for the five, 1.1 s once the refill
+    waited). A refill now waits while this manager has a start in flight (from its
+    placement until its spawner's server answers: ``Manager.answering``, what the
+    spawner enters), and runs once it is over, or after ``warm_pool_interval`` all the
+    same. The kernels it starts warm up at the least CPU weight the engine knows."""
+    import asyncio
+    import json
+    import os
+    import stat
+    import subprocess
+    import time
+
+    from jupyterhub_backendai.agent.backends.docker import POOL_CPU_SHARES
+    from jupyterhub_backendai.agent.warmpool import INBOX
+    from jupyterhub_backendai.manager.access import Principal
+
+    from .hub import KERNEL_IMAGE
+    from .inproc import running_manager
+
+    root = Principal(user_id="root", username="root", email="root@example.com",
+                     role="superadmin", domain="default")
+
+    def configure(c):
+        c.BackendAIManager.warm_pool_interval = 60.0
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "docker", slots={"cpu": 3, "mem": "6g"},
+                                   configure=configure) as mgr:
+            aid = mgr.agent.agent_id
+
+            def pooled() -> list[str]:
+                return subprocess.run(
+                    ["docker", "ps", "-aq", "--filter", f"label=ai.backend.agent-id={aid}",
+                     "--filter", "label=ai.backend.pool"],
+                    capture_output=True, text=True, check=True).stdout.split()
+
+            preset = f"wp-{aid[-8:]}"
+            await mgr.ops.create_resource_preset(root, {
+                "name": preset, "resource_slots": {"cpu": "0.5", "mem": "512m"}})
+
+            async def size(n: int) -> None:
+                await mgr.ops.set_warm_pool(root, {"resource_group": "default",
+                                                   "image": KERNEL_IMAGE, "preset": preset,
+                                                   "size": n})
+                mgr.warmpool.kick(now=True)
+
+            # A start in flight (a spawner waiting for its server): the refill waits ...
+            with mgr.answering("a-session-starting"):
+                await size(1)
+                await _poll(lambda: _async(mgr.warmpool.settled()), "the round", 60)
+                await asyncio.sleep(1.5)
+                assert pooled() == [] and mgr.starts_in_flight() == 1
+            # ... and runs once it is over (not after the 60 s interval).
+            t0 = time.monotonic()
+            await _poll(lambda: _async(pooled()), "the refill after the start", 30)
+            assert time.monotonic() - t0 < 30
+            [cid] = pooled()
+            info = json.loads(subprocess.run(["docker", "inspect", cid], capture_output=True,
+                                             text=True, check=True).stdout)[0]
+            # It warms up on what nobody else wants.
+            assert info["HostConfig"]["CpuShares"] == POOL_CPU_SHARES
+            # Its inbox (the binding's environment, a session's token, comes there) lies
+            # in a directory only root may enter.
+            [inbox] = [m["Source"] for m in info["Mounts"] if m["Destination"] == INBOX]
+            assert stat.S_IMODE(os.stat(os.path.dirname(inbox)).st_mode) == 0o700
+            assert os.stat(inbox).st_uid == 1000 and os.listdir(inbox) == []
+
+            # Starts that go on and on do not keep the pool from filling: after
+            # warm_pool_interval it refills all the same.
+            mgr.warm_pool_interval = 2.0
+            with mgr.answering("a-start-that-goes-on"):
+                t0 = time.monotonic()
+                await size(2)
+                await _poll(lambda: _async(len(pooled()) == 2), "the overdue refill", 60)
+                assert time.monotonic() - t0 >= 1.5
+            await size(0)
+            await _poll(lambda: _async(pooled() == [] and mgr.warmpool.settled()),
+                        "the pool emptied", 120)
+
+    asyncio.run(run())
+
+
+async def _async(value):
+    return value

@@ -10,11 +10,14 @@ cannot fill.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
 
 import pytest
+
+from jupyterhub_backendai.agent.warmpool import INBOX
 
 from .api_world import new_user, superadmin
 from .conftest import shutdown_hub
@@ -154,7 +157,8 @@ def test_a_pooled_session_is_its_users_own_and_like_a_fresh_one(hub, preset):
     # A fresh session of alice's first (no pool yet): what a pooled one must equal.
     start(hub, alice, "fresh")
     fresh = observe(hub, alice, "fresh")
-    assert "ai.backend.pool" not in session_container(hub, alice, "fresh")["Config"]["Labels"]
+    fresh_box = session_container(hub, alice, "fresh")
+    assert "ai.backend.pool" not in fresh_box["Config"]["Labels"]
     hub.stop_server(alice["username"], "fresh", token=alice["token"])
 
     set_pool(hub, preset, 2)
@@ -191,10 +195,16 @@ def test_a_pooled_session_is_its_users_own_and_like_a_fresh_one(hub, preset):
     # The home: the user's folder, seeded like a fresh one (the file of the fresh start
     # is there: it is the same home).
     assert set(fresh["home"]) <= set(a["home"])
-    # Its limits: the session's, as the engine applies them (the startup burst is over).
+    # Its limits: the session's, as the engine applies them (the startup burst is over),
+    # and the CPU weight of a fresh kernel (a pooled one warms up at the least weight).
     for box in (a_box, b_box):
         assert (box["HostConfig"]["NanoCpus"], box["HostConfig"]["Memory"]) == (
             5 * 10**8, 512 * 2**20)
+        assert box["HostConfig"]["CpuShares"] == fresh_box["HostConfig"]["CpuShares"] == 1024
+        # The binding's environment (the user's token) was read and is gone from the
+        # kernel's inbox on the host.
+        [inbox] = [m["Source"] for m in box["Mounts"] if m["Destination"] == INBOX]
+        assert os.listdir(inbox) == []
     # Nothing of the other user: token, name, files.
     assert alice["token"] not in json.dumps(b) and bob["token"] not in json.dumps(a)
     assert alice["username"] not in json.dumps(b) and bob["username"] not in json.dumps(a)

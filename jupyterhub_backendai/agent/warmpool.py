@@ -17,9 +17,14 @@ Binding, done once (a pooled kernel serves one session, then goes with it):
   to mount (root, in the engine's mount namespace): where it cannot, no pool fills, and
   the console says why.
 - **Environment and token.** The waiter gets the session's environment (the token,
-  ``JUPYTERHUB_*``, the user's variables, ``BACKENDAI_*``) as a file the agent puts into
-  the container (``/home/config/pool-bind.json``, mode 0600, the kernel user's), reads
-  and deletes it, sets its environment, seeds a fresh home from ``/etc/skel`` as the
+  ``JUPYTERHUB_*``, the user's variables, ``BACKENDAI_*``) as a file the agent writes
+  into the kernel's *inbox*: a second directory of its own on the host,
+  ``<pool root>/<kernel id>/inbox`` (the kernel user's, 0700, under a directory only
+  root may enter), mounted at ``/home/config/pool``. The file is written under another
+  name, mode 0600 and the kernel user's from its first byte, and renamed into place,
+  so the waiter never sees it partial or unreadable. (Docker's archive API did this
+  before: an untar by a process of the engine's for each binding, 0.2-0.3 s of five
+  bindings at once.) The waiter reads and deletes it, sets its environment, seeds a fresh home from ``/etc/skel`` as the
   image's init does, changes into ``/home/work`` and runs ``jupyterhub-singleuser`` in
   the same process. The container's own environment (what ``docker exec`` gets) stays
   the pool's, with no user's token in it.
@@ -48,7 +53,8 @@ import time
 
 POOL_LABEL = "ai.backend.pool"
 POOL_SESSION_PREFIX = "pool-"
-BIND_FILE = "home/config/pool-bind.json"
+INBOX = "/home/config/pool"  # in the container; the binding file is INBOX/BIND_NAME
+BIND_NAME = "pool-bind.json"
 WAITER_PATH = "/opt/backendai-pool/jupyterhub-singleuser"
 READY_LINE = "backendai-pool: ready"
 KERNEL_UID = 1000
@@ -78,11 +84,12 @@ for mod in ("jupyter_server.serverapp", "jupyterhub.singleuser.mixins",
     except Exception:
         pass
 print("backendai-pool: ready", flush=True)
-path = "/home/config/pool-bind.json"
+path = "/home/config/pool/pool-bind.json"
 while not os.path.exists(path):
     time.sleep(0.005)
-# Docker's archive makes the file as root with its mode (0600) and gives it to this user
-# only then: until that, it does not open; while written, it does not parse.
+# The agent renames it into place whole, the user's and 0600 already; should it ever
+# appear before it can be opened or parsed (it once came by Docker's archive, made as
+# root and handed over after), that is waited out.
 deadline = time.monotonic() + 60
 while True:
     try:
@@ -123,14 +130,6 @@ def waiter_archive() -> bytes:
     """The waiter as a tar for the container's ``/`` (put before its start)."""
     return tar_archive([("opt/backendai-pool", 0o755, None, 0),
                  (WAITER_PATH.lstrip("/"), 0o755, WAITER.encode(), 0)])
-
-
-def bind_archive(environ: dict) -> bytes:
-    """The binding's environment as a tar for the container's ``/``: the kernel user's,
-    0600 (the token is in it); the waiter deletes it once read."""
-    data = json.dumps({"environ": environ}).encode()
-    return tar_archive([("home/config", 0o755, None, KERNEL_UID),
-                 (BIND_FILE, 0o600, data, KERNEL_UID)])
 
 
 def tar_archive(entries) -> bytes:
@@ -220,11 +219,34 @@ class PoolRoot:
                 "run as root in the Docker engine's mount namespace)") from None
         self.ready = True
 
-    def slot(self, kernel_id: str) -> str:
-        """The empty directory a pooled kernel's /home/work is bound to (made here)."""
-        work = os.path.join(self.root, kernel_id, "work")
+    def slot(self, kernel_id: str) -> tuple[str, str]:
+        """The pooled kernel's two host directories (made here): the empty one its
+        /home/work is bound to, and its inbox (at ``INBOX``). Both lie in a directory
+        only root may enter: the inbox gets a session's token, and the home there is
+        a user's."""
+        base = os.path.join(self.root, kernel_id)
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        os.chmod(base, 0o700)
+        work, inbox = os.path.join(base, "work"), os.path.join(base, "inbox")
         os.makedirs(work, mode=0o755, exist_ok=True)
-        return work
+        os.makedirs(inbox, mode=0o700, exist_ok=True)
+        os.chown(inbox, KERNEL_UID, KERNEL_UID)
+        return work, inbox
+
+    def deliver(self, kernel_id: str, environ: dict) -> None:
+        """The binding's environment into the kernel's inbox: written under a temporary
+        name, 0600 and the kernel user's from the start, then renamed into place (the
+        waiter polls for the name, reads and deletes it). OSError where the kernel has
+        no inbox (one made by an agent before inboxes: not bindable)."""
+        inbox = os.path.join(self.root, kernel_id, "inbox")
+        tmp = os.path.join(inbox, f".{BIND_NAME}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchown(fd, KERNEL_UID, KERNEL_UID)
+            os.write(fd, json.dumps({"environ": environ}).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(inbox, BIND_NAME))
 
     def bind(self, kernel_id: str, mounts: list[dict]) -> None:
         """The session's folders into the pooled kernel: the home on the slot, each other

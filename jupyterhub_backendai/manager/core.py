@@ -474,6 +474,14 @@ class BackendAIManager(SingletonConfigurable):
     def waiting_here(self, sid: str):
         return self.sessions.waiting_here(sid)
 
+    def answering(self, sid: str):
+        return self.sessions.answering(sid)
+
+    def starts_in_flight(self) -> int:
+        """Session starts this process drives now: from SCHEDULED until RUNNING, and
+        then until a spawner's server answers."""
+        return len(self.lifecycle.starting() | self.sessions.answering_here)
+
     async def user_projects(self, username: str) -> list[str]:
         return await self.sessions.user_projects(username)
 

@@ -56,6 +56,10 @@ class Sessions:
         # of CPU can renew a short wait late, and its own round would end the session it is
         # starting ("JupyterHub no longer waits ..."). The lease judges other processes.
         self.waited_here: set[str] = set()
+        # Sessions whose Jupyter server a spawner of this process waits to answer (the
+        # session RUNNING, its server starting): with the lifecycle's starts, what the
+        # warm pool's refill yields to (manager/warmpool.py).
+        self.answering_here: set[str] = set()
 
     # -- the request ---------------------------------------------------------------------
 
@@ -434,6 +438,16 @@ class Sessions:
         """A spawner waits on ``sid`` for ``seconds`` more (renewed while it waits), or
         None: JupyterHub knows the server now (see ``spawner_wait_lease``)."""
         await self.mgr.db(record.await_session, sid, seconds)
+
+    @contextlib.contextmanager
+    def answering(self, sid: str):
+        """While the body runs, a spawner of this process waits for the server of
+        ``sid`` to answer (:attr:`answering_here`)."""
+        self.answering_here.add(sid)
+        try:
+            yield
+        finally:
+            self.answering_here.discard(sid)
 
     @contextlib.contextmanager
     def waiting_here(self, sid: str):

@@ -281,15 +281,18 @@ class DockerNetworks:
             return found[0]["Id"]
         nets = await self.docker.networks.list()
         used = subnets_of(nets)
-        candidates = list(self.session_subnets.subnets(new_prefix=self.session_prefix))
+        pool_net, prefix = self.session_subnets, self.session_prefix
+        count = 2 ** (prefix - pool_net.prefixlen)  # candidates, each made when tried
+        size = 2 ** (pool_net.max_prefixlen - prefix)
         # Start where the session id points, so that agents sharing an engine rarely
         # try the same subnet at once; an overlap is answered by trying the next.
-        start = zlib.crc32(session_id.encode()) % len(candidates)
+        start = zlib.crc32(session_id.encode()) % count
         last_error = "no free subnet"
         tries = 0
         reserved = _reserved()
-        for i in range(len(candidates)):
-            subnet = candidates[(start + i) % len(candidates)]
+        for i in range(count):
+            subnet = ipaddress.ip_network(
+                (int(pool_net.network_address) + ((start + i) % count) * size, prefix))
             if subnet in reserved or any(subnet.overlaps(u) for u in used):
                 continue
             tries += 1

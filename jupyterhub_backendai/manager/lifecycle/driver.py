@@ -52,6 +52,10 @@ class Driver:
 
     # -- what the other rooms ask of the lifecycle --------------------------------------
 
+    def starting(self) -> set[str]:
+        """The sessions whose start this process drives now (SCHEDULED to RUNNING)."""
+        return set(self.steps.sessions(START))
+
     def begin_start(self, sid: str) -> None:
         """Start a session the scheduler just placed (SCHEDULED)."""
         self.handler(handlers.Start).begin(sid)
