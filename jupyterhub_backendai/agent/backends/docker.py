@@ -35,6 +35,8 @@ from .base import (
     ServicePort,
     tail_text,
 )
+from .cpuburst import CPUBurst
+from .dockerpool import DockerPool
 from .labels import (
     L_AGENT,
     L_DEVICES,
@@ -135,7 +137,7 @@ def _cluster_ssh_archive(keys: dict | None, user_key: str | None = None) -> byte
     return pool.tar_archive([(path, mode, data, KERNEL_UID) for path, mode, data in entries])
 
 
-class DockerBackend(DockerNetworks, Backend):
+class DockerBackend(DockerNetworks, DockerPool, CPUBurst, Backend):
     name = "docker"
 
     def __init__(
@@ -560,115 +562,6 @@ class DockerBackend(DockerNetworks, Backend):
                     env[key] = _rewrite_host(env[key], self.gateway)
         return env
 
-    # -- the warm pool (issue 30, agent/warmpool.py) ---------------------------------
-
-    @property
-    def pools(self) -> bool:
-        """Whether this backend can keep pooled kernels (a pool root, bridge networks)."""
-        return self.pool_root is not None and not self.use_host_network
-
-    async def _wait_pool_ready(self, container, timeout: float = 120.0) -> None:
-        """Until the pooled kernel's waiter has imported the server's modules: its
-        output followed as Docker streams it (one request, no polling: a warming pool
-        of five once cost the hub a quarter of its CPU in log reads); the stream ends
-        when the container does."""
-        out = ""
-        try:
-            async with asyncio.timeout(timeout):
-                async for piece in container.log(stdout=True, stderr=True, follow=True):
-                    out = (out + piece)[-2000:]
-                    if pool.READY_LINE in out:
-                        return
-        except TimeoutError:
-            raise AgentError(f"the pooled kernel was not ready within {timeout:g} s") from None
-        raise AgentError("the pooled kernel ended before it was ready: " + out[-500:])
-
-    async def bind_pooled(self, spec: dict, image: ImageInfo) -> KernelRecord:
-        """Bind the pooled kernel ``spec["kernel_id"]`` to the session of ``spec``: its
-        folders mounted, the server started with its environment (agent/warmpool.py).
-        Once: a kernel bound, or being bound, is refused; a failure removes it."""
-        kid = spec["kernel_id"]
-        found = [c for c in await self._containers(f"{L_KERNEL}={kid}", own=True)
-                 if (c.get("Labels") or {}).get(pool.POOL_LABEL) and c.get("State") == "running"]
-        if not found or kid in self._binding or self.pool_root.bound_mounts(kid) is not None:
-            raise NotFound(f"no unbound pooled kernel {kid} on this agent")
-        c = found[0]
-        labels = c.get("Labels") or {}
-        self._binding.add(kid)
-        container = self.docker.containers.container(c["Id"])
-        bound = json.loads(labels.get(L_PORTS) or "[]")
-        ports = [ServicePort(p["name"], p["protocol"], p["container_port"], p.get("host_port"))
-                 for p in bound]
-        main = ports[0]
-        nano_cpus = int(float(spec["slots"].get("cpu", 1)) * 1e9)
-        burst = 0
-        try:
-            await asyncio.to_thread(self.pool_root.bind, kid, list(spec["mounts"]))
-            env = self._server_environ(dict(spec.get("environ") or {}), image, main,
-                                       spec["service_prefix"])
-            async def rename():  # beside the server's start: nobody waits for the name
-                try:
-                    await container.rename(f"backendai-{spec.get('owner', 'x')}-{kid[:12]}")
-                except DockerError as e:
-                    log.debug("pooled kernel %s keeps its name: %s", kid, e.message)
-
-            burst = self._take_burst(kid, nano_cpus) if main.host_port else 0
-            # Its warm-up's low weight ends here, with the burst when there is one; the
-            # server starts once its environment is in the inbox.
-            await self._set_cpus(c["Id"], burst or nano_cpus, shares=self.cpu_shares)
-            await asyncio.gather(asyncio.to_thread(self.pool_root.deliver, kid, env), rename())
-            if burst:
-                await self._end_burst(c["Id"], nano_cpus, main.host_port, spec["service_prefix"])
-        except BaseException as e:
-            # (the pooled kernel's own session: its network, not the user's session's).
-            # Shielded, as create_kernel's: a second cancellation does not cut it short.
-            await asyncio.shield(self._undo_start(
-                {"kernel_id": kid, "session_id": labels.get(L_SESSION, "")}, container,
-                network=True, pooled=True))
-            if isinstance(e, (AgentError, asyncio.CancelledError)):
-                raise
-            if isinstance(e, DockerError):
-                raise AgentError(f"docker could not bind the pooled kernel: {e.message}") from None
-            if isinstance(e, OSError):
-                raise AgentError(f"the pooled kernel could not be bound (its folders or its "
-                                 f"environment): {e.strerror}") from None
-            raise
-        finally:
-            self._bursting.pop(kid, None)
-            self._binding.discard(kid)
-        return KernelRecord(
-            kernel_id=kid, session_id=spec["session_id"], container_id=c["Id"],
-            host=self.bind_host, service_ports=bound, kernel_type=INTERACTIVE,
-            slots=dict(spec["slots"]),
-        )
-
-    def _real_mounts(self, c: dict) -> dict:
-        """A container's listing with a bound pooled kernel's folders as its mounts."""
-        if self.pool_root is None or not (c.get("Labels") or {}).get(pool.POOL_LABEL):
-            return c
-        bound = self.pool_root.bound_mounts((c.get("Labels") or {}).get(L_KERNEL, ""))
-        return dict(c, Mounts=bound) if bound is not None else c
-
-    async def _answers(self, port: int, prefix: str) -> bool:
-        """Whether the kernel's server answers HTTP on its published port (Docker's
-        proxy accepts connections before the server listens: a status line is needed)."""
-        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "") else self.bind_host
-        host = "::1" if host == "::" else host
-        try:
-            async with asyncio.timeout(1):
-                reader, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError):
-            return False
-        try:
-            writer.write(f"GET {prefix.rstrip('/')}/api HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-            async with asyncio.timeout(2):
-                line = await reader.readline()
-            return line.startswith(b"HTTP/")
-        except (OSError, TimeoutError):
-            return False
-        finally:
-            writer.close()
-
     async def _wait_sshd(self, container, port: int, timeout: float = 15.0) -> None:
         """Issue 12: until the kernel's sshd sends its banner on the published port (the
         init starts it a moment after the container; Docker's proxy accepts before), so
@@ -702,78 +595,6 @@ class DockerBackend(DockerNetworks, Backend):
                 writer.close()
             await asyncio.sleep(0.1)
         log.warning("the sshd of the kernel on port %s did not answer in %ss", port, timeout)
-
-    async def _set_cpus(self, container_id: str, nano_cpus: int, shares: int | None = None) -> None:
-        """The container's CPU limit now; with ``shares``, also its weight."""
-        update: dict = {"NanoCpus": nano_cpus}
-        if shares is not None:
-            update["CpuShares"] = shares
-        await self.docker._query_json(
-            f"containers/{container_id}/update", method="POST",
-            data=json.dumps(update), headers={"Content-Type": "application/json"},
-        )
-
-    def _take_burst(self, kernel_id: str, nano_cpus: int) -> int:
-        """The NanoCpus a starting kernel may use until its server answers, 0 for none
-        (issue 30). One start alone gets ``startup_cpus``; starts together share the
-        host's cores: a burst takes only what no other start is bursting into (none
-        when they have all of it). Before, five kernels starting together on two cores
-        each got two, and their bursts fought each other."""
-        want = int(self.startup_cpus * 1e9)
-        if want <= nano_cpus:
-            return 0
-        cores = os.cpu_count() or 1
-        free = cores * 10**9 - sum(self._bursting.values())
-        burst = min(want, free)
-        if burst <= nano_cpus:
-            return 0
-        self._bursting[kernel_id] = burst
-        return burst
-
-    async def _end_burst(self, container_id: str, nano_cpus: int, port: int, prefix: str) -> None:
-        """Wait until the kernel's server answers (or ``startup_cpu_timeout``, or the
-        container stops), then give it its own CPU limit."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.startup_cpu_timeout
-        next_check = loop.time() + 1
-        delay = 0.01  # a bound pooled kernel answers within a few tenths: look often first
-        while loop.time() < deadline:
-            if await self._answers(port, prefix):
-                break
-            if loop.time() >= next_check:
-                next_check = loop.time() + 1
-                info = await self.docker.containers.container(container_id).show()
-                if not info["State"].get("Running"):
-                    break
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.3, 0.05)
-        else:
-            log.warning("kernel container %s: its server did not answer within %g s; "
-                        "its CPU limit applies now", container_id[:12], self.startup_cpu_timeout)
-        try:
-            await self._set_cpus(container_id, nano_cpus)
-        except DockerError as e:
-            if e.status == 404:
-                return
-            # A stopped container cannot run anyway; anything else is an error.
-            info = await self.docker.containers.container(container_id).show()
-            if info["State"].get("Running"):
-                raise AgentError(f"docker could not apply the kernel's CPU limit: {e.message}") from None
-
-    async def _end_bursts(self) -> None:
-        """After a restart: kernels left with their startup burst get their own limit."""
-        for c in await self._containers(L_NANO_CPUS, own=True):
-            want = int((c.get("Labels") or {}).get(L_NANO_CPUS) or 0)
-            if not want or c.get("State") != "running":
-                continue
-            try:
-                info = await self.docker.containers.container(c["Id"]).show()
-                if info["HostConfig"].get("NanoCpus") != want:
-                    log.info("kernel container %s: applying its CPU limit left from a start",
-                             c["Id"][:12])
-                    await self._set_cpus(c["Id"], want)
-            except DockerError as e:
-                log.warning("kernel container %s: %s", c["Id"][:12], e.message)
 
     async def kernel_stats(self) -> dict[str, dict]:
         """One-shot ``docker stats`` of each running kernel (no 1 s sampling wait)."""
@@ -941,14 +762,6 @@ class DockerBackend(DockerNetworks, Backend):
                                         [self._real_mounts(o._container) for o in others])
             if self.pool_root is not None and (c.get("Labels") or {}).get(pool.POOL_LABEL):
                 await asyncio.to_thread(self.pool_root.release, kernel_id)
-
-    def _pooled_key(self, labels: dict) -> str:
-        """The warm pool of an unbound pooled kernel, "" for any other kernel."""
-        key = labels.get(pool.POOL_LABEL) or ""
-        if key and self.pool_root is not None \
-                and self.pool_root.bound_mounts(labels.get(L_KERNEL, "")) is not None:
-            return ""
-        return key
 
     async def list_kernels(self) -> list[KernelRecord]:
         out = []
