@@ -33,7 +33,7 @@ from jupyterhub_backendai.agent.resources.cuda import NVMLDeviceSource
 from jupyterhub_backendai.agent.resources.gpu_alloc import GPUAllocator
 from jupyterhub_backendai.agent.resources.nvml_standin import stand_in
 from jupyterhub_backendai.common.errors import AgentError
-from jupyterhub_backendai.manager import admin
+from jupyterhub_backendai.manager import capacity
 from jupyterhub_backendai.manager.access import Principal
 from jupyterhub_backendai.models import Agent
 from jupyterhub_backendai.pages.console import _agent_view, human_slots
@@ -242,7 +242,7 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
             # request for the GPU now waits for it; the admin API and the console say
             # where the GPU is.
             assert await _away(two, a2, send=False) == {"cuda.device": "1"}
-            shown = await two.db_read(admin.get_agent, ROOT, a2.agent_id)
+            shown = await two.db_read(capacity.get_agent, ROOT, a2.agent_id)
             assert shown["away_slots"] == {"cuda.device": "1"}
             row = next(r for r in _agent_view(shown)["use"] if r["slot"] == "cuda.device")
             assert row["away"] == human_slots({"cuda.device": 1})
@@ -258,7 +258,7 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
             await one.destroy_session(first)
             await wait_status(one, first, ("TERMINATED", "CANCELLED"))
             assert await _away(two, a2) == {}
-            shown = await two.db_read(admin.get_agent, ROOT, a2.agent_id)
+            shown = await two.db_read(capacity.get_agent, ROOT, a2.agent_id)
             assert shown["away_slots"] == {}
             await wait_status(two, third, ("RUNNING",))
             kernel = (await two.get_session(third)).kernels[0]

@@ -58,7 +58,7 @@ from ..common.slots import (
 )
 from ..common.types import UserRole, UserStatus
 from ..manager import responses
-from ..manager.admin import KNOWN_SCHEDULERS
+from ..manager.capacity import KNOWN_SCHEDULERS
 from ..manager.responses import Response
 from ..manager.vfolders import MAX_PATH, USAGE_MODES
 

@@ -1,4 +1,6 @@
-"""The admin API's operations on the record: list, read, create, change, delete.
+"""The admin API's operations on the record: list, read, create, change, delete, for
+domains, projects, users, keypairs and sessions (resource policies, groups, presets and
+agents: :mod:`.capacity`; the shapes both share: :mod:`.crud`).
 
 Each function runs inside one database transaction (``manager.db(fn, ...)``)
 and takes the caller's :class:`~.access.Principal` first, so that the
@@ -14,26 +16,13 @@ references to other rows, uniqueness, and who may set which field.
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
-
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session as DBSession
 from sqlalchemy.orm import selectinload
 
 from ..common.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from ..common.slots import (
-    MEM,
-    ResourceSlot,
-    is_known_slot,
-    is_mig_slot,
-    parse_decimal,
-    parse_size,
-    unknown_slot_words,
-)
-from ..common.types import ALIVE_STATUSES, AgentStatus, UserRole, UserStatus
+from ..common.types import UserRole, UserStatus
 from ..models import (
-    Agent,
     Domain,
     Kernel,
     Keypair,
@@ -41,7 +30,6 @@ from ..models import (
     Project,
     ProjectResourcePolicy,
     ResourceGroup,
-    ResourcePreset,
     Session,
     User,
     UserResourcePolicy,
@@ -50,126 +38,11 @@ from ..models import (
     project_members,
     session_dependencies,
 )
-from . import access, responses, tenancy
+from . import access, crud, responses, tenancy
 from .access import Principal
 from .ops import reads, writes
 
-NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
-# Sequencers the scheduler knows by name (Backend.AI's): a resource group names one.
-KNOWN_SCHEDULERS = ("fifo", "lifo", "drf")
-DEFAULT = tenancy.DEFAULT
-
-
-# -- helpers -------------------------------------------------------------------
-
-
-def parse_slots(field: str, value: dict) -> ResourceSlot:
-    """Slots from JSON: known slot names only (cpu, mem, cuda.device, cuda.mig-<profile>),
-    non-negative exact amounts, ``mem`` with units, MIG instances whole."""
-    out = ResourceSlot()
-    for k, v in value.items():
-        if not is_known_slot(k):
-            raise InvalidRequest(f"{field}: {unknown_slot_words(k)}")
-        if k == MEM:
-            try:
-                amount = parse_size(v)
-            except InvalidRequest as e:
-                raise InvalidRequest(f"{field}.{k}: {e.detail}") from None
-        else:
-            amount = parse_decimal(f"{field}.{k}", v)
-        if amount < 0:
-            raise InvalidRequest(f"{field}.{k} must not be negative")
-        if amount >= Decimal(10) ** 18 or amount != amount.quantize(Decimal("0.001")):
-            raise InvalidRequest(f"{field}.{k}: at most 18 digits and 3 decimal places")
-        if is_mig_slot(k) and amount != amount.to_integral_value():
-            raise InvalidRequest(f"{field}.{k} must be a whole number of MIG instances, not {v!r}")
-        out[k] = amount
-    return out
-
-
-def _page(db: DBSession, stmt, order, offset: int, limit: int,
-          model: type[responses.Response]) -> dict:
-    total = db.scalar(select(func.count()).select_from(stmt.order_by(None).subquery()))
-    rows = db.scalars(stmt.order_by(*order).offset(offset).limit(limit)).unique().all()
-    return {"items": model.bodies(rows), "total": total, "offset": offset, "limit": limit}
-
-
-def _check_name(field: str, value: str) -> None:
-    if not NAME_RE.fullmatch(value):
-        raise InvalidRequest(
-            f"{field}: {value!r} is not a valid name (1-64 letters, digits, '.', '_', '-', "
-            "starting with a letter or digit)"
-        )
-
-
-def _need(db: DBSession, model, key, field: str, label: str):
-    if key is None:
-        return None
-    if db.get(model, key) is None:
-        raise InvalidRequest(f"{field}: no {label} {key!r}")
-    return key
-
-
-# The shapes every kind of object shares: one each, so that a rule (what a hidden row
-# answers, what the default one refuses) is written once for all kinds.
-
-
-def _visible(db: DBSession, model, key, label: str, may_see):
-    """The row ``key`` of ``model`` if ``may_see(row)``; a hidden row is as absent (404)."""
-    row = db.get(model, key)
-    if row is None or not may_see(row):
-        raise access.not_found(label, key)
-    return row
-
-
-def _in_usable_group(db: DBSession, p: Principal, group_of):
-    """``may_see`` for rows that belong to a resource group (``group_of(row)``; None: to
-    every group): the caller may use that group."""
-    names = access.usable_group_names(db, p)
-    return lambda row: names is None or group_of(row) is None or group_of(row) in names
-
-
-def _filtered(stmt, filters: dict, columns: dict):
-    """``stmt`` narrowed to ``column == value`` for each filter given (filter -> column)."""
-    for key, col in columns.items():
-        if key in filters:
-            stmt = stmt.where(col == filters[key])
-    return stmt
-
-
-def _count(db: DBSession, column, value) -> int:
-    """How many rows of ``column``'s table have ``value`` there."""
-    return db.scalar(select(func.count()).select_from(column.class_).where(column == value))
-
-
-def _insert_named(db: DBSession, model, label: str, body: dict, fields):
-    """A new ``model`` row named ``body["name"]`` with ``fields`` of ``body``; 409 if the
-    name is taken."""
-    if db.get(model, body["name"]) is not None:
-        raise Conflict(f"{label} {body['name']!r} exists")
-    row = model(name=body["name"])
-    _apply(row, body, fields)
-    db.add(row)
-    db.flush()
-    return row
-
-
-def _updated(db: DBSession, row, body: dict, fields, view: type[responses.Response]) -> dict:
-    """``row`` with ``fields`` of ``body`` set, as ``view`` answers it."""
-    _apply(row, body, fields)
-    db.flush()
-    return view.body(row)
-
-
-def _delete_unused(db: DBSession, row, label: str, uses=(), in_use: str = "") -> None:
-    """Delete the named ``row`` unless it is the default one or a column in ``uses``
-    still names it (409, ``in_use`` says so)."""
-    if row.name == DEFAULT:
-        raise Conflict(f"the default {label} cannot be deleted")
-    if any(_count(db, col, row.name) for col in uses):
-        raise Conflict(in_use)
-    db.delete(row)
-    db.flush()
+DEFAULT = crud.DEFAULT
 
 
 # -- whoami --------------------------------------------------------------------
@@ -189,24 +62,15 @@ DOMAIN_FIELDS = ("description", "is_active", "total_resource_slots", "allowed_vf
                  "allowed_docker_registries")
 
 
-def _apply(obj, body: dict, fields, slot_fields=("total_resource_slots",)) -> None:
-    for k in fields:
-        if k in body:
-            v = body[k]
-            if k in slot_fields or k.endswith("_slots"):
-                v = None if v is None else parse_slots(k, v)
-            setattr(obj, k, v)
-
-
 @reads
 def list_domains(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = _filtered(select(Domain).where(access.domain_filter(p)), filters,
-                     {"is_active": Domain.is_active})
-    return _page(db, stmt, [Domain.name], offset, limit, responses.Domain)
+    stmt = crud.filtered(select(Domain).where(access.domain_filter(p)), filters,
+                         {"is_active": Domain.is_active})
+    return crud.page(db, stmt, [Domain.name], offset, limit, responses.Domain)
 
 
 def _get_domain(db, p: Principal, name: str) -> Domain:
-    return _visible(db, Domain, name, "domain", lambda d: p.is_superadmin or name == p.domain)
+    return crud.visible(db, Domain, name, "domain", lambda d: p.is_superadmin or name == p.domain)
 
 
 @reads
@@ -217,8 +81,8 @@ def get_domain(db, p: Principal, name: str) -> dict:
 @writes
 def create_domain(db, p: Principal, body: dict) -> dict:
     access.require(access.may_change_installation(p), "create domains")
-    _check_name("name", body["name"])
-    return responses.Domain.body(_insert_named(db, Domain, "domain", body, DOMAIN_FIELDS))
+    crud.check_name("name", body["name"])
+    return responses.Domain.body(crud.insert_named(db, Domain, "domain", body, DOMAIN_FIELDS))
 
 
 def update_domain(db, p: Principal, name: str, body: dict) -> dict:
@@ -226,15 +90,15 @@ def update_domain(db, p: Principal, name: str, body: dict) -> dict:
     access.require(access.may_change_installation(p), "change domains")
     if name == p.domain and body.get("is_active") is False:
         raise Conflict("you cannot deactivate your own domain")
-    return _updated(db, d, body, DOMAIN_FIELDS, responses.Domain)
+    return crud.updated(db, d, body, DOMAIN_FIELDS, responses.Domain)
 
 
 @writes
 def delete_domain(db, p: Principal, name: str) -> None:
     d = _get_domain(db, p, name)
     access.require(access.may_change_installation(p), "delete domains")
-    _delete_unused(db, d, "domain", (User.domain_name, Project.domain_name),
-                   f"domain {name!r} still has users or projects; delete them first")
+    crud.delete_unused(db, d, "domain", (User.domain_name, Project.domain_name),
+                       f"domain {name!r} still has users or projects; delete them first")
 
 
 # -- projects ------------------------------------------------------------------
@@ -245,13 +109,13 @@ PROJECT_FIELDS = ("name", "description", "is_active", "total_resource_slots",
 
 @reads
 def list_projects(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = _filtered(select(Project).where(access.project_filter(p)), filters, {
+    stmt = crud.filtered(select(Project).where(access.project_filter(p)), filters, {
         "domain": Project.domain_name, "name": Project.name, "is_active": Project.is_active})
-    return _page(db, stmt, [Project.domain_name, Project.name], offset, limit, responses.Project)
+    return crud.page(db, stmt, [Project.domain_name, Project.name], offset, limit, responses.Project)
 
 
 def _get_project(db, p: Principal, pid: str) -> Project:
-    return _visible(db, Project, pid, "project", lambda proj: access.can_see_project(p, proj))
+    return crud.visible(db, Project, pid, "project", lambda proj: access.can_see_project(p, proj))
 
 
 @reads
@@ -261,9 +125,9 @@ def get_project(db, p: Principal, pid: str) -> dict:
 
 def _project_body(db, body: dict) -> None:
     if "name" in body:
-        _check_name("name", body["name"])
-    _need(db, ProjectResourcePolicy, body.get("resource_policy"), "resource_policy",
-          "project resource policy")
+        crud.check_name("name", body["name"])
+    crud.need(db, ProjectResourcePolicy, body.get("resource_policy"), "resource_policy",
+              "project resource policy")
 
 
 def create_project(db, p: Principal, body: dict) -> dict:
@@ -275,7 +139,7 @@ def create_project(db, p: Principal, body: dict) -> dict:
     if db.scalar(select(Project).where(Project.domain_name == domain, Project.name == body["name"])):
         raise Conflict(f"project {body['name']!r} exists in domain {domain!r}")
     proj = Project(domain_name=domain)
-    _apply(proj, body, PROJECT_FIELDS)
+    crud.apply_fields(proj, body, PROJECT_FIELDS)
     db.add(proj)
     db.flush()
     return responses.Project.body(proj)
@@ -295,7 +159,7 @@ def update_project(db, p: Principal, pid: str, body: dict) -> tuple[dict, str]:
     if "name" in body and body["name"] != proj.name and db.scalar(select(Project).where(
             Project.domain_name == proj.domain_name, Project.name == body["name"])):
         raise Conflict(f"project {body['name']!r} exists in domain {proj.domain_name!r}")
-    return _updated(db, proj, body, PROJECT_FIELDS, responses.Project), old_group
+    return crud.updated(db, proj, body, PROJECT_FIELDS, responses.Project), old_group
 
 
 def delete_project(db, p: Principal, pid: str) -> str:
@@ -303,9 +167,9 @@ def delete_project(db, p: Principal, pid: str) -> str:
     proj = _get_project(db, p, pid)
     access.require(access.can_manage_domain_objects(p, proj.domain_name),
                    f"delete project {proj.name!r}")
-    if _count(db, Session.project_id, pid):
+    if crud.count(db, Session.project_id, pid):
         raise Conflict(f"project {pid!r} has sessions; deactivate it instead")
-    if _count(db, VFolder.project_id, pid):
+    if crud.count(db, VFolder.project_id, pid):
         # (the rows would go with it, the directories on the storage would not)
         raise Conflict(f"project {pid!r} has vfolders; delete them first")
     group = hub_group(proj)
@@ -332,7 +196,7 @@ def list_members(db, p: Principal, pid: str, offset: int, limit: int) -> dict:
     access.require(p.is_superadmin or p.reads_domain, "list project members")
     stmt = select(User).join(project_members, project_members.c.user_id == User.id).where(
         project_members.c.project_id == proj.id)
-    return _page(db, stmt, [User.username], offset, limit, responses.User)
+    return crud.page(db, stmt, [User.username], offset, limit, responses.User)
 
 
 def add_members(db, p: Principal, pid: str, user_ids: list[str]) -> dict:
@@ -380,18 +244,18 @@ USER_FIELDS = ("email", "full_name", "status", "role", "domain_name", "resource_
 
 @reads
 def list_users(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = _filtered(select(User).where(access.user_filter(p)), filters, {
+    stmt = crud.filtered(select(User).where(access.user_filter(p)), filters, {
         "domain": User.domain_name, "role": User.role, "status": User.status})
     if "email" in filters:
         stmt = stmt.where(tenancy.email_is(filters["email"]))
     if "project" in filters:
         stmt = stmt.where(User.id.in_(select(project_members.c.user_id).where(
             project_members.c.project_id == filters["project"])))
-    return _page(db, stmt, [User.username], offset, limit, responses.User)
+    return crud.page(db, stmt, [User.username], offset, limit, responses.User)
 
 
 def _get_user(db, p: Principal, uid: str) -> User:
-    return _visible(db, User, uid, "user", lambda user: access.can_see_user(p, user))
+    return crud.visible(db, User, uid, "user", lambda user: access.can_see_user(p, user))
 
 
 @reads
@@ -411,8 +275,8 @@ def _check_user_body(db, p: Principal, body: dict, user: User | None = None) -> 
         raise InvalidRequest(f"email: {body['email']!r} is not an email address")
     if "password" in body and len(body["password"].encode()) > 72:
         raise InvalidRequest("password: at most 72 bytes (bcrypt's limit)")
-    _need(db, UserResourcePolicy, body.get("resource_policy"), "resource_policy",
-          "user resource policy")
+    crud.need(db, UserResourcePolicy, body.get("resource_policy"), "resource_policy",
+              "user resource policy")
     # (26.09's `user add` sends null for each id it was not given: no change is no refusal)
     given = [k for k in CONTAINER_IDS
              if k in body and body[k] != (getattr(user, k) if user is not None else None)]
@@ -479,7 +343,7 @@ def update_user(db, p: Principal, uid: str, body: dict) -> tuple[dict, list[str]
         raise Conflict(f"email: a user with email {body['email']!r} exists")
     old_groups = sorted(hub_group(pr) for pr in user.projects)
     moved = "domain_name" in body and body["domain_name"] != user.domain_name
-    _apply(user, body, USER_FIELDS)
+    crud.apply_fields(user, body, USER_FIELDS)
     if "password" in body:
         user.password = tenancy.hash_password(body["password"])
     if "project_ids" in body:
@@ -503,7 +367,7 @@ def delete_user(db, p: Principal, uid: str) -> tuple[str, list[str]]:
             Session.user_id == uid, Session.alive_marker.is_not(None))):
         raise Conflict(f"user {uid!r} has live sessions; stop them first (setting status "
                        "'inactive' ends them)")
-    if _count(db, VFolder.user_id, uid):
+    if crud.count(db, VFolder.user_id, uid):
         raise Conflict(f"user {uid!r} has vfolders; delete them first (or set status "
                        "'deleted' or 'inactive')")
     name = user.username
@@ -556,16 +420,16 @@ def list_keypairs(db, p: Principal, filters: dict, offset: int, limit: int, *,
                   newest_first: bool = False) -> dict:
     """``newest_first``: Backend.AI's order (its clients take the first row as the newest
     key); the admin API's is oldest first."""
-    stmt = _filtered(select(Keypair).where(access.keypair_filter(p)), filters,
-                     {"user_id": Keypair.user_id, "is_active": Keypair.is_active})
+    stmt = crud.filtered(select(Keypair).where(access.keypair_filter(p)), filters,
+                         {"user_id": Keypair.user_id, "is_active": Keypair.is_active})
     order = [Keypair.created_at, Keypair.access_key]
     if newest_first:
         order = [o.desc() for o in order]
-    return _page(db, stmt, order, offset, limit, responses.Keypair)
+    return crud.page(db, stmt, order, offset, limit, responses.Keypair)
 
 
 def _get_keypair(db, p: Principal, ak: str) -> Keypair:
-    return _visible(db, Keypair, ak, "keypair", lambda kp: access.can_see_keypair(p, kp))
+    return crud.visible(db, Keypair, ak, "keypair", lambda kp: access.can_see_keypair(p, kp))
 
 
 @reads
@@ -600,8 +464,8 @@ def create_keypair(db, p: Principal, body: dict) -> dict:
                                 "keypair has your main keypair's); an admin of the level above can")
     if "is_admin" in body and not p.is_superadmin:
         raise Forbidden("is_admin: only superadmins may set it")
-    _need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
-          "keypair resource policy")
+    crud.need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
+              "keypair resource policy")
     main = main_keypair(owner)
     kp, secret = tenancy.create_keypair(db, owner, is_default=main is None)
     if main is not None:
@@ -633,8 +497,8 @@ def update_keypair(db, p: Principal, ak: str, body: dict) -> dict:
                        "are your limits); an admin can")
     if "is_admin" in body and not p.is_superadmin:
         raise Forbidden("is_admin: only superadmins may set it")
-    _need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
-          "keypair resource policy")
+    crud.need(db, KeypairResourcePolicy, body.get("resource_policy"), "resource_policy",
+              "keypair resource policy")
     if body.get("is_default"):
         for other in kp.user.keypairs:
             other.is_default = other.access_key == ak
@@ -655,311 +519,9 @@ def delete_keypair(db, p: Principal, ak: str) -> None:
     if kp.is_default:
         raise Conflict(f"keypair {ak!r} is the user's main keypair; make another one the main "
                        "keypair (is_default) first")
-    if _count(db, Session.access_key, ak):
+    if crud.count(db, Session.access_key, ak):
         raise Conflict(f"keypair {ak!r} has sessions; deactivate it instead")
     db.delete(kp)
-    db.flush()
-
-
-# -- resource policies -----------------------------------------------------------
-
-POLICIES = {
-    "keypair": (KeypairResourcePolicy, responses.KeypairResourcePolicy, "keypair resource policy",
-                ("total_resource_slots", "default_for_unspecified", "max_concurrent_sessions",
-                 "max_containers_per_session", "max_session_lifetime", "idle_timeout",
-                 "max_lifetime_extension",
-                 "max_priority", "max_pending_session_count",
-                 "max_pending_session_resource_slots", "allowed_vfolder_hosts",
-                 "max_pids_per_kernel", "max_tmp_size"),
-                Keypair.resource_policy),
-    "user": (UserResourcePolicy, responses.QuotaPolicy, "user resource policy",
-             ("max_vfolder_count", "max_quota_scope_size"), User.resource_policy),
-    "project": (ProjectResourcePolicy, responses.QuotaPolicy, "project resource policy",
-                ("max_vfolder_count", "max_quota_scope_size"), Project.resource_policy),
-}
-
-
-def _policy_reader(p: Principal) -> None:
-    access.require(p.is_superadmin or p.reads_domain, "read resource policies")
-
-
-@reads
-def list_policies(db, p: Principal, kind: str, filters: dict, offset: int, limit: int) -> dict:
-    model, view, *_ = POLICIES[kind]
-    _policy_reader(p)
-    return _page(db, select(model), [model.name], offset, limit, view)
-
-
-def _get_policy(db, p: Principal, kind: str, name: str):
-    model, _, label, *_ = POLICIES[kind]
-    _policy_reader(p)
-    return _visible(db, model, name, label, lambda _row: True)
-
-
-@reads
-def get_policy(db, p: Principal, kind: str, name: str) -> dict:
-    return POLICIES[kind][1].body(_get_policy(db, p, kind, name))
-
-
-@writes
-def create_policy(db, p: Principal, kind: str, body: dict) -> dict:
-    model, view, label, fields, _ = POLICIES[kind]
-    access.require(access.may_change_installation(p), f"create {label.removesuffix('policy')}policies")
-    _check_name("name", body["name"])
-    return view.body(_insert_named(db, model, label, body, fields))
-
-
-@writes
-def update_policy(db, p: Principal, kind: str, name: str, body: dict) -> dict:
-    _, view, label, fields, _ = POLICIES[kind]
-    access.require(access.may_change_installation(p), f"change the {label} {name!r}")
-    return _updated(db, _get_policy(db, p, kind, name), body, fields, view)
-
-
-@writes
-def delete_policy(db, p: Principal, kind: str, name: str) -> None:
-    _, _, label, _, ref = POLICIES[kind]
-    access.require(access.may_change_installation(p), f"delete the {label} {name!r}")
-    row = _get_policy(db, p, kind, name)
-    _delete_unused(db, row, label, (ref,), f"{label} {name!r} is in use")
-
-
-# -- resource groups -------------------------------------------------------------
-
-GROUP_FIELDS = ("description", "is_active", "is_public", "scheduler", "scheduler_opts",
-                "allowed_domains", "allowed_projects", "allowed_keypairs")
-
-
-@reads
-def list_resource_groups(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = _filtered(select(ResourceGroup).where(access.resource_group_filter(db, p)),
-                     filters, {"is_active": ResourceGroup.is_active})
-    return _page(db, stmt, [ResourceGroup.name], offset, limit, responses.ResourceGroup)
-
-
-def _get_group(db, p: Principal, name: str) -> ResourceGroup:
-    return _visible(db, ResourceGroup, name, "resource group",
-                    _in_usable_group(db, p, lambda g: g.name))
-
-
-@reads
-def get_resource_group(db, p: Principal, name: str) -> dict:
-    return responses.ResourceGroup.body(_get_group(db, p, name))
-
-
-def _check_group_body(db, body: dict) -> None:
-    if "scheduler" in body and body["scheduler"] not in KNOWN_SCHEDULERS:
-        raise InvalidRequest(
-            f"scheduler: unknown {body['scheduler']!r} (known: {', '.join(KNOWN_SCHEDULERS)})")
-    if "scheduler_opts" in body:
-        from .scheduler.options import SchedulerOptions
-
-        try:
-            SchedulerOptions.from_json(body["scheduler_opts"])
-        except InvalidRequest as e:
-            raise InvalidRequest(f"scheduler_opts: {e.detail}") from None
-    for field, model, label in (("allowed_domains", Domain, "domain"),
-                                ("allowed_projects", Project, "project"),
-                                ("allowed_keypairs", Keypair, "keypair")):
-        for key in body.get(field, []):
-            if db.get(model, key) is None:
-                raise InvalidRequest(f"{field}: no {label} {key!r}")
-
-
-@writes
-def create_resource_group(db, p: Principal, body: dict) -> dict:
-    access.require(access.may_change_installation(p), "create resource groups")
-    _check_name("name", body["name"])
-    _check_group_body(db, body)
-    return responses.ResourceGroup.body(
-        _insert_named(db, ResourceGroup, "resource group", body, GROUP_FIELDS))
-
-
-@writes
-def update_resource_group(db, p: Principal, name: str, body: dict) -> dict:
-    g = _get_group(db, p, name)
-    access.require(access.may_change_installation(p), "change resource groups")
-    _check_group_body(db, body)
-    return _updated(db, g, body, GROUP_FIELDS, responses.ResourceGroup)
-
-
-@writes
-def delete_resource_group(db, p: Principal, name: str) -> None:
-    g = _get_group(db, p, name)
-    access.require(access.may_change_installation(p), "delete resource groups")
-    _delete_unused(db, g, "resource group", (Agent.resource_group, Session.resource_group),
-                   f"resource group {name!r} has agents or sessions")
-
-
-def usable_groups(db, p: Principal) -> set[str] | None:
-    return access.usable_group_names(db, p)
-
-
-# -- resource presets ------------------------------------------------------------
-# Backend.AI's resource presets: named resource slots the spawn form offers as cards
-# (beside c.BackendAISpawner.presets), each in every resource group or in one. Anyone
-# logged in reads those of the groups they may use (the form shows them); superadmins
-# change them (an installation's object, like resource groups).
-
-PRESET_FIELDS = ("description", "resource_slots", "resource_group")
-CUSTOM_PRESET = "custom"  # the form's own "Custom" choice: not a preset's name
-
-
-def _preset_filter(db, p: Principal):
-    names = access.usable_group_names(db, p)
-    if names is None:
-        return True
-    return or_(ResourcePreset.resource_group.is_(None), ResourcePreset.resource_group.in_(names))
-
-
-@reads
-def list_resource_presets(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    stmt = select(ResourcePreset).where(_preset_filter(db, p))
-    if "resource_group" in filters:
-        stmt = stmt.where(or_(ResourcePreset.resource_group.is_(None),
-                              ResourcePreset.resource_group == filters["resource_group"]))
-    return _page(db, stmt, [ResourcePreset.name], offset, limit, responses.ResourcePreset)
-
-
-def _get_preset(db, p: Principal, name: str) -> ResourcePreset:
-    return _visible(db, ResourcePreset, name, "resource preset",
-                    _in_usable_group(db, p, lambda row: row.resource_group))
-
-
-@reads
-def get_resource_preset(db, p: Principal, name: str) -> dict:
-    return responses.ResourcePreset.body(_get_preset(db, p, name))
-
-
-def _check_preset_body(db, body: dict, creating: bool) -> None:
-    if creating and body["name"] == CUSTOM_PRESET:
-        raise InvalidRequest(f"name: {CUSTOM_PRESET!r} is the form's own choice of custom "
-                             "resources; choose another name")
-    if "resource_slots" in body:
-        slots = parse_slots("resource_slots", body["resource_slots"] or {})
-        if not any(Decimal(v) > 0 for v in slots.values()):
-            raise InvalidRequest("resource_slots: give at least one amount above zero "
-                                 "(e.g. cpu 2, mem 4g)")
-    if body.get("resource_group") is not None:
-        _need(db, ResourceGroup, body["resource_group"], "resource_group", "resource group")
-
-
-@writes
-def create_resource_preset(db, p: Principal, body: dict) -> dict:
-    access.require(access.may_change_installation(p), "create resource presets")
-    _check_preset_body(db, body, creating=True)
-    return responses.ResourcePreset.body(
-        _insert_named(db, ResourcePreset, "resource preset", body, PRESET_FIELDS))
-
-
-@writes
-def update_resource_preset(db, p: Principal, name: str, body: dict) -> dict:
-    row = _get_preset(db, p, name)
-    access.require(access.may_change_installation(p), f"change the resource preset {name!r}")
-    _check_preset_body(db, body, creating=False)
-    return _updated(db, row, body, PRESET_FIELDS, responses.ResourcePreset)
-
-
-@writes
-def delete_resource_preset(db, p: Principal, name: str) -> None:
-    row = _get_preset(db, p, name)
-    access.require(access.may_change_installation(p), f"delete the resource preset {name!r}")
-    db.delete(row)
-    db.flush()
-
-
-# -- agents --------------------------------------------------------------------
-
-
-def _agent_reader(p: Principal) -> None:
-    access.require(p.is_superadmin or p.reads_domain, "read agents")
-
-
-@reads
-def list_agents(db, p: Principal, filters: dict, offset: int, limit: int) -> dict:
-    _agent_reader(p)
-    stmt = _filtered(select(Agent).where(access.agent_filter(db, p)), filters,
-                     {"resource_group": Agent.resource_group, "status": Agent.status})
-    return _page(db, stmt, [Agent.id], offset, limit, responses.Agent)
-
-
-def _get_agent(db, p: Principal, aid: str) -> Agent:
-    _agent_reader(p)
-    return _visible(db, Agent, aid, "agent", _in_usable_group(db, p, lambda a: a.resource_group))
-
-
-@reads
-def get_agent(db, p: Principal, aid: str) -> dict:
-    return responses.Agent.body(_get_agent(db, p, aid))
-
-
-def _live_kernels(db, aid: str) -> int:
-    return db.scalar(select(func.count()).select_from(Kernel).join(
-        Session, Kernel.session_id == Session.id).where(
-        Kernel.agent_id == aid, Session.status.in_(list(ALIVE_STATUSES))))
-
-
-def _movable(db, p: Principal, aid: str, group: str) -> Agent:
-    a = _get_agent(db, p, aid)
-    access.require(access.may_change_installation(p), f"change the agent {aid!r}")
-    if db.get(ResourceGroup, group) is None:
-        raise InvalidRequest(f"there is no resource group {group!r}")
-    if a.resource_group == group:
-        return a
-    if a.status != AgentStatus.ALIVE:
-        raise Conflict(f"agent {aid!r} is {a.status}: only a live agent is moved to another "
-                       "resource group (it is told, and keeps the group across restarts)")
-    live = _live_kernels(db, aid)
-    if live:
-        raise Conflict(f"agent {aid!r} holds {live} kernel{'' if live == 1 else 's'} of "
-                       f"sessions in {a.resource_group!r}: decommission it (schedulable "
-                       "false) and move it once they have ended")
-    return a
-
-
-@reads
-def check_agent_move(db, p: Principal, aid: str, group: str) -> bool:
-    """Whether agent ``aid`` may be moved to resource group ``group`` now (raises why
-    not: the caller's role, a group that does not exist, an agent that is not alive or
-    still holds kernels); False when it is in that group already."""
-    return _movable(db, p, aid, group).resource_group != group
-
-
-@writes
-def update_agent(db, p: Principal, aid: str, body: dict) -> dict:
-    """Decommission an agent (``schedulable: false``: the scheduler places no new
-    session there; its sessions run on to their end) or return it to service; record
-    its move to another resource group (``resource_group``, after the agent itself was
-    told: :meth:`.reconcile.Agents.move`)."""
-    a = _get_agent(db, p, aid)
-    access.require(access.may_change_installation(p), f"change the agent {aid!r}")
-    if "schedulable" in body:
-        a.schedulable = bool(body["schedulable"])
-    if body.get("resource_group") is not None:
-        a = _movable(db, p, aid, body["resource_group"])
-        a.resource_group = body["resource_group"]
-    db.flush()
-    return responses.Agent.body(a)
-
-
-@writes
-def delete_agent(db, p: Principal, aid: str) -> None:
-    """Remove a gone agent from the record: one that is not ALIVE (LOST, TERMINATED) and
-    holds no session that is still alive. Its ended kernels keep their rows, no longer
-    naming it."""
-    a = _get_agent(db, p, aid)
-    access.require(access.may_change_installation(p), f"remove the agent {aid!r}")
-    if a.status == AgentStatus.ALIVE:
-        raise Conflict(f"agent {aid!r} is alive: decommission it (schedulable false) so that "
-                       "it takes no new sessions, stop it when its sessions have ended, then "
-                       "remove it")
-    live = _live_kernels(db, aid)
-    if live:
-        raise Conflict(f"agent {aid!r} still holds {live} kernel{'' if live == 1 else 's'} of "
-                       "sessions that have not ended")
-    for k in db.scalars(select(Kernel).where(Kernel.agent_id == aid)):
-        k.agent_id = None
-    db.delete(a)
     db.flush()
 
 
@@ -974,14 +536,14 @@ def list_sessions(db, p: Principal, filters: dict, offset: int, limit: int) -> d
         .where(access.session_filter(p))
         .options(selectinload(Session.kernels), selectinload(Session.dependencies))
     )
-    stmt = _filtered(stmt, filters, {
+    stmt = crud.filtered(stmt, filters, {
         "status": Session.status, "user_id": Session.user_id,
         "project_id": Session.project_id, "type": Session.session_type})
-    return _page(db, stmt, [Session.created_at, Session.id], offset, limit, responses.Session)
+    return crud.page(db, stmt, [Session.created_at, Session.id], offset, limit, responses.Session)
 
 
 def _get_session(db, p: Principal, sid: str) -> Session:
-    return _visible(db, Session, sid, "session", lambda s: access.can_see_session(p, s))
+    return crud.visible(db, Session, sid, "session", lambda s: access.can_see_session(p, s))
 
 
 @reads

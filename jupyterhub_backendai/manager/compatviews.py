@@ -32,7 +32,7 @@ from ..models import (
     VFolder,
     VFolderPermissionRow,
 )
-from . import access, admin, apiviews, responses, vfolders
+from . import access, admin, apiviews, capacity, responses, vfolders
 from .ops import reads, writes
 
 ALL = 10_000  # the unpaginated lists (domains, groups, ...): at most this many
@@ -288,7 +288,7 @@ def bai_keypair_resource_policy(db, p: access.Principal, name: str | None) -> di
         if kp is None:
             raise InvalidRequest("name: which keypair resource policy")
         name = kp.resource_policy
-    return admin.get_policy(db, p, "keypair", name)
+    return capacity.get_policy(db, p, "keypair", name)
 
 
 @reads
@@ -393,7 +393,7 @@ def bai_agents(db, p: access.Principal, status: str | None, group: str | None, o
         f["status"] = status
     if group:
         f["resource_group"] = group
-    page = admin.list_agents(db, p, f, offset, limit)
+    page = capacity.list_agents(db, p, f, offset, limit)
     return {"items": [agent_item(a) for a in page["items"]], "total_count": page["total"]}
 
 
@@ -478,10 +478,10 @@ def bai_set_association(db, p: access.Principal, name: str, field: str, seen: li
     """Set resource group ``name``'s ``field`` (``allowed_domains``, ``allowed_projects``,
     ``allowed_keypairs``) to ``new`` if it still is ``seen``; False (nothing changed) if
     it changed since the caller read it."""
-    g = admin.get_resource_group(db, p, name)
+    g = capacity.get_resource_group(db, p, name)
     if list(g[field] or []) != list(seen):
         return False
-    admin.update_resource_group(db, p, name, {field: new})
+    capacity.update_resource_group(db, p, name, {field: new})
     return True
 
 
@@ -492,10 +492,10 @@ def bai_dissociate_all(db, p: access.Principal, field: str, key: str) -> None:
     if field == "allowed_domains":
         admin.get_domain(db, p, key)
     access.require(access.may_change_installation(p), "change resource groups")
-    for g in admin.list_resource_groups(db, p, {}, 0, ALL)["items"]:
+    for g in capacity.list_resource_groups(db, p, {}, 0, ALL)["items"]:
         if key in (g[field] or []):
-            now = list(admin.get_resource_group(db, p, g["name"])[field] or [])
-            admin.update_resource_group(db, p, g["name"], {field: [k for k in now if k != key]})
+            now = list(capacity.get_resource_group(db, p, g["name"])[field] or [])
+            capacity.update_resource_group(db, p, g["name"], {field: [k for k in now if k != key]})
 
 
 @writes

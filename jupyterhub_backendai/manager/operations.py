@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (each declares operations with @reads / @writes)
     accounts,
     admin,
     apiviews,
+    capacity,
     cliviews,
     compatviews,
     images,

@@ -24,6 +24,7 @@ from ..models import Agent, Kernel, Keypair, Project, Session, User
 from . import (
     access,
     admin,
+    capacity,
     images,
     lifetimes,
     registries,
@@ -200,7 +201,7 @@ def _all(fn, db, p, *args, filters=None):
 
 
 def _policy_names(db, p: access.Principal, kind: str) -> list[str]:
-    return [r["name"] for r in _all(admin.list_policies, db, p, kind)["items"]]
+    return [r["name"] for r in _all(capacity.list_policies, db, p, kind)["items"]]
 
 
 @reads
@@ -215,7 +216,7 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         out["domains"] = _all(admin.list_domains, db, p)["items"]
         for d in out["domains"]:
             d["may_edit"] = installation
-            d["may_delete"] = installation and d["name"] != admin.DEFAULT
+            d["may_delete"] = installation and d["name"] != capacity.DEFAULT
     elif section == "projects":
         projects = _all(admin.list_projects, db, p)["items"]
         users = _all(admin.list_users, db, p)["items"]
@@ -260,22 +261,22 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         out["keypairs"] = keys
         out["keypair_policies"] = _policy_names(db, p, "keypair")
     elif section == "policies":
-        out["policies"] = {kind: _all(admin.list_policies, db, p, kind)["items"]
-                           for kind in admin.POLICIES}
+        out["policies"] = {kind: _all(capacity.list_policies, db, p, kind)["items"]
+                           for kind in capacity.POLICIES}
         for rows in out["policies"].values():
             for r in rows:
                 r["may_edit"] = installation
-                r["may_delete"] = installation and r["name"] != admin.DEFAULT
+                r["may_delete"] = installation and r["name"] != capacity.DEFAULT
     elif section == "resource-groups":
         from .scheduler.options import AGENT_SELECTORS, SchedulerOptions
 
-        out["groups"] = _all(admin.list_resource_groups, db, p)["items"]
-        agents = _all(admin.list_agents, db, p)["items"] if (
+        out["groups"] = _all(capacity.list_resource_groups, db, p)["items"]
+        agents = _all(capacity.list_agents, db, p)["items"] if (
             p.is_superadmin or p.reads_domain) else []
         defaults = SchedulerOptions()
         for g in out["groups"]:
             g["may_edit"] = installation
-            g["may_delete"] = installation and g["name"] != admin.DEFAULT
+            g["may_delete"] = installation and g["name"] != capacity.DEFAULT
             g["agents"] = [a for a in agents if a["resource_group"] == g["name"]]
             opts = SchedulerOptions.lenient(g["scheduler_opts"])
             g["opts_text"] = "; ".join(
@@ -284,22 +285,22 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
                     "agent_selector", "pending_timeout", "starvation_threshold",
                     "max_reservations", "resource_priority", "retry_backoff"))
                 if v != getattr(defaults, k))
-        out["schedulers"] = sorted(admin.KNOWN_SCHEDULERS)
+        out["schedulers"] = sorted(capacity.KNOWN_SCHEDULERS)
         out["selectors"] = list(AGENT_SELECTORS)
     elif section == "presets":
-        out["presets"] = _all(admin.list_resource_presets, db, p)["items"]
+        out["presets"] = _all(capacity.list_resource_presets, db, p)["items"]
         for r in out["presets"]:
             r["may_edit"] = r["may_delete"] = installation
-        out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
+        out["group_names"] = [g["name"] for g in _all(capacity.list_resource_groups, db, p)["items"]]
     elif section == "warm-pools":  # issue 30: superadmins set them; other admins are told so
         out["pools"] = (warmpool.list_warm_pools(db, p, 0, MAX_ROWS)["items"]
                         if p.is_superadmin else [])
-        out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
-        out["preset_names"] = [r["name"] for r in _all(admin.list_resource_presets, db, p)["items"]]
+        out["group_names"] = [g["name"] for g in _all(capacity.list_resource_groups, db, p)["items"]]
+        out["preset_names"] = [r["name"] for r in _all(capacity.list_resource_presets, db, p)["items"]]
         out["image_names"] = [i["name"] for i in images.list_catalogue(db, p)]
     elif section == "agents":
-        out["agents"] = _all(admin.list_agents, db, p)["items"]
-        out["group_names"] = [g["name"] for g in _all(admin.list_resource_groups, db, p)["items"]]
+        out["agents"] = _all(capacity.list_agents, db, p)["items"]
+        out["group_names"] = [g["name"] for g in _all(capacity.list_resource_groups, db, p)["items"]]
     elif section == "environments":  # issue 25: registries (superadmins) and the catalogue
         out["registries"] = registries.list_registries(db, p) if p.is_superadmin else []
         out["images"] = images.list_catalogue(db, p, True)
@@ -313,7 +314,7 @@ def console_section(db, p: access.Principal, section: str, filters: dict) -> dic
         out["visible"] = admin.scheduler_view(db, p)
         out["pending"] = console_sessions(db, p, {"status": SessionStatus.PENDING})["items"]
     elif section == "plots":
-        out["visible_agents"] = {a["id"] for a in _all(admin.list_agents, db, p)["items"]}
+        out["visible_agents"] = {a["id"] for a in _all(capacity.list_agents, db, p)["items"]}
         out["visible_projects"] = {r["id"] for r in _all(admin.list_projects, db, p)["items"]}
         out["visible_groups"] = admin.scheduler_view(db, p)
     return out
