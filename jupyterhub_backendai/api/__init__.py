@@ -10,13 +10,15 @@ from __future__ import annotations
 
 def api_routes() -> list:
     """Every route of the admin API (:class:`.spec.Route`), each declared once with its
-    operations: the handlers' and the vfolder invitations'. The tornado URL list below and
+    operations: the handlers', the vfolders', the vfolder invitations' and the warm
+    pools'. The tornado URL list below and
     the OpenAPI document (:func:`.document.build_document`) are both made from these."""
     from .handlers import ROUTES
     from .vfolder_invitations import ROUTES as INVITATIONS
+    from .vfolders import ROUTES as VFOLDERS
     from .warmpools import ROUTES as WARM_POOLS
 
-    return ROUTES + INVITATIONS + WARM_POOLS
+    return ROUTES + VFOLDERS + INVITATIONS + WARM_POOLS
 
 
 def get_handlers() -> list[tuple]:
