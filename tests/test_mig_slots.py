@@ -29,7 +29,7 @@ from jupyterhub_backendai.common.session_request import (
     SessionRequestError,
     resources,
 )
-from jupyterhub_backendai.manager.admin import parse_slots
+from jupyterhub_backendai.manager.crud import parse_slots
 from jupyterhub_backendai.models import Session
 
 from .inproc import (

@@ -62,6 +62,12 @@ class AgentError(BackendAIError, status=500, title="Agent error"):
     """The agent could not do what the manager asked (its message says why)."""
 
 
+class DevicesHeldElsewhere(AgentError, status=409, title="Devices held elsewhere"):
+    """A kernel's GPUs would be free but another agent of the host (another
+    installation on the same GPUs) holds them now: not the start's fault, so it goes
+    back to the queue without counting as a try, and waits there for them."""
+
+
 class KernelCannotStart(AgentError, status=500, title="Kernel cannot start"):
     """The agent cannot start this kernel however often it is asked: its own setup is in
     the way (a local kernel user who cannot reach the Python environment or the working

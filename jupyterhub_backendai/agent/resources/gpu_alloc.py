@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from ...common.errors import AgentError, InvalidRequest
+from ...common.errors import AgentError, DevicesHeldElsewhere, InvalidRequest
 from ...common.slots import CUDA, MIG_PREFIX
 from ..hostclaims import HostClaims
 from .cuda import CUDADevice, GPUTopology, MIGInstance, format_cpuset
@@ -162,9 +162,9 @@ class GPUAllocator:
                       elsewhere: set[str]) -> GPUAllocation:
         free = [i for i in self.free_indices() if self.whole[i].uuid not in elsewhere]
         if n > len(free):
-            raise AgentError(f"only {len(free)} free CUDA devices, {n} requested"
-                             + _held_elsewhere(sum(d.uuid in elsewhere
-                                                   for d in self.whole.values())))
+            held = sum(d.uuid in elsewhere for d in self.whole.values())
+            raise _refusal(held, n <= len(free) + held)(
+                f"only {len(free)} free CUDA devices, {n} requested" + _held_elsewhere(held))
         chosen = self.choose(n, free) if n else []
         instances = []
         for profile, count in sorted((mig or {}).items()):
@@ -234,12 +234,11 @@ class GPUAllocator:
         free = [m for m in self.migs.values()
                 if m.profile == profile and m.uuid not in self._owner and m.uuid not in taken]
         if count > len(free):
-            raise AgentError(
+            held = sum(m.profile == profile and m.uuid in taken and m.uuid not in self._owner
+                       for m in self.migs.values())
+            raise _refusal(held, count <= len(free) + held)(
                 f"only {len(free)} free MIG instances of profile {profile} "
-                f"({MIG_PREFIX}{profile}), {count} requested"
-                + _held_elsewhere(sum(m.profile == profile and m.uuid in taken
-                                      and m.uuid not in self._owner
-                                      for m in self.migs.values())))
+                f"({MIG_PREFIX}{profile}), {count} requested" + _held_elsewhere(held))
         # Fill GPUs that are partly used first, so that whole partitions stay free.
         busy = {}
         for u in self._owner:
@@ -260,6 +259,13 @@ class GPUAllocator:
         if cpu is not None and len(cpus) < Decimal(str(cpu)):
             return None  # pinning would give the kernel fewer cores than it asked for
         return format_cpuset(cpus)
+
+
+def _refusal(held: int, would_fit: bool) -> type[AgentError]:
+    """What a request that finds too few devices raises: DevicesHeldElsewhere when the
+    devices another agent of the host holds are what it lacks (it then waits for them),
+    else AgentError."""
+    return DevicesHeldElsewhere if held and would_fit else AgentError
 
 
 def _held_elsewhere(n: int) -> str:

@@ -150,16 +150,19 @@ def terminate(s, sid: str, status: str, info: str, result: str | None = None,
     return True
 
 
-def start_failed(s, sid: str, reason: str, limit: int) -> tuple[str, str] | None:
+def start_failed(s, sid: str, reason: str, limit: int,
+                 counted: bool = True) -> tuple[str, str] | None:
     """Release the slots; back to PENDING for another try (fresh kernel rows), or ERROR
-    once ``limit`` retries are used. Returns (resource group, "retry" | "error")."""
+    once ``limit`` retries are used; not ``counted``, back to PENDING without using a
+    try. Returns (resource group, "retry" | "requeued" | "error")."""
     sess = lock_session(s, sid)
     if sess is None or sess.status not in STARTING_STATUSES:
         return None
     release_kernels(s, sess, SessionStatus.ERROR)
     sess.owner = sess.lease_until = None
-    if sess.retries < limit:
-        sess.retries += 1
+    if not counted or sess.retries < limit:
+        if counted:
+            sess.retries += 1
         # Fresh kernel rows (new ids): late events about the failed containers
         # cannot touch the next attempt.
         slots = sess.kernels[0].requested_slots
@@ -170,6 +173,9 @@ def start_failed(s, sid: str, reason: str, limit: int) -> tuple[str, str] | None
         for k in new_kernels(slots, sess.cluster_size):
             k.session_id = sess.id
             s.add(k)
+        if not counted:
+            set_status(sess, SessionStatus.PENDING, f"back in the queue: {reason}")
+            return sess.resource_group, "requeued"
         set_status(sess, SessionStatus.PENDING, f"start failed ({reason}); retry {sess.retries} of {limit}")
         return sess.resource_group, "retry"
     tries = sess.retries + 1

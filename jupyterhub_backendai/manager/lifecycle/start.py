@@ -19,6 +19,7 @@ from ...agent.backends.base import BATCH, IDLE, INTERACTIVE
 from ...common.errors import (
     AgentError,
     BackendAIError,
+    DevicesHeldElsewhere,
     ImageNotFound,
     KernelCannotStart,
     PullRefused,
@@ -182,6 +183,12 @@ class Starter:
             reason = e.detail if isinstance(e, BackendAIError) else f"{type(e).__name__}: {e}"
             mgr.log.error("session %s failed to start: %s", sid, reason)
             await self.destroy_kernels(created)
+            if isinstance(e, DevicesHeldElsewhere):
+                # Another installation's kernel holds the GPUs: no fault of this start.
+                # Back to the queue without counting a try; the agent reports the
+                # devices at once, and the scheduler counts them as taken until freed.
+                await self.failed(sid, reason, "devices_held_elsewhere", counted=False)
+                return
             # A failure the agent says would come again (its own setup) ends the start now.
             await self.failed(sid, reason, failure_reason(e),
                               retry=not isinstance(e, KernelCannotStart))
@@ -201,17 +208,19 @@ class Starter:
         await self.destroy_kernels({k.id: k.agent_id for k in sess.kernels if k.agent_id})
         await self.failed(sid, reason, "interrupted")
 
-    async def failed(self, sid: str, reason: str, kind: str = "other", retry: bool = True) -> None:
+    async def failed(self, sid: str, reason: str, kind: str = "other", retry: bool = True,
+                     counted: bool = True) -> None:
         """Release the slots; back to PENDING for another try, or ERROR once tries are used
-        up (at once without ``retry``)."""
+        up (at once without ``retry``). Not ``counted``: back to PENDING, no try used."""
         mgr = self.mgr
-        done = await mgr.db(record.start_failed, sid, reason, mgr.start_retries if retry else 0)
+        done = await mgr.db(record.start_failed, sid, reason, mgr.start_retries if retry else 0,
+                            counted)
         if done:
             rg, outcome = done
             START_FAILURES.labels(resource_group=rg, reason=kind).inc()
             if outcome == "retry":
                 START_RETRIES.labels(resource_group=rg).inc()
-        mgr.changed(sid, (SessionStatus.PENDING if done[1] == "retry" else SessionStatus.ERROR)
+        mgr.changed(sid, (SessionStatus.ERROR if done[1] == "error" else SessionStatus.PENDING)
                     if done else None)
         mgr.wake()
 
