@@ -12,11 +12,15 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
+from jupyterhub_backendai.manager.access import Principal
 from jupyterhub_backendai.manager.scheduler import schedule_pass
 from jupyterhub_backendai.manager.warmpool import pool_key
 from jupyterhub_backendai.models import Agent, ResourcePreset, Session, WarmPool
 
 from .scheduler_world import World, slots
+
+ROOT = Principal(user_id="root", username="root", email="root@example.com",
+                 role="superadmin", domain="default")
 
 IMG = "registry.example/lab/python:3.11"
 
@@ -192,7 +196,6 @@ def test_real_agents_report_their_images_and_a_session_goes_where_its_image_is(d
     import asyncio
 
     from jupyterhub_backendai.common.slots import ResourceSlot
-    from jupyterhub_backendai.manager.access import Principal
 
     from .hub import KERNEL_IMAGE
     from .inproc import DEAD, add_agent, assert_consistent, make_user, running_manager, wait_status
@@ -210,9 +213,7 @@ def test_real_agents_report_their_images_and_a_session_goes_where_its_image_is(d
             assert lrow.images == [local.local_image] and KERNEL_IMAGE not in lrow.images
             # The catalogue holds what the first agent held; the second agent's own image
             # is catalogued by an admin's rescan of the agents' images (docs/images.md).
-            root = Principal(user_id="root", username="root", email="root@example.com",
-                             role="superadmin", domain="default")
-            await mgr.registries.rescan(root, "local")
+            await mgr.registries.rescan(ROOT, "local")
             user = await make_user(mgr)
             ids = {}
             for name, image in (("on-docker", KERNEL_IMAGE), ("on-local", local.local_image)):
@@ -249,15 +250,11 @@ def test_a_session_goes_to_the_agent_with_its_pooled_kernel_and_binds_it(db_url,
     import asyncio
 
     from jupyterhub_backendai.common.slots import ResourceSlot
-    from jupyterhub_backendai.manager.access import Principal
     from jupyterhub_backendai.manager.scheduler.metrics import counter_value
     from jupyterhub_backendai.manager.warmpool import REQUESTS
 
     from .hub import KERNEL_IMAGE
     from .inproc import add_agent, assert_consistent, make_user, running_manager, wait_status
-
-    root = Principal(user_id="root", username="root", email="root@example.com",
-                     role="superadmin", domain="default")
 
     def configure(c):
         c.BackendAIManager.warm_pool_interval = 0.5
@@ -268,9 +265,9 @@ def test_a_session_goes_to_the_agent_with_its_pooled_kernel_and_binds_it(db_url,
             other = await add_agent(mgr, tmp_path, "docker", slots={"cpu": 3, "mem": "6g"},
                                     name="b")
             preset = f"wp-{other.agent_id[-8:]}"
-            await mgr.ops.create_resource_preset(root, {
+            await mgr.ops.create_resource_preset(ROOT, {
                 "name": preset, "resource_slots": {"cpu": "0.5", "mem": "512m"}})
-            await mgr.ops.set_warm_pool(root, {"resource_group": "default",
+            await mgr.ops.set_warm_pool(ROOT, {"resource_group": "default",
                                                "image": KERNEL_IMAGE, "preset": preset,
                                                "size": 1})
             key = pool_key("default", KERNEL_IMAGE, preset)
@@ -305,7 +302,7 @@ def test_a_session_goes_to_the_agent_with_its_pooled_kernel_and_binds_it(db_url,
             assert counter_value(REQUESTS, **labels, outcome="hit") == hits + 1
             # The pool refills (the bound kernel is no pooled kernel any more).
             await _poll(reported, "the pool refilled", 180)
-            await mgr.ops.set_warm_pool(root, {"resource_group": "default",
+            await mgr.ops.set_warm_pool(ROOT, {"resource_group": "default",
                                                "image": KERNEL_IMAGE, "preset": preset,
                                                "size": 0})
             await mgr.destroy_session(sid)
@@ -341,13 +338,9 @@ def test_the_pool_refills_after_the_starts_in_flight_and_warms_up_on_spare_cpu(d
 
     from jupyterhub_backendai.agent.backends.docker import POOL_CPU_SHARES
     from jupyterhub_backendai.agent.warmpool import INBOX
-    from jupyterhub_backendai.manager.access import Principal
 
     from .hub import KERNEL_IMAGE
     from .inproc import running_manager
-
-    root = Principal(user_id="root", username="root", email="root@example.com",
-                     role="superadmin", domain="default")
 
     def configure(c):
         c.BackendAIManager.warm_pool_interval = 60.0
@@ -364,11 +357,11 @@ def test_the_pool_refills_after_the_starts_in_flight_and_warms_up_on_spare_cpu(d
                     capture_output=True, text=True, check=True).stdout.split()
 
             preset = f"wp-{aid[-8:]}"
-            await mgr.ops.create_resource_preset(root, {
+            await mgr.ops.create_resource_preset(ROOT, {
                 "name": preset, "resource_slots": {"cpu": "0.5", "mem": "512m"}})
 
             async def size(n: int) -> None:
-                await mgr.ops.set_warm_pool(root, {"resource_group": "default",
+                await mgr.ops.set_warm_pool(ROOT, {"resource_group": "default",
                                                    "image": KERNEL_IMAGE, "preset": preset,
                                                    "size": n})
                 mgr.warmpool.kick(now=True)
