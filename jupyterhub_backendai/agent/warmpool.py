@@ -24,9 +24,9 @@ Binding, done once (a pooled kernel serves one session, then goes with it):
   name, mode 0600 and the kernel user's from its first byte, and renamed into place,
   so the waiter never sees it partial or unreadable. (Docker's archive API did this
   before: an untar by a process of the engine's for each binding, 0.2-0.3 s of five
-  bindings at once.) The waiter reads and deletes it, sets its environment, seeds a fresh home from ``/etc/skel`` as the
-  image's init does, changes into ``/home/work`` and runs ``jupyterhub-singleuser`` in
-  the same process. The container's own environment (what ``docker exec`` gets) stays
+  bindings at once.) The waiter reads and deletes it, sets its environment, seeds a
+  fresh home from ``/etc/skel`` as the image's init does, changes into ``/home/work``
+  and runs ``jupyterhub-singleuser`` in the same process. The container's own environment (what ``docker exec`` gets) stays
   the pool's, with no user's token in it.
 - **Identity.** The pooled kernel's id becomes the session's kernel's id in the record
   (manager/warmpool.py); the container is renamed after its owner. Its labels keep the
