@@ -354,11 +354,13 @@ class BackendAIManager(SingletonConfigurable):
 
         return await asyncio.to_thread(work)
 
-    def background(self, coro) -> None:
-        """Run ``coro`` beside the caller (event handlers must not block the bus)."""
+    def background(self, coro) -> asyncio.Task:
+        """Run ``coro`` beside the caller (event handlers must not block the bus); its
+        task is cancelled when the manager stops, before its agents close."""
         task = asyncio.create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
+        return task
 
     # -- session changes (broadcast.py) ------------------------------------------------
 

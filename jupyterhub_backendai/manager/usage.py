@@ -264,9 +264,7 @@ class UsageSampler:
         if time.monotonic() - self._last < every:
             return
         self._last = time.monotonic()
-        self._task = task = asyncio.create_task(self.sample())
-        self.manager._bg.add(task)  # cancelled when the manager stops
-        task.add_done_callback(self.manager._bg.discard)
+        self._task = self.manager.background(self.sample())  # cancelled when it stops
 
     async def sample(self) -> int:
         from ..agent.stats import live_stats

@@ -214,13 +214,9 @@ class WarmPools:
             return
         if not now and time.monotonic() - self._last < self.mgr.warm_pool_interval:
             return
-        self._task = asyncio.create_task(self._round())
         # One of the manager's background tasks: cancelled when it stops, before its
         # agents close (a round must not start or remove kernels on a closed engine).
-        bg = getattr(self.mgr, "_bg", None)
-        if bg is not None:
-            bg.add(self._task)
-            self._task.add_done_callback(bg.discard)
+        self._task = self.mgr.background(self._round())
 
     def settled(self) -> bool:
         """No round running or asked for."""
@@ -250,11 +246,7 @@ class WarmPools:
         if self._overdue or not self.mgr.starts_in_flight():
             return False
         if self._later is None or self._later.done():
-            self._later = asyncio.create_task(self._when_quiet())
-            bg = getattr(self.mgr, "_bg", None)
-            if bg is not None:
-                bg.add(self._later)
-                self._later.add_done_callback(bg.discard)
+            self._later = self.mgr.background(self._when_quiet())
         return True
 
     async def _when_quiet(self) -> None:
