@@ -10,6 +10,7 @@ what may start, and the in-process agent pulls what it lacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import urllib.request
 
 import pytest
 
+from jupyterhub_backendai.agent.backends import pull as pull_mod
 from jupyterhub_backendai.common.errors import BackendAIError, InvalidRequest
 from jupyterhub_backendai.common.slots import ResourceSlot
 from jupyterhub_backendai.manager import images, registries
@@ -417,6 +419,21 @@ def test_pull_on_start_shared_with_progress(reg, db_url, tmp_path, monkeypatch):
         return ok
 
     monkeypatch.setattr(images, "_note_pull", noting)
+    # The engine's pull begins once both sessions wait on it. Without this gate, on a
+    # loaded machine the second session's start could come after a 1 s pull had ended,
+    # find the image and show no progress at all (CI's run of 809e24b): right for the
+    # product, but not the sharing this test is about. A start that never joined would
+    # hold the pull for 120 s and fail the assertions below.
+    run_pull = pull_mod.Puller._run
+
+    async def gated(self, pull, auth):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(120):
+                while len(pull.listeners) < 2:
+                    await asyncio.sleep(0.02)
+        await run_pull(self, pull, auth)
+
+    monkeypatch.setattr(pull_mod.Puller, "_run", gated)
 
     async def run():
         async with running_manager(db_url, tmp_path, "docker",
