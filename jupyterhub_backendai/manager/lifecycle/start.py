@@ -109,7 +109,7 @@ class Starter:
                 return sess, {a.id: (a.addr, a.backend)
                               for a in s.scalars(select(Agent).where(Agent.id.in_(ids)))}
 
-            sess, agents = await mgr.db(load)
+            sess, agents = await mgr.db_read(load)
             if sess is None:
                 return
             kernels = list(sess.kernels)
