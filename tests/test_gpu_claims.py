@@ -306,6 +306,57 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
     asyncio.run(run())
 
 
+def test_refusals_for_devices_held_elsewhere_are_bounded_when_the_report_never_arrives(
+        tmp_path, monkeypatch):
+    """The fault: the agent's report of the other installation's claim never reaches
+    its scheduler (the event bus away; here the agent's reports are dropped and its
+    next heartbeat is an hour off). The scheduler places the session there again and
+    again; each start is refused. Before, each refusal went back to the queue without
+    using a try, for ever, a loop of starts as fast as the scheduler could place them.
+    Now the third such refusal in a row is the last free one: the next uses a try, and
+    with none left (retries 0) the session ends in ERROR, saying why, nothing held."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's claims only
+
+    async def run():
+        (tmp_path / "one").mkdir()
+        (tmp_path / "two").mkdir()
+        async with (running_manager(f"sqlite:///{tmp_path}/one/db.sqlite", tmp_path / "one",
+                                    "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as one,
+                    running_manager(f"sqlite:///{tmp_path}/two/db.sqlite", tmp_path / "two",
+                                    "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as two):
+            a1 = await _gpu_agent(one, tmp_path / "one", "gpu-one")
+            a2 = await _gpu_agent(two, tmp_path / "two", "gpu-two")
+            assert await _away(two, a2) == {}
+            alice = await make_user(one)
+            bob = await make_user(two, email="bob@example.com")
+            first = await gpu_batch(one, alice, "first", {"cuda.device": 1})
+            await wait_status(one, first, ("RUNNING",))
+
+            monkeypatch.setattr(a2, "report_soon", lambda: None)  # the report is lost
+            refusals = []
+            create = a2.create_kernel
+
+            async def counted(*args, **kw):
+                try:
+                    return await create(*args, **kw)
+                except AgentError as e:
+                    refusals.append(type(e).__name__)
+                    raise
+
+            monkeypatch.setattr(a2, "create_kernel", counted)
+            second = await gpu_batch(two, bob, "second", {"cuda.device": 1})
+            sess = await wait_status(two, second, ("ERROR",), timeout=60)
+            assert refusals == ["DevicesHeldElsewhere"] * 4, refusals
+            assert "refused 4 times in a row" in sess.status_info, sess.status_info
+            assert sess.retries == 0
+            assert a2.gpus.owners() == {}
+            assert (await two.get_session(second)).status == "ERROR"  # and it stays there
+            held = (await one.get_session(first)).kernels[0].id
+            assert list(a1.gpus.owners().values()) == [held]  # the other's, untouched
+
+    asyncio.run(run())
+
+
 def test_a_mask_leaves_gaps_in_the_indices(tmp_path):
     """GPU 0 masked, GPU 1 in MIG mode: the agent's devices are [GPU 1], and a MIG
     instance of it is found by its GPU's index, not its place in the list (the CPUs

@@ -86,11 +86,20 @@ async def fault_hold(log, status: str) -> None:
 class Starter:
     """The start of one session at a time (one per call of :meth:`start`)."""
 
+    #: How often in a row one session's start may be refused for devices another
+    #: installation holds and go back to the queue without using a try. The refusal
+    #: makes the agent report the claim at once, after which the scheduler no longer
+    #: places the session there; a session refused again and again means that report
+    #: does not arrive (the event bus away), and each later refusal uses a try, with
+    #: the retries' back-off, until the tries are used up and it ends in ERROR.
+    HELD_ELSEWHERE_REQUEUES = 3
+
     def __init__(self, driver) -> None:
         self.driver = driver
         self.mgr = driver.mgr
         # The Start handler's transition (it declares the changes a start makes).
         self.transition = None
+        self._held_elsewhere: dict[str, int] = {}  # session id -> refusals in a row
 
     async def start(self, sid: str, dead_owner: str | None = None) -> None:
         mgr = self.mgr
@@ -166,6 +175,7 @@ class Starter:
                 raise errors[0]
             recs = dict(zip([k.id for k in kernels], results, strict=True))
             outcome, detail = await mgr.db(record.mark_running, sid, recs)
+            self._held_elsewhere.pop(sid, None)
             mgr.changed(sid, SessionStatus.RUNNING if outcome == "running" else None)
             if outcome == "gone":
                 await self.destroy_kernels(created)
@@ -187,8 +197,17 @@ class Starter:
                 # Another installation's kernel holds the GPUs: no fault of this start.
                 # Back to the queue without counting a try; the agent reports the
                 # devices at once, and the scheduler counts them as taken until freed.
-                await self.failed(sid, reason, "devices_held_elsewhere", counted=False)
+                refused = self._held_elsewhere.get(sid, 0) + 1
+                if refused <= self.HELD_ELSEWHERE_REQUEUES:
+                    self._held_elsewhere[sid] = refused
+                    await self.failed(sid, reason, "devices_held_elsewhere", counted=False)
+                    return
+                self._held_elsewhere.pop(sid, None)
+                reason += (f" (refused {refused} times in a row: the agent's report of "
+                           "the devices did not reach the scheduler)")
+                await self.failed(sid, reason, "devices_held_elsewhere")
                 return
+            self._held_elsewhere.pop(sid, None)
             # A failure the agent says would come again (its own setup) ends the start now.
             await self.failed(sid, reason, failure_reason(e),
                               retry=not isinstance(e, KernelCannotStart))
