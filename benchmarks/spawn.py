@@ -218,6 +218,7 @@ class HubVariant:
     verbose = False
 
     def __init__(self):
+        self.each_ready: list[float] = []  # each server's own POST-to-ready, --concurrent
         self.http = requests.Session()
         self.n = 0
 
@@ -253,6 +254,7 @@ class HubVariant:
         with ThreadPoolExecutor(n) as pool:
             each = list(pool.map(one, servers))
         elapsed = time.perf_counter() - t0
+        self.each_ready += [b for _, b in each]
         if self.verbose:
             log(f"  {self.name}: each (POST answered / ready, s): " + "  ".join(
                 f"{a:.2f}/{b:.2f}" for a, b in sorted(each, key=lambda e: e[1])))
@@ -644,7 +646,9 @@ def main() -> int:
                 if hasattr(v, "before_round"):
                     v.before_round()
                 this[v.name] = v.run_many(args.concurrent) if args.concurrent else v.run_once()
-                if not warm:
+                if warm:
+                    v.each_ready = []
+                else:
                     times[v.name].append(this[v.name])
             label = "warm-up (not counted)" if warm else f"round {rnd}/{args.runs}"
             log(f"{label}: " + "  ".join(f"{k}={t:.3f}s" for k, t in this.items()))
@@ -678,6 +682,10 @@ def main() -> int:
             print_cpu(variants)
         ok = p50["ours"] < 0.5
         print(f"ours p50 {p50['ours']:.3f} s (target < 0.5 s: {'met' if ok else 'MISSED'})")
+        if n > 1:
+            each = variants[0].each_ready
+            print(f"each server's own spawn-to-ready over the {len(each)} starts: p50 "
+                  f"{statistics.median(each):.3f} s, min {min(each):.3f}, max {max(each):.3f}")
         print(f"pool={args.pool} concurrent={n} ours_p50_s={p50['ours']:.3f} "
               f"docker_run_p50_s={p50['docker_run']:.3f} hits={pool_stats.get('hits')} "
               f"misses={pool_stats.get('misses')}", flush=True)
