@@ -200,6 +200,8 @@ class Starter:
                 refused = self._held_elsewhere.get(sid, 0) + 1
                 if refused <= self.HELD_ELSEWHERE_REQUEUES:
                     self._held_elsewhere[sid] = refused
+                    if len(self._held_elsewhere) > 10_000:  # ended while queued: forgotten
+                        del self._held_elsewhere[next(iter(self._held_elsewhere))]
                     await self.failed(sid, reason, "devices_held_elsewhere", counted=False)
                     return
                 self._held_elsewhere.pop(sid, None)
