@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from urllib.parse import urlsplit
 
 from prometheus_client import Counter
@@ -93,13 +94,17 @@ class Starter:
     #: does not arrive (the event bus away), and each later refusal uses a try, with
     #: the retries' back-off, until the tries are used up and it ends in ERROR.
     HELD_ELSEWHERE_REQUEUES = 3
+    #: Refusals further apart than this many seconds are not "in a row": the report
+    #: arrived in between, and a later race with the other installation starts anew.
+    HELD_ELSEWHERE_WINDOW = 60.0
 
     def __init__(self, driver) -> None:
         self.driver = driver
         self.mgr = driver.mgr
         # The Start handler's transition (it declares the changes a start makes).
         self.transition = None
-        self._held_elsewhere: dict[str, int] = {}  # session id -> refusals in a row
+        # session id -> (refusals in a row, when the last was)
+        self._held_elsewhere: dict[str, tuple[int, float]] = {}
 
     async def start(self, sid: str, dead_owner: str | None = None) -> None:
         mgr = self.mgr
@@ -197,14 +202,15 @@ class Starter:
                 # Another installation's kernel holds the GPUs: no fault of this start.
                 # Back to the queue without counting a try; the agent reports the
                 # devices at once, and the scheduler counts them as taken until freed.
-                refused = self._held_elsewhere.get(sid, 0) + 1
+                now = time.monotonic()
+                refused, last = self._held_elsewhere.pop(sid, (0, now))
+                refused = refused + 1 if now - last < self.HELD_ELSEWHERE_WINDOW else 1
                 if refused <= self.HELD_ELSEWHERE_REQUEUES:
-                    self._held_elsewhere[sid] = refused
+                    self._held_elsewhere[sid] = (refused, now)
                     if len(self._held_elsewhere) > 10_000:  # ended while queued: forgotten
                         del self._held_elsewhere[next(iter(self._held_elsewhere))]
                     await self.failed(sid, reason, "devices_held_elsewhere", counted=False)
                     return
-                self._held_elsewhere.pop(sid, None)
                 reason += (f" (refused {refused} times in a row: the agent's report of "
                            "the devices did not reach the scheduler)")
                 await self.failed(sid, reason, "devices_held_elsewhere")
