@@ -16,6 +16,7 @@ worker and in a second suite running beside this one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -198,6 +199,20 @@ async def _away(mgr, agent, send: bool = True) -> dict:
     raise AssertionError(f"the manager's record says {row.away_slots}, the agent {want}")
 
 
+@contextlib.asynccontextmanager
+async def _two_installations(tmp_path):
+    """Two managers (no tries to spare), each with its own database and a GPU agent on
+    the same stand-in host: (manager one, manager two, agent one, agent two)."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    async with (running_manager(f"sqlite:///{tmp_path}/one/db.sqlite", tmp_path / "one",
+                                "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as one,
+                running_manager(f"sqlite:///{tmp_path}/two/db.sqlite", tmp_path / "two",
+                                "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as two):
+        yield (one, two, await _gpu_agent(one, tmp_path / "one", "gpu-one"),
+               await _gpu_agent(two, tmp_path / "two", "gpu-two"))
+
+
 def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
     """Two managers, each with its own database and agent on the same (stand-in) GPU
     host. While the first installation's kernel holds the whole GPU, the second's agent
@@ -210,14 +225,7 @@ def test_two_installations_on_one_gpu_host(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's claims only
 
     async def run():
-        (tmp_path / "one").mkdir()
-        (tmp_path / "two").mkdir()
-        async with (running_manager(f"sqlite:///{tmp_path}/one/db.sqlite", tmp_path / "one",
-                                    "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as one,
-                    running_manager(f"sqlite:///{tmp_path}/two/db.sqlite", tmp_path / "two",
-                                    "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as two):
-            a1 = await _gpu_agent(one, tmp_path / "one", "gpu-one")
-            a2 = await _gpu_agent(two, tmp_path / "two", "gpu-two")
+        async with _two_installations(tmp_path) as (one, two, a1, a2):
             gpu1 = a1.devices[1]
             assert not gpu1.mig_enabled and a2.devices[1].uuid == gpu1.uuid
             assert await _away(two, a2) == {}
@@ -318,14 +326,7 @@ def test_refusals_for_devices_held_elsewhere_are_bounded_when_the_report_never_a
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's claims only
 
     async def run():
-        (tmp_path / "one").mkdir()
-        (tmp_path / "two").mkdir()
-        async with (running_manager(f"sqlite:///{tmp_path}/one/db.sqlite", tmp_path / "one",
-                                    "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as one,
-                    running_manager(f"sqlite:///{tmp_path}/two/db.sqlite", tmp_path / "two",
-                                    "local", slots={"cpu": 2, "mem": "4g"}, retries=0) as two):
-            a1 = await _gpu_agent(one, tmp_path / "one", "gpu-one")
-            a2 = await _gpu_agent(two, tmp_path / "two", "gpu-two")
+        async with _two_installations(tmp_path) as (one, two, a1, a2):
             assert await _away(two, a2) == {}
             alice = await make_user(one)
             bob = await make_user(two, email="bob@example.com")
