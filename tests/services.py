@@ -6,6 +6,7 @@ packages that ``scripts/test`` installs.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import glob
@@ -26,6 +27,7 @@ import urllib.request
 # so that the end-of-run check (tests/conftest.py) and a clean-up find this run's
 # objects and never another suite's on the same engine. scripts/test sets it; pytest's
 # xdist workers inherit it from the controller.
+_OWN_RUN = "BACKENDAI_TEST_RUN" not in os.environ  # (a benchmark; pytest run by hand)
 RUN = os.environ.setdefault("BACKENDAI_TEST_RUN", secrets.token_hex(4))
 
 
@@ -40,6 +42,19 @@ def agent_id(kind: str = "test") -> str:
 #: at its end (tests/conftest.py); the engine's ``backendai``, which installations share
 #: and none removes, is not made or touched by the suite.
 AGENT_NETWORK = os.environ.setdefault("BACKENDAI_AGENT_NETWORK", f"t{RUN}-backendai")
+
+
+def _remove_own_agent_network(owner: int) -> None:
+    """At the exit of the process that made this run (a benchmark; not a forked hub, not
+    an xdist worker, which inherit the run): its agent network goes too. The suite's
+    own end does this in tests/conftest.py; the benchmarks left one network per run."""
+    if os.getpid() == owner and shutil.which("docker") is not None:
+        subprocess.run(["docker", "network", "rm", AGENT_NETWORK], capture_output=True,
+                       timeout=60)
+
+
+if _OWN_RUN and AGENT_NETWORK == f"t{RUN}-backendai":
+    atexit.register(_remove_own_agent_network, os.getpid())
 
 
 #: What every test hub's installation id starts with (BACKENDAI_INSTALLATION_PREFIX): a
