@@ -48,9 +48,10 @@ def _remove_own_agent_network(owner: int) -> None:
     """At the exit of the process that made this run (a benchmark; not a forked hub, not
     an xdist worker, which inherit the run): its agent network goes too. The suite's
     own end does this in tests/conftest.py; the benchmarks left one network per run."""
-    if os.getpid() == owner and shutil.which("docker") is not None:
-        subprocess.run(["docker", "network", "rm", AGENT_NETWORK], capture_output=True,
-                       timeout=60)
+    if os.getpid() == owner:
+        from .engine_check import remove_agent_network  # (it imports this module)
+
+        remove_agent_network()
 
 
 if _OWN_RUN and AGENT_NETWORK == f"t{RUN}-backendai":
