@@ -244,11 +244,11 @@ def test_vfolder_commands(hub, alice):
     assert "Moved." in out and os.path.isfile(os.path.join(path, "top.txt"))
     # bad input: a new name with '/', a path out of the folder, an existing target
     out = alice("vfolder", "rename-file", name, "top.txt", "x/y.txt", rc=1)
-    assert "400" in out and "new_name" in out
+    assert re.search(r"\b400\b", out) and "new_name" in out
     out = alice("vfolder", "mv", name, "top.txt", "../escape.txt", rc=1)
-    assert "400" in out
+    assert re.search(r"\b400\b", out)
     out = alice("vfolder", "mv", name, "top.txt", "up.bin", rc=1)
-    assert "409" in out and "already exists" in out
+    assert re.search(r"\b409\b", out) and "already exists" in out
     out = alice("vfolder", "mv", name, "nothing.txt", "n2.txt", rc=1)
     assert re.search(r"\b404\b", out)
     assert sorted(os.listdir(path)) == ["a", "empty.txt", "top.txt", "up.bin"]
@@ -309,7 +309,7 @@ def test_26_09_client_folders_transfers_and_sessions(hub, bob26):
     # costs seconds of start-up: few of them.)
     fid = f[0]["id"]
     out = bai("vfolder", "purge", name, rc=1)  # not in the trash
-    assert "409" in out and "not in the trash" in out
+    assert re.search(r"\b409\b", out) and "not in the trash" in out
     out = bai("vfolder", "delete", name)
     assert "Deleted." in out
     assert admin_api(hub, "GET", f"/vfolders/{fid}")["status"] == "delete-pending"
@@ -414,7 +414,7 @@ def test_run_code_in_a_jupyter_kernel_both_clients(hub, alice, bob26, tmp_path):
     alice("session", "create", "--type", "batch", "--name", bname, *RES,
           "--startup-command", "sleep 600", hub.image)
     out = alice("run", "--name", bname, "-c", "print('never')", hub.image, rc=1)
-    assert "never" not in out and "400" in out, out
+    assert "never" not in out and re.search(r"\b400\b", out), out
     alice("session", "rm", bname)
 
     # the 26.09 client, with --rm: the session ends afterwards
@@ -481,12 +481,12 @@ def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
     fid = admin_api(hub, "GET", "/vfolders", params={"name": name})["items"][0]["id"]
     # bad input first: an unknown user (with a known one) invites nobody; 400
     out = alice("vfolder", "invite", "-p", "ro", name, c_email, "nobody@example.com", rc=1)
-    assert "400" in out and "nobody@example.com" in out
+    assert re.search(r"\b400\b", out) and "nobody@example.com" in out
     assert "No invitations." in carol("vfolder", "invitations")
     out = alice("vfolder", "invite", "-p", "ro", name, c_email)
     assert f"Invitation sent to:\n\t- {c_email}" in out, out
     out = alice("vfolder", "invite", "-p", "ro", name, c_email, rc=1)
-    assert "409" in out and "pending invitation" in out
+    assert re.search(r"\b409\b", out) and "pending invitation" in out
     # not yet shared: carol cannot see the folder
     assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["total"] == 0
     out = carol("vfolder", "info", name, rc=1)
@@ -499,16 +499,16 @@ def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
     out = carol("vfolder", "info", name)  # by name: shared with her
     assert "- Owner: False" in out and "- Permission: ro" in out, out
     out = carol("vfolder", "mkdir", name, "nope", rc=1)
-    assert "403" in out and "ro" in out
+    assert re.search(r"\b403\b", out) and "ro" in out
     # share: at once; an existing share takes the new permission
     out = alice("vfolder", "share", "-p", "rw", name, c_email)
     assert f"Shared with rw permission to:\n\t- {c_email}" in out, out
     assert admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"][0]["permission"] == "rw"
     carol("vfolder", "mkdir", name, "yes")
     out = carol("vfolder", "share", "-p", "rw", name, alice.user["email"], rc=1)
-    assert "403" in out  # only the owner shares
+    assert re.search(r"\b403\b", out)  # only the owner shares
     out = alice("vfolder", "share", "-p", "rw", name, "nobody@example.com", rc=1)
-    assert "400" in out
+    assert re.search(r"\b400\b", out)
     assert len(admin_api(hub, "GET", f"/vfolders/{fid}/shares")["items"]) == 1
 
     # a project folder: an admin of the domain gives a member their own permission
@@ -520,12 +520,12 @@ def test_vfolder_invite_accept_decline_and_share(hub, alice, bob26, tmp_path):
     pfid = admin_api(hub, "GET", "/vfolders", params={"name": pf})["items"][0]["id"]
     assert carol.user["client"].ok("GET", f"/vfolders/{pfid}")["my_permission"] == "rw"
     out = admin("vfolder", "share", "-p", "ro", pf, alice.user["email"], rc=1)
-    assert "400" in out and "not in the vfolder's project" in out
+    assert re.search(r"\b400\b", out) and "not in the vfolder's project" in out
     out = admin("vfolder", "share", "-p", "ro", pf, c_email)
     assert f"Shared with ro permission to:\n\t- {c_email}" in out, out
     assert carol.user["client"].ok("GET", f"/vfolders/{pfid}")["my_permission"] == "ro"
     out = carol("vfolder", "share", "-p", "rw", pf, c_email, rc=1)
-    assert "403" in out
+    assert re.search(r"\b403\b", out)
     out = carol("vfolder", "info", pf)
     assert "- Ownership Type: group" in out and "- Permission: ro" in out, out
     # unshare (a project folder: the member's own permission ends) and leave (a user folder)

@@ -141,7 +141,7 @@ def test_errors_exit_non_zero_with_the_problem(admin, hub):
     rc, err = admin("domains", "get", "no-such-domain")
     assert rc == 1 and re.search(r"\b404\b", err)
     rc, err = admin("users", "list", "--role", "emperor")
-    assert rc == 1 and "400" in err and "role" in err
+    assert rc == 1 and re.search(r"\b400\b", err) and "role" in err
     rc, err = admin("whoami", keys=(hub.admin_keys[0], "x" * 40))
     assert rc == 1 and "401 Unauthorized: signature mismatch" in err
     rc, err = admin("whoami", keys=("AKIAZZZZZZZZZZZZZZZZ", "x" * 40))
@@ -307,7 +307,7 @@ def test_vfolders_and_their_files_through_the_cli(admin, hub, tmp_path):
     assert (share["user_id"], share["permission"]) == (peer["id"], "ro")
     peer_keys = (peer["keypair"]["access_key"], peer["keypair"]["secret_key"])
     rc, err = admin("vfolders", "upload", f["id"], str(local), keys=peer_keys)
-    assert rc == cli.EXIT_API_ERROR and "403" in err and "ro" in err
+    assert rc == cli.EXIT_API_ERROR and re.search(r"\b403\b", err) and "ro" in err
     rc, err = admin("vfolders", "download", f["id"], "nope.bin", "-o", str(tmp_path / "n"),
                     keys=peer_keys)
     assert rc == cli.EXIT_API_ERROR and re.search(r"\b404\b", err) and not (tmp_path / "n").exists()
