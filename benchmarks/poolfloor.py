@@ -2,7 +2,7 @@
 the platform's own, and how much is JupyterHub's and the servers' that nothing of ours
 can remove.
 
-    python benchmarks/poolfloor.py [--concurrent N] [--runs R] [--no-build]
+    python benchmarks/poolfloor.py [--concurrent N] [--runs R] [--cpu] [--no-build]
 
 Three measurements in one run, rounds interleaved, one unmeasured warm-up round first,
 all on the same kernel image (backendai/python-kernel:latest):
@@ -27,6 +27,10 @@ all on the same kernel image (backendai/python-kernel:latest):
 part (the spawner's checks, the record, scheduling, binding, the engine's calls) cost
 nothing. It is a model: in a real start JupyterHub's part comes before the server's, as
 here, but the two also overlap a little (JupyterHub answers the servers' first calls).
+
+With ``--cpu``, also the CPU-seconds each spent per round, by part (spawn.py's meter:
+the hub's processes, the engine, the round's containers, the machine): on a machine whose
+cores the rush fills, the wall time follows the CPU.
 
 Last line:
 
@@ -60,6 +64,7 @@ from spawn import (  # noqa: E402
     MEM,
     READY_TIMEOUT,
     USER,
+    CpuMeter,
     DockerSpawnerHub,
     HubVariant,
     Ours,
@@ -67,11 +72,12 @@ from spawn import (  # noqa: E402
     ensure_image,
     ensure_network,
     log,
+    print_cpu,
     wait_status,
 )
 
 from jupyterhub_backendai.agent import warmpool as pool  # noqa: E402
-from tests.hub import CHP, KERNEL_IMAGE  # noqa: E402
+from tests.hub import CHP, KERNEL_IMAGE, Hub  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
 # -- (b): the servers alone ---------------------------------------------------------------
@@ -107,6 +113,7 @@ class PooledServers:
 
     name = "servers"
     verbose = False
+    meter: CpuMeter | None = None
 
     def __init__(self, tmp: str, n: int):
         import jupyterhub
@@ -180,6 +187,8 @@ class PooledServers:
                         {}, time.monotonic() + READY_TIMEOUT)
             done.append(time.perf_counter() - t0)
 
+        if self.meter:
+            self.meter.start(self.containers())
         t0 = time.perf_counter()
         for tmp, final, _, _ in staged:
             os.rename(tmp, final)
@@ -190,6 +199,8 @@ class PooledServers:
             t.join()
         if len(done) != len(staged):
             raise RuntimeError("a bound server did not answer")
+        if self.meter:
+            self.meter.stop(self.containers())
         if self.verbose:
             log("  servers: each ready (s): " + "  ".join(f"{d:.2f}" for d in sorted(done)))
         self.remove()
@@ -306,6 +317,8 @@ def main() -> int:
     ap.add_argument("--no-build", action="store_true",
                     help="take the kernel image as the engine holds it (no images/build.sh)")
     ap.add_argument("--verbose", action="store_true", help="each start's time, per round")
+    ap.add_argument("--cpu", action="store_true",
+                    help="CPU-seconds per round by part (hub, engine, kernels, the rest)")
     args = ap.parse_args()
     if args.runs < 1 or args.concurrent < 1:
         ap.error("--runs and --concurrent must be at least 1")
@@ -338,6 +351,10 @@ def main() -> int:
             v.verbose = args.verbose
             log(f"starting {v.name} ...")
             v.start()
+            if args.cpu:
+                hub = getattr(v, "hub", None)
+                proc = hub.proc if isinstance(hub, Hub) else getattr(v, "proc", None)
+                v.meter = CpuMeter(proc.pid if proc is not None else None)
         times = {v.name: [] for v in variants}
         for rnd in range(args.runs + 1):
             this = {}
@@ -365,6 +382,8 @@ def main() -> int:
           "p50 min max")
     for name, ts in times.items():
         print(f"{name:<15}{p50[name]:>8.3f}{min(ts):>8.3f}{max(ts):>8.3f}")
+    if args.cpu:
+        print_cpu(variants)
     floor = p50["servers"] + p50["jupyterhub"]
     over = p50["ours"] - floor
     print(f"floor (servers + jupyterhub) {floor:.3f} s; ours {p50['ours']:.3f} s, "

@@ -181,11 +181,14 @@ class CpuMeter:
         except self.psutil.Error:
             return set()
 
-    def start(self) -> None:
+    def start(self, containers: list[str] = ()) -> None:
+        """``containers``: those already running (a warm pool's), whose CPU so far is
+        not the round's (read first, so that reading it is not counted either)."""
+        self._k0 = {c: container_cpu(c) for c in containers}
         self._t0, self._p0, self._m0 = time.perf_counter(), self._procs(), machine_cpu()
 
     def stop(self, containers: list[str]) -> dict[str, float]:
-        kernels = sum(container_cpu(c) for c in containers)
+        kernels = sum(container_cpu(c) - self._k0.get(c, 0.0) for c in containers)
         p1, m1, hub = self._procs(), machine_cpu(), self._hub_pids()
         parts = {"hub": 0.0, "engine": 0.0}
         for pid, (created, cpu, engine) in p1.items():
@@ -225,6 +228,10 @@ class HubVariant:
     def containers(self) -> list[str]:
         raise NotImplementedError
 
+    def running(self) -> list[str]:
+        """Containers running before a round that its servers may become (none here)."""
+        return []
+
     def api(self, method: str, path: str, **kw) -> requests.Response:
         return self.http.request(method, self.base + "/hub/api" + path,
                                  headers={"Authorization": f"token {self.token}"}, timeout=60, **kw)
@@ -249,7 +256,7 @@ class HubVariant:
             return answered, time.perf_counter() - t0
 
         if self.meter:
-            self.meter.start()
+            self.meter.start(self.running())
         t0 = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             each = list(pool.map(one, servers))
@@ -348,6 +355,11 @@ class Ours(HubVariant):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the warm pool did not fill: {self.pool_stats()}")
             time.sleep(0.2)
+
+    def running(self) -> list[str]:
+        """The warm pool's kernels, which a round binds to its sessions."""
+        return docker("ps", "-q", "--filter", f"label=ai.backend.agent-id={self.hub.agent_id}",
+                      "--filter", "label=ai.backend.pool").split()
 
     def containers(self) -> list[str]:
         """The kernels of sessions (a warm pool's own kernels are not counted)."""
