@@ -39,7 +39,7 @@ class Allocation:
     writer: PlacementWriter | None = None
     #: How many of ``placed`` were handed to the writer.
     flushed: int = 0
-    #: Request shapes that did not fit (:class:`.dispatcher.Shapes` key -> the reason):
+    #: Request shapes that did not fit (:class:`.pipeline.Shapes` key -> the reason):
     #: free capacity only shrinks within a pass, so they fail again.
     failed_shapes: dict = field(default_factory=dict)
     #: The starvation guard decided a session (placed it or held agents for it): the
