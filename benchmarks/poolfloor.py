@@ -63,10 +63,10 @@ from spawn import (  # noqa: E402
     CPU,
     MEM,
     READY_TIMEOUT,
+    STOCK_HUB_CONFIG,
     USER,
     CpuMeter,
     DockerSpawnerHub,
-    HubVariant,
     Ours,
     docker,
     ensure_image,
@@ -77,7 +77,7 @@ from spawn import (  # noqa: E402
 )
 
 from jupyterhub_backendai.agent import warmpool as pool  # noqa: E402
-from tests.hub import CHP, KERNEL_IMAGE, Hub  # noqa: E402
+from tests.hub import KERNEL_IMAGE, Hub  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
 # -- (b): the servers alone ---------------------------------------------------------------
@@ -262,24 +262,7 @@ c = get_config()  # noqa: F821
 c.JupyterHub.spawner_class = InstantSpawner
 c.JupyterHub.bind_url = "http://127.0.0.1:{port}/"
 c.JupyterHub.hub_bind_url = "http://127.0.0.1:{hub_port}"
-c.JupyterHub.db_url = "sqlite:///{dir}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{dir}/jupyterhub_cookie_secret"
-c.JupyterHub.pid_file = "{dir}/jupyterhub.pid"
-c.JupyterHub.allow_named_servers = True
-c.JupyterHub.named_server_limit_per_user = 0
-c.ConfigurableHTTPProxy.command = ["{chp}"]
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.ConfigurableHTTPProxy.pid_file = "{dir}/jupyterhub-proxy.pid"
-c.JupyterHub.authenticator_class = "dummy"
-c.Authenticator.allow_all = True
-c.Authenticator.admin_users = {{"{user}"}}
-c.JupyterHub.services = [{{"name": "bench", "api_token": "{token}"}}]
-c.JupyterHub.load_roles = [{{
-    "name": "bench",
-    "scopes": ["admin:users", "admin:servers", "servers", "access:servers", "read:users"],
-    "services": ["bench"],
-}}]
-"""
+""" + STOCK_HUB_CONFIG
 
 
 class InstantHub(DockerSpawnerHub):
@@ -287,20 +270,8 @@ class InstantHub(DockerSpawnerHub):
 
     name = "jupyterhub"
 
-    def __init__(self, tmp: str):
-        HubVariant.__init__(self)
-        self.dir = tmp
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.token = os.urandom(16).hex()
-        self.config = os.path.join(tmp, "jupyterhub_config.py")
-        with open(self.config, "w") as f:
-            f.write(INSTANT_CONFIG.format(
-                port=self.port, hub_port=free_port(), dir=tmp, chp=CHP,
-                proxy_api_port=free_port(), user=USER, token=self.token))
-        self.proc = None
-        self.logfile = None
-        self.body = None
+    def config_text(self, **stock) -> str:
+        return INSTANT_CONFIG.format(**stock)
 
     def containers(self) -> list[str]:
         return []
@@ -335,7 +306,7 @@ def main() -> int:
     else:
         log("ensuring the kernel image (images/build.sh) ...")
         ensure_image()
-    ensure_network()
+    gateway = ensure_network()
     n = args.concurrent
     tmp = tempfile.mkdtemp(prefix="bai-floor-")
     variants: list = []
@@ -345,7 +316,7 @@ def main() -> int:
             os.makedirs(os.path.join(tmp, sub))
         for make in (lambda: Ours(os.path.join(tmp, "a"), n),
                      lambda: PooledServers(os.path.join(tmp, "b"), n),
-                     lambda: InstantHub(os.path.join(tmp, "c"))):
+                     lambda: InstantHub(os.path.join(tmp, "c"), gateway)):
             v = make()
             variants.append(v)
             v.verbose = args.verbose

@@ -399,17 +399,11 @@ class Ours(HubVariant):
         shutil.rmtree(self.hub.dir, ignore_errors=True)
 
 
-DOCKERSPAWNER_CONFIG = """\
-# Stock JupyterHub + DockerSpawner on the same image, network and limits as ours.
-c = get_config()  # noqa: F821
-c.JupyterHub.bind_url = "http://127.0.0.1:{port}/"
-c.JupyterHub.hub_ip = "0.0.0.0"
-c.JupyterHub.hub_port = {hub_port}
-c.JupyterHub.hub_connect_ip = "{gateway}"
+# What every stock JupyterHub of the benchmarks has (its spawner and addresses apart).
+STOCK_HUB_CONFIG = """\
 c.JupyterHub.db_url = "sqlite:///{dir}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{dir}/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = "{dir}/jupyterhub.pid"
-c.JupyterHub.cleanup_servers = True
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 0
 c.ConfigurableHTTPProxy.command = ["{chp}"]
@@ -424,6 +418,17 @@ c.JupyterHub.load_roles = [{{
     "scopes": ["admin:users", "admin:servers", "servers", "access:servers", "read:users"],
     "services": ["bench"],
 }}]
+"""
+
+DOCKERSPAWNER_CONFIG = """\
+# Stock JupyterHub + DockerSpawner on the same image, network and limits as ours.
+c = get_config()  # noqa: F821
+c.JupyterHub.bind_url = "http://127.0.0.1:{port}/"
+c.JupyterHub.hub_ip = "0.0.0.0"
+c.JupyterHub.hub_port = {hub_port}
+c.JupyterHub.hub_connect_ip = "{gateway}"
+c.JupyterHub.cleanup_servers = True
+""" + STOCK_HUB_CONFIG + """\
 c.JupyterHub.spawner_class = "docker"
 c.DockerSpawner.image = "{image}"
 c.DockerSpawner.network_name = "{network}"
@@ -450,14 +455,18 @@ class DockerSpawnerHub(HubVariant):
         self.prefix = f"bai-bench-{os.getpid()}"
         self.config = os.path.join(tmp, "jupyterhub_config.py")
         with open(self.config, "w") as f:
-            f.write(DOCKERSPAWNER_CONFIG.format(
+            f.write(self.config_text(
                 port=self.port, hub_port=free_port(), gateway=gateway, dir=tmp, chp=CHP,
-                proxy_api_port=free_port(), user=USER, token=self.token, image=KERNEL_IMAGE,
-                network=NETWORK, prefix=self.prefix, cpu=float(CPU), mem=MEM.upper(),
-            ))
+                proxy_api_port=free_port(), user=USER, token=self.token))
         self.proc: subprocess.Popen | None = None
         self.logfile = None
         self.body = None
+
+    def config_text(self, **stock) -> str:
+        """The hub's configuration file; ``stock``: what every stock hub here is given."""
+        return DOCKERSPAWNER_CONFIG.format(
+            **stock, image=KERNEL_IMAGE, network=NETWORK, prefix=self.prefix, cpu=float(CPU),
+            mem=MEM.upper())
 
     def start(self) -> None:
         self.logfile = open(os.path.join(self.dir, "hub.log"), "ab")
