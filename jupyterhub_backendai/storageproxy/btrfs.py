@@ -52,13 +52,8 @@ import threading
 import time
 
 from ..common.errors import BackendAIError, Conflict, NotFound, StorageQuotaExceeded
-from .volumes import (
-    _DIR_FLAGS,
-    FOLDER_MODE,
-    STAGING,
-    VFSVolume,
-    check_ids,
-)
+from .paths import _DIR_FLAGS, FOLDER_MODE, check_ids
+from .volumes import STAGING, VFSVolume
 
 # BTRFS_IOC_INO_LOOKUP = _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args (4096 bytes))
 _IOC_INO_LOOKUP = 0xC0000000 | (4096 << 16) | (0x94 << 8) | 18

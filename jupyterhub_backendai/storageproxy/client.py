@@ -22,7 +22,8 @@ from ..common.errors import BackendAIError, InvalidRequest, NotFound
 from ..common.httpbase import ERRORS as _ERRORS
 from ..common.httpbase import NodeClient, TLSFiles
 from .backends import make_volumes
-from .volumes import CHUNK_SIZE, VFSVolume
+from .files import CHUNK_SIZE
+from .volumes import VFSVolume
 
 
 class StorageClient:

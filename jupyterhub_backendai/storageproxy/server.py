@@ -23,8 +23,8 @@ from ..common.httpbase import NodeAuth, NodeHandler, NotFoundHandler, listen
 from . import transfer
 from .backends import make_volumes
 from .client import InProcessStorageClient
+from .files import CHUNK_SIZE, Upload
 from .transfer import TransferTokens
-from .volumes import CHUNK_SIZE, Upload
 
 # The most folders one usage request names (the admin API's largest page is 500).
 MAX_USAGE_BATCH = 1000

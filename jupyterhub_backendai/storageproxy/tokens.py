@@ -19,7 +19,7 @@ from traitlets import Integer, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from ..common.errors import Forbidden, Unauthorized
-from .volumes import check_ids
+from .paths import check_ids
 
 
 class TransferTokens(SingletonConfigurable):

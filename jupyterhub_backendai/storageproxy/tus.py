@@ -27,9 +27,10 @@ from ..common.errors import (
     StorageQuotaExceeded,
     Unauthorized,
 )
+from .paths import _os_error
 from .rawio import RAW_MIN, answer, in_thread, raw_capable, receive, take_over
 from .transferhandler import TUS_VERSION, TransferHandler, problem_json, small_io
-from .volumes import STAGING, VFSVolume, _os_error
+from .volumes import STAGING, VFSVolume
 
 #: Bytes held in memory before they are written (in a thread) during a PATCH.
 WRITE_BUFFER = 4 << 20
