@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from jupyterhub_backendai.agent import core as agent_core
+from jupyterhub_backendai.agent import backendchoice
 from jupyterhub_backendai.agent.core import Agent
 from jupyterhub_backendai.common.errors import AgentError
 from jupyterhub_backendai.common.events import make_event_bus
@@ -51,7 +51,7 @@ def test_auto_refuses_a_configured_engine_that_does_not_answer(tmp_path, monkeyp
 @root_only
 def test_auto_never_picks_local_processes_as_root(tmp_path, monkeypatch):
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    monkeypatch.setattr(agent_core, "DOCKER_SOCKET", str(tmp_path / "no-docker.sock"))
+    monkeypatch.setattr(backendchoice, "DOCKER_SOCKET", str(tmp_path / "no-docker.sock"))
     agent = _agent(tmp_path, backend="auto")
     with pytest.raises(AgentError) as e:
         asyncio.run(agent._make_backend())
@@ -62,13 +62,13 @@ def test_auto_never_picks_local_processes_as_root(tmp_path, monkeypatch):
 def test_local_kernel_user_is_never_root(tmp_path):
     for spec in ("0:0", "root", "1000:0"):
         with pytest.raises(AgentError) as e:
-            agent_core._parse_user(spec)
+            backendchoice._parse_user(spec)
         assert "never run as root" in e.value.detail, spec
     with pytest.raises(AgentError) as e:
-        agent_core._parse_user("no-such-user-xyz")
+        backendchoice._parse_user("no-such-user-xyz")
     assert "neither uid:gid nor a user" in e.value.detail
-    assert agent_core._parse_user("1000:1000") == (1000, 1000)
-    assert agent_core._parse_user("nobody")[0] > 0
+    assert backendchoice._parse_user("1000:1000") == (1000, 1000)
+    assert backendchoice._parse_user("nobody")[0] > 0
 
 
 def test_a_hub_whose_engine_does_not_answer_runs_no_kernel(tmp_path):

@@ -3,6 +3,12 @@
 It runs inside the hub (embedded default) or as the ``backendai-agent`` daemon
 (cluster mode); either way the manager talks to it through an agent client and
 hears from it on the event bus. It never imports the hub.
+
+This module holds :class:`Agent`'s configuration (the traits an operator sets, and
+their defaults), its lifecycle (start, stop, the resource group it joins, its
+capacity) and its kernel operations (create, bind, destroy, commit, logs, the end of a
+kernel). The backend it makes is :mod:`.backendchoice`'s, and what it reports to the
+managers :mod:`.reporting`'s.
 """
 
 from __future__ import annotations
@@ -11,26 +17,25 @@ import asyncio
 import collections
 import math
 import os
-import platform
 import re
-import time
 from decimal import Decimal
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Tuple, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from .. import __version__
 from ..common import installation
 from ..common.errors import AgentError, InvalidRequest, NotFound
 from ..common.events import EventBus
 from ..common.kernelspec import KernelSpec
 from ..common.slots import CPU, CUDA, MEM, ResourceSlot, parse_size
+from .backendchoice import BackendChoice
 from .backends.base import INTERACTIVE, Backend, ImageInfo, KernelRecord
 from .backends.pull import Puller
 from .hostclaims import HostClaims
 from .hubrelay import serve_hub_api_on
 from .mountpoints import MOUNT_ROOT, check_mounts
 from .portclaims import HostPorts
+from .reporting import AgentReporting
 from .resources import hostinfo
 from .resources.cuda import (
     DeviceSource,
@@ -40,10 +45,10 @@ from .resources.cuda import (
     host_cpus,
 )
 from .resources.gpu_alloc import GPUAllocator, mig_request
-from .stats import cpu_percent, stats_key, write_stats
+from .stats import stats_key
 
 
-class Agent(LoggingConfigurable):
+class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
     agent_id = Unicode(
         help="""Unique id of this agent. Default: ``i-<hostname>-<first 8 of the
         installation id>``, unique to the installation (two installations on one host
@@ -263,6 +268,7 @@ class Agent(LoggingConfigurable):
     @default("unsafe_local_kernels_as_root")
     def _unsafe_root_default(self):
         return os.environ.get("BACKENDAI_UNSAFE_LOCAL_KERNELS_AS_ROOT", "") in ("1", "true", "yes")
+
     heartbeat_interval = Float(10.0, help="Seconds between heartbeats.").tag(config=True)
     log_tail_bytes = Integer(
         64 * 1024,
@@ -317,8 +323,6 @@ class Agent(LoggingConfigurable):
         # Called after a move to another resource group (the etcd registration).
         self.on_regroup: list = []
 
-    # -- lifecycle ---------------------------------------------------------
-
     # -- the resource group an admin moved this agent to (issue 29) -------------------
 
     @property
@@ -356,6 +360,8 @@ class Agent(LoggingConfigurable):
         except Exception as e:  # the periodic heartbeat says it later
             self.log.warning("heartbeat after the move not sent: %s", e)
         return self.info()
+
+    # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
         moved = self._moved_group()
@@ -415,98 +421,6 @@ class Agent(LoggingConfigurable):
         self.ports.release_all()
         self.gpus.release_all()
 
-    def docker_configured(self) -> str | None:
-        """Where a Docker engine is expected (a configured URL, DOCKER_HOST, or the
-        local socket that exists), None when nothing says there is one."""
-        if self.docker_url:
-            return self.docker_url
-        if os.environ.get("DOCKER_HOST"):
-            return os.environ["DOCKER_HOST"]
-        if os.path.exists(DOCKER_SOCKET):
-            return "unix://" + DOCKER_SOCKET
-        return None
-
-    async def _auto_backend(self) -> str:
-        from .backends.docker import DockerBackend
-
-        engine = self.docker_configured()
-        deadline = asyncio.get_running_loop().time() + self.docker_wait
-        while engine:
-            if await DockerBackend.available(self.docker_url):
-                return "docker"
-            if asyncio.get_running_loop().time() >= deadline:
-                raise AgentError(
-                    f"the Docker engine at {engine} does not answer (waited "
-                    f"{self.docker_wait:g} s). Refusing to fall back to local processes, "
-                    "which would run kernels unisolated beside the hub's data: start the "
-                    "engine, or choose a backend with c.Agent.backend ('docker', or "
-                    "'local' for unisolated kernels)."
-                )
-            self.log.warning("Docker engine at %s does not answer yet; waiting", engine)
-            await asyncio.sleep(1)
-        if os.geteuid() == 0:
-            raise AgentError(
-                "no Docker engine is configured (no Agent.docker_url, no DOCKER_HOST, no "
-                f"{DOCKER_SOCKET}) and the agent runs as root: refusing to run kernels as "
-                "local processes (unisolated) automatically. Install Docker, or set "
-                "c.Agent.backend = 'local' to choose unisolated kernels (they run as "
-                "Agent.local_kernel_user)."
-            )
-        return "local"
-
-    async def _make_backend(self) -> Backend:
-        from .backends.docker import DockerBackend
-        from .backends.local import LocalBackend
-
-        kind = self.backend
-        if kind == "auto":
-            kind = await self._auto_backend()
-            self.log.info("agent backend: %s (auto)", kind)
-        if kind == "docker":
-            return DockerBackend(
-                self.agent_id,
-                installation_id=self.installation_id,
-                network=self.network,
-                use_host_network=self.use_host_network,
-                bind_host=self.bind_host,
-                docker_url=self.docker_url,
-                extra_host_config=self.extra_host_config,
-                session_subnets=self.session_subnets,
-                session_prefix=self.session_subnet_prefix,
-                startup_cpus=self.startup_cpus,
-                startup_cpu_timeout=self.startup_cpu_timeout,
-                overlay_encrypted=self.overlay_encrypted,
-                isolation_guard=self.isolation_guard,
-                pids_limit=self.kernel_pids_limit,
-                tmp_size=int(parse_size(self.kernel_tmp_size)),
-                pool_root=os.path.join(self.state_dir, "pool"),
-                lxcfs=self.lxcfs,
-            )
-        if kind == "local":
-            run_as = None
-            if os.geteuid() == 0:
-                if self.unsafe_local_kernels_as_root:
-                    self.log.warning(
-                        "UNSAFE: local backend kernels run as root "
-                        "(Agent.unsafe_local_kernels_as_root): every user's code can read "
-                        "and change the hub's databases, keys and everyone's files")
-                else:
-                    run_as = _parse_user(self.local_kernel_user)
-            self.log.warning(
-                "local backend: kernels are NOT isolated (no container, no limits; they "
-                "run as uid %s and see this machine's files and network)",
-                run_as[0] if run_as else os.geteuid())
-            return LocalBackend(
-                self.agent_id,
-                state_dir=self.state_dir,
-                work_root=self.local_work_root,
-                cmd=list(self.local_cmd) or None,
-                bind_host=self.bind_host,
-                image_name=self.local_image,
-                run_as=run_as,
-            )
-        raise ValueError(f"unknown agent backend {kind!r}")
-
     def _detect_capacity(self) -> ResourceSlot:
         mem = hostinfo.total_memory() - parse_size(self.reserved_mem)
         cap = ResourceSlot({CPU: hostinfo.cpu_count(), MEM: max(mem, Decimal(0))})
@@ -514,153 +428,6 @@ class Agent(LoggingConfigurable):
         for k, v in self.slots.items():
             cap[k] = parse_size(v) if k == MEM else Decimal(str(v))
         return cap
-
-    def info(self) -> dict:
-        return {
-            "id": self.agent_id,
-            "addr": self.addr,
-            "resource_group": self.resource_group,
-            "backend": self.impl.name if self.impl else "",
-            "architecture": platform.machine(),
-            "available_slots": self.capacity.to_json(),
-            "version": __version__,
-            "devices": [d.to_json() for d in self.devices],
-        }
-
-    async def publish(self, name: str, payload: dict) -> None:
-        """Send an event; never fail what it reports. One that cannot be sent now (the
-        event bus is away) waits in an outbox, with those after it, and goes out in
-        order once the bus is back (a kernel started during an outage is not taken for
-        a failed start and started twice; its end still reaches the managers)."""
-        if not self._outbox:
-            try:
-                await self.event_bus.publish(name, payload)
-                return
-            except Exception as e:
-                self.log.warning("event %s not sent (%s): kept until the bus is back", name, e)
-        if len(self._outbox) == self._outbox.maxlen:
-            self.log.error("event outbox full (%d): the oldest event is dropped",
-                           self._outbox.maxlen)
-        self._outbox.append((name, payload))
-        if self._outbox_task is None or self._outbox_task.done():
-            self._outbox_task = asyncio.create_task(self._flush_outbox())
-
-    async def _flush_outbox(self) -> None:
-        while self._outbox:
-            name, payload = self._outbox[0]
-            try:
-                await self.event_bus.publish(name, payload)
-            except Exception:
-                await asyncio.sleep(1.0)
-                continue
-            self._outbox.popleft()
-        self.log.info("event outbox sent: the bus is back")
-
-    async def holdings(self) -> dict:
-        """What this agent holds, for the scheduler's preference (issues 25 and 30):
-        ``images``, the labelled images on its engine, and ``pool``, its ready pooled
-        kernels per warm pool key (unbound, running, not being started or bound); and
-        what it cannot offer now: ``away``, its GPUs another agent of this host (another
-        installation's) holds, by slot (the scheduler counts them as taken)."""
-        images = sorted({i.name for i in await self.impl.list_images()})
-        pool: dict[str, int] = {}
-        if getattr(self.impl, "pools", False):
-            for r in await self.impl.list_kernels():
-                if r.pooled and r.alive and r.kernel_id not in self._pool_busy:
-                    pool[r.pooled] = pool.get(r.pooled, 0) + 1
-        away = {k: str(v) for k, v in self.gpus.away().items()}
-        return {"images": images, "pool": pool, "away": away}
-
-    async def _announce(self) -> None:
-        await self.event_bus.publish(
-            "agent_heartbeat", dict(self.info(), ts=time.time(), **await self.holdings()))
-
-    def report_soon(self) -> None:
-        """A heartbeat now (without statistics): what the agent holds changed (a pooled
-        kernel became ready or was taken, an image arrived). Coalesced."""
-        if self._report_task is not None and not self._report_task.done():
-            return
-
-        async def report():
-            await asyncio.sleep(0)
-            try:
-                await self._announce()
-            except Exception as e:  # the periodic heartbeat says it later
-                self.log.debug("heartbeat not sent: %s", e)
-
-        self._report_task = asyncio.create_task(report())
-
-    async def heartbeat(self) -> None:
-        await self._announce()
-        try:
-            stats = await self.collect_stats()
-            redis = getattr(self.event_bus, "redis", None)
-            if redis is not None:
-                await write_stats(redis, self.agent_id, stats, ttl=3 * self.heartbeat_interval)
-        except Exception:
-            self.log.exception("live statistics failed")
-
-    def _gpu_use(self) -> list[dict]:
-        """Each GPU's and MIG instance's live use (one NVML pass), with the kernel
-        that holds it in this agent's books; [] without GPUs or NVML."""
-        try:
-            use = self.device_source.live_use() if self.devices else []
-        except Exception:
-            self.log.exception("GPU statistics failed")
-            return []
-        owners = self.gpus.owners()
-        mine = {d.uuid for d in self.devices} | {m.uuid for d in self.devices
-                                                  for m in d.mig_instances}
-        return [dict(d, kernel_id=owners.get(d["uuid"])) for d in use if d["uuid"] in mine]
-
-    async def collect_stats(self) -> dict:
-        """Live statistics (:mod:`.stats`): free slots and per-kernel usage."""
-        raw = await self.impl.kernel_stats()
-        now = time.time()
-        occupied = ResourceSlot()
-        for slots in self._kernel_slots.values():
-            occupied = occupied + slots
-        gpus = self._gpu_use()
-        # A MIG instance without a figure of its own counts as its GPU's.
-        parent_pct = {d["index"]: d["util_pct"] for d in gpus if d["parent_index"] is None}
-        gpu = {d["uuid"]: (d["util_pct"] if d["util_pct"] is not None
-                           else parent_pct.get(d["parent_index"]))
-               for d in gpus}
-        gpu = {u: p for u, p in gpu.items() if p is not None}
-        kernels = {}
-        for kid in sorted(set(raw) | set(self._kernel_slots)):
-            r = raw.get(kid)
-            if r is None:
-                continue
-            sample = (now, r["cpu_ns"])
-            uuids = self.gpus.owned(kid)
-            utils = [gpu[u] for u in uuids if u in gpu]
-            kernels[kid] = {
-                "cpu_pct": cpu_percent(self._cpu_samples.get(kid), sample),
-                "mem_bytes": r["mem_bytes"],
-                "mem_limit_bytes": r["mem_limit_bytes"],
-                "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
-            }
-            self._cpu_samples[kid] = sample
-        for kid in set(self._cpu_samples) - set(raw):
-            del self._cpu_samples[kid]
-        self.last_stats = {
-            "ts": now,
-            "available_slots": self.capacity.to_json(),
-            "occupied_slots": occupied.nonzero().to_json(),
-            "free_slots": (self.capacity - occupied).to_json(),
-            "kernels": kernels,
-            "gpus": gpus,
-        }
-        return self.last_stats
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_interval)
-            try:
-                await self.heartbeat()
-            except Exception:
-                self.log.exception("heartbeat failed")
 
     # -- kernels -------------------------------------------------------------
 
@@ -886,30 +653,4 @@ def thread_environ(slots: dict, environ: dict) -> dict:
     out = {k: str(cores) for k in THREAD_VARS}
     out.update(environ)
     return out
-
-
-DOCKER_SOCKET = "/var/run/docker.sock"
-
-
-def _parse_user(spec: str) -> tuple[int, int]:
-    """"uid:gid", "uid" or a user name -> (uid, gid); root is refused."""
-    import pwd
-
-    spec = spec.strip()
-    try:
-        if spec.replace(":", "").isdigit():
-            uid, _, gid = spec.partition(":")
-            ids = (int(uid), int(gid or uid))
-        else:
-            pw = pwd.getpwnam(spec)
-            ids = (pw.pw_uid, pw.pw_gid)
-    except (KeyError, ValueError):
-        raise AgentError(
-            f"Agent.local_kernel_user {spec!r} is neither uid:gid nor a user of this machine"
-        ) from None
-    if 0 in ids:
-        raise AgentError(
-            f"Agent.local_kernel_user {spec!r} is root: local kernels never run as root "
-            "(see Agent.unsafe_local_kernels_as_root)")
-    return ids
 
