@@ -328,7 +328,8 @@ def test_the_pool_refills_after_the_starts_in_flight_and_warms_up_on_spare_cpu(d
     waited). A refill now waits while this manager has a start in flight (from its
     placement until its spawner's server answers: ``Manager.answering``, what the
     spawner enters), and runs once it is over, or after ``warm_pool_interval`` all the
-    same. The kernels it starts warm up at the least CPU weight the engine knows."""
+    same. The kernels it starts warm up at the least CPU weight the engine knows, and
+    have every kernel's weight once warm (binding then needs no engine update)."""
     import asyncio
     import json
     import os
@@ -337,7 +338,7 @@ def test_the_pool_refills_after_the_starts_in_flight_and_warms_up_on_spare_cpu(d
     import time
 
     from jupyterhub_backendai.agent.backends.docker import POOL_CPU_SHARES
-    from jupyterhub_backendai.agent.warmpool import INBOX
+    from jupyterhub_backendai.agent.warmpool import INBOX, READY_LINE
 
     from .hub import KERNEL_IMAGE
     from .inproc import running_manager
@@ -386,6 +387,18 @@ def test_the_pool_refills_after_the_starts_in_flight_and_warms_up_on_spare_cpu(d
             [inbox] = [m["Source"] for m in info["Mounts"] if m["Destination"] == INBOX]
             assert stat.S_IMODE(os.stat(os.path.dirname(inbox)).st_mode) == 0o700
             assert os.stat(inbox).st_uid == 1000 and os.listdir(inbox) == []
+            # Once its waiter is ready (its imports done) it has every kernel's weight,
+            # so that binding it needs no update from the engine.
+
+            def warmed() -> bool:
+                shares = json.loads(subprocess.run(
+                    ["docker", "inspect", "-f", "{{json .HostConfig.CpuShares}}", cid],
+                    capture_output=True, text=True, check=True).stdout)
+                return shares == 1024
+
+            await _poll(lambda: _async(warmed()), "the warmed kernel's weight", 120)
+            logs = subprocess.run(["docker", "logs", cid], capture_output=True, text=True).stdout
+            assert READY_LINE in logs
 
             # Starts that go on and on do not keep the pool from filling: after
             # warm_pool_interval it refills all the same.

@@ -265,6 +265,7 @@ class WarmPools:
         self._configs = configs
         wanted = {pool_key(rg, img, pre): (rg, img, pre, size, slots)
                   for rg, img, pre, size, slots, _ in configs}
+        said = {(rg, img, pre): info for rg, img, pre, _, _, info in configs}
         groups = {rg for rg, *_ in configs}
         # Where pooled kernels may be: the pools' groups, the agents of the last round's
         # kernels, and at the first round every agent (kernels of a setting removed
@@ -351,7 +352,8 @@ class WarmPools:
                 errors = [e for e in errors if e]
                 if errors:
                     info = "cannot fill: " + errors[0]
-            await mgr.db(_set_status_info, (rg, img, pre), info)
+            if said.get((rg, img, pre)) != info:  # (a write beside a rush of starts costs)
+                await mgr.db(_set_status_info, (rg, img, pre), info)
         if waits is False:
             self._overdue = False
         for labels in list(READY._metrics):

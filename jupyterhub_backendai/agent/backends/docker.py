@@ -439,9 +439,9 @@ class DockerBackend(DockerNetworks, DockerPool, CPUBurst, Backend):
             host_config["CpusetCpus"] = spec["cpuset"]
         host_config.update(self.extra_host_config)
         # Issue 30: a pooled kernel warms up on the CPU nobody else wants (the least
-        # weight the kernel's scheduler has), and binding gives it the weight every
-        # other kernel has, set explicitly on all of them (so that it is the same
-        # whatever the engine makes of a weight under cgroup v2). A pool refilling
+        # weight the kernel's scheduler has) and gets the weight every other kernel has
+        # once its waiter is ready, set explicitly on all of them (so that it is the
+        # same whatever the engine makes of a weight under cgroup v2). A pool refilling
         # during a rush of starts no longer takes the cores the starts' servers need.
         host_config["CpuShares"] = POOL_CPU_SHARES if pooled else self.cpu_shares
         config = {
@@ -501,6 +501,10 @@ class DockerBackend(DockerNetworks, DockerPool, CPUBurst, Backend):
             await container.start()
             if pooled:
                 await self._wait_pool_ready(container)
+                # Warm: its waiting costs no CPU, and from here it has the weight of every
+                # kernel, so that binding it needs no call to the engine (an update is a
+                # runc run, about 12 ms of the engine's CPU, five of them in a rush).
+                await self._set_cpus(container.id, nano_cpus, shares=self.cpu_shares)
             if burst:
                 # Never hand over (or leave behind) a kernel with more CPU than it asked for.
                 await self._end_burst(container.id, nano_cpus, probe.host_port,
