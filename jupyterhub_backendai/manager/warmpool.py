@@ -249,6 +249,14 @@ class WarmPools:
             self._later = self.mgr.background(self._when_quiet())
         return True
 
+    def _refill_soon(self) -> None:
+        """A round to refill what a start took: once this process's starts are over
+        (at once when none is, or the refill is overdue). A round at each take ran four
+        times in a rush of five pooled starts, each reading the record and listing the
+        agent's containers only to find that the refill waits."""
+        if not self._refill_waits():
+            self.kick(now=True)
+
     async def _when_quiet(self) -> None:
         deadline = time.monotonic() + self.mgr.warm_pool_interval
         while self.mgr.starts_in_flight():
@@ -423,7 +431,7 @@ class WarmPools:
                     break
                 k.id = p.kernel_id
                 REQUESTS.labels(resource_group=rg, image=img, preset=pre, outcome="hit").inc()
-                self.kick(now=True)  # refill
+                self._refill_soon()
                 return True
         REQUESTS.labels(resource_group=rg, image=img, preset=pre, outcome="miss").inc()
         return False
