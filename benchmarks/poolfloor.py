@@ -46,10 +46,7 @@ import argparse
 import http.server
 import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -68,16 +65,18 @@ from spawn import (  # noqa: E402
     CpuMeter,
     DockerSpawnerHub,
     Ours,
+    close_variants,
     docker,
-    ensure_image,
-    ensure_network,
     log,
+    prepare,
     print_cpu,
+    run_rounds,
+    start_variants,
     wait_status,
 )
 
 from jupyterhub_backendai.agent import warmpool as pool  # noqa: E402
-from tests.hub import KERNEL_IMAGE, Hub  # noqa: E402
+from tests.hub import KERNEL_IMAGE  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
 # -- (b): the servers alone ---------------------------------------------------------------
@@ -127,6 +126,9 @@ class PooledServers:
         self.waiter = os.path.join(tmp, "waiter")
         self.rounds = 0
         self.ready: list[tuple[str, int]] = []  # (kernel dir, port) of this round's waiters
+
+    def root_pid(self) -> None:
+        return None  # no hub: the stand-in answers in this process
 
     def start(self) -> None:
         with open(self.waiter, "w") as f:
@@ -294,59 +296,20 @@ def main() -> int:
     if args.runs < 1 or args.concurrent < 1:
         ap.error("--runs and --concurrent must be at least 1")
 
-    def on_term(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if args.no_build:
-        if subprocess.run(["docker", "image", "inspect", KERNEL_IMAGE],
-                          capture_output=True).returncode != 0:
-            sys.exit(f"--no-build: the engine has no {KERNEL_IMAGE}")
-    else:
-        log("ensuring the kernel image (images/build.sh) ...")
-        ensure_image()
-    gateway = ensure_network()
+    gateway = prepare(args.no_build)
     n = args.concurrent
     tmp = tempfile.mkdtemp(prefix="bai-floor-")
     variants: list = []
-    times: dict[str, list[float]] = {}
     try:
         for sub in ("a", "b", "c"):
             os.makedirs(os.path.join(tmp, sub))
-        for make in (lambda: Ours(os.path.join(tmp, "a"), n),
-                     lambda: PooledServers(os.path.join(tmp, "b"), n),
-                     lambda: InstantHub(os.path.join(tmp, "c"), gateway)):
-            v = make()
-            variants.append(v)
-            v.verbose = args.verbose
-            log(f"starting {v.name} ...")
-            v.start()
-            if args.cpu:
-                hub = getattr(v, "hub", None)
-                proc = hub.proc if isinstance(hub, Hub) else getattr(v, "proc", None)
-                v.meter = CpuMeter(proc.pid if proc is not None else None)
-        times = {v.name: [] for v in variants}
-        for rnd in range(args.runs + 1):
-            this = {}
-            for v in variants:
-                if hasattr(v, "before_round"):
-                    v.before_round()
-                this[v.name] = v.run_many(n)
-                if rnd:
-                    times[v.name].append(this[v.name])
-            label = "warm-up (not counted)" if not rnd else f"round {rnd}/{args.runs}"
-            log(f"{label}: " + "  ".join(f"{k}={t:.3f}s" for k, t in this.items()))
+        start_variants((lambda: Ours(os.path.join(tmp, "a"), n),
+                        lambda: PooledServers(os.path.join(tmp, "b"), n),
+                        lambda: InstantHub(os.path.join(tmp, "c"), gateway)),
+                       variants, verbose=args.verbose, cpu=args.cpu)
+        times = run_rounds(variants, args.runs, lambda v: v.run_many(n))
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log("cleaning up ...")
-        for v in reversed(variants):
-            try:
-                v.close()
-            except Exception as e:  # keep cleaning the others
-                log(f"cleanup of {v.name}: {e}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        close_variants(variants, tmp)
 
     p50 = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"{n} pooled starts at once, until the last answers, over {args.runs} rounds (s): "

@@ -232,6 +232,11 @@ class HubVariant:
         """Containers running before a round that its servers may become (none here)."""
         return []
 
+    def root_pid(self) -> int | None:
+        """The hub's process, whose tree the CPU meter counts as the hub's."""
+        proc = getattr(self, "proc", None)
+        return proc.pid if proc is not None else None
+
     def api(self, method: str, path: str, **kw) -> requests.Response:
         return self.http.request(method, self.base + "/hub/api" + path,
                                  headers={"Authorization": f"token {self.token}"}, timeout=60, **kw)
@@ -355,6 +360,9 @@ class Ours(HubVariant):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the warm pool did not fill: {self.pool_stats()}")
             time.sleep(0.2)
+
+    def root_pid(self) -> int | None:
+        return self.hub.proc.pid if self.hub.proc is not None else None
 
     def running(self) -> list[str]:
         """The warm pool's kernels, which a round binds to its sessions."""
@@ -533,6 +541,9 @@ class DockerRun:
     def start(self) -> None:
         pass
 
+    def root_pid(self) -> None:
+        return None  # no hub: the engine and the containers are the meter's parts
+
     def run_once(self) -> float:
         port = free_port()
         t0 = time.perf_counter()
@@ -599,8 +610,85 @@ def print_cpu(variants: list) -> None:
     print(f"{'':<15}" + "".join(f"{k:>9}" for k in CPU_PARTS))
     for v in variants:
         rounds = v.meter.rounds[1:] or v.meter.rounds
+        if not rounds:  # single starts (--pool without --concurrent) are not metered
+            print(f"{v.name:<15}  (not metered: use --concurrent)")
+            continue
         print(f"{v.name:<15}" + "".join(
             f"{statistics.median(r_[k] for r_ in rounds):>9.2f}" for k in CPU_PARTS))
+
+
+def prepare(no_build: bool) -> str:
+    """What a benchmark run of hubs does first: SIGTERM and Ctrl-C take the caller's way
+    out (its ``finally``, which cleans up), the kernel image is there (built unless
+    ``no_build``), the agent network too; returns that network's gateway."""
+
+    def on_term(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with it ignored
+
+    if no_build:
+        if subprocess.run(["docker", "image", "inspect", KERNEL_IMAGE],
+                          capture_output=True).returncode != 0:
+            sys.exit(f"--no-build: the engine has no {KERNEL_IMAGE}")
+    else:
+        log("ensuring the kernel image (images/build.sh) ...")
+        ensure_image()
+    return ensure_network()
+
+
+def start_variants(makers, variants: list, *, verbose: bool, cpu: bool) -> None:
+    """Make and start each variant, added to ``variants`` before its start (a half-started
+    one is cleaned up too); with ``cpu``, each gets a meter of its processes."""
+    for make in makers:
+        v = make()
+        variants.append(v)
+        v.verbose = verbose
+        log(f"starting {v.name} ...")
+        v.start()
+        if cpu:
+            v.meter = CpuMeter(v.root_pid())
+
+
+def run_rounds(variants: list, runs: int, once) -> dict[str, list[float]]:
+    """One unmeasured warm-up round, then ``runs`` measured ones, the variants in turn
+    in each (so that drift hits all alike); ``once(v)`` times one variant's round."""
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    for rnd in range(runs + 1):
+        warm = rnd == 0
+        this = {}
+        for v in variants:
+            if hasattr(v, "before_round"):
+                v.before_round()
+            this[v.name] = once(v)
+            if warm:
+                v.each_ready = []
+            else:
+                times[v.name].append(this[v.name])
+        label = "warm-up (not counted)" if warm else f"round {rnd}/{runs}"
+        log(f"{label}: " + "  ".join(f"{k}={t:.3f}s" for k, t in this.items()))
+    return times
+
+
+def close_variants(variants: list, tmp: str, keep_logs: str | None = None) -> None:
+    """Everything the variants started, removed (not interrupted by a second Ctrl-C);
+    with ``keep_logs``, their hubs' logs copied there first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    log("cleaning up ...")
+    if keep_logs:
+        os.makedirs(keep_logs, exist_ok=True)
+        for v in variants:
+            src = os.path.join(getattr(v, "dir", ""), "hub.log")
+            if os.path.exists(src):
+                shutil.copy(src, os.path.join(keep_logs, f"{v.name}-hub.log"))
+    for v in reversed(variants):
+        try:
+            v.close()
+        except Exception as e:  # keep cleaning the others
+            log(f"cleanup of {v.name}: {e}")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> int:
@@ -612,7 +700,7 @@ def main() -> int:
     ap.add_argument("--pool", type=int, default=0, metavar="SIZE",
                     help="our hub keeps a warm pool of SIZE kernels of the same limits")
     ap.add_argument("--cpu", action="store_true",
-                    help="with --concurrent or --pool: CPU-seconds per round by part (hub, engine, "
+                    help="with --concurrent: CPU-seconds per round by part (hub, engine, "
                          "kernels, the rest), p50s printed at the end")
     ap.add_argument("--no-build", action="store_true",
                     help="take the kernel image as the engine holds it (no images/build.sh: "
@@ -624,21 +712,7 @@ def main() -> int:
     if args.runs < 1:
         ap.error("--runs must be at least 1")
 
-    # SIGTERM takes the same way out as Ctrl-C: through the finally below.
-    def on_term(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with it ignored
-
-    if args.no_build:
-        if subprocess.run(["docker", "image", "inspect", KERNEL_IMAGE],
-                          capture_output=True).returncode != 0:
-            sys.exit(f"--no-build: the engine has no {KERNEL_IMAGE}")
-    else:
-        log("ensuring the kernel image (images/build.sh) ...")
-        ensure_image()
-    gateway = ensure_network()
+    gateway = prepare(args.no_build)
     tmp = tempfile.mkdtemp(prefix="bai-bench-")
     variants: list = []
     try:
@@ -649,48 +723,12 @@ def main() -> int:
                   DockerRun)
         if args.concurrent or args.pool:
             makers = (makers[0], makers[2])
-        for make in makers:
-            v = make()
-            variants.append(v)  # before start(): a half-started variant is cleaned up too
-            v.verbose = args.verbose
-            log(f"starting {v.name} ...")
-            v.start()
-            if args.cpu:
-                hub = getattr(v, "hub", None)
-                v.meter = CpuMeter(hub.proc.pid if hub is not None else None)
-
-        times: dict[str, list[float]] = {v.name: [] for v in variants}
-        for rnd in range(args.runs + 1):
-            warm = rnd == 0
-            this = {}
-            for v in variants:
-                if hasattr(v, "before_round"):
-                    v.before_round()
-                this[v.name] = v.run_many(args.concurrent) if args.concurrent else v.run_once()
-                if warm:
-                    v.each_ready = []
-                else:
-                    times[v.name].append(this[v.name])
-            label = "warm-up (not counted)" if warm else f"round {rnd}/{args.runs}"
-            log(f"{label}: " + "  ".join(f"{k}={t:.3f}s" for k, t in this.items()))
-
+        start_variants(makers, variants, verbose=args.verbose, cpu=args.cpu)
+        times = run_rounds(variants, args.runs, lambda v: v.run_many(args.concurrent)
+                           if args.concurrent else v.run_once())
         pool_stats = variants[0].pool_stats() if args.pool else {}
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # don't interrupt the cleanup
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log("cleaning up ...")
-        if args.keep_logs:
-            os.makedirs(args.keep_logs, exist_ok=True)
-            for v in variants:
-                src = os.path.join(getattr(v, "dir", ""), "hub.log")
-                if os.path.exists(src):
-                    shutil.copy(src, os.path.join(args.keep_logs, f"{v.name}-hub.log"))
-        for v in reversed(variants):
-            try:
-                v.close()
-            except Exception as e:  # keep cleaning the others
-                log(f"cleanup of {v.name}: {e}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        close_variants(variants, tmp, args.keep_logs)
 
     # Printed after the cleanup, so that the summary line is the very last line of output.
     if args.pool:
