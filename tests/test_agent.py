@@ -701,3 +701,69 @@ def test_the_pool_waiter_waits_out_the_binding_file_being_given_to_it(tmp_path):
         assert not bind.exists()  # read, then removed (it carries a session's token)
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_goes(tmp_path):
+    """Issue 30: a bound server's start asked importlib.metadata for entry points a dozen
+    times, each ask reading every distribution's entry_points.txt (the most of its CPU
+    after the binding, profiled). The waiter's memo answers from one reading, as the
+    stdlib would, and reads again as soon as a distribution is installed or removed on
+    sys.path. Run as the waiter runs it, in a Python of its own, with the stdlib's
+    function counted."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from jupyterhub_backendai.agent import warmpool
+
+    site = tmp_path / "site"
+    site.mkdir()
+
+    def dist(name: str, group: str, entry: str) -> None:
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{entry} = {name}.mod:thing\n")
+
+    dist("baitesta", "bai.test", "first")
+    script = textwrap.dedent("""
+        import importlib, importlib.metadata as md, json, os, shutil, sys
+        sys.path.insert(0, SITE)
+        reads = [0]
+        stdlib = md.entry_points
+        def counted(**params):
+            reads[0] += 1
+            return stdlib(**params)
+        md.entry_points = counted
+        MEMO
+        def names(group):
+            return sorted(ep.name for ep in md.entry_points(group=group))
+        out = {"installed": md.entry_points is not counted, "after_start": reads[0]}
+        out["first"] = [names("bai.test"), names("bai.test"), names("console_scripts") ==
+                        sorted(ep.name for ep in stdlib(group="console_scripts")),
+                        len(md.entry_points()) == len(stdlib()), reads[0]]
+        info = os.path.join(SITE, "baitestb-1.0.dist-info")
+        os.mkdir(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write("Metadata-Version: 2.1\\nName: baitestb\\nVersion: 1.0\\n")
+        with open(os.path.join(info, "entry_points.txt"), "w") as f:
+            f.write("[bai.test]\\nsecond = baitestb.mod:thing\\n")
+        os.utime(SITE, ns=(1, os.stat(SITE).st_mtime_ns + 1))  # (a coarse clock's same tick)
+        out["installed_one"] = [names("bai.test"), names("bai.test"), reads[0]]
+        shutil.rmtree(info)
+        os.utime(SITE, ns=(1, os.stat(SITE).st_mtime_ns + 2))
+        out["removed_it"] = [names("bai.test"), reads[0]]
+        print(json.dumps(out))
+    """).replace("SITE", repr(str(site))).replace("MEMO", warmpool.ENTRY_POINTS_MEMO)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["installed"]
+    read = out["after_start"]
+    assert read >= 1  # the waiter reads them all before it is bound
+    # asked four times, in groups and whole, answered as the stdlib answers, no reading
+    assert out["first"] == [["first"], ["first"], True, True, read]
+    assert out["installed_one"] == [["first", "second"], ["first", "second"], read + 1]
+    assert out["removed_it"] == [["first"], read + 2]
