@@ -767,3 +767,66 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
     assert out["first"] == [["first"], ["first"], True, True, read]
     assert out["installed_one"] == [["first", "second"], ["first", "second"], read + 1]
     assert out["removed_it"] == [["first"], read + 2]
+
+
+def test_changes_of_what_an_agent_holds_go_out_together_and_images_are_listed_when_they_change(tmp_path):
+    """Issue 30: every bind of a rush sent a heartbeat of its own, each listing the
+    engine's images (its dearest routine call) and the agent's containers, and each
+    written to the agent's row. Changes within ``REPORT_SETTLE`` now go out as one, with
+    the images as last listed; an image's arrival lists them again; a change while a
+    heartbeat is being made is not lost (one more follows)."""
+    import asyncio
+
+    async def run():
+        agent = _agent(tmp_path)
+        await agent.start()
+        try:
+            sent: list[dict] = []
+            await agent.event_bus.start_consuming(
+                lambda name, p: asyncio.sleep(0, sent.append(p)) if name == "agent_heartbeat"
+                else asyncio.sleep(0))
+            listings = [0]
+            own = agent.impl.list_images
+
+            async def counted():
+                listings[0] += 1
+                return await own()
+
+            agent.impl.list_images = counted
+            async def first():
+                return bool(sent)
+
+            assert await until(first)  # the first heartbeat
+            sent.clear()
+            for _ in range(5):  # a rush's binds, 10 ms apart
+                agent.report_soon()
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(agent.REPORT_SETTLE + 0.2)
+            assert len(sent) == 1, sent
+            assert listings[0] == 0  # the images as the first heartbeat listed them
+            assert sent[0]["images"] == sorted({i.name for i in await own()})
+
+            agent.report_soon(images=True)  # an image arrived
+            agent.report_soon()
+            await asyncio.sleep(agent.REPORT_SETTLE + 0.2)
+            assert len(sent) == 2 and listings[0] == 1
+
+            # A change while the heartbeat is being made: in the next one.
+            gate = asyncio.Event()
+
+            async def slow():
+                await gate.wait()
+                return await counted()
+
+            agent.impl.list_images = slow
+            agent.report_soon(images=True)
+            await asyncio.sleep(agent.REPORT_SETTLE + 0.05)  # the heartbeat is being made
+            assert len(sent) == 2
+            agent.report_soon()
+            gate.set()
+            await asyncio.sleep(2 * agent.REPORT_SETTLE + 0.2)
+            assert len(sent) == 4 and listings[0] == 2
+        finally:
+            await agent.stop()
+
+    asyncio.run(run())

@@ -320,6 +320,8 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
         # which the heartbeat does not count as ready; a heartbeat asked for soon.
         self._pool_busy: set[str] = set()
         self._report_task: asyncio.Task | None = None
+        self._report_again = self._report_images = False  # reporting.py: report_soon
+        self._images_said: list[str] | None = None  # the images the last listing found
         # Called after a move to another resource group (the etcd registration).
         self.on_regroup: list = []
 
@@ -469,7 +471,7 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
         if ready is not None:
             await ready
         if pulled:
-            self.report_soon()  # the image is here now
+            self.report_soon(images=True)  # the image is here now
         return pulled
 
     async def create_kernel(self, spec: dict | KernelSpec) -> dict:
