@@ -485,19 +485,11 @@ class BackendAISpawner(Spawner):
                 self.log.warning("could not renew the wait on session %s", sid, exc_info=True)
 
     async def _until_ready(self, deadline: float) -> str:
-        last: list = [None]
-
-        async def until_running():
-            async for sess in self.manager.watch(self.session_id):
-                last[0] = sess
-                if sess.status == SessionStatus.RUNNING:
-                    return
-
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                await until_running()
+                sess = await self.manager.wait_for(self.session_id, {SessionStatus.RUNNING})
         except TimeoutError:
-            sess = await self.manager.get_session(self.session_id) or last[0]
+            sess = await self.manager.get_session(self.session_id)
             state = _state_words(sess) if sess is not None else "gone"
             raise _user_error(
                 f"The server did not start within {self.start_timeout} s; its session is still "
@@ -505,7 +497,6 @@ class BackendAISpawner(Spawner):
                 reason="timeout",
                 status_code=500,
             ) from None
-        sess = last[0]
         if sess is None or sess.status != SessionStatus.RUNNING:
             info = sess.status_info if sess else "session vanished"
             raise _user_error(
@@ -527,12 +518,13 @@ class BackendAISpawner(Spawner):
         twice (agent/portclaims.py); a server that is no agent's, under the very same
         prefix, would still pass. The session's end
         wakes this at once (a manager event); the record is re-read only then, or every
-        ``status_poll_interval``."""
+        ``status_poll_interval``; a change that says its new status is read only when that
+        is an end."""
         started = time.monotonic()
         ready_deadline = started + self.ready_timeout
         delay = 0.02
         checked = time.monotonic()
-        changed = True
+        read = True
         foreign: int | None = None  # the status another server answered with
         # aiohttp, the hub's one HTTP client stack of ours (aiodocker brings it anyway;
         # the agents' and storage proxies' clients use it too: common/httpbase.py).
@@ -547,7 +539,7 @@ class BackendAISpawner(Spawner):
                     # no answer yet (docker's port proxy accepts and closes while
                     # nothing listens)
                     pass
-                if changed or time.monotonic() - checked >= self.manager.status_poll_interval:
+                if read or time.monotonic() - checked >= self.manager.status_poll_interval:
                     checked = time.monotonic()
                     sess = await self.manager.get_session(self.session_id)
                 else:
@@ -571,7 +563,8 @@ class BackendAISpawner(Spawner):
                         message = ("The session runs, but the Jupyter server in it did not answer "
                                    f"within {waited} s")
                     raise _user_error(message, reason="timeout", status_code=500)
-                changed = await self.manager.wait_change(self.session_id, delay)
+                changes = await self.manager.wait_change(self.session_id, delay)
+                read = any(c is None or c in DEAD_STATUSES for c in changes)
                 # Often while a server usually comes up (a pooled one in tenths of a
                 # second, more in a rush): at 0.25 s steps from the start, one ready
                 # after 0.45 s was seen only at 0.64 s. Then less often.

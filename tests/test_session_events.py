@@ -74,13 +74,23 @@ def test_a_transition_in_one_hub_wakes_a_watcher_in_another(postgres, redis_serv
                 assert (sess.status, sess.status_info) == ("TERMINATED", "stopped")
                 await watch.aclose()
 
-                # B's readiness-style wait is woken the same way.
+                # B's readiness-style wait is woken the same way, told the new status
+                # (a start's steps are waited past unread: issue 30).
                 sid2 = await a.enqueue(
                     username=user, name="waited", image="local/python",
                     slots=ResourceSlot(cpu=1, mem=256 * 2**20), environ={}, service_prefix="/",
                     session_type="batch", startup_command="sleep 300")
-                assert await b.wait_change(sid2, BOUND) is True
-                await a.destroy_session(sid2)
+                changes = await b.wait_change(sid2, BOUND)
+                assert changes and changes <= {"PENDING", "SCHEDULED", "PREPARING", "CREATING",
+                                               "RUNNING"}, changes
+                # A wait for RUNNING in B: woken by A's broadcasts (its poll is 60 s).
+                t0 = loop.time()
+                sess = await asyncio.wait_for(b.wait_for(sid2, {"RUNNING"}), BOUND)
+                assert sess.status == "RUNNING" and loop.time() - t0 < POLL
+                stop = asyncio.create_task(a.destroy_session(sid2))
+                sess = await asyncio.wait_for(b.wait_for(sid2, ()), BOUND)  # its end
+                assert sess.status == "TERMINATED" and loop.time() - t0 < POLL
+                await stop
             finally:
                 await b.stop()
 
@@ -214,5 +224,57 @@ def test_events_a_killed_consumer_left_are_handled_by_another(redis_server):
             assert pending["pending"] == 0
         finally:
             await live.close()
+
+    asyncio.run(run())
+
+
+
+def test_a_wait_for_running_reads_the_record_only_when_running_may_have_come(db_url, tmp_path):
+    """Issue 30: a spawner's wait for its session read the session and its kernels at
+    every change (seven times a pooled start, the most of the record's reads in a rush
+    of five). ``wait_for`` reads first, then only after a change that says RUNNING or an
+    end, or says nothing. Driven by hand on a session that waits (the scheduler
+    stopped): the changes a start says, one that says nothing, and its end."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local",
+                                   slots={"cpu": 2, "mem": "2g"}) as mgr:
+            mgr._loop_task.cancel()  # nothing places it: it stays PENDING
+            user = await make_user(mgr)
+            sid = await mgr.enqueue(
+                username=user, name="waited", image="local/python",
+                slots=ResourceSlot(cpu=1, mem=256 * 2**20), environ={}, service_prefix="/",
+                session_type="batch", startup_command="sleep 300")
+            reads = [0]
+            own = mgr.sessions.get_session
+
+            async def counted(s):
+                if asyncio.current_task() is waiter:
+                    reads[0] += 1
+                return await own(s)
+
+            mgr.sessions.get_session = counted
+            mgr.status_poll_interval = POLL  # only the changes wake it
+            waiter = asyncio.create_task(mgr.wait_for(sid, {"RUNNING"}))
+
+            async def settle():
+                for _ in range(20):
+                    await asyncio.sleep(0.01)
+
+            await settle()
+            assert reads[0] == 1  # the first read
+            for step in ("SCHEDULED", "PREPARING", "CREATING"):
+                mgr.changed(sid, step)
+                await settle()
+            assert reads[0] == 1  # waited past unread
+            mgr.changed(sid)  # a change that does not say its status
+            await settle()
+            assert reads[0] == 2 and not waiter.done()
+            mgr.changed(sid, "RUNNING")  # said, but not so in the record: read, waits on
+            await settle()
+            assert reads[0] == 3 and not waiter.done()
+            await mgr.destroy_session(sid)  # its end, said by the change
+            sess = await asyncio.wait_for(waiter, BOUND)
+            assert sess.status in ("CANCELLED", "TERMINATED") and reads[0] == 4
 
     asyncio.run(run())

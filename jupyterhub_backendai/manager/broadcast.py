@@ -43,22 +43,22 @@ class SessionChanges:
         self.m = manager
         self.closed = False
 
-    def _wake(self, sid: str) -> None:
-        self.m.events.changed(sid)
+    def _wake(self, sid: str, status: str | None = None) -> None:
+        self.m.events.changed(sid, status)
         self.m.session_lists.session_changed(sid)
         self.m.reflector.changed(sid)
 
     def changed(self, sid: str, status: str | None = None) -> None:
         """Session ``sid`` changed (committed): wake this process's readers now and tell
         every other manager, in the background."""
-        self._wake(sid)
+        self._wake(sid, status)
         if not self.closed:
             self.m.background(self._broadcast({"id": sid}, status))
 
     def changed_many(self, sids: list[str], status: str) -> None:
         """Like :meth:`changed` for many sessions: one broadcast per ``BATCH`` ids."""
         for sid in sids:
-            self._wake(sid)
+            self._wake(sid, status)
         if self.closed:
             return
         for i in range(0, len(sids), BATCH):
@@ -76,8 +76,9 @@ class SessionChanges:
         """Another manager's broadcast: wake this process's readers of those sessions."""
         if name != SESSION_CHANGED or payload.get("origin") == self.m.owner_id:
             return
+        status = payload.get("status")
         for sid in payload.get("ids") or ([payload["id"]] if payload.get("id") else []):
-            self._wake(sid)
+            self._wake(sid, status if isinstance(status, str) else None)
 
     def missed(self) -> None:
         """The bus had a gap (Redis away): any session may have changed meanwhile."""

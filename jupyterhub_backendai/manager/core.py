@@ -371,8 +371,9 @@ class BackendAIManager(SingletonConfigurable):
     def changed_many(self, sids: list[str], status: str) -> None:
         self.changes.changed_many(sids, status)
 
-    async def wait_change(self, sid: str, timeout: float) -> bool:
-        """Wait until session ``sid`` changes (True) or ``timeout`` passes."""
+    async def wait_change(self, sid: str, timeout: float) -> frozenset:
+        """Wait until session ``sid`` changes or ``timeout`` passes: the statuses the
+        changes said (None for one that did not; empty, false, when none came)."""
         return await self.events.wait(sid, timeout)
 
     # -- the scheduler loop -------------------------------------------------------------
@@ -460,6 +461,9 @@ class BackendAIManager(SingletonConfigurable):
 
     def watch(self, sid: str):
         return self.sessions.watch(sid)
+
+    async def wait_for(self, sid: str, statuses):
+        return await self.sessions.wait_for(sid, statuses)
 
     async def session_logs(self, sid: str, kernel_idx: int = 0) -> str:
         return await self.sessions.session_logs(sid, kernel_idx)

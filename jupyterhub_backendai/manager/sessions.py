@@ -416,6 +416,30 @@ class Sessions:
                 except TimeoutError:
                     pass
 
+    async def wait_for(self, sid: str, statuses) -> Session | None:
+        """The session once its status is one of ``statuses`` or dead (None: it is
+        gone). Read at first, then only after a change that may have brought one of
+        them (:class:`.lifecycle.events.Change`): a start's SCHEDULED, PREPARING and
+        CREATING, said by their changes, are waited past unread (a session's read with
+        its kernels was most of what five spawners waiting together cost the record);
+        and at least every ``status_poll_interval`` seconds, in case a broadcast was
+        lost."""
+        wanted = frozenset(str(s) for s in (*statuses, *DEAD_STATUSES))
+        with self.mgr.events.listen(sid) as changed:
+            while True:
+                changed.clear()  # before the read: a change after it is not missed
+                sess = await self.get_session(sid)
+                if sess is None or sess.status in wanted:
+                    return sess
+                try:
+                    async with asyncio.timeout(self.mgr.status_poll_interval):
+                        await changed.wait()
+                        while not changed.may_be(wanted):
+                            changed.clear()
+                            await changed.wait()
+                except TimeoutError:
+                    pass
+
     async def end_abandoned(self, username: str, name: str) -> list[str]:
         """End the live session ``name`` of ``username`` that a JupyterHub spawner
         started but JupyterHub never took over (the hub stopped while it was

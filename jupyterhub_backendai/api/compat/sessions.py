@@ -43,7 +43,7 @@ from ...common.session_request import (
     refusal,
 )
 from ...common.slots import MIG_PREFIX, ResourceSlot
-from ...common.types import ALIVE_STATUSES, SessionStatus
+from ...common.types import SessionStatus
 from ...manager.compatviews import bai_status, dashed
 from .. import models
 from ..restart import hub_server, restart
@@ -341,24 +341,16 @@ async def wait_started(manager, sid: str, max_wait: int) -> str:
     """Wait until the session started (RUNNING, or already ended after it started),
     ended without starting, or ``max_wait`` seconds passed (TIMEOUT)."""
     limit = max_wait if max_wait > 0 else DEFAULT_MAX_WAIT
-    seen = {"status": "PENDING", "started": False}
-
-    async def until():
-        async for sess in manager.watch(sid):
-            seen["status"] = sess.status
-            if sess.status == SessionStatus.RUNNING:
-                seen["started"] = True
-                return
-            if sess.status not in ALIVE_STATUSES:
-                seen["started"] = any(k.exit_code is not None for k in sess.kernels)
-                return
-
     try:
         async with asyncio.timeout(limit):
-            await until()
+            sess = await manager.wait_for(sid, {SessionStatus.RUNNING, SessionStatus.TERMINATING})
     except TimeoutError:
         return "TIMEOUT"
-    return "RUNNING" if seen["started"] else bai_status(seen["status"])
+    if sess is None:  # (gone from the record: as an ended one that did not start)
+        return bai_status(SessionStatus.TERMINATED)
+    if sess.status == SessionStatus.RUNNING or any(k.exit_code is not None for k in sess.kernels):
+        return "RUNNING"
+    return bai_status(sess.status)
 
 
 class SessionHandler(CompatBase):

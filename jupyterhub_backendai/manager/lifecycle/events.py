@@ -6,6 +6,24 @@ import asyncio
 import contextlib
 
 
+class Change(asyncio.Event):
+    """An event that also keeps the new status each change said (None: a change that
+    did not say, such as a reason's; or one of many at once, a gap of the bus), so that
+    a waiter for some statuses reads the record only when one of them may have come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: set[str | None] = set()
+
+    def clear(self) -> None:
+        super().clear()
+        self.statuses = set()
+
+    def may_be(self, statuses) -> bool:
+        """Whether a change since the last clear may have brought one of ``statuses``."""
+        return any(s is None or s in statuses for s in self.statuses)
+
+
 class SessionEvents:
     """Wakes whoever waits on a session when it changes.
 
@@ -18,13 +36,18 @@ class SessionEvents:
     def __init__(self) -> None:
         self._listeners: dict[str, set[asyncio.Event]] = {}
 
-    def changed(self, sid: str) -> None:
+    def changed(self, sid: str, status: str | None = None) -> None:
+        """``sid`` changed; ``status``: its status after the change, where the changer
+        says it (its own or another manager's broadcast)."""
+        said = str(status) if status is not None else None
         for ev in self._listeners.get(sid, ()):
+            ev.statuses.add(said)
             ev.set()
 
     def changed_all(self) -> None:
         for evs in self._listeners.values():
             for ev in evs:
+                ev.statuses.add(None)
                 ev.set()
 
     def watching(self, sid: str) -> bool:
@@ -34,7 +57,7 @@ class SessionEvents:
     def listen(self, sid: str):
         """An event set by every change of ``sid`` while the block runs: clear it
         before reading the record, so that no change after the read is missed."""
-        ev = asyncio.Event()
+        ev = Change()
         self._listeners.setdefault(sid, set()).add(ev)
         try:
             yield ev
@@ -45,12 +68,13 @@ class SessionEvents:
                 if not evs:
                     del self._listeners[sid]
 
-    async def wait(self, sid: str, timeout: float) -> bool:
-        """Wait until ``sid`` changes (True) or ``timeout`` passes (False)."""
+    async def wait(self, sid: str, timeout: float) -> frozenset:
+        """Wait until ``sid`` changes or ``timeout`` passes: the statuses the changes
+        said (None for one that did not), empty (false) when none came."""
         with self.listen(sid) as ev:
             try:
                 async with asyncio.timeout(timeout):
                     await ev.wait()
-                return True
+                return frozenset(ev.statuses)
             except TimeoutError:
-                return False
+                return frozenset()
