@@ -278,3 +278,42 @@ def test_a_wait_for_running_reads_the_record_only_when_running_may_have_come(db_
             assert sess.status in ("CANCELLED", "TERMINATED") and reads[0] == 4
 
     asyncio.run(run())
+
+
+def test_a_pass_tells_the_watchers_of_the_sessions_it_gave_a_reason_or_cancelled(db_url, tmp_path):
+    """A pass told every watcher of every session to read again (it may have written a
+    waiting session's reason), which made each spawner waiting on a start read its
+    session at each pass of a rush. It now tells those whose reason it wrote (PENDING)
+    or that it cancelled, saying so: a session that cannot fit now gets its reason in
+    its watch, long before the watch's poll, by a change that says PENDING (which a
+    wait for RUNNING waits past unread)."""
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local",
+                                   slots={"cpu": 2, "mem": "2g"}) as mgr:
+            mgr._loop_task.cancel()  # the passes are this test's
+            mgr.status_poll_interval = POLL
+            user = await make_user(mgr)
+            taker = await mgr.enqueue(
+                username=user, name="taker", image="local/python",
+                slots=ResourceSlot(cpu=2, mem=256 * 2**20), environ={}, service_prefix="/",
+                session_type="batch", startup_command="sleep 300")
+            assert await mgr.schedule_once() == [taker]  # it takes the agent's CPUs
+            sid = await mgr.enqueue(
+                username=user, name="waiting", image="local/python",
+                slots=ResourceSlot(cpu=1, mem=256 * 2**20), environ={}, service_prefix="/",
+                session_type="batch", startup_command="sleep 300")
+            watch = mgr.watch(sid)
+            first = await asyncio.wait_for(anext(watch), BOUND)
+            assert (first.status, first.status_info) == ("PENDING", "waiting for the scheduler")
+            changes = asyncio.create_task(mgr.wait_change(sid, BOUND))
+            await asyncio.sleep(0.05)
+            await mgr.schedule_once()
+            assert await changes == {"PENDING"}
+            sess = await asyncio.wait_for(anext(watch), BOUND)  # woken, not polled
+            assert sess.status == "PENDING" and sess.status_info != first.status_info
+            await watch.aclose()
+            for s in (sid, taker):
+                await mgr.destroy_session(s)
+
+    asyncio.run(run())

@@ -29,6 +29,7 @@ from traitlets.config import SingletonConfigurable
 
 from ..agent.core import Agent as LocalAgent
 from ..common.events import make_event_bus
+from ..common.types import SessionStatus
 from ..models.db import (
     in_transaction,
     make_engine,
@@ -402,17 +403,20 @@ class BackendAIManager(SingletonConfigurable):
         await self.agents.touch_local()
         await self.agents.check_liveness()
         await self.lifecycle.run("before")
-        placed = []
+        placed: list[str] = []
+        told: list[tuple[str, str]] = []  # waiting sessions' new reasons, cancellations
         for g in await self.db_read(active_groups):
-            placed += await asyncio.to_thread(schedule_pass, self.sm, g)
+            placed += await asyncio.to_thread(schedule_pass, self.sm, g, told=told)
         self.changed_many(placed, "SCHEDULED")
+        for status in (SessionStatus.PENDING, SessionStatus.CANCELLED):
+            ids = [sid for sid, said in told if said == status]
+            if ids:
+                self.changed_many(ids, status)
         for sid in placed:
             self.lifecycle.begin_start(sid)
         await self.drive_lifecycle()
         self.warmpool.kick()
         self.usage_sampler.kick()
-        # A pass may have changed waiting sessions' reasons: their watchers re-read.
-        self.events.changed_all()
         return placed
 
     async def drive_lifecycle(self) -> None:

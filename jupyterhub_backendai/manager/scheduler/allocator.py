@@ -312,8 +312,10 @@ def placement_rows(placed: list[tuple[PendingSession, list[str]]], stamp: str):
 
 
 def commit(db: DBSession, alloc: Allocation, pool: AgentPool, ctx: PassContext,
-           state_before: dict) -> None:
-    """Write the pass's decisions (the placements a writer did not write already)."""
+           state_before: dict, told: list | None = None) -> None:
+    """Write the pass's decisions (the placements a writer did not write already);
+    ``told`` gets ``(id, status)`` of the waiting sessions given a new reason (PENDING)
+    and of those cancelled (CANCELLED): :func:`.dispatcher.schedule_pass`."""
     now = ctx.now
     stamp = written_at(now).isoformat()
     kernel_rows, session_rows = placement_rows(alloc.placed[alloc.flushed:], stamp)
@@ -325,11 +327,11 @@ def commit(db: DBSession, alloc: Allocation, pool: AgentPool, ctx: PassContext,
         [{"id": aid, "occupied_slots": pool.agents[aid].occupied.nonzero()}
          for aid in sorted(alloc.touched_agents)],
     )
-    bulk_update(
-        db, S,
-        [{"id": s.id, "status_info": v.message} for s, v in alloc.waiting
-         if s.status_info != v.message],
-    )
+    reasons = [(s, v) for s, v in alloc.waiting if s.status_info != v.message]
+    bulk_update(db, S, [{"id": s.id, "status_info": v.message} for s, v in reasons])
+    if told is not None:
+        told += [(s.id, SessionStatus.PENDING) for s, _ in reasons]
+        told += [(s.id, SessionStatus.CANCELLED) for s, _ in alloc.cancelled]
     if alloc.cancelled:
         bulk_update(
             db, S,

@@ -104,9 +104,12 @@ log = logging.getLogger("jupyterhub_backendai.scheduler")
 
 
 def schedule_pass(sm: sessionmaker, resource_group: str, *,
-                  now: dt.datetime | None = None, force: bool = False) -> list[str]:
+                  now: dt.datetime | None = None, force: bool = False,
+                  told: list | None = None) -> list[str]:
     """Run one pass over ``resource_group``; return the ids that became SCHEDULED,
     in placement order. ``now`` is for tests (time-dependent rules); default: the clock.
+    ``told``: gets ``(id, status)`` of the other sessions the pass changed, for their
+    watchers: PENDING for a waiting one's new reason, CANCELLED for one it cancelled.
 
     The pass is skipped (returns ``[]`` after a few aggregate reads) when nothing it
     depends on changed since the last pass that changed nothing, and no time-based
@@ -136,12 +139,13 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
         if recent and last.memory is not None:
             since = changes.arrivals_since(db, last.fingerprint, fp)
             if since is not None and _arrivals_pass(db, resource_group, last, fp, since, now,
-                                                    quiet, t0):
+                                                    quiet, t0, told):
                 return []
             left = since is None and changes.left_since(last.fingerprint, fp)
             if since is None and (left or changes.released_since(last.fingerprint, fp) or (
                     last.tainted and last.fingerprint == fp)):
-                placed = _released_pass(db, group, last, fp, now, quiet, t0, left=left)
+                placed = _released_pass(db, group, last, fp, now, quiet, t0, left=left,
+                                        told=told)
                 if placed is not None:
                     return placed
             # Else (something else changed, or an arrival may be placed): a full pass.
@@ -162,7 +166,7 @@ def schedule_pass(sm: sessionmaker, resource_group: str, *,
                 if writer is not None:
                     alloc.flush()
                     writer.finish()  # the placements' rows are written (or this raises)
-                commit(db, alloc, snap.pool, snap.ctx, snap.state_before)
+                commit(db, alloc, snap.pool, snap.ctx, snap.state_before, told)
                 # (Nothing left waiting: the next pass reads an empty queue, cheaper.)
                 remember = bool(alloc.waiting) and not alloc.cancelled and (
                     snap.ctx.group.scheduler_state.get("reservations")
@@ -313,7 +317,7 @@ class Memory:
 
 
 def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.datetime,
-                   now: dt.datetime, quiet: dict, t0: float) -> bool:
+                   now: dt.datetime, quiet: dict, t0: float, told: list | None) -> bool:
     """A pass when the only change since a pass that changed nothing is new sessions.
 
     Everything else is as that pass left it (the fingerprint says so), so the sessions
@@ -356,9 +360,11 @@ def _arrivals_pass(db, group: str, last: changes.Quiet, fp: tuple, since: dt.dat
                 return False
             waiting.append((s, verdict))
         t3 = time.perf_counter()
+        reasons = [(s, v) for s, v in waiting if s.status_info != v.message]
         allocator.bulk_update(db, allocator.S, [
-            {"id": s.id, "status_info": v.message} for s, v in waiting
-            if s.status_info != v.message])
+            {"id": s.id, "status_info": v.message} for s, v in reasons])
+        if told is not None:
+            told += [(s.id, SessionStatus.PENDING) for s, _ in reasons]
         queue = queue_digest(db, group) if mem.queue is not None else None
         t4 = time.perf_counter()
     mem.waiting.extend(waiting)
@@ -398,7 +404,8 @@ _SUBSET_ORDER = ("fifo", "lifo")
 
 
 def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt.datetime,
-                   quiet: dict, t0: float, left: bool = False) -> list[str] | None:
+                   quiet: dict, t0: float, left: bool = False,
+                   told: list | None = None) -> list[str] | None:
     """A pass when, since a pass that changed nothing or only placed sessions, only
     sessions outside the queue or agents changed (a session ended and gave its slots
     back, an agent joined, left or changed), or nothing did but that pass read its
@@ -615,10 +622,12 @@ def _released_pass(db, group: GroupInfo, last: changes.Quiet, fp: tuple, now: dt
             return None  # one is being cancelled, or is no longer PENDING: a full pass
         allocator.bulk_update(db, allocator.S, [
             {"id": s.id, "status_info": v.message} for s, v in changed])
+        if told is not None:
+            told += [(s.id, SessionStatus.PENDING) for s, _ in changed]
         # Reasons are written above, for the locked rows only (``commit`` would compare
         # with what these objects read when they were loaded, and write unlocked rows).
         alloc.waiting = []
-        commit(db, alloc, pool, ctx, dict(group.scheduler_state))
+        commit(db, alloc, pool, ctx, dict(group.scheduler_state), told)
         for s, v in changed:
             s.status_info = v.message
         t4 = time.perf_counter()
