@@ -34,7 +34,7 @@ class SessionEvents:
     """
 
     def __init__(self) -> None:
-        self._listeners: dict[str, set[asyncio.Event]] = {}
+        self._listeners: dict[str, set[Change]] = {}
 
     def changed(self, sid: str, status: str | None = None) -> None:
         """``sid`` changed; ``status``: its status after the change, where the changer
