@@ -826,6 +826,16 @@ def test_changes_of_what_an_agent_holds_go_out_together_and_images_are_listed_wh
             gate.set()
             await asyncio.sleep(2 * agent.REPORT_SETTLE + 0.2)
             assert len(sent) == 4 and listings[0] == 2
+
+            # At once (devices another agent holds: the refused session is placed again
+            # as soon as it is back in the queue), also cutting a settle short.
+            agent.impl.list_images = counted
+            agent.REPORT_SETTLE = 30.0
+            agent.report_soon()
+            await asyncio.sleep(0.2)
+            assert len(sent) == 4  # settling
+            agent.report_soon(at_once=True)
+            assert await until(lambda: asyncio.sleep(0, len(sent) == 5), timeout=5)
         finally:
             await agent.stop()
 

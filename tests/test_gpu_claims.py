@@ -333,7 +333,7 @@ def test_refusals_for_devices_held_elsewhere_are_bounded_when_the_report_never_a
             first = await gpu_batch(one, alice, "first", {"cuda.device": 1})
             await wait_status(one, first, ("RUNNING",))
 
-            monkeypatch.setattr(a2, "report_soon", lambda: None)  # the report is lost
+            monkeypatch.setattr(a2, "report_soon", lambda **_: None)  # the report is lost
             refusals = []
             create = a2.create_kernel
 

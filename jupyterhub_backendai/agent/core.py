@@ -321,6 +321,7 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
         self._pool_busy: set[str] = set()
         self._report_task: asyncio.Task | None = None
         self._report_again = self._report_images = False  # reporting.py: report_soon
+        self._report_hurry = asyncio.Event()
         self._images_said: list[str] | None = None  # the images the last listing found
         # Called after a move to another resource group (the etcd registration).
         self.on_regroup: list = []
@@ -517,7 +518,7 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
                     # Devices another agent of this host holds: the scheduler hears of
                     # them now, not at the next heartbeat, so that the session's retry
                     # waits for them in the queue instead of meeting the claim again.
-                    self.report_soon()
+                    self.report_soon(at_once=True)
                 raise
             devices = gpu.indices
             self._kernel_slots[spec["kernel_id"]] = slots

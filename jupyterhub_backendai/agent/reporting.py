@@ -94,19 +94,30 @@ class AgentReporting:
     # containers on the engine and a write of its row in the record (five a rush).
     REPORT_SETTLE = 0.05
 
-    def report_soon(self, images: bool = False) -> None:
+    def report_soon(self, images: bool = False, at_once: bool = False) -> None:
         """A heartbeat soon (without statistics): what the agent holds changed (a pooled
         kernel became ready or was taken; ``images``: an image arrived, the images are
         listed again). The changes of ``REPORT_SETTLE`` seconds go out in one; one that
-        comes while that heartbeat is being made goes out in another after it."""
+        comes while that heartbeat is being made goes out in another after it.
+        ``at_once``: without waiting for others (devices another agent of the host
+        holds: the session the agent just refused for them is placed again as soon as
+        it is back in the queue, and must meet them counted)."""
         self._report_images = self._report_images or images
         self._report_again = True
+        if at_once:
+            self._report_hurry.set()
         if self._report_task is not None and not self._report_task.done():
             return
 
         async def report():
             while self._report_again:
-                await asyncio.sleep(self.REPORT_SETTLE)
+                if not self._report_hurry.is_set():
+                    try:
+                        async with asyncio.timeout(self.REPORT_SETTLE):
+                            await self._report_hurry.wait()
+                    except TimeoutError:
+                        pass
+                self._report_hurry.clear()
                 self._report_again = False  # what changes from here goes in the next
                 images, self._report_images = self._report_images, False
                 try:
