@@ -17,6 +17,7 @@ import time
 
 from .. import __version__
 from ..common.slots import ResourceSlot
+from ..common.tasks import wait_set
 from .stats import cpu_percent, write_stats
 
 
@@ -111,12 +112,7 @@ class AgentReporting:
 
         async def report():
             while self._report_again:
-                if not self._report_hurry.is_set():
-                    try:
-                        async with asyncio.timeout(self.REPORT_SETTLE):
-                            await self._report_hurry.wait()
-                    except TimeoutError:
-                        pass
+                await wait_set(self._report_hurry, self.REPORT_SETTLE)
                 self._report_hurry.clear()
                 self._report_again = False  # what changes from here goes in the next
                 images, self._report_images = self._report_images, False

@@ -1,4 +1,4 @@
-"""Background tasks of long-lived objects (registrations, watchers)."""
+"""Background tasks of long-lived objects (registrations, watchers), and waiting on their events."""
 
 from __future__ import annotations
 
@@ -15,3 +15,13 @@ async def stop_task(task: asyncio.Task | None) -> None:
         await task
     except (asyncio.CancelledError, Exception):
         pass
+
+
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout`` seconds pass (False)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False

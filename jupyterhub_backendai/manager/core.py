@@ -29,6 +29,7 @@ from traitlets.config import SingletonConfigurable
 
 from ..agent.core import Agent as LocalAgent
 from ..common.events import make_event_bus
+from ..common.tasks import wait_set
 from ..common.types import SessionStatus
 from ..models.db import (
     in_transaction,
@@ -384,11 +385,7 @@ class BackendAIManager(SingletonConfigurable):
 
     async def _scheduler_loop(self) -> None:
         while True:
-            try:
-                async with asyncio.timeout(self.schedule_interval):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            await wait_set(self._wake, self.schedule_interval)
             self._wake.clear()
             try:
                 await self.schedule_once()

@@ -39,7 +39,7 @@ from traitlets.config import LoggingConfigurable
 from ..common.errors import InvalidRequest, ServiceUnavailable
 from ..common.etcdreg import AGENTS, REGISTRIES, SETTINGS, STORAGE_PROXIES, etcd_client
 from ..common.httpbase import TLSFiles
-from ..common.tasks import stop_task
+from ..common.tasks import stop_task, wait_set
 from ..common.types import AgentStatus
 from . import registries
 from .reconcile import upsert_agent
@@ -149,10 +149,7 @@ class BackendAICluster(LoggingConfigurable):
             return
         self._manager = manager
         self._task = asyncio.create_task(self._follow())
-        try:
-            async with asyncio.timeout(10):
-                await self._synced.wait()
-        except TimeoutError:
+        if not await wait_set(self._synced, 10):
             self.log.warning("etcd at %s not reachable yet; following it in the background", self.etcd_url)
 
     # -- container registries (manager/registries.py writes them here) ---------------

@@ -13,13 +13,13 @@ hidden can be started (:func:`resolve_image`); an alias names a catalogued image
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 
 from sqlalchemy import delete, or_, select, update
 
 from ..common.errors import Conflict, InvalidRequest, NotFound
+from ..common.tasks import wait_set
 from ..models import Agent, ContainerRegistry, Image, ImageAlias, Kernel, Session, User
 from ..models.base import utcnow
 from . import access, responses
@@ -419,9 +419,7 @@ async def ensure_on_agents(mgr, sid: str, image: str, clients: dict) -> None:
             if await mgr.db(_note_pull, sid, info):
                 mgr.changed(sid)
             if not state["pulled"]:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.2):
-                        await wake.wait()
+                await wait_set(wake, 0.2)
 
     policy = entry.get("pull_policy") or reg["pull_policy"]
     # One agent: it makes the session's network while it pulls (not an overlay's).

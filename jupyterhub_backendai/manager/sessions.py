@@ -30,6 +30,7 @@ from ..common.slots import (
     format_slots,
     parse_size,
 )
+from ..common.tasks import wait_set
 from ..common.types import DEAD_STATUSES, SessionStatus, UserStatus, VFolderOwnership
 from ..models import Project, Session, User
 from ..models.base import utcnow
@@ -410,11 +411,7 @@ class Sessions:
                     yield sess
                 if sess.status in DEAD_STATUSES:
                     return
-                try:
-                    async with asyncio.timeout(self.mgr.status_poll_interval):
-                        await changed.wait()
-                except TimeoutError:
-                    pass
+                await wait_set(changed, self.mgr.status_poll_interval)
 
     async def wait_for(self, sid: str, statuses) -> Session | None:
         """The session once its status is one of ``statuses`` or dead (None: it is

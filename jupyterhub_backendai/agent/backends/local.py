@@ -31,6 +31,7 @@ import stat
 import sys
 
 from ...common.errors import AgentError, ImageNotFound, InvalidRequest, KernelCannotStart
+from ...common.tasks import wait_set
 from .base import BATCH, INTERACTIVE, Backend, ExitCallback, ImageInfo, KernelRecord, tail_text
 
 log = logging.getLogger(__name__)
@@ -424,10 +425,7 @@ class LocalBackend(Backend):
             data = json.load(f)
         recorded = self._recorded.get(data.get("kernel_id", ""))
         if recorded and not data.get("exited") and not _pid_alive(int(data["container_id"])):
-            try:
-                async with asyncio.timeout(5):
-                    await recorded.wait()
-            except TimeoutError:
+            if not await wait_set(recorded, 5):
                 return data
             with open(path) as f:
                 data = json.load(f)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from ...common.tasks import wait_set
+
 
 class Change(asyncio.Event):
     """An event that also keeps the new status each change said (None: a change that
@@ -72,9 +74,4 @@ class SessionEvents:
         """Wait until ``sid`` changes or ``timeout`` passes: the statuses the changes
         said (None for one that did not), empty (false) when none came."""
         with self.listen(sid) as ev:
-            try:
-                async with asyncio.timeout(timeout):
-                    await ev.wait()
-                return frozenset(ev.statuses)
-            except TimeoutError:
-                return frozenset()
+            return frozenset(ev.statuses) if await wait_set(ev, timeout) else frozenset()
