@@ -185,12 +185,29 @@ class Hub:
     def server_model(self, user: str, server: str, token=None) -> dict | None:
         return self.api("GET", f"/users/{user}", token=token).json()["servers"].get(server)
 
+    def failed_kernels_output(self, last: int = 3) -> str:
+        """The output the record kept of the last sessions that ended in ERROR (why a
+        kernel's server exited: the hub's log does not say), for a failure's message."""
+        try:
+            r = self.api("GET", "/backendai/sessions", params={"status": "ERROR"})
+            items = r.json()
+            items = items.get("items", items) if isinstance(items, dict) else items
+            out = []
+            for sess in list(items)[-last:]:
+                logs = self.api("GET", f"/backendai/sessions/{sess['id']}/logs").json()
+                out.append(f"--- session {sess.get('name')} ({sess.get('status_info')}):\n"
+                           f"{str(logs.get('logs', logs) if isinstance(logs, dict) else logs)[-1500:]}")
+            return "\n--- failed kernels' output ---\n" + "\n".join(out)
+        except Exception as e:  # only a diagnosis: never the failure itself
+            return f"\n(failed kernels' output not read: {e!r})"
+
     def wait_ready(self, user: str, server: str, timeout: float = 180, token=None) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = self.server_model(user, server, token=token)
             if m is None:
-                raise AssertionError(f"server {user}/{server} went away\n" + self.log()[-5000:])
+                raise AssertionError(f"server {user}/{server} went away\n" + self.log()[-5000:]
+                                     + self.failed_kernels_output())
             if m.get("ready"):
                 return m
             time.sleep(0.2)
