@@ -192,3 +192,95 @@ def test_an_ordinary_database_error_is_not_run_again(postgres):
             assert conn.scalar(text("SELECT count(*) FROM one")) == 0
     finally:
         engine.dispose()
+
+
+def _domain(name: str):
+    return Domain.__table__.insert().values(
+        name=name, description="", is_active=True, total_resource_slots={},
+        allowed_vfolder_hosts={}, allowed_docker_registries=[],
+        created_at=dt.datetime.now(dt.UTC))
+
+
+def test_sqlite_writers_of_this_process_wait_for_each_other_not_in_the_busy_handler(
+        tmp_path, monkeypatch):
+    """Writers of one process take turns on a lock: the next starts when the last
+    commits or rolls back, across engines on the same file. SQLite's busy handler is
+    not asked: with its timeout at 0 (it would refuse at once, "database is locked")
+    a writer that meets another still gets its turn. A writer of another process is
+    still waited for by SQLite itself."""
+    import subprocess
+    import sys
+
+    from jupyterhub_backendai.models import db as dbmod
+
+    path = tmp_path / "db.sqlite"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    no_busy_wait = {"connect_args": {"check_same_thread": False, "timeout": 0}}
+    first, second = make_engine(url, **no_busy_wait), make_engine(url, **no_busy_wait)
+    holding, errors, order = threading.Event(), [], []
+
+    def hold(engine, name, fail=False):
+        try:
+            with engine.begin() as conn:
+                conn.execute(_domain(name))
+                holding.set()
+                threading.Event().wait(0.3)
+                order.append(name)
+                if fail:
+                    raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+        except Exception as e:
+            errors.append(e)
+
+    def write(engine, name):
+        try:
+            with engine.begin() as conn:
+                order.append(name)
+                conn.execute(_domain(name))
+        except Exception as e:
+            errors.append(e)
+
+    for holder_fails in (False, True):
+        holding.clear()
+        order.clear()
+        t = threading.Thread(target=hold, args=(first, f"held{holder_fails}", holder_fails))
+        t.start()
+        assert holding.wait(10)
+        others = [threading.Thread(target=write, args=(e, f"w{holder_fails}{i}"))
+                  for i, e in enumerate((first, second, second))]
+        for o in others:
+            o.start()
+        for o in [t, *others]:
+            o.join(20)
+        assert errors == []
+        # Each writer began only once the holder had committed (or rolled back).
+        assert order[0] == f"held{holder_fails}" and len(order) == 4
+    with make_read_sessionmaker(first)() as s:
+        names = set(s.scalars(select(Domain.name)))
+    assert names == {"heldFalse", "wFalse0", "wFalse1", "wFalse2",
+                     "wTrue0", "wTrue1", "wTrue2"}
+    # A failed BEGIN (a writer of another process holds the file) gives the turn back.
+    monkeypatch.setattr(dbmod, "SQLITE_BUSY_TIMEOUT_S", 1)
+    other = subprocess.Popen([sys.executable, "-c", f"""
+import sqlite3, sys, time
+c = sqlite3.connect({str(path)!r}, isolation_level=None)
+c.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.readline()
+c.execute("ROLLBACK")
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        write(first, "refused")
+        assert len(errors) == 1 and "locked" in str(errors[0])
+        errors.clear()
+    finally:
+        other.stdin.write("\n")
+        other.stdin.flush()
+        other.wait(10)
+    write(second, "after")
+    assert errors == []
+    first.dispose()
+    second.dispose()

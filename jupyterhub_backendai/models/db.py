@@ -48,19 +48,92 @@ def sqlite_wal_everywhere() -> None:
         event.listen(Engine, "connect", _sqlite_wal_on_connect)
 
 
+#: How long a SQLite writer waits for the write lock, in this process or another.
+SQLITE_BUSY_TIMEOUT_S = 30
+_writer_locks: dict[str, threading.Lock] = {}
+_writer_locks_guard = threading.Lock()
+
+
+def _writer_lock(database: str | None) -> threading.Lock | None:
+    """The one in-process lock of the writers of the SQLite file ``database`` (every
+    engine of this process on that file shares it); None for an in-memory database."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    key = os.path.realpath(database)
+    with _writer_locks_guard:
+        return _writer_locks.setdefault(key, threading.Lock())
+
+
+class _SQLiteConnection(sqlite3.Connection):
+    """A SQLite connection whose write transactions wait for each other in this process
+    on a lock, not in SQLite's busy handler.
+
+    SQLite's handler sleeps between its tries in growing steps (1, 2, 5, 10, 15, 20,
+    25 ... 100 ms) whether or not the lock came free meanwhile: in a rush of five starts
+    a record write that met another writer waited 85-131 ms for a lock that was free
+    after a few (docs/benchmarks.md "Writers that wait for each other"). Here the next
+    writer of this process starts the moment the last one commits or rolls back; a
+    writer of another process (a second hub on the same file, a command-line tool) is
+    still waited for by the busy handler."""
+
+    writer_lock: threading.Lock | None = None
+    _holds = False
+
+    def begin_write(self) -> None:
+        """BEGIN IMMEDIATE, once this process's other writers of the file are done."""
+        lock = self.writer_lock
+        if lock is not None and not self._holds:
+            if not lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_S):
+                raise sqlite3.OperationalError("database is locked")
+            self._holds = True
+        try:
+            self.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self._holds:
+            self._holds = False
+            self.writer_lock.release()
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            self._release()
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            self._release()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._release()
+
+
 def make_engine(url: str, **kw) -> Engine:
     if url.startswith("sqlite"):
-        kw.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
+        kw.setdefault("connect_args", {"check_same_thread": False,
+                                       "timeout": SQLITE_BUSY_TIMEOUT_S})
+        kw["connect_args"].setdefault("factory", _SQLiteConnection)
         engine = create_engine(url, **kw)
+        writer_lock = _writer_lock(engine.url.database)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
             # WAL lets readers (spawner polls) run beside the scheduler's writes.
             dbapi_conn.isolation_level = None
+            if isinstance(dbapi_conn, _SQLiteConnection):
+                dbapi_conn.writer_lock = writer_lock
             cur = dbapi_conn.cursor()
             sqlite_wal(dbapi_conn)
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -69,8 +142,11 @@ def make_engine(url: str, **kw) -> Engine:
             # transactions (allocation) cannot interleave. Read-only work (see
             # make_read_sessionmaker) begins a plain deferred transaction: under WAL it
             # reads a consistent snapshot without waiting for, or blocking, writers.
+            dbapi_conn = conn.connection.dbapi_connection
             if conn.get_execution_options().get(READ_ONLY):
                 conn.exec_driver_sql("BEGIN")
+            elif isinstance(dbapi_conn, _SQLiteConnection):
+                dbapi_conn.begin_write()
             else:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
