@@ -192,31 +192,25 @@ class BackendAISpawner(Spawner):
             groups = []
         return sorted(groups or [self.resource_group], key=lambda g: (g != self.resource_group, g))
 
-    async def _chosen_group(self, user_options: dict) -> str:
-        """The resource group a request names (else the configured one), refused in
-        plain words when it does not exist (400) or the user may not use it (403)."""
+    def _named_group(self, user_options: dict) -> str:
+        """The resource group a request names, else the configured one."""
         group = user_options.get("resource_group")
         if group in (None, ""):
             group = self.resource_group
         elif not isinstance(group, str):
             raise _user_error("resource_group must be the name of a resource group")
-        group = group.strip()
-        await self.manager.ready()
-        try:
-            refusal = await self.manager.ops.group_refusal(self.user.name, group)
-        except BackendAIError as e:
-            raise _user_error(e.detail, status_code=e.status_code) from None
-        if refusal is not None:
-            raise _user_error(refusal[1], status_code=refusal[0])
-        return group
+        return group.strip()
 
     async def _all_presets(self) -> list[dict]:
         """The configured presets (``presets``), then the record's resource presets (the
         console's and the API's, manager/spawnviews.py ``form_presets``); a configured
         slug hides a record's preset of the same name."""
+        return self._with_configured(await self.manager.ops.form_presets())
+
+    def _with_configured(self, record_presets: list[dict]) -> list[dict]:
         mine = list(self.presets)
         taken = {p["slug"] for p in mine}
-        return mine + [p for p in await self.manager.ops.form_presets() if p["slug"] not in taken]
+        return mine + [p for p in record_presets if p["slug"] not in taken]
 
     async def _render_form(self, spawner) -> str:
         # A refused submission's values (shown once), else the defaults.
@@ -356,32 +350,40 @@ class BackendAISpawner(Spawner):
             environ = check_environ(user_options.pop("environ", None), server=True)
         except BackendAIError as e:
             raise _user_error(e.detail, status_code=e.status_code) from None
-        group = await self._chosen_group(user_options)
-        user_options = await self._preset_options(user_options, group)
+        group = self._named_group(user_options)
+        await self.manager.ready()
+        # What the request is checked against, in one read: the group's refusal (400 for
+        # none such or inactive, 403 for not yours), the presets, the projects, the quota.
+        try:
+            facts = await self.manager.ops.spawn_facts(self.user.name, group)
+        except BackendAIError as e:
+            raise _user_error(e.detail, status_code=e.status_code) from None
+        if facts["refusal"] is not None:
+            raise _user_error(facts["refusal"][1], status_code=facts["refusal"][0])
+        user_options = self._preset_options(
+            user_options, group, self._with_configured(facts["presets"]), facts["projects"])
         opts.update({k: v for k, v in user_options.items()
                      if v not in (None, "") and k != "resource_group"})
         if "image" not in opts:
             choices = await self._image_choices(group)
             if choices:
                 opts["image"] = choices[0]
-        await self.manager.ready()
         try:
             # The one session request, checked once: its form here, what depends on the
             # record by the manager (enqueue does not check it again).
             request = SessionRequest.from_options(opts, resource_group=group)
-            if request.project is not None:
-                projects = await self.manager.user_projects(self.user.name)
-                if request.project not in projects:
-                    raise SessionRequestError(
-                        f"project {request.project!r} is not one of yours "
-                        f"({', '.join(projects) or 'none'})")
+            projects = facts["projects"]
+            if request.project is not None and request.project not in projects:
+                raise SessionRequestError(
+                    f"project {request.project!r} is not one of yours "
+                    f"({', '.join(projects) or 'none'})")
             if self.images and request.image not in self.images:
                 raise SessionRequestError(f"image {request.image!r} is not offered here")
             checked = await self.manager.check_request(request)
             # Names or ids of vfolders; enqueue resolves them when it creates the session.
             await self.manager.check_mounts(self.user.name, request.project, list(request.mounts))
             # A request beyond the quota's limits would wait forever: refused now.
-            quota = await self.manager.ops.quota_left(self.user.name)
+            quota = facts["quota"]
             q = quota.get(request.project) or next(iter(quota.values()), None)
             over = q and _presets.quota_excess(q, request.slots, request.cluster_size)
             if over:
@@ -390,21 +392,19 @@ class BackendAISpawner(Spawner):
             raise _user_error(e.detail, status_code=e.status_code) from None
         return checked, environ, request
 
-    async def _preset_options(self, user_options: dict, group: str | None = None) -> dict:
+    def _preset_options(self, user_options: dict, group: str, all_presets: list[dict],
+                        projects: list[str]) -> dict:
         """The request with its preset (``{"preset": slug}``) applied: the preset's
         image, resources and folders; the default preset for a request that names none
         and sets no image or resources; ``custom`` or no presets: as given."""
         if not isinstance(user_options, dict):
             raise _user_error("user_options must be an object")
         opts = dict(user_options)
-        group = group or self.resource_group
         slug = opts.pop("preset", None)
-        all_presets = await self._all_presets()
         if not all_presets:
             if slug not in (None, "", _presets.CUSTOM):
                 raise _user_error(f"there is no preset {slug!r} (no presets are configured here)")
             return opts
-        projects = await self.manager.user_projects(self.user.name)
         offered = _presets.offered(all_presets, group, projects)
         if slug in (None, ""):
             if any(opts.get(k) not in (None, "") for k in _presets.FIXED_KEYS):

@@ -115,7 +115,8 @@ class Sessions:
             raise InvalidRequest(
                 f"a session may use at most {mgr.max_slots_per_session} CPU cores here "
                 f"(max_slots_per_session); {cores:g} requested")
-        rows = [(aid, arch, caps) for aid, _, arch, caps in await mgr.db_read(live_agents, resource_group)]
+        live = await mgr.db_read(live_agents, resource_group)
+        rows = [(aid, arch, caps) for aid, _, arch, caps in live]
         if not rows:
             raise InvalidRequest(f"resource group {resource_group!r} has no live agent")
         if designated_agents:
@@ -156,7 +157,8 @@ class Sessions:
                 )
         info = {"labels": labels} if labels is not None else None
         errors = []
-        for client in [] if info else await mgr.agents.clients(resource_group):
+        # (the agents read above: asking the record again cost a start a second read)
+        for client in [] if info else [mgr.agents.client(aid, addr) for aid, addr, _, _ in live]:
             try:
                 info = await client.image_info(image)
                 break

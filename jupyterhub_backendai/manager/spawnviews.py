@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from ..common.slots import CPU, CUDA, MEM, format_slots, is_mig_slot
-from ..models import Agent, Kernel, ResourceGroup, ResourcePreset, Session
-from . import access
+from ..models import Agent, Kernel, ResourceGroup, ResourcePreset, Session, User
+from . import access, pageviews
 from .ops import reads
 
 
@@ -80,6 +80,22 @@ def group_refusal(s, username: str, group: str) -> tuple[int, str] | None:
     if not rg.is_active:
         return 400, f"resource group {group!r} is not active {yours}"
     return 403, f"you may not use resource group {group!r} {yours}"
+
+
+@reads
+def spawn_facts(s, username: str, group: str) -> dict:
+    """What the spawner checks a request of ``username`` in ``group`` against, read in
+    one transaction (four before, each a hop to a worker thread and a wait for the
+    hub's loop in a rush of starts): ``refusal`` (:func:`group_refusal`), ``presets``
+    (:func:`form_presets`), ``projects`` (the user's active projects, sorted) and
+    ``quota`` (pageviews.quota_left)."""
+    user = s.scalar(select(User).where(User.username == username))
+    return {
+        "refusal": group_refusal(s, username, group),
+        "presets": form_presets(s),
+        "projects": sorted(p.name for p in user.projects if p.is_active) if user else [],
+        "quota": pageviews.quota_left(s, username),
+    }
 
 
 @reads

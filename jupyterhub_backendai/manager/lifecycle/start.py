@@ -118,14 +118,21 @@ class Starter:
             def load(s):
                 sess = record.load_session(s, sid)
                 if sess is None:
-                    return None, {}
+                    return None, {}, None
                 ids = {k.agent_id for k in sess.kernels}
-                return sess, {a.id: (a.addr, a.backend)
-                              for a in s.scalars(select(Agent).where(Agent.id.in_(ids)))}
+                agents = {a.id: (a.addr, a.backend)
+                          for a in s.scalars(select(Agent).where(Agent.id.in_(ids)))}
+                # What the kernels' specs need of the record besides the session, in the
+                # same read (three more reads before, each a hop to a worker thread):
+                # its owner's name, its kernels' bounds and the state of its folders.
+                return sess, agents, (s.get(User, sess.user_id).username,
+                                      kernel_bounds(s, sess.access_key, sess.project_id),
+                                      folder_states(s, sess))
 
-            sess, agents = await mgr.db_read(load)
+            sess, agents, facts = await mgr.db_read(load)
             if sess is None:
                 return
+            owner, bounds, folders = facts
             kernels = list(sess.kernels)
             clients = {aid: mgr.agents.client(aid, addr) for aid, (addr, _) in agents.items()}
             if not await self.transition(
@@ -134,17 +141,15 @@ class Starter:
                 return
 
             async def prepare():
-                """What the kernels' specs need besides the image: read (and the
-                folders checked) while the image is pulled."""
+                """What the kernels' specs need besides the image: the folders checked
+                (and their mount points made) while the image is pulled."""
                 mounts = await self.mount_specs(
-                    sess, mount_points=any(b != "local" for _, b in agents.values()))
-                owner = await mgr.db_read(lambda s: s.get(User, sess.user_id).username)
+                    sess, folders, mount_points=any(b != "local" for _, b in agents.values()))
                 ssh_key = None
                 if sess.resource_group in mgr.ssh_resource_groups:  # issue 12: opted in
                     ssh_key = await mgr.db_read(
                         sshkeys.session_public_key, sess, mgr.ssh_resource_groups)
-                bounds = await mgr.db_read(kernel_bounds, sess.access_key, sess.project_id)
-                return mounts, owner, ssh_key, bounds
+                return mounts, ssh_key
 
             # Issue 25: the pull and the rest of the preparation side by side. Both run to
             # their end; the pull's failure is the one reported when both fail.
@@ -154,7 +159,7 @@ class Starter:
             for outcome in (pulled, prepared):
                 if isinstance(outcome, BaseException):
                     raise outcome
-            mounts, owner, ssh_key, bounds = prepared
+            mounts, ssh_key = prepared
             n = len(kernels)
             what = "starting the container" if n == 1 else f"starting {n} containers"
             if not await self.transition(
@@ -263,8 +268,10 @@ class Starter:
 
         await asyncio.gather(*(one(k, a) for k, a in kernels.items()))
 
-    async def mount_specs(self, sess: Session, mount_points: bool = False) -> list[dict]:
-        """The session's vfolders as the agents mount them (``spec["mounts"]``).
+    async def mount_specs(self, sess: Session, found: dict,
+                          mount_points: bool = False) -> list[dict]:
+        """The session's vfolders as the agents mount them (``spec["mounts"]``), by
+        their states as read at the start (``found``: :func:`folder_states`).
 
         Checked again at each start: a folder deleted (or being deleted) since the
         session was queued, one its user may no longer mount, or a storage proxy that
@@ -280,13 +287,6 @@ class Starter:
         if not sess.vfolder_mounts:
             return []
         storage = self.mgr.storage
-
-        def states(s):
-            user = s.get(User, sess.user_id)
-            return {f.id: (f.status, mount_permission(s, user, f)) for f in s.scalars(
-                select(VFolder).where(VFolder.id.in_([m["id"] for m in sess.vfolder_mounts])))}
-
-        found = await self.mgr.db_read(states)
         out = []
         for m in sess.vfolder_mounts:
             status, permission = found.get(m["id"], (None, None))
@@ -385,6 +385,15 @@ class Starter:
                 **(bounds or {}),
             ))
         return specs
+
+
+def folder_states(s, sess: Session) -> dict:
+    """{folder id: (status, the session's user's permission)} of the session's folders."""
+    if not sess.vfolder_mounts:
+        return {}
+    user = s.get(User, sess.user_id)
+    return {f.id: (f.status, mount_permission(s, user, f)) for f in s.scalars(
+        select(VFolder).where(VFolder.id.in_([m["id"] for m in sess.vfolder_mounts])))}
 
 
 def kernel_bounds(s, access_key: str, project_id: str | None = None) -> dict:
