@@ -436,6 +436,60 @@ def test_kernels_starting_together_share_the_cores_for_their_burst(tmp_path, bur
     asyncio.run(run())
 
 
+def test_a_burst_is_shared_with_the_starts_its_manager_says_are_beside_it(tmp_path, burst_image):
+    """Issue 30: the manager tells the agent how many other starts it drives there now
+    (``starts_beside``): a kernel's burst is at most its share of the cores among them,
+    none where that share is not above its own limit (in a rush of five on two cores
+    the first kernel bursting alone was the last session to run)."""
+    import os
+
+    image = burst_image("sleep 1; exec python3 -m http.server 8888")
+    cores = os.cpu_count() or 1
+
+    async def run():
+        agent = _docker_agent(tmp_path, new_agent_id("burst"), startup_cpus=float(cores),
+                              startup_cpu_timeout=60.0)
+        agent.slots = {"cpu": 8, "mem": "8g"}
+        await agent.start()
+        shared = dict(_interactive("s", image, cpu="0.25"), starts_beside=1)
+        crowded = dict(_interactive("c", image), starts_beside=2 * cores)
+        ks = []
+        try:
+            for spec in (shared, crowded):  # one after the other: no burst beside
+                ks.append(await agent.create_kernel(spec))
+            (s_nano, s_now, s_start), (c_nano, c_now, c_start) = \
+                [await _cpu(k["container_id"]) for k in ks]
+            assert (s_nano, s_now) == (250_000_000, "25000 100000")
+            half = cores * 100000 // 2
+            assert s_start == (f"{half} 100000" if half > 25000 else "25000 100000"), s_start
+            assert (c_nano, c_now, c_start) == (500_000_000, "50000 100000", "50000 100000")
+            assert agent.impl._bursting == {}
+        finally:
+            for k in ks:
+                await agent.destroy_kernel(k["kernel_id"])
+            await agent.stop()
+
+    asyncio.run(run())
+
+
+def test_the_starts_beside_a_kernel_are_the_others_that_may_run_on_its_agent():
+    """What the manager says in ``starts_beside``: the other starts it drives whose
+    kernels are on the same agent, and those not read yet (they may be)."""
+    from types import SimpleNamespace
+
+    from jupyterhub_backendai.manager.lifecycle.start import Starter
+
+    starting = {"a", "b", "c", "d"}
+    mgr = SimpleNamespace(lifecycle=SimpleNamespace(starting=lambda: set(starting)))
+    starter = Starter(SimpleNamespace(mgr=mgr))
+    starter._agents_of.update(a={"n1"}, b={"n1", "n2"}, c={"n2"})  # d: not read yet
+    assert starter.starts_beside("a", "n1") == 2  # b, d
+    assert starter.starts_beside("c", "n2") == 2  # b, d
+    assert starter.starts_beside("a", "n3") == 1  # d
+    starting -= {"b", "d"}
+    assert starter.starts_beside("a", "n1") == 0
+
+
 def test_no_burst_when_disabled_or_not_interactive(tmp_path, burst_image):
     image = burst_image("exec python3 -m http.server 8888")
 

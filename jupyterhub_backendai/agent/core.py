@@ -141,7 +141,10 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
         2), when more than it asked for. The kernel's own CPU limit (NanoCpus) is applied
         with a container update as soon as its server answers HTTP, before the agent
         reports the kernel started, so the user never gets a server with more than it
-        asked for. 0: no burst, the limit applies from the first instruction.""",
+        asked for. Starts at once share the cores: a burst takes only what no other
+        start is bursting into, and at most the kernel's share of the cores among the
+        other starts its manager drives on this agent now (none where that share is not
+        above its own limit). 0: no burst, the limit applies from the first instruction.""",
     ).tag(config=True)
     startup_cpu_timeout = Float(
         30.0,

@@ -73,6 +73,9 @@ class KernelSpec(BaseModel):
     # Issue 30: a pooled kernel of this warm pool (its key), started with no user's
     # folder, environment or token, bound to a session later (agent/warmpool.py).
     pool: str | None = Field(None, max_length=400)
+    # Issue 30: the other starts the manager drives on this kernel's agent now; a
+    # starting kernel's CPU burst is shared with them (agent/backends/cpuburst.py).
+    starts_beside: int = Field(0, ge=0)
 
     @field_validator("slots", mode="before")
     @classmethod

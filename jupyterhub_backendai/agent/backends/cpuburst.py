@@ -51,18 +51,22 @@ class CPUBurst:
             data=json.dumps(update), headers={"Content-Type": "application/json"},
         )
 
-    def _take_burst(self, kernel_id: str, nano_cpus: int) -> int:
+    def _take_burst(self, kernel_id: str, nano_cpus: int, beside: int = 0) -> int:
         """The NanoCpus a starting kernel may use until its server answers, 0 for none
         (issue 30). One start alone gets ``startup_cpus``; starts together share the
         host's cores: a burst takes only what no other start is bursting into (none
-        when they have all of it). Before, five kernels starting together on two cores
-        each got two, and their bursts fought each other."""
+        when they have all of it), and at most the kernel's share of the cores among
+        the ``beside`` other starts its manager drives on this agent now (whose kernels
+        come a moment later). Before, five kernels starting together on two cores each
+        got two, and their bursts fought each other; then the first of them got both
+        cores, its server was no faster beside four others, and its session was the
+        last to run (the burst's end, a poll and an engine update, comes first)."""
         want = int(self.startup_cpus * 1e9)
         if want <= nano_cpus:
             return 0
-        cores = os.cpu_count() or 1
-        free = cores * 10**9 - sum(self._bursting.values())
-        burst = min(want, free)
+        cores = (os.cpu_count() or 1) * 10**9
+        free = cores - sum(self._bursting.values())
+        burst = min(want, free, cores // (beside + 1))
         if burst <= nano_cpus:
             return 0
         self._bursting[kernel_id] = burst

@@ -483,7 +483,7 @@ class DockerBackend(DockerNetworks, DockerPool, CPUBurst, Backend):
         container = None
         # Taken as late as possible (the share of the cores other starts leave free), and
         # given back whatever happens next.
-        burst = self._take_burst(spec["kernel_id"], nano_cpus) \
+        burst = self._take_burst(spec["kernel_id"], nano_cpus, spec.get("starts_beside", 0)) \
             if probe is not None and not pooled else 0
         if burst:
             host_config["NanoCpus"] = burst

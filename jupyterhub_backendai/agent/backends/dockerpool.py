@@ -72,7 +72,8 @@ class DockerPool:
                 except DockerError as e:
                     log.debug("pooled kernel %s keeps its name: %s", kid, e.message)
 
-            burst = self._take_burst(kid, nano_cpus) if main.host_port else 0
+            burst = self._take_burst(kid, nano_cpus, spec.get("starts_beside", 0)) \
+                if main.host_port else 0
             # Its CPU before its server starts (which it does once its environment is in
             # the inbox): the burst when there is one, else its own limit and the weight
             # of every kernel, which a warmed kernel has already (docker.py); the
