@@ -514,3 +514,66 @@ def test_an_arrival_in_the_group_waits_for_a_running_pass(postgres):
         arrival.join(30)
         assert not arrival.is_alive()
         assert w.status("new") == "PENDING"
+
+
+def test_wakes_of_the_scheduler_loop_between_sweeps_only_place(db_url, tmp_path, monkeypatch):
+    """The loop's sweeps (liveness, the lifecycle's handlers: nine transactions) ran at
+    every wake, four times in a rush of five starts. A wake within SWEEP_GAP of the last
+    sweep now runs the passes only: an arrival is placed at once, without a sweep; once
+    the gap has passed, a wake sweeps again. (schedule_interval is far off: no tick.)"""
+    import asyncio
+
+    from jupyterhub_backendai.common.slots import ResourceSlot
+    from jupyterhub_backendai.manager import core
+
+    from .inproc import make_user, running_manager
+
+    monkeypatch.setattr(core, "SWEEP_GAP", 5.0)
+
+    def no_tick(c):
+        c.BackendAIManager.schedule_interval = 60.0
+
+    async def run():
+        async with running_manager(db_url, tmp_path, "local", slots={"cpu": 2, "mem": "2g"},
+                                   configure=no_tick) as mgr:
+            rounds: list[tuple[bool, list]] = []
+            sweeps: list[bool] = []
+            real_once, real_liveness = mgr.schedule_once, mgr.agents.check_liveness
+
+            async def once(sweep=True):
+                placed = await real_once(sweep=sweep)
+                rounds.append((sweep, placed))
+                return placed
+
+            async def liveness():
+                sweeps.append(True)
+                return await real_liveness()
+
+            mgr.schedule_once, mgr.agents.check_liveness = once, liveness
+
+            async def next_round():
+                n = len(rounds)
+                async with asyncio.timeout(20):
+                    while len(rounds) == n:
+                        await asyncio.sleep(0.01)
+                return rounds[-1]
+
+            user = await make_user(mgr)
+            monkeypatch.setattr(core, "SWEEP_GAP", 0.0)
+            mgr.wake()
+            assert (await next_round())[0] is True  # the gap has passed: a sweep
+            monkeypatch.setattr(core, "SWEEP_GAP", 5.0)
+            sid = await mgr.enqueue(  # wakes the loop
+                username=user, name="arrival", image="local/python",
+                slots=ResourceSlot(cpu=1, mem=256 * 2**20), environ={}, service_prefix="/",
+                session_type="batch", startup_command="sleep 300")
+            while sid not in (await next_round())[1]:
+                pass
+            assert all(sweep is False for sweep, _ in rounds[1:]), rounds
+            assert len(sweeps) == 1
+            monkeypatch.setattr(core, "SWEEP_GAP", 0.0)
+            mgr.wake()
+            assert (await next_round())[0] is True and len(sweeps) == 2
+            await mgr.destroy_session(sid)
+
+    asyncio.run(run())
