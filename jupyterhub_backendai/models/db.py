@@ -71,7 +71,7 @@ class _SQLiteConnection(sqlite3.Connection):
     SQLite's handler sleeps between its tries in growing steps (1, 2, 5, 10, 15, 20,
     25 ... 100 ms) whether or not the lock came free meanwhile: in a rush of five starts
     a record write that met another writer waited 85-131 ms for a lock that was free
-    after a few (docs/benchmarks.md "Writers that wait for each other"). Here the next
+    after a few (docs/benchmarks.md, issue 30's ninth round). Here the next
     writer of this process starts the moment the last one commits or rolls back; a
     writer of another process (a second hub on the same file, a command-line tool) is
     still waited for by the busy handler."""
