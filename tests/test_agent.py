@@ -403,21 +403,31 @@ async def _running(docker, label: str) -> bool:
                await docker.containers.list(filters={"label": [label]}))
 
 
+async def _host_sized_burst_agent(tmp_path):
+    """A started Docker agent whose burst is as large as the host, with room for a few."""
+    agent = _docker_agent(tmp_path, new_agent_id("burst"),
+                          startup_cpus=float(os.cpu_count() or 1), startup_cpu_timeout=60.0)
+    agent.slots = {"cpu": 8, "mem": "8g"}
+    await agent.start()
+    return agent
+
+
+async def _remove_and_stop(agent, kernels) -> None:
+    for k in kernels:
+        await agent.destroy_kernel(k["kernel_id"])
+    await agent.stop()
+
+
 def test_kernels_starting_together_share_the_cores_for_their_burst(tmp_path, burst_image):
     """Issue 30: a burst takes only the cores no other start is bursting into. With the
     burst as large as the host, of three kernels started at once one bursts and the
     others start at their own limit (before: each got the whole host, and they fought);
     all are handed over at their own 0.5 CPU."""
-    import os
-
     image = burst_image("sleep 1; exec python3 -m http.server 8888")
     cores = os.cpu_count() or 1
 
     async def run():
-        agent = _docker_agent(tmp_path, new_agent_id("burst"), startup_cpus=float(cores),
-                              startup_cpu_timeout=60.0)
-        agent.slots = {"cpu": 8, "mem": "8g"}
-        await agent.start()
+        agent = await _host_sized_burst_agent(tmp_path)
         ks = await asyncio.gather(*(agent.create_kernel(_interactive(f"t{i}", image))
                                     for i in range(3)))
         try:
@@ -429,9 +439,7 @@ def test_kernels_starting_together_share_the_cores_for_their_burst(tmp_path, bur
                                        "50000 100000"]), at_start
             assert agent.impl._bursting == {}
         finally:
-            for k in ks:
-                await agent.destroy_kernel(k["kernel_id"])
-            await agent.stop()
+            await _remove_and_stop(agent, ks)
 
     asyncio.run(run())
 
@@ -441,16 +449,11 @@ def test_a_burst_is_shared_with_the_starts_its_manager_says_are_beside_it(tmp_pa
     (``starts_beside``): a kernel's burst is at most its share of the cores among them,
     none where that share is not above its own limit (in a rush of five on two cores
     the first kernel bursting alone was the last session to run)."""
-    import os
-
     image = burst_image("sleep 1; exec python3 -m http.server 8888")
     cores = os.cpu_count() or 1
 
     async def run():
-        agent = _docker_agent(tmp_path, new_agent_id("burst"), startup_cpus=float(cores),
-                              startup_cpu_timeout=60.0)
-        agent.slots = {"cpu": 8, "mem": "8g"}
-        await agent.start()
+        agent = await _host_sized_burst_agent(tmp_path)
         shared = dict(_interactive("s", image, cpu="0.25"), starts_beside=1)
         crowded = dict(_interactive("c", image), starts_beside=2 * cores)
         ks = []
@@ -465,9 +468,7 @@ def test_a_burst_is_shared_with_the_starts_its_manager_says_are_beside_it(tmp_pa
             assert (c_nano, c_now, c_start) == (500_000_000, "50000 100000", "50000 100000")
             assert agent.impl._bursting == {}
         finally:
-            for k in ks:
-                await agent.destroy_kernel(k["kernel_id"])
-            await agent.stop()
+            await _remove_and_stop(agent, ks)
 
     asyncio.run(run())
 
