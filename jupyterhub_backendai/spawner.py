@@ -33,6 +33,8 @@ from .pages import presets as _presets
 JUPYTER_CONFIG_NO_NEWS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share",
                                       "jupyter-config")
 
+#: Seconds the first look at a starting server waits per other start in flight (_wait_http).
+READY_HOLD = 0.04
 _PERMISSION_WORDS = {"ro": "read only", "rw": "read-write", "wd": "read-write-delete"}
 _FORM_FIELDS = ("preset", "image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode",
                 "resource_group")
@@ -523,6 +525,14 @@ class BackendAISpawner(Spawner):
         started = time.monotonic()
         ready_deadline = started + self.ready_timeout
         delay = 0.02
+        # A server that starts beside others shares the CPU with them and answers no
+        # sooner than they let it, while each look at it costs the hub and the engine's
+        # port proxy CPU the servers need: the first look waits READY_HOLD per other start
+        # of this process (none for a start alone). In a rush of five pooled starts on two
+        # cores the looks before any server could answer were a fifth of the hub's CPU.
+        hold = READY_HOLD * (self.manager.starts_in_flight() - 1)
+        if hold > 0:
+            await self.manager.wait_change(self.session_id, hold)  # (an end wakes it)
         checked = time.monotonic()
         read = True
         foreign: int | None = None  # the status another server answered with

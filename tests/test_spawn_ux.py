@@ -269,3 +269,58 @@ def test_quota_timeout_failure_says_why(hub):
     finally:
         quota.release()
     _nothing_left(hub)
+
+
+@pytest.mark.parametrize("in_flight", [1, 5])
+def test_the_first_look_at_a_starting_server_waits_for_the_starts_beside_it(in_flight):
+    """Issue 30: each look at a starting server (an HTTP request through the engine's
+    port proxy) costs the hub and the proxy CPU the servers need, and beside others a
+    server answers no sooner than they let it: the spawner's first look waits
+    READY_HOLD per other start in flight (by the manager's wait for the session's
+    changes, which an end cuts short), none for a start alone. The server here is a
+    real HTTP server that answers at once; the manager stands in, saying how many
+    starts are in flight."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiohttp import web
+
+    from jupyterhub_backendai.spawner import READY_HOLD, BackendAISpawner
+
+    events: list = []
+
+    async def status(_request):
+        events.append("look")
+        return web.json_response({})
+
+    async def wait_change(_sid, timeout):
+        events.append(("wait", round(timeout, 3)))
+        await asyncio.sleep(timeout)
+        return set()
+
+    async def get_session(_sid):
+        return SimpleNamespace(status="RUNNING", status_info="")
+
+    async def run():
+        app = web.Application()
+        app.router.add_get("/user/a/s/api", status)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        spawner = SimpleNamespace(
+            ready_timeout=30, start_timeout=60, session_id="s1",
+            manager=SimpleNamespace(starts_in_flight=lambda: in_flight, wait_change=wait_change,
+                                    get_session=get_session, status_poll_interval=1.0))
+        try:
+            await BackendAISpawner._wait_http(
+                spawner, f"http://127.0.0.1:{port}/user/a/s/api", time.monotonic() + 60)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+    if in_flight == 1:
+        assert events == ["look"]
+    else:
+        assert events == [("wait", round(READY_HOLD * (in_flight - 1), 3)), "look"]
