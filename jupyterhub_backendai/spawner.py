@@ -33,8 +33,10 @@ from .pages import presets as _presets
 JUPYTER_CONFIG_NO_NEWS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share",
                                       "jupyter-config")
 
-#: Seconds the first look at a starting server waits per other start in flight (_wait_http).
+#: Seconds the first look at a starting server waits per other start in flight on its
+#: agent, and at most (_wait_http).
 READY_HOLD = 0.04
+READY_HOLD_MAX = 0.25
 _PERMISSION_WORDS = {"ro": "read only", "rw": "read-write", "wd": "read-write-delete"}
 _FORM_FIELDS = ("preset", "image", "cpu", "mem", "gpu", "project", "cluster_size", "cluster_mode",
                 "resource_group")
@@ -507,11 +509,12 @@ class BackendAISpawner(Spawner):
         port = sess.kernels[0].service_ports[0]
         host = sess.kernels[0].kernel_host
         url = f"http://{host}:{port['host_port']}"
-        with self.manager.answering(self.session_id):
-            await self._wait_http(url + self.server.base_url + "api", deadline)
+        agent_id = sess.kernels[0].agent_id
+        with self.manager.answering(self.session_id, agent_id):
+            await self._wait_http(url + self.server.base_url + "api", deadline, agent_id)
         return url
 
-    async def _wait_http(self, url: str, start_deadline: float) -> None:
+    async def _wait_http(self, url: str, start_deadline: float, agent_id: str = "") -> None:
         """Until the session's Jupyter server answers: 200 from its own ``{base_url}api``.
 
         Any other answer is another server on the port its kernel was given (a 404 once
@@ -528,9 +531,11 @@ class BackendAISpawner(Spawner):
         # A server that starts beside others shares the CPU with them and answers no
         # sooner than they let it, while each look at it costs the hub and the engine's
         # port proxy CPU the servers need: the first look waits READY_HOLD per other start
-        # of this process (none for a start alone). In a rush of five pooled starts on two
-        # cores the looks before any server could answer were a fifth of the hub's CPU.
-        hold = READY_HOLD * (self.manager.starts_in_flight() - 1)
+        # of this process on the server's agent (none for a start alone; at most
+        # READY_HOLD_MAX). In a rush of five pooled starts on two cores the looks before
+        # any server could answer were a fifth of the hub's CPU.
+        hold = min(READY_HOLD * self.manager.starts_beside(self.session_id, agent_id),
+                   READY_HOLD_MAX)
         if hold > 0:
             await self.manager.wait_change(self.session_id, hold)  # (an end wakes it)
         checked = time.monotonic()

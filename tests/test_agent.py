@@ -474,21 +474,29 @@ def test_a_burst_is_shared_with_the_starts_its_manager_says_are_beside_it(tmp_pa
 
 
 def test_the_starts_beside_a_kernel_are_the_others_that_may_run_on_its_agent():
-    """What the manager says in ``starts_beside``: the other starts it drives whose
-    kernels are on the same agent, and those not read yet (they may be)."""
+    """What the manager says in ``starts_beside`` (and what the spawner's first look
+    waits for): the other starts in flight in the process, from placement until their
+    servers answer, whose kernels are on the same agent, and those not read yet (they
+    may be)."""
     from types import SimpleNamespace
 
-    from jupyterhub_backendai.manager.lifecycle.start import Starter
+    from jupyterhub_backendai.manager.core import BackendAIManager
 
     starting = {"a", "b", "c", "d"}
-    mgr = SimpleNamespace(lifecycle=SimpleNamespace(starting=lambda: set(starting)))
-    starter = Starter(SimpleNamespace(mgr=mgr))
-    starter._agents_of.update(a={"n1"}, b={"n1", "n2"}, c={"n2"})  # d: not read yet
-    assert starter.starts_beside("a", "n1") == 2  # b, d
-    assert starter.starts_beside("c", "n2") == 2  # b, d
-    assert starter.starts_beside("a", "n3") == 1  # d
+    answering = {"e": "n1", "f": "n2", "g": None}  # servers still starting; g's agent unknown
+    mgr = SimpleNamespace(
+        lifecycle=SimpleNamespace(starting=lambda: set(starting),
+                                  starter=SimpleNamespace(agents_of={})),
+        sessions=SimpleNamespace(answering_here=answering))
+    mgr.lifecycle.starter.agents_of.update(a={"n1"}, b={"n1", "n2"}, c={"n2"})  # d: not read
+    beside = BackendAIManager.starts_beside
+    assert beside(mgr, "a", "n1") == 4  # b, d, e, g
+    assert beside(mgr, "c", "n2") == 4  # b, d, f, g
+    assert beside(mgr, "a", "n3") == 2  # d, g
     starting -= {"b", "d"}
-    assert starter.starts_beside("a", "n1") == 0
+    answering.pop("g")
+    assert beside(mgr, "a", "n1") == 1  # e
+    assert beside(mgr, "e", "n1") == 1  # a
 
 
 def test_no_burst_when_disabled_or_not_interactive(tmp_path, burst_image):

@@ -271,21 +271,21 @@ def test_quota_timeout_failure_says_why(hub):
     _nothing_left(hub)
 
 
-@pytest.mark.parametrize("in_flight", [1, 5])
-def test_the_first_look_at_a_starting_server_waits_for_the_starts_beside_it(in_flight):
+@pytest.mark.parametrize("beside", [0, 4, 20])
+def test_the_first_look_at_a_starting_server_waits_for_the_starts_beside_it(beside):
     """Issue 30: each look at a starting server (an HTTP request through the engine's
     port proxy) costs the hub and the proxy CPU the servers need, and beside others a
     server answers no sooner than they let it: the spawner's first look waits
-    READY_HOLD per other start in flight (by the manager's wait for the session's
-    changes, which an end cuts short), none for a start alone. The server here is a
-    real HTTP server that answers at once; the manager stands in, saying how many
-    starts are in flight."""
+    READY_HOLD per other start in flight on its agent (by the manager's wait for the
+    session's changes, which an end cuts short), at most READY_HOLD_MAX, none for a
+    start alone. The server here is a real HTTP server that answers at once; the
+    manager stands in, saying how many starts are beside the server's agent."""
     import asyncio
     from types import SimpleNamespace
 
     from aiohttp import web
 
-    from jupyterhub_backendai.spawner import READY_HOLD, BackendAISpawner
+    from jupyterhub_backendai.spawner import READY_HOLD, READY_HOLD_MAX, BackendAISpawner
 
     events: list = []
 
@@ -311,16 +311,18 @@ def test_the_first_look_at_a_starting_server_waits_for_the_starts_beside_it(in_f
         port = site._server.sockets[0].getsockname()[1]
         spawner = SimpleNamespace(
             ready_timeout=30, start_timeout=60, session_id="s1",
-            manager=SimpleNamespace(starts_in_flight=lambda: in_flight, wait_change=wait_change,
-                                    get_session=get_session, status_poll_interval=1.0))
+            manager=SimpleNamespace(
+                starts_beside=lambda sid, agent: beside if (sid, agent) == ("s1", "n1") else -1,
+                wait_change=wait_change, get_session=get_session, status_poll_interval=1.0))
         try:
             await BackendAISpawner._wait_http(
-                spawner, f"http://127.0.0.1:{port}/user/a/s/api", time.monotonic() + 60)
+                spawner, f"http://127.0.0.1:{port}/user/a/s/api", time.monotonic() + 60, "n1")
         finally:
             await runner.cleanup()
 
     asyncio.run(run())
-    if in_flight == 1:
+    if beside == 0:
         assert events == ["look"]
     else:
-        assert events == [("wait", round(READY_HOLD * (in_flight - 1), 3)), "look"]
+        hold = min(READY_HOLD * beside, READY_HOLD_MAX)
+        assert events == [("wait", round(hold, 3)), "look"]

@@ -497,13 +497,29 @@ class BackendAIManager(SingletonConfigurable):
     def waiting_here(self, sid: str):
         return self.sessions.waiting_here(sid)
 
-    def answering(self, sid: str):
-        return self.sessions.answering(sid)
+    def answering(self, sid: str, agent_id: str | None = None):
+        return self.sessions.answering(sid, agent_id)
 
     def starts_in_flight(self) -> int:
         """Session starts this process drives now: from SCHEDULED until RUNNING, and
         then until a spawner's server answers."""
-        return len(self.lifecycle.starting() | self.sessions.answering_here)
+        return len(self.lifecycle.starting() | set(self.sessions.answering_here))
+
+    def starts_beside(self, sid: str, agent_id: str) -> int:
+        """The other session starts in flight here (:meth:`starts_in_flight`) that may
+        use ``agent_id``'s CPU now: their kernels are on it, or not read yet. A starting
+        kernel's burst is shared with them (KernelSpec ``starts_beside``), and the
+        spawner's first look at a server waits for them (``spawner.READY_HOLD``)."""
+        agents_of = self.lifecycle.starter.agents_of
+        answering = self.sessions.answering_here
+        beside = 0
+        for other in self.lifecycle.starting() | set(answering):
+            if other == sid:
+                continue
+            where = agents_of.get(other) or ({answering[other]} if answering.get(other) else None)
+            if where is None or agent_id in where:
+                beside += 1
+        return beside
 
     async def user_projects(self, username: str) -> list[str]:
         return await self.sessions.user_projects(username)

@@ -60,7 +60,7 @@ class Sessions:
         # Sessions whose Jupyter server a spawner of this process waits to answer (the
         # session RUNNING, its server starting): with the lifecycle's starts, what the
         # warm pool's refill yields to (manager/warmpool.py).
-        self.answering_here: set[str] = set()
+        self.answering_here: dict[str, str | None] = {}  # session id -> its main kernel's agent
 
     # -- the request ---------------------------------------------------------------------
 
@@ -463,14 +463,14 @@ class Sessions:
         await self.mgr.db(record.await_session, sid, seconds)
 
     @contextlib.contextmanager
-    def answering(self, sid: str):
+    def answering(self, sid: str, agent_id: str | None = None):
         """While the body runs, a spawner of this process waits for the server of
-        ``sid`` to answer (:attr:`answering_here`)."""
-        self.answering_here.add(sid)
+        ``sid`` (on agent ``agent_id``) to answer (:attr:`answering_here`)."""
+        self.answering_here[sid] = agent_id
         try:
             yield
         finally:
-            self.answering_here.discard(sid)
+            self.answering_here.pop(sid, None)
 
     @contextlib.contextmanager
     def waiting_here(self, sid: str):

@@ -106,13 +106,8 @@ class Starter:
         # session id -> (refusals in a row, when the last was)
         self._held_elsewhere: dict[str, tuple[int, float]] = {}
         # session id -> its kernels' agents, from its start's first read to its end
-        self._agents_of: dict[str, set[str]] = {}
-
-    def starts_beside(self, sid: str, agent_id: str) -> int:
-        """The other starts this process drives that may run on ``agent_id`` now (one not
-        read yet may): a kernel's CPU burst is shared with them (KernelSpec)."""
-        return sum(1 for other in self.mgr.lifecycle.starting()
-                   if other != sid and agent_id in self._agents_of.get(other, {agent_id}))
+        # (manager.starts_beside)
+        self.agents_of: dict[str, set[str]] = {}
 
     async def start(self, sid: str, dead_owner: str | None = None) -> None:
         mgr = self.mgr
@@ -140,7 +135,7 @@ class Starter:
             sess, agents, facts = await mgr.db_read(load)
             if sess is None:
                 return
-            self._agents_of[sid] = set(agents)
+            self.agents_of[sid] = set(agents)
             owner, bounds, folders = facts
             kernels = list(sess.kernels)
             clients = {aid: mgr.agents.client(aid, addr) for aid, (addr, _) in agents.items()}
@@ -234,7 +229,7 @@ class Starter:
             await self.failed(sid, reason, failure_reason(e),
                               retry=not isinstance(e, KernelCannotStart))
         finally:
-            self._agents_of.pop(sid, None)
+            self.agents_of.pop(sid, None)
 
     async def recover(self, sid: str, dead_owner: str | None, reason: str) -> None:
         """A start nobody drives any more (or past its deadline): remove what it created,
@@ -393,7 +388,7 @@ class Starter:
                 cluster_agents=n_agents,
                 cluster_ssh=cluster_ssh,
                 ssh_public_key=ssh_key if main and ssh_key else None,
-                starts_beside=self.starts_beside(sess.id, k.agent_id),
+                starts_beside=self.mgr.starts_beside(sess.id, k.agent_id),
                 **(bounds or {}),
             ))
         return specs
