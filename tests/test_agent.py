@@ -861,6 +861,9 @@ def test_changes_of_what_an_agent_holds_go_out_together_and_images_are_listed_wh
 
             assert await until(first)  # the first heartbeat
             sent.clear()
+            # A settle with room for five calls 10 ms apart on a loaded machine (with the
+            # agent's 50 ms, a suite on two cores once took longer between them).
+            agent.REPORT_SETTLE = 0.5
             for _ in range(5):  # a rush's binds, 10 ms apart
                 agent.report_soon()
                 await asyncio.sleep(0.01)

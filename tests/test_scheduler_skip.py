@@ -562,6 +562,9 @@ def test_wakes_of_the_scheduler_loop_between_sweeps_only_place(db_url, tmp_path,
             monkeypatch.setattr(core, "SWEEP_GAP", 0.0)
             mgr.wake()
             assert (await next_round())[0] is True  # the gap has passed: a sweep
+            # (a round the loop had begun before the wrappers may have swept too: only
+            # what follows this sweep is counted; the loop runs one round at a time)
+            sweeps.clear()
             monkeypatch.setattr(core, "SWEEP_GAP", 5.0)
             sid = await mgr.enqueue(  # wakes the loop
                 username=user, name="arrival", image="local/python",
@@ -570,10 +573,10 @@ def test_wakes_of_the_scheduler_loop_between_sweeps_only_place(db_url, tmp_path,
             while sid not in (await next_round())[1]:
                 pass
             assert all(sweep is False for sweep, _ in rounds[1:]), rounds
-            assert len(sweeps) == 1
+            assert sweeps == []
             monkeypatch.setattr(core, "SWEEP_GAP", 0.0)
             mgr.wake()
-            assert (await next_round())[0] is True and len(sweeps) == 2
+            assert (await next_round())[0] is True and len(sweeps) == 1
             await mgr.destroy_session(sid)
 
     asyncio.run(run())
