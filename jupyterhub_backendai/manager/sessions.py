@@ -339,12 +339,7 @@ class Sessions:
 
     async def user_projects(self, username: str) -> list[str]:
         """Names of the active projects a user may start sessions in (the spawner's choice)."""
-
-        def work(s):
-            user = s.scalar(select(User).where(User.username == username))
-            return sorted(p.name for p in user.projects if p.is_active) if user else []
-
-        return await self.mgr.db_read(work)
+        return await self.mgr.db_read(tenancy.active_project_names, username)
 
     async def mountable_folders(self, username: str, project: str | None = None) -> list[dict]:
         """The vfolders ``username`` may mount in a session of ``project`` (id or name;

@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from ..common.slots import CPU, CUDA, MEM, format_slots, is_mig_slot
-from ..models import Agent, Kernel, ResourceGroup, ResourcePreset, Session, User
-from . import access, pageviews
+from ..models import Agent, Kernel, ResourceGroup, ResourcePreset, Session
+from . import access, pageviews, tenancy
 from .ops import reads
 
 
@@ -89,11 +89,10 @@ def spawn_facts(s, username: str, group: str) -> dict:
     hub's loop in a rush of starts): ``refusal`` (:func:`group_refusal`), ``presets``
     (:func:`form_presets`), ``projects`` (the user's active projects, sorted) and
     ``quota`` (pageviews.quota_left)."""
-    user = s.scalar(select(User).where(User.username == username))
     return {
         "refusal": group_refusal(s, username, group),
         "presets": form_presets(s),
-        "projects": sorted(p.name for p in user.projects if p.is_active) if user else [],
+        "projects": tenancy.active_project_names(s, username),
         "quota": pageviews.quota_left(s, username),
     }
 

@@ -175,6 +175,13 @@ def find_user(db: DBSession, login: str) -> User | None:
     return db.scalar(select(User).where(User.username == login))
 
 
+def active_project_names(db: DBSession, username: str) -> list[str]:
+    """Names of the active projects ``username`` may start sessions in, sorted ([] for
+    no such user)."""
+    user = db.scalar(select(User).where(User.username == username))
+    return sorted(p.name for p in user.projects if p.is_active) if user else []
+
+
 def default_keypair(db: DBSession, user: User) -> Keypair | None:
     kps = [k for k in user.keypairs if k.is_active]
     for k in kps:
