@@ -46,8 +46,15 @@ def test_login_spawn_execute_stop(make_hub, db_url, backend):
     # JupyterLab's news plugin is off (c.BackendAISpawner.jupyterlab_news, default): no
     # "Would you like to get notified about official Jupyter news?" popup. In Docker
     # sessions it used to be on: jupyterhub-singleuser replaced the image's page hook.
-    disabled = lab_page_config(hub_get(hub, prefix + "lab", token))["disabledExtensions"]
+    config = lab_page_config(hub_get(hub, prefix + "lab", token))
+    disabled = config["disabledExtensions"]
     assert "@jupyterlab/apputils-extension:announcements" in disabled, disabled
+    if backend == "docker":
+        # The image's extension manager lists and installs nothing from PyPI: its
+        # environment is read-only to the user, and the server runs without the user's
+        # site, so an extension pip put in ~/.local would never load.
+        manager = config["extensionManager"]
+        assert (manager["name"], manager["can_install"]) == ("read-only", False), manager
     who = execute(hub.base, prefix, token, "import getpass, os; print(getpass.getuser(), os.getcwd())")
     user, cwd = who.split()
     if backend == "docker":

@@ -18,6 +18,13 @@ backendai_kernel_services.configure(c)  # noqa: F821
 c.ServerApp.contents_manager_class = "backendai_kernel_contents.ListingContentsManager"  # noqa: F821
 # No large request body from a client without access to this server (backendai_kernel_bodies).
 c.ServerApp.jpserver_extensions.update({"backendai_kernel_bodies": True})  # noqa: F821
+# JupyterLab's extension manager lists what is installed and installs nothing: the image's
+# environment is root's (read-only to the user), and the server runs without the user's
+# site (backendai-kernel-init), so an extension the default PyPI manager installed with
+# pip (to ~/.local, pip's fallback) would never load. The PyPI manager also fetched its
+# listings from pypi.org, and it made an HTTP client at every server start, loading the
+# CA bundle into an SSL context: a third of a bound pooled server's start (profiled).
+c.LabApp.extension_manager = "readonly"  # noqa: F821
 # JupyterLab's news plugin ("Would you like to get notified about official Jupyter
 # news?", then fetching the news and update checks from the internet) is off unless the
 # hub's c.BackendAISpawner.jupyterlab_news passes BACKENDAI_JUPYTERLAB_NEWS=1.
