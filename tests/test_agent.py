@@ -771,7 +771,8 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
     times, each ask reading every distribution's entry_points.txt (the most of its CPU
     after the binding, profiled). The waiter's memo answers from one reading, as the
     stdlib would, and reads again as soon as a distribution is installed or removed on
-    sys.path. Run as the waiter runs it, in a Python of its own, with the stdlib's
+    sys.path; a directory without distributions put on the path (the image's server
+    config adds one once bound) reads nothing again. Run as the waiter runs it, in a Python of its own, with the stdlib's
     function counted."""
     import json
     import subprocess
@@ -806,6 +807,11 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
         out["first"] = [names("bai.test"), names("bai.test"), names("console_scripts") ==
                         sorted(ep.name for ep in stdlib(group="console_scripts")),
                         len(md.entry_points()) == len(stdlib()), reads[0]]
+        # A directory of modules put on the path changes no answer: no reading.
+        os.mkdir(MODULES)
+        sys.path.insert(0, MODULES)
+        sys.path.insert(0, MODULES + "-missing")
+        out["modules_on_path"] = [names("bai.test"), reads[0]]
         info = os.path.join(SITE, "baitestb-1.0.dist-info")
         os.mkdir(info)
         with open(os.path.join(info, "METADATA"), "w") as f:
@@ -818,7 +824,8 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
         os.utime(SITE, ns=(1, os.stat(SITE).st_mtime_ns + 2))
         out["removed_it"] = [names("bai.test"), reads[0]]
         print(json.dumps(out))
-    """).replace("SITE", repr(str(site))).replace("MEMO", warmpool.ENTRY_POINTS_MEMO)
+    """).replace("SITE", repr(str(site))).replace("MODULES", repr(str(tmp_path / "modules")))
+    script = script.replace("MEMO", warmpool.ENTRY_POINTS_MEMO)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
@@ -828,6 +835,7 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
     assert read >= 1  # the waiter reads them all before it is bound
     # asked four times, in groups and whole, answered as the stdlib answers, no reading
     assert out["first"] == [["first"], ["first"], True, True, read]
+    assert out["modules_on_path"] == [["first"], read]
     assert out["installed_one"] == [["first", "second"], ["first", "second"], read + 1]
     assert out["removed_it"] == [["first"], read + 2]
 

@@ -67,20 +67,41 @@ KERNEL_UID = 1000
 # binding. The waiter has read them all before it is bound; the memo is as fresh as the
 # import system's own listing of a directory (importlib.metadata's FastPath caches that
 # by the directory's mtime, as this does): installing or removing a distribution changes
-# its directory, and the next ask reads them all again. Python without
-# ``EntryPoints.select`` (< 3.10) keeps its own function.
+# its directory, and the next ask reads them all again. Only the entries of sys.path that
+# hold distributions (or are archives) are its key: a directory of modules put on the
+# path (the image's server config adds /opt/backendai once bound) changes no answer, and
+# it made every bound start read them all again (22 ms on a slow machine, profiled).
+# Python without ``EntryPoints.select`` (< 3.10) keeps its own function.
 ENTRY_POINTS_MEMO = r"""
 def _memo_entry_points(module):
     original = module.entry_points
     memo = {}
+    holds = {}  # (path entry, its mtime) -> whether distributions are in it
+
+    def with_distributions(p, mtime):
+        found = holds.get((p, mtime))
+        if found is None:
+            try:
+                found = any(n.lower().endswith((".dist-info", ".egg-info"))
+                            for n in os.listdir(p or "."))
+            except NotADirectoryError:
+                found = True  # an archive: always part of the key
+            except OSError:
+                found = False
+            if len(holds) > 256:
+                holds.clear()
+            holds[(p, mtime)] = found
+        return found
 
     def fresh():
         key = []
         for p in sys.path:
             try:
-                key.append((p, os.stat(p or ".").st_mtime_ns))
+                mtime = os.stat(p or ".").st_mtime_ns
             except (OSError, TypeError, ValueError):
-                key.append((p, None))
+                continue  # nothing there, nothing found there
+            if with_distributions(p, mtime):
+                key.append((p, mtime))
         return tuple(key)
 
     def entry_points(**params):
@@ -125,6 +146,16 @@ for mod in ("jupyter_server.serverapp", "jupyterhub.singleuser.mixins",
             "jupyter_lsp.handlers", "jupyter_lsp.serverextension", "httpx", "httpcore", "h11",
             "jupyter_server.kernelspecs.handlers", "jupyter_server.nbconvert.handlers",
             "jupyter_server.services.api.handlers", "tornado.platform.asyncio",
+            # the rest of the handler modules the server's web application loads: 28 ms
+            # of a bound start on a slow machine, profiled
+            "jupyter_server.services.config.handlers",
+            "jupyter_server.services.contents.handlers",
+            "jupyter_server.services.events.handlers",
+            "jupyter_server.services.kernels.handlers",
+            "jupyter_server.services.nbconvert.handlers",
+            "jupyter_server.services.security.handlers",
+            "jupyter_server.services.sessions.handlers", "jupyter_server.services.shutdown",
+            "jupyter_server.view.handlers",
             "notebook_shim.nbserver", "jinja2.ext", "jupyter_core.migrate", "codeop",
             # the status bar's meter (its limits are read from the environment when its
             # extension starts, not when imported): 12 ms of a bound start, profiled
