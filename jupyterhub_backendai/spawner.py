@@ -385,7 +385,9 @@ class BackendAISpawner(Spawner):
                 raise SessionRequestError(f"image {request.image!r} is not offered here")
             checked = await self.manager.check_request(request)
             # Names or ids of vfolders; enqueue resolves them when it creates the session.
-            await self.manager.check_mounts(self.user.name, request.project, list(request.mounts))
+            if request.mounts:
+                await self.manager.check_mounts(self.user.name, request.project,
+                                                list(request.mounts))
             # A request beyond the quota's limits would wait forever: refused now.
             quota = facts["quota"]
             q = quota.get(request.project) or next(iter(quota.values()), None)

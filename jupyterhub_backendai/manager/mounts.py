@@ -71,6 +71,8 @@ def resolve_mounts(db: DBSession, user: User, project: Project | None, requested
         raise InvalidRequest("mounts must be a list of vfolder names or ids")
     if len(requested) > 64:
         raise InvalidRequest("at most 64 vfolders can be mounted in one session")
+    if not requested:
+        return []  # (the folders that could be mounted are not read: a start's most common case)
     available = mountable_folders(db, user, project)
     out: list[dict] = []
     seen_ids: set[str] = set()
@@ -154,7 +156,7 @@ def session_mounts(db: DBSession, user: User, project: Project | None, requested
         if is_automount(f.name) and (home is None or f.id != home.id)
         and _mountable_on_host(db, user, f, keypair)]
     skip = {f.id for f in auto} | ({home.id} if home is not None else set())
-    available = {f.id: f for f, _ in mountable_folders(db, user, project)}
+    available = {f.id: f for f, _ in mountable_folders(db, user, project)} if requested else {}
     explicit = []
     for ref in requested or []:
         f = available.get(ref) if isinstance(ref, str) else None
