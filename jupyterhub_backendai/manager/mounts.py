@@ -178,13 +178,16 @@ def session_mounts(db: DBSession, user: User, project: Project | None, requested
     return out
 
 
-def _home_state(db: DBSession, username: str, name: str) -> tuple[access.Principal, str | None]:
+def _home_state(db: DBSession, username: str, name: str) -> tuple[access.Principal | None, str | None]:
+    """(the user as a principal, the folder's status): the principal, which only making
+    the folder needs, only when there is none."""
     user = db.scalar(select(User).where(User.username == username))
     if user is None:
         raise NotFound(f"no Backend.AI user {username!r}")
-    p = access.load_principal(db, user_id=user.id)
     f = _own_folder(db, user, name)
-    return p, (f.status if f is not None else None)
+    if f is not None:
+        return None, f.status
+    return access.load_principal(db, user_id=user.id), None
 
 
 async def ensure_home(manager, username: str, name: str) -> None:
