@@ -578,11 +578,11 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
             raise InvalidRequest("this kernel cannot be bound to a pooled one (several kernels, "
                                  "SSH, a batch command, kernel bounds of a policy, or no home "
                                  "folder)")
-        mine = [r for r in await self.impl.list_kernels() if r.kernel_id == kid and r.pooled]
-        if not mine:
+        mine = await self.impl.unbound_pooled(kid)
+        if mine is None:
             raise NotFound(f"no unbound pooled kernel {kid} on agent {self.agent_id}")
-        if mine[0].pooled.split("|")[1:2] != [spec["image"]] or \
-                ResourceSlot.from_json(mine[0].slots or {}) != ResourceSlot.from_json(spec["slots"]):
+        if mine.pooled.split("|")[1:2] != [spec["image"]] or \
+                ResourceSlot.from_json(mine.slots or {}) != ResourceSlot.from_json(spec["slots"]):
             raise InvalidRequest(f"pooled kernel {kid} is of another image or other resources than asked for")
         image = await self.impl.inspect_image(spec["image"])
         self._pool_busy.add(kid)  # no longer ready for anyone else

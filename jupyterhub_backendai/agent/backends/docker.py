@@ -768,25 +768,23 @@ class DockerBackend(DockerNetworks, DockerPool, CPUBurst, Backend):
                 await asyncio.to_thread(self.pool_root.release, kernel_id)
 
     async def list_kernels(self) -> list[KernelRecord]:
-        out = []
-        for c in await self._containers():
-            labels = c.get("Labels") or {}
-            devices = [int(x) for x in (labels.get(L_DEVICES) or "").split(",") if x]
-            out.append(
-                KernelRecord(
-                    kernel_id=labels.get(L_KERNEL, ""),
-                    session_id=labels.get(L_SESSION, ""),
-                    container_id=c["Id"],
-                    host=self.bind_host,
-                    service_ports=json.loads(labels.get(L_PORTS) or "[]"),
-                    cuda_devices=devices,
-                    cuda_uuids=[x for x in (labels.get(L_UUIDS) or "").split(",") if x],
-                    alive=c.get("State") == "running",
-                    kernel_type=labels.get(L_TYPE, INTERACTIVE),
-                    exit_code=_exit_code(c),
-                    slots=_json_dict(labels.get(L_SLOTS)),
-                    own=self._ours(labels, own=True),
-                    pooled=self._pooled_key(labels),
-                )
-            )
-        return out
+        return [self._record(c) for c in await self._containers()]
+
+    def _record(self, c: dict) -> KernelRecord:
+        """The kernel of a container listing."""
+        labels = c.get("Labels") or {}
+        return KernelRecord(
+            kernel_id=labels.get(L_KERNEL, ""),
+            session_id=labels.get(L_SESSION, ""),
+            container_id=c["Id"],
+            host=self.bind_host,
+            service_ports=json.loads(labels.get(L_PORTS) or "[]"),
+            cuda_devices=[int(x) for x in (labels.get(L_DEVICES) or "").split(",") if x],
+            cuda_uuids=[x for x in (labels.get(L_UUIDS) or "").split(",") if x],
+            alive=c.get("State") == "running",
+            kernel_type=labels.get(L_TYPE, INTERACTIVE),
+            exit_code=_exit_code(c),
+            slots=_json_dict(labels.get(L_SLOTS)),
+            own=self._ours(labels, own=True),
+            pooled=self._pooled_key(labels),
+        )

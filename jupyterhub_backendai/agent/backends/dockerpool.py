@@ -43,6 +43,16 @@ class DockerPool:
             raise AgentError(f"the pooled kernel was not ready within {timeout:g} s") from None
         raise AgentError("the pooled kernel ended before it was ready: " + out[-500:])
 
+    async def unbound_pooled(self, kernel_id: str) -> KernelRecord | None:
+        """The unbound pooled kernel ``kernel_id`` of this installation, if there is one:
+        the engine asked for that one container (a bind once listed every kernel of the
+        agent, each read as a record)."""
+        for c in await self._containers(f"{L_KERNEL}={kernel_id}", own=True):
+            rec = self._record(c)
+            if rec.pooled:
+                return rec
+        return None
+
     async def bind_pooled(self, spec: dict, image: ImageInfo) -> KernelRecord:
         """Bind the pooled kernel ``spec["kernel_id"]`` to the session of ``spec``: its
         folders mounted, the server started with its environment (agent/warmpool.py).
