@@ -812,6 +812,17 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
         sys.path.insert(0, MODULES)
         sys.path.insert(0, MODULES + "-missing")
         out["modules_on_path"] = [names("bai.test"), reads[0]]
+        # An egg put on the path holds a distribution (in its EGG-INFO): read again.
+        egg = os.path.join(MODULES, "baitestc-1.0.egg")
+        os.makedirs(os.path.join(egg, "EGG-INFO"))
+        with open(os.path.join(egg, "EGG-INFO", "PKG-INFO"), "w") as f:
+            f.write("Metadata-Version: 2.1\\nName: baitestc\\nVersion: 1.0\\n")
+        with open(os.path.join(egg, "EGG-INFO", "entry_points.txt"), "w") as f:
+            f.write("[bai.test]\\negg = baitestc.mod:thing\\n")
+        sys.path.insert(0, egg)
+        out["egg_on_path"] = [names("bai.test"), reads[0]]
+        sys.path.remove(egg)
+        out["egg_gone"] = [names("bai.test"), reads[0]]
         info = os.path.join(SITE, "baitestb-1.0.dist-info")
         os.mkdir(info)
         with open(os.path.join(info, "METADATA"), "w") as f:
@@ -836,8 +847,10 @@ def test_the_pool_waiter_reads_entry_points_once_until_a_distribution_comes_or_g
     # asked four times, in groups and whole, answered as the stdlib answers, no reading
     assert out["first"] == [["first"], ["first"], True, True, read]
     assert out["modules_on_path"] == [["first"], read]
-    assert out["installed_one"] == [["first", "second"], ["first", "second"], read + 1]
-    assert out["removed_it"] == [["first"], read + 2]
+    assert out["egg_on_path"] == [["egg", "first"], read + 1]
+    assert out["egg_gone"] == [["first"], read + 2]
+    assert out["installed_one"] == [["first", "second"], ["first", "second"], read + 3]
+    assert out["removed_it"] == [["first"], read + 4]
 
 
 def test_changes_of_what_an_agent_holds_go_out_together_and_images_are_listed_when_they_change(tmp_path):

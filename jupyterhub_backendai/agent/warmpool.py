@@ -82,8 +82,9 @@ def _memo_entry_points(module):
         found = holds.get((p, mtime))
         if found is None:
             try:
+                egg = str(p).lower().endswith(".egg")  # its metadata is in EGG-INFO
                 found = any(n.lower().endswith((".dist-info", ".egg-info"))
-                            for n in os.listdir(p or "."))
+                            or (egg and n.lower() == "egg-info") for n in os.listdir(p or "."))
             except NotADirectoryError:
                 found = True  # an archive: always part of the key
             except OSError:
