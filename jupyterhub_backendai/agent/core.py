@@ -578,9 +578,10 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
             raise InvalidRequest("this kernel cannot be bound to a pooled one (several kernels, "
                                  "SSH, a batch command, kernel bounds of a policy, or no home "
                                  "folder)")
-        mine = await self.impl.unbound_pooled(kid)
-        if mine is None:
+        found = await self.impl.unbound_pooled(kid)
+        if found is None:
             raise NotFound(f"no unbound pooled kernel {kid} on agent {self.agent_id}")
+        mine, listing = found
         if mine.pooled.split("|")[1:2] != [spec["image"]] or \
                 ResourceSlot.from_json(mine.slots or {}) != ResourceSlot.from_json(spec["slots"]):
             raise InvalidRequest(f"pooled kernel {kid} is of another image or other resources than asked for")
@@ -588,7 +589,7 @@ class Agent(AgentReporting, BackendChoice, LoggingConfigurable):
         self._pool_busy.add(kid)  # no longer ready for anyone else
         self.report_soon()
         try:
-            rec = await self.impl.bind_pooled(spec, image)
+            rec = await self.impl.bind_pooled(spec, image, listing)
         except BaseException:
             self._release(kid)
             raise

@@ -43,26 +43,26 @@ class DockerPool:
             raise AgentError(f"the pooled kernel was not ready within {timeout:g} s") from None
         raise AgentError("the pooled kernel ended before it was ready: " + out[-500:])
 
-    async def unbound_pooled(self, kernel_id: str) -> KernelRecord | None:
-        """The unbound pooled kernel ``kernel_id`` of this installation, if there is one:
-        the engine asked for that one container (a bind once listed every kernel of the
-        agent, each read as a record)."""
+    async def unbound_pooled(self, kernel_id: str) -> tuple[KernelRecord, dict] | None:
+        """The unbound pooled kernel ``kernel_id`` of this installation, if there is one,
+        and its container's listing (for :meth:`bind_pooled`): the engine asked for that
+        one container (a bind once listed every kernel of the agent, each read as a
+        record, then listed it again)."""
         for c in await self._containers(f"{L_KERNEL}={kernel_id}", own=True):
             rec = self._record(c)
             if rec.pooled:
-                return rec
+                return rec, c
         return None
 
-    async def bind_pooled(self, spec: dict, image: ImageInfo) -> KernelRecord:
-        """Bind the pooled kernel ``spec["kernel_id"]`` to the session of ``spec``: its
-        folders mounted, the server started with its environment (agent/warmpool.py).
-        Once: a kernel bound, or being bound, is refused; a failure removes it."""
+    async def bind_pooled(self, spec: dict, image: ImageInfo, c: dict) -> KernelRecord:
+        """Bind the pooled kernel ``spec["kernel_id"]``, listed as ``c`` by
+        :meth:`unbound_pooled`, to the session of ``spec``: its folders mounted, the
+        server started with its environment (agent/warmpool.py). Once: a kernel bound,
+        or being bound, is refused; a failure removes it."""
         kid = spec["kernel_id"]
-        found = [c for c in await self._containers(f"{L_KERNEL}={kid}", own=True)
-                 if (c.get("Labels") or {}).get(pool.POOL_LABEL) and c.get("State") == "running"]
-        if not found or kid in self._binding or self.pool_root.bound_mounts(kid) is not None:
+        if c.get("State") != "running" or kid in self._binding \
+                or self.pool_root.bound_mounts(kid) is not None:
             raise NotFound(f"no unbound pooled kernel {kid} on this agent")
-        c = found[0]
         labels = c.get("Labels") or {}
         self._binding.add(kid)
         container = self.docker.containers.container(c["Id"])
