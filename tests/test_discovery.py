@@ -82,6 +82,8 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
             reg = etcd.get_prefix(key)[key]
             assert reg["id"] == agent.agent_id and reg["addr"] == agent.url
             assert reg["resource_group"] == "default" and reg["images"] == ["local/python"]
+            # Listeners hear of the join after the record says ALIVE.
+            assert await _until(lambda: _at_least(changes, 1), 10), changes
             assert changes == [("join", agent.agent_id)]
 
             # etcd killed and started again with its data, then without: the agent
@@ -128,6 +130,69 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
         agent.stop()
         storage.stop()
         etcd.stop()
+
+
+def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path):
+    """A registration whose agent does not answer yet (here: written before the daemon
+    listens, as a stale one of a restarting agent would be) is no join; the agent's own
+    registration, once it answers, is the one join listeners hear (CI once saw an agent
+    recorded ALIVE without it: the first registration's direct call had failed)."""
+    etcd = RestartableEtcd()
+    etcd.start()
+    certs = make_certs(tmp_path / "pki", "agent1")
+    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("late"), redis_server.fresh_url(),
+                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+    key = agent_key("/backendai", agent.agent_id).decode()
+
+    def cluster_mode(c):
+        c.BackendAIManager.redis_url = redis_server.fresh_url()
+        c.BackendAICluster.tls = certs["hub"]
+        c.BackendAICluster.etcd_url = etcd.url
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/late.sqlite", tmp_path, "local",
+                                   slots={"cpu": 1, "mem": "2g"}, configure=cluster_mode) as mgr:
+            changes = []
+            mgr.cluster.subscribe(lambda kind, aid, info: _record(changes, kind, aid))
+            etcd.put(key, {"id": agent.agent_id, "addr": agent.url, "resource_group": "default"})
+
+            async def seen():
+                return agent.agent_id in mgr.cluster.agents
+
+            assert await _until(seen, 30)
+            assert agent.agent_id not in await _agents(mgr) and changes == []
+
+            agent.start()
+
+            async def alive():
+                return (await _agents(mgr)).get(agent.agent_id, ("", ""))[0] == "ALIVE"
+
+            assert await _until(alive, 60), agent.tail()
+
+            async def heard():
+                return bool(changes)
+
+            assert await _until(heard, 10), changes
+            assert changes == [("join", agent.agent_id)]
+
+            agent.stop()  # its lease revoked: the key goes, the agent does not answer
+
+            async def lost():
+                return (await _agents(mgr))[agent.agent_id][0] == "LOST"
+
+            assert await _until(lost, 60)
+            assert await _until(lambda: _at_least(changes, 2), 10), changes
+            assert changes == [("join", agent.agent_id), ("leave", agent.agent_id)]
+
+    try:
+        asyncio.run(run())
+    finally:
+        agent.stop()
+        etcd.stop()
+
+
+async def _at_least(changes, n):
+    return len(changes) >= n
 
 
 async def _record(changes, kind, aid):

@@ -6,8 +6,10 @@
   daemons (``common/httpbase.py``, ``common/certs.py``);
 - ``etcd_url``: in cluster mode, where agents register (``common/etcdreg.py`` has
   the key layout). The hub reads the prefix, then watches it: an agent key that
-  appears is a join (the agent is upserted through the manager's own
-  ``upsert_agent``, as a heartbeat does), one that disappears (the agent stopped,
+  appears is a join once the agent answers a direct call as that agent (it is then
+  upserted through the manager's own ``upsert_agent``, as a heartbeat does; one that
+  does not answer yet joins with a later registration that it answers), one that
+  disappears (the agent stopped,
   or its lease expired after it died) is a leave: the agent is marked
   ``AgentStatus.LOST``. Storage proxies under ``config/storage-proxies/`` are
   added to the manager's storage registry. The manager's cluster-wide settings
@@ -85,6 +87,7 @@ class BackendAICluster(LoggingConfigurable):
         self.storage_proxies: dict[str, dict] = {}
         self.settings: dict[str, object] = {}  # setting -> the value from etcd in force
         self._rejoin: dict[str, asyncio.TimerHandle] = {}  # agents given time to register again
+        self._joined: set[str] = set()  # agents whose join listeners heard (vouched for)
         self._configured: dict[str, object] = {}  # setting -> the hub's own value
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -354,7 +357,6 @@ class BackendAICluster(LoggingConfigurable):
             info = json.loads(value)
             if info.get("id") != agent_id:
                 raise ValueError(f"registration of {agent_id} names agent {info.get('id')!r}")
-            joined = agent_id not in self.agents
             self.agents[agent_id] = info
             # A registration is a claim like a heartbeat (anyone who reaches etcd can
             # write one): what is recorded is what the agent answers a direct call.
@@ -368,7 +370,11 @@ class BackendAICluster(LoggingConfigurable):
                 # New, or back from LOST (it may have restarted): agree with it now,
                 # as a heartbeat does.
                 mgr.agents.arrived(agent_id)
-            if joined:
+            # A join is the first registration vouched for, not the first seen: one whose
+            # agent did not answer yet (busy, or not listening yet) joins when a later
+            # registration of it is vouched for.
+            if agent_id not in self._joined:
+                self._joined.add(agent_id)
                 self.log.info("agent %s joined (%s, %s)", agent_id, info.get("addr"), info.get("resource_group"))
                 await self._notify("join", agent_id, info)
             return
@@ -386,7 +392,9 @@ class BackendAICluster(LoggingConfigurable):
         await mgr.db(_mark_lost, agent_id)
         mgr.wake()
         self.log.warning("agent %s left (its etcd registration is gone): LOST", agent_id)
-        await self._notify("leave", agent_id, info)
+        if agent_id in self._joined:  # listeners hear the leave of an agent they saw join
+            self._joined.discard(agent_id)
+            await self._notify("leave", agent_id, info)
 
     def _storage_proxy(self, name: str, value: bytes | None) -> None:
         from ..storageproxy.client import HTTPStorageClient
