@@ -80,6 +80,10 @@ class RestartableEtcd:
         subprocess.run(["etcdctl", "--endpoints", self.url, "put", key, json.dumps(value)],
                        check=True, capture_output=True, timeout=30)
 
+    def delete(self, key: str) -> None:
+        subprocess.run(["etcdctl", "--endpoints", self.url, "del", key],
+                       check=True, capture_output=True, timeout=30)
+
 
 class AgentDaemon:
     """``backendai-agent`` (local backend) with TLS, Redis and optionally etcd."""

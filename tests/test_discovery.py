@@ -10,6 +10,7 @@ import asyncio
 import json
 import uuid
 
+import pytest
 from sqlalchemy import select
 
 from jupyterhub_backendai.common.etcdreg import agent_key
@@ -132,16 +133,21 @@ def test_agent_joins_and_leaves_through_etcd(redis_server, tmp_path):
         etcd.stop()
 
 
-def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path):
+@pytest.mark.parametrize("own_registration", [True, False], ids=["registers", "registered"])
+def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path, own_registration):
     """A registration whose agent does not answer yet (here: written before the daemon
-    listens, as a stale one of a restarting agent would be) is no join; the agent's own
-    registration, once it answers, is the one join listeners hear (CI once saw an agent
-    recorded ALIVE without it: the first registration's direct call had failed)."""
+    listens, as a stale one of a restarting agent would be) is no join. Once the agent
+    answers, it joins, and listeners hear that once: through its own registration
+    (``registers``), or, where it writes none, through the hub asking again while the
+    registration stands (``registered``; the agent's event bus is not the hub's, so no
+    heartbeat can do it). CI once saw an agent recorded ALIVE without a join: the first
+    registration's direct call had failed."""
     etcd = RestartableEtcd()
     etcd.start()
     certs = make_certs(tmp_path / "pki", "agent1")
     agent = AgentDaemon(tmp_path / "agent1", new_agent_id("late"), redis_server.fresh_url(),
-                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+                        certs["agent1"], etcd_url=etcd.url if own_registration else "",
+                        lease_ttl=TTL)
     key = agent_key("/backendai", agent.agent_id).decode()
 
     def cluster_mode(c):
@@ -176,6 +182,8 @@ def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path)
             assert changes == [("join", agent.agent_id)]
 
             agent.stop()  # its lease revoked: the key goes, the agent does not answer
+            if not own_registration:
+                etcd.delete(key)
 
             async def lost():
                 return (await _agents(mgr))[agent.agent_id][0] == "LOST"

@@ -21,7 +21,7 @@ from tornado.iostream import StreamClosedError
 from traitlets import Float, Integer, Unicode, default
 from traitlets.config import Application
 
-from ..common.errors import BackendAIError, InvalidRequest, NotFound
+from ..common.errors import BackendAIError, InvalidRequest, NotFound, ServiceUnavailable
 from ..common.etcdreg import AgentRegistration
 from ..common.events import make_event_bus
 from ..common.httpbase import NodeAuth, NodeAuthConfig, NodeHandler, NotFoundHandler, listen
@@ -168,6 +168,11 @@ class ImagePullHandler(_Handler):
 
 class InfoHandler(_Handler):
     async def get(self):
+        if self.settings.get("stopping"):
+            # The hub's second witness (a direct call) must not keep a stopping agent
+            # ALIVE once its etcd registration is gone.
+            self.problem(ServiceUnavailable("this agent is stopping"))
+            return
         self.write_json(self.agent.info())
 
 
@@ -298,6 +303,7 @@ class AgentApp(NodeAuthConfig, Application):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        app.settings["stopping"] = True  # /v1/info says so before the registration goes
         if registration is not None:
             await registration.stop()  # leave at once, not after the lease's TTL
         server.stop()

@@ -8,8 +8,8 @@
   the key layout). The hub reads the prefix, then watches it: an agent key that
   appears is a join once the agent answers a direct call as that agent (it is then
   upserted through the manager's own ``upsert_agent``, as a heartbeat does; one that
-  does not answer yet joins with a later registration that it answers), one that
-  disappears (the agent stopped,
+  does not answer yet is asked again, at most ``REVOUCH_MAX`` seconds apart, while
+  its registration stands, and joins once it answers), one that disappears (the agent stopped,
   or its lease expired after it died) is a leave: the agent is marked
   ``AgentStatus.LOST``. Storage proxies under ``config/storage-proxies/`` are
   added to the manager's storage registry. The manager's cluster-wide settings
@@ -88,6 +88,8 @@ class BackendAICluster(LoggingConfigurable):
         self.settings: dict[str, object] = {}  # setting -> the value from etcd in force
         self._rejoin: dict[str, asyncio.TimerHandle] = {}  # agents given time to register again
         self._joined: set[str] = set()  # agents whose join listeners heard (vouched for)
+        self._unvouched: dict[str, asyncio.TimerHandle] = {}  # registrations asked again later
+        self._agent_lock = asyncio.Lock()  # one registration of an agent applied at a time
         self._configured: dict[str, object] = {}  # setting -> the hub's own value
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -262,9 +264,10 @@ class BackendAICluster(LoggingConfigurable):
         return await manager.db(upsert_agent, info)
 
     async def stop(self) -> None:
-        for timer in self._rejoin.values():
-            timer.cancel()
-        self._rejoin.clear()
+        for timers in (self._rejoin, self._unvouched):
+            for timer in timers.values():
+                timer.cancel()
+            timers.clear()
         hb, self._heartbeats = self._heartbeats, None
         if hb is not None:
             await hb.close()
@@ -332,7 +335,19 @@ class BackendAICluster(LoggingConfigurable):
     def _rejoin_missed(self, prefix: bytes, agent_id: str) -> None:
         """The grace passed without a new registration of ``agent_id``: a leave."""
         if self._rejoin.pop(agent_id, None) is not None:
-            self._manager.background(self._agent(agent_id, None))
+            self._manager.background(self._agent_logged(agent_id, None))
+
+    def _revouch(self, agent_id: str, value: bytes, info: dict, delay: float) -> None:
+        """Ask again whether the agent of a registration not vouched for yet answers,
+        while that registration stands (a new one, or its removal, cancels this)."""
+        if self._unvouched.pop(agent_id, None) is not None and self.agents.get(agent_id) is info:
+            self._manager.background(self._agent_logged(agent_id, value, delay))
+
+    async def _agent_logged(self, agent_id: str, value: bytes | None, retry: float = 0.0) -> None:
+        try:
+            await self._agent(agent_id, value, retry)
+        except Exception:
+            self.log.exception("etcd registration of agent %s could not be applied", agent_id)
 
     async def _apply(self, prefix: bytes, key: bytes, value: bytes | None) -> None:
         rel = key[len(prefix):].decode(errors="replace")
@@ -348,11 +363,18 @@ class BackendAICluster(LoggingConfigurable):
         except Exception:
             self.log.exception("etcd key %s could not be applied", key.decode(errors="replace"))
 
-    async def _agent(self, agent_id: str, value: bytes | None) -> None:
+    REVOUCH_MAX = 10.0  # seconds between asking again an agent that does not answer
+
+    async def _agent(self, agent_id: str, value: bytes | None, retry: float = 0.0) -> None:
+        async with self._agent_lock:  # etcd's watch and the timers below take turns
+            await self._agent_locked(agent_id, value, retry)
+
+    async def _agent_locked(self, agent_id: str, value: bytes | None, retry: float) -> None:
         mgr = self._manager
-        rejoin = self._rejoin.pop(agent_id, None)
-        if rejoin is not None:
-            rejoin.cancel()
+        for timers in (self._rejoin, self._unvouched):
+            timer = timers.pop(agent_id, None)
+            if timer is not None:
+                timer.cancel()
         if value is not None:
             info = json.loads(value)
             if info.get("id") != agent_id:
@@ -363,7 +385,13 @@ class BackendAICluster(LoggingConfigurable):
             vouched = info if agent_id in mgr.local_agents else \
                 await mgr.agents.vouch(agent_id, info)
             if vouched is None:
-                return  # its heartbeats are checked the same way, and join it once it answers
+                # Not answering yet (busy, or not listening yet; its heartbeats are checked
+                # the same way): asked again, less and less often, while this registration
+                # stands; the agent registers only once per lease.
+                delay = min(max(2 * retry, 0.5), self.REVOUCH_MAX)
+                self._unvouched[agent_id] = asyncio.get_running_loop().call_later(
+                    delay, self._revouch, agent_id, value, info, delay)
+                return
             before = await mgr.db(upsert_agent, vouched)  # the manager's own registration path
             mgr.wake()
             if before != AgentStatus.ALIVE and agent_id not in mgr.local_agents:
