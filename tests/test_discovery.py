@@ -142,18 +142,9 @@ def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path,
     registration stands (``registered``; the agent's event bus is not the hub's, so no
     heartbeat can do it). CI once saw an agent recorded ALIVE without a join: the first
     registration's direct call had failed."""
-    etcd = RestartableEtcd()
-    etcd.start()
-    certs = make_certs(tmp_path / "pki", "agent1")
-    agent = AgentDaemon(tmp_path / "agent1", new_agent_id("late"), redis_server.fresh_url(),
-                        certs["agent1"], etcd_url=etcd.url if own_registration else "",
-                        lease_ttl=TTL)
+    etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "late", own_registration)
     key = agent_key("/backendai", agent.agent_id).decode()
-
-    def cluster_mode(c):
-        c.BackendAIManager.redis_url = redis_server.fresh_url()
-        c.BackendAICluster.tls = certs["hub"]
-        c.BackendAICluster.etcd_url = etcd.url
+    cluster_mode = _hub_config(redis_server, certs, etcd)
 
     async def run():
         async with running_manager(f"sqlite:///{tmp_path}/late.sqlite", tmp_path, "local",
@@ -222,11 +213,7 @@ def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path)
 
     etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "move")
     key = agent_key("/backendai", agent.agent_id).decode()
-
-    def cluster_mode(c):
-        c.BackendAIManager.redis_url = redis_server.fresh_url()
-        c.BackendAICluster.tls = certs["hub"]
-        c.BackendAICluster.etcd_url = etcd.url
+    cluster_mode = _hub_config(redis_server, certs, etcd)
 
     async def run():
         async with running_manager(f"sqlite:///{tmp_path}/move.sqlite", tmp_path, "local",
@@ -263,15 +250,31 @@ def test_an_agent_daemon_moved_to_another_group_keeps_it(redis_server, tmp_path)
         etcd.stop()
 
 
-def _etcd_and_agent(redis_server, tmp_path, name: str):
+def _etcd_and_agent(redis_server, tmp_path, name: str, registers: bool = True):
     """A started etcd, the cluster's certificates, and a ``backendai-agent`` daemon (not
-    yet started) registering there, on a Redis database of its own."""
+    yet started) registering there (unless not ``registers``), on a Redis database of
+    its own."""
     etcd = RestartableEtcd()
     etcd.start()
     certs = make_certs(tmp_path / "pki", "agent1")
     agent = AgentDaemon(tmp_path / "agent1", new_agent_id(name), redis_server.fresh_url(),
-                        certs["agent1"], etcd_url=etcd.url, lease_ttl=TTL)
+                        certs["agent1"], etcd_url=etcd.url if registers else "", lease_ttl=TTL)
     return etcd, certs, agent
+
+
+def _hub_config(redis_server, certs, etcd, **manager):
+    """The hub's configuration in cluster mode: a Redis database that is not the agent's
+    (it learns of agents through etcd only), the hub's certificate, ``manager`` settings."""
+    bus = redis_server.fresh_url()
+
+    def configure(c):
+        c.BackendAIManager.redis_url = bus
+        for name, value in manager.items():
+            setattr(c.BackendAIManager, name, value)
+        c.BackendAICluster.tls = certs["hub"]
+        c.BackendAICluster.etcd_url = etcd.url
+
+    return configure
 
 
 async def _registered_in(etcd, key, group) -> bool:
@@ -285,12 +288,7 @@ def test_the_first_agent_to_join_fills_a_fresh_catalogue(redis_server, tmp_path)
     (through etcd), at the join, with no admin's rescan and no request, so that the
     images the node holds can start."""
     etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "cat")
-
-    def cluster_mode(c):
-        c.BackendAIManager.redis_url = redis_server.fresh_url()
-        c.BackendAIManager.embedded_agent = False
-        c.BackendAICluster.tls = certs["hub"]
-        c.BackendAICluster.etcd_url = etcd.url
+    cluster_mode = _hub_config(redis_server, certs, etcd, embedded_agent=False)
 
     async def run():
         async with running_manager(f"sqlite:///{tmp_path}/cat.sqlite", tmp_path, "local",
