@@ -197,6 +197,44 @@ def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path,
         etcd.stop()
 
 
+def test_a_registration_gone_before_its_agent_answers_is_not_asked_again(redis_server, tmp_path):
+    """The hub asks again only while the registration it could not vouch for stands:
+    one removed before its agent answered (a stale key the operator deleted) is
+    forgotten, and the agent, listening later but registering nowhere, is never
+    recorded nor heard of (its event bus is not the hub's)."""
+    etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "gone", registers=False)
+    key = agent_key("/backendai", agent.agent_id).decode()
+
+    async def run():
+        async with running_manager(f"sqlite:///{tmp_path}/gone.sqlite", tmp_path, "local",
+                                   slots={"cpu": 1, "mem": "2g"},
+                                   configure=_hub_config(redis_server, certs, etcd)) as mgr:
+            changes = []
+            mgr.cluster.subscribe(lambda kind, aid, info: _record(changes, kind, aid))
+            etcd.put(key, {"id": agent.agent_id, "addr": agent.url, "resource_group": "default"})
+
+            async def seen():
+                return agent.agent_id in mgr.cluster.agents
+
+            assert await _until(seen, 30)
+            etcd.delete(key)
+
+            async def forgotten():
+                return agent.agent_id not in mgr.cluster.agents
+
+            assert await _until(forgotten, 30)
+            agent.start()
+            # longer than the longest wait between two tries, and the first try's
+            await asyncio.sleep(mgr.cluster.REVOUCH_MAX + 2)
+            assert agent.agent_id not in await _agents(mgr) and changes == []
+
+    try:
+        asyncio.run(run())
+    finally:
+        agent.stop()
+        etcd.stop()
+
+
 async def _at_least(changes, n):
     return len(changes) >= n
 

@@ -340,12 +340,13 @@ class BackendAICluster(LoggingConfigurable):
     def _revouch(self, agent_id: str, value: bytes, info: dict, delay: float) -> None:
         """Ask again whether the agent of a registration not vouched for yet answers,
         while that registration stands (a new one, or its removal, cancels this)."""
-        if self._unvouched.pop(agent_id, None) is not None and self.agents.get(agent_id) is info:
-            self._manager.background(self._agent_logged(agent_id, value, delay))
+        if self._unvouched.pop(agent_id, None) is not None:
+            self._manager.background(self._agent_logged(agent_id, value, delay, info))
 
-    async def _agent_logged(self, agent_id: str, value: bytes | None, retry: float = 0.0) -> None:
+    async def _agent_logged(self, agent_id: str, value: bytes | None, retry: float = 0.0,
+                            standing: dict | None = None) -> None:
         try:
-            await self._agent(agent_id, value, retry)
+            await self._agent(agent_id, value, retry, standing)
         except Exception:
             self.log.exception("etcd registration of agent %s could not be applied", agent_id)
 
@@ -365,8 +366,13 @@ class BackendAICluster(LoggingConfigurable):
 
     REVOUCH_MAX = 10.0  # seconds between asking again an agent that does not answer
 
-    async def _agent(self, agent_id: str, value: bytes | None, retry: float = 0.0) -> None:
+    async def _agent(self, agent_id: str, value: bytes | None, retry: float = 0.0,
+                     standing: dict | None = None) -> None:
+        """Apply a registration of ``agent_id`` (None: it went); ``standing``: only while
+        the registration known is still that one (a retry of one not vouched for)."""
         async with self._agent_lock:  # etcd's watch and the timers below take turns
+            if standing is not None and self.agents.get(agent_id) is not standing:
+                return  # replaced or gone since
             await self._agent_locked(agent_id, value, retry)
 
     async def _agent_locked(self, agent_id: str, value: bytes | None, retry: float) -> None:
