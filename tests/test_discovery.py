@@ -7,6 +7,7 @@ and storage proxies come from the cluster's configuration in etcd."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 
@@ -144,19 +145,10 @@ def test_a_registration_vouched_for_late_is_still_a_join(redis_server, tmp_path,
     registration's direct call had failed."""
     etcd, certs, agent = _etcd_and_agent(redis_server, tmp_path, "late", own_registration)
     key = agent_key("/backendai", agent.agent_id).decode()
-    cluster_mode = _hub_config(redis_server, certs, etcd)
 
     async def run():
-        async with running_manager(f"sqlite:///{tmp_path}/late.sqlite", tmp_path, "local",
-                                   slots={"cpu": 1, "mem": "2g"}, configure=cluster_mode) as mgr:
-            changes = []
-            mgr.cluster.subscribe(lambda kind, aid, info: _record(changes, kind, aid))
-            etcd.put(key, {"id": agent.agent_id, "addr": agent.url, "resource_group": "default"})
-
-            async def seen():
-                return agent.agent_id in mgr.cluster.agents
-
-            assert await _until(seen, 30)
+        async with _hub_seeing_a_written_registration(redis_server, tmp_path, certs, etcd,
+                                                      agent) as (mgr, changes):
             assert agent.agent_id not in await _agents(mgr) and changes == []
 
             agent.start()
@@ -206,17 +198,8 @@ def test_a_registration_gone_before_its_agent_answers_is_not_asked_again(redis_s
     key = agent_key("/backendai", agent.agent_id).decode()
 
     async def run():
-        async with running_manager(f"sqlite:///{tmp_path}/gone.sqlite", tmp_path, "local",
-                                   slots={"cpu": 1, "mem": "2g"},
-                                   configure=_hub_config(redis_server, certs, etcd)) as mgr:
-            changes = []
-            mgr.cluster.subscribe(lambda kind, aid, info: _record(changes, kind, aid))
-            etcd.put(key, {"id": agent.agent_id, "addr": agent.url, "resource_group": "default"})
-
-            async def seen():
-                return agent.agent_id in mgr.cluster.agents
-
-            assert await _until(seen, 30)
+        async with _hub_seeing_a_written_registration(redis_server, tmp_path, certs, etcd,
+                                                      agent) as (mgr, changes):
             etcd.delete(key)
 
             async def forgotten():
@@ -233,6 +216,26 @@ def test_a_registration_gone_before_its_agent_answers_is_not_asked_again(redis_s
     finally:
         agent.stop()
         etcd.stop()
+
+
+@contextlib.asynccontextmanager
+async def _hub_seeing_a_written_registration(redis_server, tmp_path, certs, etcd, agent):
+    """A hub in cluster mode, with the list its join and leave listeners write to, once
+    it has seen a registration of ``agent`` written by hand (no lease; the daemon is not
+    started, so nothing vouches for it)."""
+    async with running_manager(f"sqlite:///{tmp_path}/hub.sqlite", tmp_path, "local",
+                               slots={"cpu": 1, "mem": "2g"},
+                               configure=_hub_config(redis_server, certs, etcd)) as mgr:
+        changes = []
+        mgr.cluster.subscribe(lambda kind, aid, info: _record(changes, kind, aid))
+        etcd.put(agent_key("/backendai", agent.agent_id).decode(),
+                 {"id": agent.agent_id, "addr": agent.url, "resource_group": "default"})
+
+        async def seen():
+            return agent.agent_id in mgr.cluster.agents
+
+        assert await _until(seen, 30)
+        yield mgr, changes
 
 
 async def _at_least(changes, n):

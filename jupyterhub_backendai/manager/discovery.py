@@ -340,8 +340,8 @@ class BackendAICluster(LoggingConfigurable):
     def _revouch(self, agent_id: str, value: bytes, info: dict, delay: float) -> None:
         """Ask again whether the agent of a registration not vouched for yet answers,
         while that registration stands (a new one, or its removal, cancels this)."""
-        if self._unvouched.pop(agent_id, None) is not None:
-            self._manager.background(self._agent_logged(agent_id, value, delay, info))
+        self._unvouched.pop(agent_id, None)  # a timer replaced or dropped is cancelled
+        self._manager.background(self._agent_logged(agent_id, value, delay, info))
 
     async def _agent_logged(self, agent_id: str, value: bytes | None, retry: float = 0.0,
                             standing: dict | None = None) -> None:
